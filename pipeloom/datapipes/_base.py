@@ -1,0 +1,437 @@
+"""The block protocol: ``IterDataPipe``, ``MapDataPipe`` and their shared hooks.
+
+A block is a node of the pipeline graph. It names its inputs in the class
+attribute ``inputs`` (attribute names holding upstream blocks), and implements
+either the non-blocking protocol (``async_next`` / ``async_get``) or the simple
+one (a plain ``__iter__`` generator / ``__getitem__``). The base class adapts
+each to the other, so both kinds mix in one pipeline.
+
+The only thing the base class adds to a subclass's methods: when the class
+defines ``lazy_init``, its ``__iter__``, ``__len__``, ``__getitem__``,
+``async_next`` and ``async_get`` first make sure ``lazy_init`` ran (once).
+
+Example:
+    >>> from pipeloom.datapipes import IterDataPipe
+    >>> class Squares(IterDataPipe):
+    ...     inputs = ("source",)
+    ...     def __init__(self, source):
+    ...         self.source = source
+    ...     def __iter__(self):
+    ...         for x in self.source:
+    ...             yield x * x
+    >>> from pipeloom.datapipes import IterableWrapper
+    >>> list(Squares(IterableWrapper(range(4))))
+    [0, 1, 4, 9]
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, TypeVar
+
+import torch
+
+from ..errors import NotAvailable
+from ..events import ReadinessSource, Waiter
+from ._context import derive_seed
+from ._functional import IterFunctional, MapFunctional
+
+__all__ = ["DataPipe", "IterDataPipe", "MapDataPipe", "BlockingReader"]
+
+T_co = TypeVar("T_co", covariant=True)
+
+_GUARDED = ("__iter__", "__len__", "__getitem__", "async_next", "async_get")
+
+
+class _Nesting(threading.local):
+    depth = 0
+
+
+_NESTING = _Nesting()
+
+
+def _guard_lazy_init(method):
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        if not self._pl_initialized:
+            self._pl_ensure_init()
+        return method(self, *args, **kwargs)
+
+    guarded._pl_guarded = True  # type: ignore[attr-defined]
+    return guarded
+
+
+class DataPipe:
+    """Hooks shared by iterable and map-style blocks.
+
+    Subclasses set ``inputs`` to the names of the attributes that hold their
+    upstream blocks (an attribute may hold one block or a sequence of blocks).
+    """
+
+    inputs: ClassVar[tuple[str, ...]] = ()
+
+    #: Placement trait: True when each output depends on a single input item
+    #: (map, filter, decode, ...), so a reading service may run the block inside
+    #: workers after the sharding point. Blocks that need the ordered stream
+    #: (shuffle, batch, zip, ...) keep False and run after the workers' merge.
+    per_item: ClassVar[bool] = False
+    #: True when the block yields exactly one output per input (map, collate).
+    one_to_one: ClassVar[bool] = False
+
+    # Framework-owned per-instance state, kept out of __init__ so subclasses
+    # need not call super().__init__().
+    _pl_initialized: bool = False
+    _pl_seed: int | None = None
+    _pl_seed_fixed: bool = False
+    _pl_seed_key: int | None = None
+    _pl_epoch: int = 0
+    _pl_epoch_seed: int | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not isinstance(cls.__dict__.get("inputs", ()), tuple):
+            raise TypeError(
+                f"{cls.__name__}.inputs must be a tuple of attribute names, got "
+                f"{cls.__dict__['inputs']!r}; write e.g. inputs = ('source',)"
+            )
+        if cls.lazy_init is not DataPipe.lazy_init:
+            for name in _GUARDED:
+                method = cls.__dict__.get(name)
+                if callable(method) and not getattr(method, "_pl_guarded", False):
+                    setattr(cls, name, _guard_lazy_init(method))
+
+    # -- graph ---------------------------------------------------------------
+    @property
+    def parents(self) -> tuple[DataPipe, ...]:
+        """The upstream blocks, in the order of ``inputs``."""
+        found: list[DataPipe] = []
+        for name in self.inputs:
+            value = getattr(self, name)
+            if isinstance(value, DataPipe):
+                found.append(value)
+            elif isinstance(value, (list, tuple)):
+                found.extend(v for v in value if isinstance(v, DataPipe))
+        return tuple(found)
+
+    def replace_parent(self, old: DataPipe, new: DataPipe) -> None:
+        """Swap the upstream block ``old`` for ``new`` (used by ``pipeloom.graph``)."""
+        replaced = False
+        for name in self.inputs:
+            value = getattr(self, name)
+            if value is old:
+                setattr(self, name, new)
+                replaced = True
+            elif isinstance(value, (list, tuple)) and any(v is old for v in value):
+                swapped = [new if v is old else v for v in value]
+                setattr(self, name, type(value)(swapped) if isinstance(value, tuple) else swapped)
+                replaced = True
+        if not replaced:
+            raise ValueError(f"{self!r} has no input {old!r}; its inputs are {self.parents!r}")
+
+    # -- hooks a block may override ----------------------------------------
+    def lazy_init(self) -> None:
+        """Expensive setup, run once where the block runs, before first use."""
+
+    def is_shardable(self) -> bool:
+        """True when a reading service may split this block's work across workers."""
+        return False
+
+    def sharding_settings(self, total: int, index: int) -> None:
+        """Keep only shard ``index`` of ``total`` (called only on shardable blocks)."""
+
+    def is_separate_process(self) -> bool:
+        """True when this block should run in a process of its own."""
+        return False
+
+    def reset(self) -> None:
+        """Forget this block's own iteration state; the next item starts an epoch.
+
+        Parents are reset by the framework; a block only resets itself.
+        """
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called when the epoch changes; ``self.epoch_seed()`` already reflects it."""
+
+    def readiness_sources(self) -> Sequence[ReadinessSource]:
+        """Where to wait when this block raises ``NotAvailable`` (e.g. a thread's signal)."""
+        return ()
+
+    def state_dict(self) -> dict[str, Any]:
+        """This block's own mid-epoch state (not its parents'), as a plain dict."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement state_dict(), so a pipeline "
+            f"containing it cannot be checkpointed; implement state_dict() and "
+            f"load_state_dict() on {type(self).__name__}, or return {{}} if it keeps "
+            f"no state between items"
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        if state:
+            raise NotImplementedError(
+                f"{type(self).__name__} does not implement load_state_dict()"
+            )
+
+    # -- seeds -----------------------------------------------------------------
+    def epoch_seed(self) -> int:
+        """The seed for this block's randomness in the current epoch.
+
+        Derived from the pipeline seed (``seed_pipeline``/``DataLoader(seed=)``)
+        or the block's own ``seed=`` argument, and the epoch. Without any seed
+        it is drawn once per epoch from torch's default generator, so
+        ``torch.manual_seed`` makes it reproducible.
+        """
+        if self._pl_epoch_seed is None:
+            if self._pl_seed is None:
+                drawn = int(torch.empty((), dtype=torch.int64).random_().item())
+                self._pl_epoch_seed = drawn
+            else:
+                self._pl_epoch_seed = derive_seed(self._pl_seed, self._pl_epoch)
+        return self._pl_epoch_seed
+
+    def _pl_fix_seed(self, seed: int | None) -> None:
+        """Give this block its own seed, which pipeline seeding will not replace."""
+        if seed is None:
+            return
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+        self._pl_seed = seed
+        self._pl_seed_fixed = True
+
+    # -- framework internals ---------------------------------------------------
+    def _pl_ensure_init(self) -> None:
+        if self._pl_initialized:
+            return
+        self._pl_initialized = True
+        try:
+            self.lazy_init()
+        except BaseException:
+            self._pl_initialized = False
+            raise
+
+    def _pl_reset(self) -> None:
+        """Reset framework state, then the block's own (``reset`` hook)."""
+        self._pl_ensure_init()
+        self._pl_epoch_seed = None
+        self.reset()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_pl_initialized", None)  # lazy_init runs again where the copy runs
+        state.pop("_pl_gen", None)
+        return state
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class IterDataPipe(IterFunctional, DataPipe):
+    """A block that yields items in order.
+
+    Implement either ``async_next`` (non-blocking: return an item, raise
+    ``NotAvailable`` when none is ready, ``StopIteration`` at the end, and
+    ``reset`` to start over) or a plain ``__iter__`` generator.
+    """
+
+    _pl_gen: Iterator[Any] | None = None
+    _pl_iter_token: int = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        has_async = _overrides(cls, "async_next", IterDataPipe)
+        has_sync = _overrides(cls, "__iter__", IterDataPipe)
+        cls._pl_sync_style = has_sync and not has_async
+
+    def async_next(self) -> Any:
+        """Return the next item, or raise ``NotAvailable`` / ``StopIteration``.
+
+        This default drives the block's own ``__iter__`` generator.
+        """
+        gen = self._pl_gen
+        if gen is None:
+            if not type(self)._pl_sync_style:
+                raise TypeError(
+                    f"{type(self).__name__} defines neither async_next() nor __iter__(); "
+                    f"implement one of them"
+                )
+            gen = self._pl_gen = _nested_call(type(self).__iter__, self)
+        return _nested_call(next, gen)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Iterate synchronously; at top level this restarts the pipeline."""
+        if _NESTING.depth == 0:
+            from ._pipeline import reset_pipeline
+
+            reset_pipeline(self)
+        return _BlockingIterator(self)
+
+    def __len__(self) -> int:
+        raise TypeError(
+            f"{type(self).__name__} has no length: its number of items is only known "
+            f"by iterating it"
+        )
+
+    def _pl_reset(self) -> None:
+        self._pl_gen = None
+        self._pl_iter_token += 1
+        super()._pl_reset()
+
+
+
+class MapDataPipe(MapFunctional, DataPipe):
+    """A block with random access by index.
+
+    Implement either ``async_get(index)`` (non-blocking: return the item or
+    raise ``NotAvailable``; a call that raises has *requested* the item) or a
+    plain ``__getitem__``; and ``__len__``.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        has_async = _overrides(cls, "async_get", MapDataPipe)
+        has_sync = _overrides(cls, "__getitem__", MapDataPipe)
+        cls._pl_sync_style = has_sync and not has_async
+
+    def async_get(self, index: int) -> Any:
+        """Return item ``index`` or raise ``NotAvailable`` (the item is then requested)."""
+        if not type(self)._pl_sync_style:
+            raise TypeError(
+                f"{type(self).__name__} defines neither async_get() nor __getitem__(); "
+                f"implement one of them"
+            )
+        return type(self).__getitem__(self, index)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.async_get(index)
+        except NotAvailable:
+            return BlockingReader(self).get(index)
+
+    def __len__(self) -> int:
+        raise TypeError(f"{type(self).__name__} does not define __len__()")
+
+    def __iter__(self) -> Iterator[Any]:
+        for index in range(len(self)):
+            yield self[index]
+
+
+def _overrides(cls: type, name: str, base: type) -> bool:
+    for klass in cls.__mro__:
+        if klass is base:
+            return False
+        if name in klass.__dict__:
+            return True
+    return False
+
+
+def _nested_call(fn, arg):
+    """Call ``fn(arg)`` marked as running inside a pipeline (inner ``iter()`` won't reset)."""
+    nesting = _NESTING
+    nesting.depth += 1
+    try:
+        return fn(arg)
+    finally:
+        nesting.depth -= 1
+
+
+class BlockingReader:
+    """Waits for a block's items on its readiness events (never polls).
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> BlockingReader(IterableWrapper([7])).next()
+        7
+    """
+
+    def __init__(self, pipe: DataPipe) -> None:
+        self.pipe = pipe
+        self._waiter: Waiter | None = None
+        self._sources: list[ReadinessSource] = []
+
+    def next(self, timeout: float | None = None) -> Any:
+        """The next item of an iterable block; ``StopIteration`` at the end."""
+        pipe = self.pipe
+        assert isinstance(pipe, IterDataPipe)
+        return self._call(pipe.async_next, (), timeout)
+
+    def get(self, index: int, timeout: float | None = None) -> Any:
+        """Item ``index`` of a map-style block."""
+        pipe = self.pipe
+        assert isinstance(pipe, MapDataPipe)
+        return self._call(pipe.async_get, (index,), timeout)
+
+    def _call(self, fn, args, timeout: float | None) -> Any:
+        try:
+            return fn(*args)
+        except NotAvailable:
+            pass
+        waiter = self._attach()
+        while True:
+            seen = waiter.generation
+            try:
+                return fn(*args)
+            except NotAvailable:
+                if not waiter.wait(seen, timeout):
+                    raise TimeoutError(
+                        f"no item from {self.pipe!r} within {timeout} s"
+                    ) from None
+
+    def _attach(self) -> Waiter:
+        if self._waiter is not None:
+            return self._waiter
+        from ._pipeline import upstream_blocks
+
+        sources = [s for block in upstream_blocks(self.pipe) for s in block.readiness_sources()]
+        if not sources:
+            raise RuntimeError(
+                f"{self.pipe!r} raised NotAvailable, but no block upstream of it offers "
+                f"a readiness source to wait on; a block that can raise NotAvailable must "
+                f"return its Signal/FdReadiness from readiness_sources()"
+            )
+        waiter = Waiter()
+        for source in sources:
+            source.attach(waiter)
+        self._waiter, self._sources = waiter, sources
+        return waiter
+
+    def close(self) -> None:
+        """Detach from the readiness sources."""
+        if self._waiter is not None:
+            for source in self._sources:
+                source.detach(self._waiter)
+            self._waiter.close()
+            self._waiter, self._sources = None, []
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class _BlockingIterator(Iterator[Any]):
+    """What ``iter(block)`` returns for an async block."""
+
+    __slots__ = ("_pipe", "_token", "_reader")
+
+    def __init__(self, pipe: IterDataPipe) -> None:
+        self._pipe = pipe
+        self._token = pipe._pl_iter_token
+        self._reader: BlockingReader | None = None
+
+    def __next__(self) -> Any:
+        pipe = self._pipe
+        if pipe._pl_iter_token != self._token:
+            raise RuntimeError(
+                f"this iterator over {pipe!r} is no longer valid: the pipeline was "
+                f"restarted by a newer iter() or reset. A block runs one iteration at a "
+                f"time; use .fork(2) to consume the same stream twice"
+            )
+        try:
+            return pipe.async_next()
+        except NotAvailable:
+            if self._reader is None:
+                self._reader = BlockingReader(pipe)
+            return self._reader.next()

@@ -1,0 +1,145 @@
+"""``collate``: turn each batch into tensors; and ``default_collate``.
+
+``default_collate`` delegates to ``torch.utils.data.default_collate`` -- the
+ecosystem's convention, so a batch looks exactly as it does with torch's
+``DataLoader`` (tensors and NumPy arrays are stacked, numbers become tensors,
+strings stay lists, dicts/tuples/lists/namedtuples are collated per field).
+What it adds: when the samples cannot be stacked, the error names the field
+(e.g. ``sample['image']``) and the differing shapes or lengths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from ._base import IterDataPipe
+from ._context import current_position
+from ._map import check_callable, fn_name, raise_with_note
+
+__all__ = ["Collator", "default_collate"]
+
+
+def default_collate(batch: Sequence[Any]) -> Any:
+    """Collate a batch (a sequence of samples) as torch's ``default_collate`` does.
+
+    Raises:
+        RuntimeError: samples whose tensors/arrays differ in shape, or whose
+            lists differ in length; the message names the field and the shapes.
+        TypeError: a field of a type torch cannot collate (e.g. None), named.
+
+    Example:
+        >>> default_collate([{"x": 1, "y": "a"}, {"x": 2, "y": "b"}])
+        {'x': tensor([1, 2]), 'y': ['a', 'b']}
+    """
+    try:
+        return torch.utils.data.default_collate(batch)
+    except (RuntimeError, TypeError) as error:
+        problem = _diagnose(list(batch), "sample") if _is_sequence(batch) and len(batch) else None
+        if problem is None:
+            raise
+        raise type(error)(
+            f"default_collate cannot collate the batch: {problem}. Make the samples "
+            f"uniform before batching (e.g. pad or resize in a .map), or pass "
+            f"collate_fn= to .collate() (torch said: {error})"
+        ) from error
+
+
+class Collator(IterDataPipe):
+    """Apply ``collate_fn`` to each batch (functional name: ``collate``).
+
+    Args:
+        source: a block yielding batches (e.g. ``.batch(n)``).
+        collate_fn: ``batch -> collated batch``; ``None`` uses :func:`default_collate`.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> list(IterableWrapper([(0, 1.0), (1, 2.0), (2, 3.0)]).batch(2).collate())
+        [[tensor([0, 1]), tensor([1., 2.], dtype=torch.float64)], [tensor([2]), tensor([3.], dtype=torch.float64)]]
+    """
+
+    inputs = ("source",)
+    per_item = True
+    one_to_one = True
+
+    def __init__(self, source: IterDataPipe, collate_fn: Callable[[Any], Any] | None = None) -> None:
+        if collate_fn is not None:
+            check_callable(collate_fn, "collate_fn", "collate", 1)
+        self.source = source
+        self.collate_fn = collate_fn
+        self._collate = default_collate if collate_fn is None else collate_fn
+
+    def async_next(self) -> Any:
+        batch = self.source.async_next()
+        try:
+            return self._collate(batch)
+        except Exception as error:
+            raise_with_note(error, self, current_position())
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def __repr__(self) -> str:
+        name = "default_collate" if self.collate_fn is None else fn_name(self.collate_fn)
+        return f"Collator(collate_fn={name})"
+
+
+_LEAF_TYPES = (torch.Tensor, np.ndarray, np.generic, int, float, complex, str, bytes)
+
+
+def _is_sequence(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _diagnose(samples: list[Any], path: str) -> str | None:
+    """Describe the first field where the samples cannot be collated, or None."""
+    first = samples[0]
+    if isinstance(first, (torch.Tensor, np.ndarray)):
+        shapes = [tuple(getattr(s, "shape", ())) for s in samples]
+        return _differ(path, "shape", shapes)
+    if isinstance(first, _LEAF_TYPES):
+        return None
+    if isinstance(first, Mapping):
+        for key in first:
+            for index, sample in enumerate(samples):
+                if not isinstance(sample, Mapping) or key not in sample:
+                    return f"{path}[{key!r}] is missing from entry {index}"
+            found = _diagnose([s[key] for s in samples], f"{path}[{key!r}]")
+            if found is not None:
+                return found
+        return None
+    if _is_sequence(first):
+        lengths = [len(s) if _is_sequence(s) else None for s in samples]
+        found = _differ(path, "length", lengths)
+        if found is not None:
+            return found
+        for position in range(len(first)):
+            found = _diagnose([s[position] for s in samples], f"{path}[{position}]")
+            if found is not None:
+                return found
+        return None
+    return f"{path} is a {type(first).__name__}, which has no tensor form"
+
+
+def _differ(path: str, what: str, values: list[Any]) -> str | None:
+    for index, value in enumerate(values):
+        if value != values[0]:
+            return (
+                f"{path} has {what} {values[0]} in entry 0 but {what} {value} in entry "
+                f"{index} (all {what}s: {_summary(values)})"
+            )
+    return None
+
+
+def _summary(values: list[Any]) -> str:
+    distinct: dict[Any, int] = {}
+    for value in values:
+        distinct[value] = distinct.get(value, 0) + 1
+    return ", ".join(f"{value} x{count}" for value, count in distinct.items())

@@ -1,0 +1,80 @@
+"""Repeating a stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._base import IterDataPipe
+from ._pipeline import reset_pipeline
+
+__all__ = ["Cycler"]
+
+
+class Cycler(IterDataPipe):
+    """Repeat the source ``count`` times, or forever when ``count`` is None (functional: ``cycle``).
+
+    Between rounds the source (and everything upstream of it) is restarted with
+    ``reset_pipeline``. An infinite cycle over a source that yields nothing in
+    a whole round stops instead of spinning.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> list(Cycler(IterableWrapper([1, 2]), 3))
+        [1, 2, 1, 2, 1, 2]
+    """
+
+    inputs = ("source",)
+
+    def __init__(self, source: IterDataPipe, count: int | None = None) -> None:
+        bad = isinstance(count, bool) or not isinstance(count, int) or count < 0
+        if count is not None and bad:
+            raise ValueError(
+                f"count must be None (repeat forever) or an int >= 0, got {count!r}"
+            )
+        self.source = source
+        self.count = count
+        self.reset()
+
+    def reset(self) -> None:
+        self._round = 0
+        self._yielded = False  # whether the current round produced an item
+        self._done = self.count == 0
+
+    def async_next(self) -> Any:
+        if self._done:
+            raise StopIteration
+        source = self.source
+        while True:
+            try:
+                item = source.async_next()
+            except StopIteration:
+                self._next_round()
+                continue
+            self._yielded = True
+            return item
+
+    def _next_round(self) -> None:
+        if (self.count is None and not self._yielded) or (
+            self.count is not None and self._round + 1 >= self.count
+        ):
+            self._done = True
+            raise StopIteration
+        self._round += 1
+        self._yielded = False
+        reset_pipeline(self.source)
+
+    def __len__(self) -> int:
+        if self.count is None:
+            raise TypeError("Cycler(count=None) repeats forever and has no length")
+        return len(self.source) * self.count
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"round": self._round, "yielded": self._yielded, "done": self._done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._round = int(state["round"])
+        self._yielded = bool(state["yielded"])
+        self._done = bool(state["done"])
+
+    def __repr__(self) -> str:
+        return f"Cycler(count={self.count!r})"

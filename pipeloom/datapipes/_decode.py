@@ -1,0 +1,190 @@
+"""Decode raw bytes by file extension (``decode``).
+
+Works on ``(name, bytes)`` items (e.g. from ``load_from_tar``) and on
+WebDataset sample dicts (every ``".ext"`` field is decoded; ``__key__`` and
+other fields are left alone). A value may also be a binary stream; it is read
+and closed.
+
+The decoders are an argument, not global state: start from
+:func:`default_decoders` and override or add extensions with
+``decode(decoders={".foo": fn})``. An extension is looked up in full first
+(``".seg.png"``), then by its last part (``".png"``).
+
+Default decoders: ``.npy`` (NumPy array), ``.json``, ``.txt`` (str),
+``.cls``/``.idx`` (int), ``.pt`` (``torch.load(weights_only=True)``) and, when
+Pillow is installed, images (``.jpg .jpeg .png .ppm .pgm .bmp .gif .tif .tiff
+.webp``) as RGB ``uint8`` tensors of shape ``(3, H, W)``.
+
+Example:
+    >>> from pipeloom.datapipes import IterableWrapper
+    >>> items = IterableWrapper([("a.json", b'{"x": 1}'), ("a.cls", b"7"), ("a.bin", b"?")])
+    >>> list(Decoder(items))
+    [('a.json', {'x': 1}), ('a.cls', 7), ('a.bin', b'?')]
+    >>> list(Decoder(items, decoders={".bin": len}))[-1]
+    ('a.bin', 1)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ._base import IterDataPipe
+
+__all__ = ["Decoder", "default_decoders", "IMAGE_EXTENSIONS"]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", ".gif", ".tif", ".tiff",
+                    ".webp")
+
+
+def _npy(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+def _int(data: bytes) -> int:
+    return int(data.decode("ascii").strip())
+
+
+def _torch(data: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _image(data: bytes) -> Any:
+    """Decode an image to an RGB uint8 tensor (3, H, W); needs Pillow."""
+    try:
+        from PIL import Image
+    except ImportError as error:
+        raise ImportError(
+            "decoding images needs Pillow: pip install Pillow (or pipeloom[images])"
+        ) from error
+    import torch
+
+    with Image.open(io.BytesIO(data)) as image:
+        array = np.asarray(image.convert("RGB"))
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
+
+
+def default_decoders() -> dict[str, Callable[[bytes], Any]]:
+    """A fresh dict of the built-in decoders, keyed by extension (``".npy"``...).
+
+    >>> sorted(default_decoders())[:4]
+    ['.bmp', '.cls', '.gif', '.idx']
+    """
+    decoders: dict[str, Callable[[bytes], Any]] = {
+        ".npy": _npy, ".json": json.loads, ".txt": _text, ".cls": _int, ".idx": _int,
+        ".pt": _torch,
+    }
+    decoders.update(dict.fromkeys(IMAGE_EXTENSIONS, _image))
+    return decoders
+
+
+def _has_pillow() -> bool:
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Decoder(IterDataPipe):
+    """Decode ``(name, bytes)`` items or sample dicts by extension. Functional: ``decode``.
+
+    Args:
+        source: a block yielding ``(name, bytes)`` or dicts with ``".ext"`` keys.
+        strict: raise on an extension with no decoder (and on images when
+            Pillow is missing) instead of passing the value through unchanged.
+        decoders: extra or overriding decoders, ``{".ext": fn(bytes) -> value}``;
+            map an extension to ``None`` to leave it undecoded.
+    """
+
+    inputs = ("source",)
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        *,
+        strict: bool = False,
+        decoders: Mapping[str, Callable[[bytes], Any] | None] | None = None,
+    ) -> None:
+        if not isinstance(source, IterDataPipe):
+            raise TypeError(f"Decoder expects an IterDataPipe, got {type(source).__name__}")
+        if decoders is not None and not isinstance(decoders, Mapping):
+            raise TypeError(f"decoders must be a dict {{'.ext': fn}}, got {decoders!r}")
+        for extension, fn in (decoders or {}).items():
+            if not isinstance(extension, str) or not extension.startswith(".") or len(extension) < 2:
+                raise ValueError(
+                    f"decoder keys are extensions with a leading dot like '.foo', got {extension!r}"
+                )
+            if fn is not None and not callable(fn):
+                raise TypeError(f"the decoder for {extension!r} must be callable, got {fn!r}")
+        self.source = source
+        self.strict = bool(strict)
+        self.decoders = {k.lower(): v for k, v in (decoders or {}).items()}
+        table = default_decoders()
+        if not _has_pillow() and not self.strict:
+            for extension in IMAGE_EXTENSIONS:
+                del table[extension]  # images pass through undecoded
+        table.update(self.decoders)
+        self._table = table
+
+    def async_next(self) -> Any:
+        item = self.source.async_next()
+        if isinstance(item, dict):
+            key = item.get("__key__", "?")
+            return {
+                name: self._decode(name, value, f"{key}{name}") if name.startswith(".") else value
+                for name, value in item.items()
+            }
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            name = item[0]
+            base = name.rsplit("/", 1)[-1]
+            extension = "." + base.partition(".")[2] if "." in base else ""
+            return name, self._decode(extension, item[1], name)
+        raise TypeError(
+            f"Decoder expects (name, bytes) tuples or sample dicts, got "
+            f"{type(item).__name__} {item!r:.80}"
+        )
+
+    def _decode(self, extension: str, value: Any, where: str) -> Any:
+        extension = extension.lower()
+        fn = self._table.get(extension, ...)
+        if fn is ... and extension:
+            fn = self._table.get("." + extension.rsplit(".", 1)[-1], ...)
+        if fn is ...:
+            if self.strict:
+                raise ValueError(
+                    f"no decoder for extension {extension or '(none)'!r} of {where!r}; "
+                    f"register one with .decode(decoders={{{extension or '.ext'!r}: fn}}), or "
+                    f"pass strict=False to pass such values through unchanged"
+                )
+            return value
+        if fn is None:
+            return value
+        if hasattr(value, "read"):
+            with value:
+                value = value.read()
+        try:
+            return fn(value)
+        except ImportError:
+            raise
+        except Exception as error:
+            raise ValueError(
+                f"decoding {where!r} with the {extension!r} decoder "
+                f"{getattr(fn, '__qualname__', fn)} failed: {type(error).__name__}: {error}"
+            ) from error
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def __repr__(self) -> str:
+        return f"Decoder(strict={self.strict}, decoders={sorted(self.decoders)!r})"

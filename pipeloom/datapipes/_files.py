@@ -1,0 +1,408 @@
+"""Local files: list them (``FileLister``) and open them (``FileOpener`` / ``open_files``).
+
+Also the two shared pieces every storage block builds on:
+
+* ``StreamOpener`` — a shardable block turning paths into ``(path, stream)``.
+  It remembers the streams it handed out until they are closed, closes the
+  rest on ``reset()``/``close()``, and saves the still-open ones in its state
+  so that a resumed pipeline re-opens them ("replay").
+* ``StreamReader`` — a block that reads each ``(path, stream)`` into items
+  (tar members, lines, CSV rows), closes the stream when done, and saves how
+  many items of the current stream it emitted, skipping them after a replay.
+
+Example:
+    >>> import os, tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> for name in ("b.txt", "a.txt", "c.csv"):
+    ...     with open(os.path.join(root, name), "w") as f:
+    ...         _ = f.write(name)
+    >>> files = FileLister(root, masks="*.txt")
+    >>> [os.path.basename(p) for p in files]
+    ['a.txt', 'b.txt']
+    >>> [(os.path.basename(p), s.read()) for p, s in files.open_files()]
+    [('a.txt', 'a.txt'), ('b.txt', 'b.txt')]
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import warnings
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import IO, Any
+
+from ._base import IterDataPipe
+from ._compact import CompactStringList
+from ._context import stamp_item
+
+__all__ = ["FileLister", "FileOpener", "StreamOpener", "StreamReader"]
+
+_MODES = {"r": "r", "rt": "r", "t": "r", "rb": "rb", "b": "rb"}
+
+
+def _as_masks(masks: str | Sequence[str]) -> tuple[str, ...]:
+    if isinstance(masks, str):
+        return (masks,) if masks else ()
+    if isinstance(masks, Sequence) and all(isinstance(m, str) for m in masks):
+        return tuple(m for m in masks if m)
+    raise TypeError(f"masks must be a str or a list of str like ['*.tar'], got {masks!r}")
+
+
+def _matches(name: str, masks: tuple[str, ...]) -> bool:
+    return not masks or any(fnmatch.fnmatch(name, mask) for mask in masks)
+
+
+class Lister(IterDataPipe):
+    """Base of listing sources: lists once (lazily), keeps the listing compact.
+
+    Subclasses implement ``_list() -> list[str]``. The listing is taken at
+    first use and reused every epoch, stored in a :class:`CompactStringList`
+    so forked workers reading it do not copy it.
+    """
+
+    def __init__(self, masks: str | Sequence[str]) -> None:
+        self.masks = _as_masks(masks)
+        self._paths: CompactStringList | None = None
+        self._position = 0
+
+    def _list(self) -> list[str]:
+        raise NotImplementedError
+
+    def _where(self) -> str:
+        raise NotImplementedError
+
+    def listing(self) -> CompactStringList:
+        """The paths of one epoch (listed on first call)."""
+        if self._paths is None:
+            self._paths = CompactStringList(self._list())
+            if not len(self._paths):
+                warnings.warn(
+                    f"{self!r}: no file under {self._where()} matches masks "
+                    f"{list(self.masks) or '(none)'}; the epoch is empty. Check the "
+                    f"root and the masks (e.g. masks='*.tar')",
+                    UserWarning, stacklevel=3,
+                )
+        return self._paths
+
+    def reset(self) -> None:
+        self._position = 0
+
+    def async_next(self) -> str:
+        paths = self.listing()
+        position = self._position
+        if position >= len(paths):
+            raise StopIteration
+        self._position = position + 1
+        stamp_item(self.epoch_seed(), self._pl_epoch, position)
+        return paths[position]
+
+    def __len__(self) -> int:
+        return len(self.listing())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self._position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._position = int(state["position"])
+
+
+class FileLister(Lister):
+    """Yield the paths of files under ``root`` whose name matches ``masks``, sorted.
+
+    Args:
+        root: a directory or file path, or a list of them.
+        masks: glob pattern(s) matched against the file name, e.g. ``"*.tar"``;
+            empty matches everything.
+        recursive: also list subdirectories.
+        abspath: yield absolute paths.
+        non_deterministic: keep the file system's order instead of sorting.
+
+    Raises:
+        FileNotFoundError: at first use, naming a root that does not exist.
+
+    Example:
+        >>> import os, tempfile
+        >>> root = tempfile.mkdtemp()
+        >>> os.makedirs(os.path.join(root, "sub"))
+        >>> for name in ("x.tar", "sub/y.tar", "sub/z.txt"):
+        ...     open(os.path.join(root, name), "w").close()
+        >>> [os.path.relpath(p, root) for p in FileLister(root, "*.tar", recursive=True)]
+        ['sub/y.tar', 'x.tar']
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] = ".",
+        masks: str | Sequence[str] = "",
+        *,
+        recursive: bool = False,
+        abspath: bool = False,
+        non_deterministic: bool = False,
+    ) -> None:
+        roots = [root] if isinstance(root, (str, os.PathLike)) else root
+        if not isinstance(roots, Sequence) or not roots or not all(
+            isinstance(r, (str, os.PathLike)) for r in roots
+        ):
+            raise TypeError(
+                f"root must be a path or a non-empty list of paths, got {root!r}; "
+                f"for a stream of roots use .flatmap over FileLister"
+            )
+        super().__init__(masks)
+        self.roots = tuple(os.fspath(r) for r in roots)
+        self.recursive = bool(recursive)
+        self.abspath = bool(abspath)
+        self.non_deterministic = bool(non_deterministic)
+
+    def _where(self) -> str:
+        return ", ".join(repr(r) for r in self.roots)
+
+    def _list(self) -> list[str]:
+        found: list[str] = []
+        for root in self.roots:
+            if not os.path.exists(root):
+                raise FileNotFoundError(
+                    f"FileLister: root {root!r} does not exist (cwd {os.getcwd()!r}); "
+                    f"pass an existing directory or file"
+                )
+            if os.path.isfile(root):
+                if _matches(os.path.basename(root), self.masks):
+                    found.append(os.path.abspath(root) if self.abspath else root)
+                continue
+            base = os.path.abspath(root) if self.abspath else root
+            for directory, dirs, files in os.walk(base, onerror=_raise_walk_error):
+                if not self.non_deterministic:
+                    dirs.sort()
+                found.extend(
+                    os.path.join(directory, n) for n in files if _matches(n, self.masks)
+                )
+                if not self.recursive:
+                    dirs.clear()
+        return found if self.non_deterministic else sorted(found)
+
+    def __repr__(self) -> str:
+        root = self.roots[0] if len(self.roots) == 1 else list(self.roots)
+        return (
+            f"FileLister(root={root!r}, masks={list(self.masks)!r}, "
+            f"recursive={self.recursive}, abspath={self.abspath}, "
+            f"non_deterministic={self.non_deterministic})"
+        )
+
+
+def _raise_walk_error(error: OSError) -> None:
+    raise error
+
+
+class StreamOpener(IterDataPipe):
+    """Base of shardable blocks that open each incoming path; yields ``(path, stream)``.
+
+    Subclasses implement ``_open(path) -> stream`` and ``_check(path)``.
+    """
+
+    inputs = ("source",)
+
+    def __init__(self, source: IterDataPipe) -> None:
+        if not isinstance(source, IterDataPipe):
+            raise TypeError(
+                f"{type(self).__name__} expects an IterDataPipe of paths, got "
+                f"{type(source).__name__}; wrap a list with IterableWrapper(paths)"
+            )
+        self.source = source
+        self._total, self._index = 1, 0
+        self._position = 0  # items pulled from source this epoch
+        self._handed: list[tuple[int, str, IO[Any]]] = []  # streams given out, maybe open
+        self._replay: list[tuple[int, str]] = []  # to re-open first after a resume
+        self._guard: weakref.finalize | None = None
+
+    def _open(self, path: str) -> IO[Any]:
+        raise NotImplementedError
+
+    def _check(self, path: Any) -> str:
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)
+        if not isinstance(path, str):
+            raise TypeError(
+                f"{type(self).__name__} expects paths (str), got {type(path).__name__} "
+                f"{path!r}; put it after a block that yields paths, e.g. FileLister"
+            )
+        return path
+
+    def is_shardable(self) -> bool:
+        return True
+
+    def sharding_settings(self, total: int, index: int) -> None:
+        if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+            raise ValueError(f"total must be an int >= 1, got {total!r}")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
+            raise ValueError(f"index must be an int in [0, {total}), got {index!r}")
+        self._total, self._index = total, index
+
+    def async_next(self) -> tuple[str, IO[Any]]:
+        if self._replay:
+            position, path = self._replay[0]
+            stream = self._open(path)
+            del self._replay[0]
+        else:
+            while True:
+                raw = self.source.async_next()
+                position = self._position
+                self._position = position + 1
+                if position % self._total == self._index:
+                    break
+            path = self._check(raw)
+            stream = self._open(path)
+        self._track(position, path, stream)
+        stamp_item(self.epoch_seed(), self._pl_epoch, position)
+        return path, stream
+
+    def _track(self, position: int, path: str, stream: IO[Any]) -> None:
+        handed = self._handed
+        handed[:] = [h for h in handed if not h[2].closed]
+        handed.append((position, path, stream))
+        if self._guard is None:
+            # Closes the streams when this block is collected. A finalizer runs
+            # before the garbage's own finalizers, even inside a reference
+            # cycle, so the files never warn "unclosed file".
+            self._guard = weakref.finalize(self, _close_streams, handed)
+
+    def close(self) -> None:
+        """Close every stream this block handed out that is still open."""
+        _close_streams(self._handed)
+
+    def reset(self) -> None:
+        self.close()
+        self._position = 0
+        self._replay = []
+
+    def __len__(self) -> int:
+        size = len(self.source)
+        return max(0, -(-(size - self._index) // self._total))
+
+    def state_dict(self) -> dict[str, Any]:
+        still_open = [(p, path) for p, path, s in self._handed if not s.closed]
+        return {"position": self._position, "replay": self._replay + still_open}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.close()
+        self._position = int(state["position"])
+        self._replay = [(int(p), str(path)) for p, path in state["replay"]]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()  # a copy re-opens what this one has open
+        state["_replay"] = self.state_dict()["replay"]
+        state["_handed"] = []
+        state["_guard"] = None
+        return state
+
+
+def _close_streams(handed: list[tuple[int, str, IO[Any]]]) -> None:
+    streams = [h[2] for h in handed]
+    handed.clear()
+    for stream in streams:
+        stream.close()
+
+
+class FileOpener(StreamOpener):
+    """Open each local path; yield ``(path, stream)``. Functional: ``open_files``.
+
+    Streams are closed by the block that reads them to the end (tar, lines,
+    CSV), and any still open are closed on ``reset()``, ``close()`` or when the
+    block is garbage collected. Shardable: with ``sharding_settings(n, i)``
+    it opens only the paths at positions ``p % n == i``.
+
+    Args:
+        source: a block yielding paths.
+        mode: ``"r"`` (text) or ``"rb"`` (binary).
+        encoding: text encoding (text mode only).
+    """
+
+    def __init__(self, source: IterDataPipe, mode: str = "r", encoding: str | None = None) -> None:
+        super().__init__(source)
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of 'r', 'rt', 'rb', 't', 'b', got {mode!r}")
+        self.mode = _MODES[mode]
+        if encoding is not None and self.mode == "rb":
+            raise ValueError(f"encoding={encoding!r} needs a text mode; use mode='r'")
+        self.encoding = encoding
+
+    def _open(self, path: str) -> IO[Any]:
+        return open(path, self.mode, encoding=self.encoding)  # noqa: SIM115
+
+    def __repr__(self) -> str:
+        return f"FileOpener(mode={self.mode!r}, encoding={self.encoding!r})"
+
+
+class StreamReader(IterDataPipe):
+    """Base of blocks reading each ``(path, stream)`` into several items.
+
+    Subclasses implement ``_read(path, stream, skip)``: a generator of the
+    output items of one stream, not yielding its first ``skip`` items.
+    """
+
+    inputs = ("source",)
+
+    def __init__(self, source: IterDataPipe) -> None:
+        if not isinstance(source, IterDataPipe):
+            raise TypeError(
+                f"{type(self).__name__} expects an IterDataPipe of (path, stream), got "
+                f"{type(source).__name__}; build one with FileLister(...).open_files()"
+            )
+        self.source = source
+        self._reader: Iterator[Any] | None = None
+        self._stream: IO[Any] | None = None
+        self._count = 0  # items of the current stream emitted (incl. skipped)
+        self._skip = 0  # items to skip in the next stream (after a resume)
+
+    def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def async_next(self) -> Any:
+        while True:
+            if self._reader is None:
+                item = self.source.async_next()
+                if not (isinstance(item, tuple) and len(item) == 2 and hasattr(item[1], "read")):
+                    raise TypeError(
+                        f"{self!r} expects (path, stream) items, got {type(item).__name__}; "
+                        f"put it after open_files() / an HTTP or fsspec opener"
+                    )
+                self._stream = item[1]
+                self._count = self._skip
+                self._reader = self._read(str(item[0]), item[1], self._skip)
+                self._skip = 0
+            try:
+                out = next(self._reader)
+            except StopIteration:
+                self._finish()
+                continue
+            except BaseException:
+                self._finish()
+                raise
+            self._count += 1
+            return out
+
+    def _finish(self) -> None:
+        reader, stream = self._reader, self._stream
+        self._reader = self._stream = None
+        self._count = 0
+        if reader is not None:
+            reader.close()  # type: ignore[attr-defined]
+        if stream is not None:
+            stream.close()
+
+    def reset(self) -> None:
+        self._finish()
+        self._skip = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"skip": self._count if self._reader is not None else self._skip}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._finish()
+        self._skip = int(state["skip"])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_reader"] = state["_stream"] = None
+        state["_skip"] = self.state_dict()["skip"]
+        state["_count"] = 0
+        return state

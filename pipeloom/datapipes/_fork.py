@@ -1,0 +1,163 @@
+"""Copying one stream to several consumers."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from ._base import IterDataPipe
+from ._context import restore_stamp, current_stamp
+
+__all__ = ["Forker", "fork"]
+
+
+def check_hub_args(op: str, source: Any, num_instances: Any, buffer_size: Any) -> None:
+    """Validate the arguments shared by ``fork`` and ``demux``."""
+    if not isinstance(source, IterDataPipe):
+        raise TypeError(
+            f"{op}() expects an IterDataPipe as its source, got {type(source).__name__}; "
+            f"convert a MapDataPipe with .to_iter() or wrap iterables with IterableWrapper(...)"
+        )
+    if isinstance(num_instances, bool) or not isinstance(num_instances, int) or num_instances < 1:
+        raise ValueError(f"num_instances must be an int >= 1, got {num_instances!r}")
+    if (
+        isinstance(buffer_size, bool)
+        or not isinstance(buffer_size, int)
+        or (buffer_size < 1 and buffer_size != -1)
+    ):
+        raise ValueError(
+            f"buffer_size must be an int >= 1, or -1 for an unbounded buffer, got {buffer_size!r}"
+        )
+
+
+def buffer_full_error(op: str, buffer_size: int, ahead: int, behind: int, gap: int) -> BufferError:
+    return BufferError(
+        f"{op} buffer of {buffer_size} items is full: child {behind} is {gap} items behind "
+        f"child {ahead}; consume the children more evenly, or raise buffer_size "
+        f"(buffer_size=-1 means unbounded)"
+    )
+
+
+def fork(source: IterDataPipe, num_instances: int, buffer_size: int = 1000) -> list[IterDataPipe]:
+    """Copy ``source`` to ``num_instances`` streams that each yield every item.
+
+    Items read by one child and not yet by all are held in a shared buffer; a
+    child that is ``buffer_size`` items ahead of another raises ``BufferError``
+    when it asks for more (``-1``: unbounded). As in torchdata, the buffer may
+    hold one item more than ``buffer_size``: the one read to see whether the
+    source has ended. With ``num_instances=1`` the source itself is returned.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> a, b = fork(IterableWrapper(range(3)), 2)
+        >>> list(a.zip(b))
+        [(0, 0), (1, 1), (2, 2)]
+    """
+    check_hub_args("fork", source, num_instances, buffer_size)
+    if num_instances == 1:
+        return [source]
+    hub = _ForkHub(source, num_instances, buffer_size)
+    return [Forker(hub, index) for index in range(num_instances)]
+
+
+class _ForkHub(IterDataPipe):
+    """The state shared by the children of one ``fork``: one buffer, one offset per child."""
+
+    inputs = ("source",)
+
+    def __init__(self, source: IterDataPipe, num_instances: int, buffer_size: int) -> None:
+        self.source = source
+        self.num_instances = num_instances
+        self.buffer_size = buffer_size
+        self.reset()
+
+    def reset(self) -> None:
+        self._items: deque[Any] = deque()
+        self._stamps: deque[Any] = deque()
+        self._base = 0  # source position of self._items[0]
+        self._offsets = [0] * self.num_instances  # next source position of each child
+        self._ended = False
+
+    def async_next(self) -> Any:
+        raise TypeError("_ForkHub is internal to fork(); iterate the children it returned")
+
+    def next_for(self, child: int) -> Any:
+        """The next item for ``child``; ``NotAvailable``/``StopIteration`` as a block."""
+        offsets, items = self._offsets, self._items
+        offset = offsets[child]
+        local = offset - self._base
+        if local >= len(items):
+            if self._ended:
+                raise StopIteration
+            try:
+                item = self.source.async_next()  # read even when full: the end needs no room
+            except StopIteration:
+                self._ended = True
+                raise
+            items.append(item)
+            self._stamps.append(current_stamp())
+        if local >= self.buffer_size != -1:
+            behind = offsets.index(self._base)
+            raise buffer_full_error("fork", self.buffer_size, child, behind, local)
+        item = items[local]
+        restore_stamp(self._stamps[local])
+        offsets[child] = offset + 1
+        if local == 0:
+            self._trim()
+        return item
+
+    def _trim(self) -> None:
+        low = min(self._offsets)
+        items, stamps = self._items, self._stamps
+        while self._base < low:
+            items.popleft()
+            stamps.popleft()
+            self._base += 1
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "items": list(self._items),
+            "stamps": list(self._stamps),
+            "base": self._base,
+            "offsets": list(self._offsets),
+            "ended": self._ended,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._items = deque(state["items"])
+        self._stamps = deque(tuple(s) for s in state["stamps"])
+        self._base = int(state["base"])
+        self._offsets = [int(o) for o in state["offsets"]]
+        self._ended = bool(state["ended"])
+
+    def __repr__(self) -> str:
+        return f"_ForkHub(num_instances={self.num_instances}, buffer_size={self.buffer_size})"
+
+
+class Forker(IterDataPipe):
+    """One output of :func:`fork`: yields every item of the shared source."""
+
+    inputs = ("hub",)
+
+    def __init__(self, hub: _ForkHub, index: int) -> None:
+        self.hub = hub
+        self.index = index
+
+    def async_next(self) -> Any:
+        return self.hub.next_for(self.index)
+
+    def __len__(self) -> int:
+        return len(self.hub)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def __repr__(self) -> str:
+        hub = self.hub
+        return (
+            f"Forker(index={self.index}, num_instances={hub.num_instances}, "
+            f"buffer_size={hub.buffer_size})"
+        )

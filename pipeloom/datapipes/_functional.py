@@ -1,0 +1,299 @@
+"""Functional chaining: ``dp.map(f).batch(4)`` as ordinary, typed methods.
+
+Each method builds the block of the same name with ``self`` as its input.
+Custom blocks add a method with :func:`functional_datapipe`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from ._base import DataPipe, IterDataPipe, MapDataPipe
+
+__all__ = ["IterFunctional", "MapFunctional", "functional_datapipe"]
+
+Col = int | str | Sequence[int | str] | None
+B = TypeVar("B", bound=type)
+
+
+class IterFunctional:
+    """The chaining methods of every ``IterDataPipe``."""
+
+    # -- per item ------------------------------------------------------------
+    def map(self, fn: Callable[..., Any], input_col: Col = None, output_col: Col = None) -> IterDataPipe:
+        """Apply ``fn`` to each item (or to ``input_col`` of it). See :class:`Mapper`."""
+        from ._map import Mapper
+
+        return Mapper(self, fn, input_col=input_col, output_col=output_col)
+
+    def filter(self, filter_fn: Callable[[Any], bool], input_col: Col = None) -> IterDataPipe:
+        """Keep the items for which ``filter_fn`` is true. See :class:`Filter`."""
+        from ._filter import Filter
+
+        return Filter(self, filter_fn, input_col=input_col)
+
+    def flatmap(self, fn: Callable[[Any], Any] | None = None, input_col: Col = None) -> IterDataPipe:
+        """Map each item to an iterable and yield its elements. See :class:`FlatMapper`."""
+        from ._flatmap import FlatMapper
+
+        return FlatMapper(self, fn, input_col=input_col)
+
+    def enumerate(self, starting_index: int = 0) -> IterDataPipe:
+        """Yield ``(index, item)`` pairs. See :class:`Enumerator`."""
+        from ._enumerate import Enumerator
+
+        return Enumerator(self, starting_index)
+
+    def header(self, limit: int = 10) -> IterDataPipe:
+        """Yield at most ``limit`` items. See :class:`Header`."""
+        from ._header import Header
+
+        return Header(self, limit)
+
+    # -- batching --------------------------------------------------------------
+    def batch(self, batch_size: int, drop_last: bool = False, wrapper_class: Callable[[list], Any] = list) -> IterDataPipe:
+        """Group consecutive items into lists of ``batch_size``. See :class:`Batcher`."""
+        from ._batch import Batcher
+
+        return Batcher(self, batch_size, drop_last=drop_last, wrapper_class=wrapper_class)
+
+    def unbatch(self, unbatch_level: int = 1) -> IterDataPipe:
+        """Undo ``batch``: yield the elements of each batch. See :class:`Unbatcher`."""
+        from ._batch import Unbatcher
+
+        return Unbatcher(self, unbatch_level=unbatch_level)
+
+    def bucketbatch(
+        self,
+        batch_size: int,
+        drop_last: bool = False,
+        batch_num: int = 100,
+        bucket_num: int = 1,
+        sort_key: Callable[[list], list] | None = None,
+        use_in_batch_shuffle: bool = True,
+    ) -> IterDataPipe:
+        """Batch items of similar size together. See :class:`BucketBatcher`."""
+        from ._bucketbatch import BucketBatcher
+
+        return BucketBatcher(
+            self, batch_size, drop_last=drop_last, batch_num=batch_num,
+            bucket_num=bucket_num, sort_key=sort_key, use_in_batch_shuffle=use_in_batch_shuffle,
+        )
+
+    def collate(self, collate_fn: Callable[[Any], Any] | None = None) -> IterDataPipe:
+        """Turn each batch into tensors (default) or apply ``collate_fn``. See :class:`Collator`."""
+        from ._collate import Collator
+
+        return Collator(self, collate_fn)
+
+    def in_batch_shuffle(self, *, seed: int | None = None) -> IterDataPipe:
+        """Shuffle the items inside each batch. See :class:`InBatchShuffler`."""
+        from ._in_batch_shuffle import InBatchShuffler
+
+        return InBatchShuffler(self, seed=seed)
+
+    # -- order and sharding ------------------------------------------------------
+    def shuffle(self, buffer_size: int = 10000, *, seed: int | None = None) -> IterDataPipe:
+        """Shuffle through a buffer of ``buffer_size`` items. See :class:`Shuffler`."""
+        from ._shuffle import Shuffler
+
+        return Shuffler(self, buffer_size=buffer_size, seed=seed)
+
+    def sharding_filter(self) -> IterDataPipe:
+        """Mark where a reading service splits the stream across workers. See :class:`ShardingFilter`."""
+        from ._sharding import ShardingFilter
+
+        return ShardingFilter(self)
+
+    def cycle(self, count: int | None = None) -> IterDataPipe:
+        """Repeat the stream ``count`` times (forever if None). See :class:`Cycler`."""
+        from ._cycle import Cycler
+
+        return Cycler(self, count)
+
+    def prefetch(self, buffer_size: int = 10) -> IterDataPipe:
+        """Run the upstream ahead in a background thread. See :class:`Prefetcher`."""
+        from ._prefetch import Prefetcher
+
+        return Prefetcher(self, buffer_size)
+
+    # -- several streams ----------------------------------------------------------
+    def zip(self, *others: IterDataPipe) -> IterDataPipe:
+        """Yield tuples of one item from each stream. See :class:`Zipper`."""
+        from ._zip import Zipper
+
+        return Zipper(self, *others)
+
+    def concat(self, *others: IterDataPipe) -> IterDataPipe:
+        """Yield this stream, then each of ``others``. See :class:`Concater`."""
+        from ._concat import Concater
+
+        return Concater(self, *others)
+
+    def mux(self, *others: IterDataPipe) -> IterDataPipe:
+        """Interleave streams one item at a time. See :class:`Multiplexer`."""
+        from ._mux import Multiplexer
+
+        return Multiplexer(self, *others)
+
+    def fork(self, num_instances: int, buffer_size: int = 1000) -> list[IterDataPipe]:
+        """Copy the stream to ``num_instances`` consumers. See :class:`Forker`."""
+        from ._fork import fork
+
+        return fork(self, num_instances, buffer_size=buffer_size)
+
+    def demux(
+        self,
+        num_instances: int,
+        classifier_fn: Callable[[Any], int | None],
+        drop_none: bool = False,
+        buffer_size: int = 1000,
+    ) -> list[IterDataPipe]:
+        """Split the stream by ``classifier_fn`` into ``num_instances`` streams. See :class:`Demultiplexer`."""
+        from ._demux import demux
+
+        return demux(self, num_instances, classifier_fn, drop_none=drop_none, buffer_size=buffer_size)
+
+    # -- storage -------------------------------------------------------------------
+    def open_files(self, mode: str = "r", encoding: str | None = None) -> IterDataPipe:
+        """Open each path; yield ``(path, stream)``. See :class:`FileOpener`."""
+        from ._files import FileOpener
+
+        return FileOpener(self, mode=mode, encoding=encoding)
+
+    def load_from_tar(self, mode: str = "r|", on_error: str = "raise") -> IterDataPipe:
+        """Read tar members from ``(path, stream)`` items. See :class:`TarArchiveLoader`."""
+        from ._tar import TarArchiveLoader
+
+        return TarArchiveLoader(self, mode=mode, on_error=on_error)
+
+    def webdataset(self) -> IterDataPipe:
+        """Group consecutive tar members by key into one dict per sample. See :class:`WebDataset`."""
+        from ._webdataset import WebDataset
+
+        return WebDataset(self)
+
+    def decode(self, *, strict: bool = False, decoders: dict[str, Callable[[bytes], Any]] | None = None) -> IterDataPipe:
+        """Decode ``(name, bytes)`` items or sample dicts by file extension. See :class:`Decoder`."""
+        from ._decode import Decoder
+
+        return Decoder(self, strict=strict, decoders=decoders)
+
+    def readlines(self, *, strip_newline: bool = True, return_path: bool = True) -> IterDataPipe:
+        """Yield the lines of each ``(path, stream)``. See :class:`LineReader`."""
+        from ._text import LineReader
+
+        return LineReader(self, strip_newline=strip_newline, return_path=return_path)
+
+    def parse_csv(
+        self, *, delimiter: str = ",", skip_lines: int = 0, as_dict: bool = False, return_path: bool = False
+    ) -> IterDataPipe:
+        """Yield the rows of each ``(path, stream)`` of CSV text. See :class:`CSVParser`."""
+        from ._text import CSVParser
+
+        return CSVParser(self, delimiter=delimiter, skip_lines=skip_lines, as_dict=as_dict, return_path=return_path)
+
+
+class MapFunctional:
+    """The chaining methods of every ``MapDataPipe``."""
+
+    def map(self, fn: Callable[..., Any], input_col: Col = None, output_col: Col = None) -> MapDataPipe:
+        """Apply ``fn`` to each item on access. See :class:`MapMapper`."""
+        from ._map import MapMapper
+
+        return MapMapper(self, fn, input_col=input_col, output_col=output_col)
+
+    def batch(self, batch_size: int, drop_last: bool = False, wrapper_class: Callable[[list], Any] = list) -> MapDataPipe:
+        """Index ``i`` returns items ``[i*batch_size, (i+1)*batch_size)``. See :class:`MapBatcher`."""
+        from ._batch import MapBatcher
+
+        return MapBatcher(self, batch_size, drop_last=drop_last, wrapper_class=wrapper_class)
+
+    def shuffle(self, *, seed: int | None = None) -> IterDataPipe:
+        """Iterate the items in a random order (an ``IterDataPipe``). See :class:`MapShuffler`."""
+        from ._shuffle import MapShuffler
+
+        return MapShuffler(self, seed=seed)
+
+    def concat(self, *others: MapDataPipe) -> MapDataPipe:
+        """Index past this pipe's end continues into ``others``. See :class:`MapConcater`."""
+        from ._concat import MapConcater
+
+        return MapConcater(self, *others)
+
+    def zip(self, *others: MapDataPipe) -> MapDataPipe:
+        """Index ``i`` returns a tuple of item ``i`` of each pipe. See :class:`MapZipper`."""
+        from ._zip import MapZipper
+
+        return MapZipper(self, *others)
+
+    def to_iter(self) -> IterDataPipe:
+        """Iterate indices ``0..len-1`` in order (an ``IterDataPipe``). See :class:`MapToIter`."""
+        from ._wrappers import MapToIter
+
+        return MapToIter(self)
+
+
+def functional_datapipe(name: str, *, replace: bool = False) -> Callable[[B], B]:
+    """Register a block class under a functional name: ``dp.<name>(...)``.
+
+    The method calls ``cls(dp, *args, **kwargs)``. Registering a name that
+    exists raises unless ``replace=True``.
+
+    Example:
+        >>> from pipeloom.datapipes import IterDataPipe, IterableWrapper, functional_datapipe
+        >>> @functional_datapipe("times_ten")
+        ... class TimesTen(IterDataPipe):
+        ...     inputs = ("source",)
+        ...     def __init__(self, source):
+        ...         self.source = source
+        ...     def __iter__(self):
+        ...         return (x * 10 for x in self.source)
+        >>> list(IterableWrapper([1, 2]).times_ten())
+        [10, 20]
+    """
+    from ._base import IterDataPipe, MapDataPipe
+
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+        raise ValueError(
+            f"a functional name must be a public Python identifier like 'my_block', got {name!r}"
+        )
+
+    def register(cls: B) -> B:
+        if isinstance(cls, type) and issubclass(cls, IterDataPipe):
+            target: type[DataPipe] = IterDataPipe
+        elif isinstance(cls, type) and issubclass(cls, MapDataPipe):
+            target = MapDataPipe
+        else:
+            raise TypeError(
+                f"@functional_datapipe({name!r}) decorates IterDataPipe or MapDataPipe "
+                f"subclasses, got {cls!r}"
+            )
+        existing = getattr(target, name, None)
+        if existing is not None and not replace:
+            raise ValueError(
+                f"{target.__name__} already has a method {name!r}; pick another name, or "
+                f"pass replace=True to override it"
+            )
+
+        def method(self, *args: Any, **kwargs: Any) -> Any:
+            return cls(self, *args, **kwargs)
+
+        method.__name__ = method.__qualname__ = name
+        method.__doc__ = cls.__doc__
+        try:
+            params = list(inspect.signature(cls).parameters.values())[1:]
+            method.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+                [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *params]
+            )
+        except (TypeError, ValueError):
+            pass
+        setattr(target, name, method)
+        return cls
+
+    return register
+
+

@@ -1,0 +1,73 @@
+"""``in_batch_shuffle``: shuffle the items inside each batch."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ._base import IterDataPipe
+
+__all__ = ["InBatchShuffler"]
+
+
+class InBatchShuffler(IterDataPipe):
+    """Shuffle the items of each batch (functional name: ``in_batch_shuffle``).
+
+    Each batch (a list or tuple) is copied and shuffled; the input batch is not
+    modified, and a tuple stays a tuple. The order depends only on the seed
+    (the pipeline's, or ``seed=``) and the epoch.
+
+    Args:
+        source: a block yielding batches.
+        seed: this block's own seed; None follows the pipeline seed.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> dp = IterableWrapper([[0, 1, 2, 3], [4, 5]]).in_batch_shuffle(seed=0)
+        >>> [sorted(batch) for batch in dp]
+        [[0, 1, 2, 3], [4, 5]]
+    """
+
+    inputs = ("source",)
+
+    def __init__(self, source: IterDataPipe, *, seed: int | None = None) -> None:
+        self._pl_fix_seed(seed)
+        self.source = source
+        self.seed = seed
+        self._rng: random.Random | None = None
+
+    def reset(self) -> None:
+        self._rng = None
+
+    def async_next(self) -> Any:
+        batch = self.source.async_next()
+        rng = self._rng
+        if rng is None:
+            rng = self._rng = random.Random(self.epoch_seed())
+        if type(batch) is list:
+            shuffled = batch.copy()
+            rng.shuffle(shuffled)
+            return shuffled
+        if not isinstance(batch, (list, tuple)):
+            raise TypeError(
+                f"in_batch_shuffle() shuffles batches that are lists or tuples, got a "
+                f"{type(batch).__name__}; put .batch(n) before .in_batch_shuffle()"
+            )
+        shuffled = list(batch)
+        rng.shuffle(shuffled)
+        return tuple(shuffled) if isinstance(batch, tuple) else type(batch)(shuffled)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": None if self._rng is None else self._rng.getstate()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._rng = None
+        if state.get("rng") is not None:
+            self._rng = random.Random()
+            self._rng.setstate(state["rng"])
+
+    def __repr__(self) -> str:
+        return f"InBatchShuffler(seed={self.seed!r})"

@@ -1,0 +1,238 @@
+"""Running the upstream ahead in a background thread."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import NotAvailable
+from ..events import ReadinessSource, Signal, Waiter
+from ._base import IterDataPipe
+from ._context import current_stamp, restore_stamp
+
+__all__ = ["Prefetcher"]
+
+
+class Prefetcher(IterDataPipe):
+    """Pull up to ``buffer_size`` items ahead in a daemon thread (functional: ``prefetch``).
+
+    The thread starts at the first ``async_next`` of an epoch, waits on the
+    upstream's readiness events (it never polls), and fires this block's
+    ``Signal`` whenever it stores an item, the end, or an exception, which is
+    re-raised in the consumer with its traceback. ``reset()``, ``state_dict()``
+    and garbage collection stop and join the thread. The state holds the
+    buffered items themselves, saved while the thread is paused, so the
+    upstream's state matches the buffer; the thread restarts on the next item.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> list(Prefetcher(IterableWrapper(range(5)), buffer_size=2))
+        [0, 1, 2, 3, 4]
+    """
+
+    inputs = ("source",)
+
+    def __init__(self, source: IterDataPipe, buffer_size: int = 10) -> None:
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
+            raise ValueError(
+                f"buffer_size must be an int >= 1, got {buffer_size!r}; use buffer_size=1 "
+                f"to run one item ahead"
+            )
+        self.source = source
+        self.buffer_size = buffer_size
+        self._signal = Signal()
+        self._worker: _Worker | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    def readiness_sources(self) -> Sequence[ReadinessSource]:
+        return (self._signal,)
+
+    def _start(self) -> _Worker:
+        worker = self._worker
+        if worker is None:
+            worker = self._worker = _Worker(self.source, self.buffer_size, self._signal, repr(self))
+            self._finalizer = weakref.finalize(self, worker.stop)
+        worker.start()
+        return worker
+
+    def async_next(self) -> Any:
+        worker = self._worker
+        if worker is None or not worker.running:
+            worker = self._start()
+        with worker.lock:
+            if worker.items:
+                item, stamp = worker.items.popleft()
+                worker.space.notify()
+            elif worker.error is not None:
+                error, worker.error = worker.error, None
+                worker.ended = True
+                raise error
+            elif worker.ended:
+                raise StopIteration
+            else:
+                raise NotAvailable
+        restore_stamp(stamp)
+        return item
+
+    def _stop(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+
+    def reset(self) -> None:
+        self._stop()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._worker = self._finalizer = None
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Pause the thread and save the buffered items (their upstream state is saved after)."""
+        worker = self._worker
+        if worker is None:
+            return {"items": [], "ended": False}
+        worker.stop()  # the next async_next restarts it
+        return {"items": list(worker.items), "ended": worker.ended}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.reset()
+        worker = self._start_paused()
+        worker.items.extend((item, tuple(stamp)) for item, stamp in state["items"])
+        worker.ended = bool(state["ended"])
+
+    def _start_paused(self) -> _Worker:
+        worker = self._worker = _Worker(self.source, self.buffer_size, self._signal, repr(self))
+        self._finalizer = weakref.finalize(self, worker.stop)
+        return worker
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_worker"] = state["_finalizer"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"Prefetcher(buffer_size={self.buffer_size})"
+
+
+class _Worker:
+    """The producer thread's state; holds no reference to its Prefetcher."""
+
+    def __init__(self, source: IterDataPipe, buffer_size: int, signal: Signal, owner: str) -> None:
+        self.source = source
+        self.buffer_size = buffer_size
+        self.signal = signal
+        self.owner = owner
+        self.lock = threading.Lock()
+        self.space = threading.Condition(self.lock)
+        self.items: deque[tuple[Any, Any]] = deque()
+        self.ended = False
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.running = False
+        self.thread: threading.Thread | None = None
+        self.waiter: Waiter | None = None
+        self.sources: list[ReadinessSource] = []
+
+    def start(self) -> None:
+        self.running = True
+        if self.ended or self.error is not None:
+            return  # nothing left to produce
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name=f"pipeloom {self.owner}", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to stop, wake it wherever it waits, and join it."""
+        with self.lock:
+            self.stopping = True
+            self.space.notify_all()
+        if self.waiter is not None:
+            self.waiter.wake()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self.thread = None
+        self.running = False
+
+    def _run(self) -> None:
+        try:
+            self._produce()
+        finally:
+            self._detach()
+
+    def _produce(self) -> None:
+        items, space, signal = self.items, self.space, self.signal
+        while True:
+            with space:
+                while len(items) >= self.buffer_size and not self.stopping:
+                    space.wait()
+                if self.stopping:
+                    return
+            try:
+                item = self._pull()
+            except StopIteration:
+                with space:
+                    self.ended = True
+                signal.fire()
+                return
+            except BaseException as error:  # re-raised in the consumer
+                if hasattr(error, "add_note"):
+                    error.add_note(f"(raised upstream of {self.owner}, in its prefetch thread)")
+                with space:
+                    self.error = error
+                signal.fire()
+                return
+            if item is _STOPPED:
+                return
+            with space:
+                items.append((item, current_stamp()))
+            signal.fire()
+
+    def _pull(self) -> Any:
+        """The source's next item, waiting on its readiness events; ``_STOPPED`` on stop."""
+        source = self.source
+        try:
+            return source.async_next()
+        except NotAvailable:
+            pass
+        waiter = self._attach()
+        while True:
+            seen = waiter.generation
+            if self.stopping:
+                return _STOPPED
+            try:
+                return source.async_next()
+            except NotAvailable:
+                waiter.wait(seen)
+
+    def _attach(self) -> Waiter:
+        if self.waiter is not None:
+            return self.waiter
+        from ._pipeline import upstream_blocks
+
+        sources = [s for b in upstream_blocks(self.source) for s in b.readiness_sources()]
+        if not sources:
+            raise RuntimeError(
+                f"{self.source!r} raised NotAvailable, but no block upstream of it offers a "
+                f"readiness source to wait on; return its Signal from readiness_sources()"
+            )
+        waiter = Waiter()
+        for source in sources:
+            source.attach(waiter)
+        self.waiter, self.sources = waiter, sources
+        return waiter
+
+    def _detach(self) -> None:
+        waiter = self.waiter
+        if waiter is not None:
+            for source in self.sources:
+                source.detach(waiter)
+            waiter.close()
+            self.waiter, self.sources = None, []
+
+
+_STOPPED = object()

@@ -1,0 +1,101 @@
+"""The sharding point: where a reading service splits a stream across workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._base import IterDataPipe
+from ._context import stamp_item
+
+__all__ = ["ShardingFilter"]
+
+
+def _check_int(name: str, value: Any, minimum: int, hint: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}; {hint}")
+    return value
+
+
+class ShardingFilter(IterDataPipe):
+    """Keep one shard of the stream (functional: ``sharding_filter``).
+
+    Counting every item the source yields in this epoch as position ``p``, shard
+    ``index`` of ``total`` keeps the items with ``(p // group_size) % total ==
+    index``, so the shards partition the stream and each keeps its order. Every
+    kept item is stamped with ``p``: per-item randomness (``item_rng``) depends
+    on the position, not on which worker reads it.
+
+    Until a reading service calls :meth:`sharding_settings` there is one shard
+    (everything passes). Calling it again replaces the previous settings.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> dp = ShardingFilter(IterableWrapper(range(10)))
+        >>> dp.sharding_settings(3, 1)
+        >>> list(dp)
+        [1, 4, 7]
+        >>> dp.set_shard_group_size(2)
+        >>> list(dp)
+        [2, 3, 8, 9]
+    """
+
+    inputs = ("source",)
+
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+        self.total = 1
+        self.index = 0
+        self.group_size = 1
+        self._position = 0
+
+    def is_shardable(self) -> bool:
+        return True
+
+    def sharding_settings(self, total: int, index: int) -> None:
+        """Keep shard ``index`` of ``total`` (replaces earlier settings)."""
+        _check_int("total", total, 1, "use total=1 to keep every item")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
+            raise ValueError(
+                f"index must be an int with 0 <= index < total={total}, got {index!r}; "
+                f"shards are numbered 0 .. {total - 1}"
+            )
+        self.total, self.index = total, index
+
+    def set_shard_group_size(self, group_size: int) -> None:
+        """Send runs of ``group_size`` consecutive positions to the same shard."""
+        self.group_size = _check_int(
+            "group_size", group_size, 1, "use group_size=1 to deal items out one at a time"
+        )
+
+    def reset(self) -> None:
+        self._position = 0
+
+    def async_next(self) -> Any:
+        source = self.source
+        total, index, group = self.total, self.index, self.group_size
+        while True:
+            item = source.async_next()
+            position = self._position
+            self._position = position + 1
+            if total == 1 or (position // group) % total == index:
+                stamp_item(self.epoch_seed(), self._pl_epoch, position)
+                return item
+
+    def __len__(self) -> int:
+        length = len(self.source)
+        total, group = self.total, self.group_size
+        groups, rest = divmod(length, group)
+        count = (groups // total + (1 if self.index < groups % total else 0)) * group
+        if groups % total == self.index:
+            count += rest
+        return count
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self._position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._position = int(state["position"])
+
+    def __repr__(self) -> str:
+        extra = f", group_size={self.group_size}" if self.group_size != 1 else ""
+        return f"ShardingFilter(total={self.total}, index={self.index}{extra})"

@@ -1,0 +1,237 @@
+"""Sources: plain Python iterables, sequences and torch datasets as blocks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch.utils.data
+
+from ._base import DataPipe, IterDataPipe, MapDataPipe
+from ._context import stamp_item
+
+__all__ = ["IterableWrapper", "MapToIter", "SequenceWrapper", "as_datapipe"]
+
+
+class IterableWrapper(IterDataPipe):
+    """Yield the items of a re-iterable object (a list, a range, a torch ``IterableDataset``).
+
+    Each epoch calls ``iter(iterable)`` again. A one-shot iterator (e.g. a
+    generator object) can be read for one epoch only.
+
+    Example:
+        >>> list(IterableWrapper(range(3)))
+        [0, 1, 2]
+    """
+
+    def __init__(self, iterable: Iterable[Any]) -> None:
+        if not isinstance(iterable, Iterable) or isinstance(iterable, DataPipe):
+            hint = " it is already a block; use it directly" if isinstance(iterable, DataPipe) else ""
+            raise TypeError(
+                f"IterableWrapper expects an iterable such as a list, range or "
+                f"IterableDataset, got {type(iterable).__name__};{hint or ' wrap map-style datasets with SequenceWrapper'}"
+            )
+        self.iterable = iterable
+        self._one_shot = iter(iterable) is iterable if isinstance(iterable, Iterator) else False
+        self._it: Iterator[Any] | None = None
+        self._position = 0
+        self._started_once = False
+
+    def reset(self) -> None:
+        if self._one_shot and self._started_once:
+            raise RuntimeError(
+                f"IterableWrapper was given a one-shot iterator ({type(self.iterable).__name__}), "
+                f"which was already consumed; pass a re-iterable object such as a list, or "
+                f"an object whose __iter__ returns a fresh generator"
+            )
+        self._it = None
+        self._position = 0
+
+    def async_next(self) -> Any:
+        it = self._it
+        if it is None:
+            it = self._it = self._start()
+        item = next(it)
+        position = self._position
+        self._position = position + 1
+        stamp_item(self.epoch_seed(), self._pl_epoch, position)
+        return item
+
+    def _start(self) -> Iterator[Any]:
+        self._started_once = True
+        it = iter(self.iterable)
+        for _ in range(self._position):  # resume: fast-forward to the saved position
+            next(it)
+        return it
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self._position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._it = None
+        self._position = int(state["position"])
+
+    def __len__(self) -> int:
+        try:
+            return len(self.iterable)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(
+                f"IterableWrapper over {type(self.iterable).__name__} has no length"
+            ) from None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_it"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"IterableWrapper({_short_repr(self.iterable)})"
+
+
+class SequenceWrapper(MapDataPipe):
+    """Random access to a sequence or a torch map-style ``Dataset``.
+
+    Example:
+        >>> dp = SequenceWrapper(["a", "b", "c"])
+        >>> dp[1], len(dp)
+        ('b', 3)
+    """
+
+    def __init__(self, sequence: Any) -> None:
+        if not (hasattr(sequence, "__getitem__") and hasattr(sequence, "__len__")):
+            raise TypeError(
+                f"SequenceWrapper expects an object with __getitem__ and __len__ (a list, "
+                f"a tuple, a map-style Dataset), got {type(sequence).__name__}; wrap "
+                f"iterables without random access with IterableWrapper"
+            )
+        if isinstance(sequence, DataPipe):
+            raise TypeError("SequenceWrapper was given a block; use the block directly")
+        self.sequence = sequence
+
+    def __getitem__(self, index: int) -> Any:
+        item = self.sequence[index]
+        if isinstance(index, int):
+            stamp_item(self.epoch_seed(), self._pl_epoch, index)
+        return item
+
+    def __len__(self) -> int:
+        return len(self.sequence)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def __repr__(self) -> str:
+        return f"SequenceWrapper({_short_repr(self.sequence)})"
+
+
+class MapToIter(IterDataPipe):
+    """Iterate a map-style block by index ``0 .. len-1``.
+
+    It is a sharding point: with ``sharding_settings(total, index)`` it reads
+    only the indices of its shard (runs of ``group_size`` consecutive indices
+    go to the same shard), stamping each item with its index.
+
+    Example:
+        >>> list(MapToIter(SequenceWrapper("xyz")))
+        ['x', 'y', 'z']
+    """
+
+    inputs = ("source",)
+
+    def __init__(self, source: MapDataPipe) -> None:
+        if not isinstance(source, MapDataPipe):
+            raise TypeError(f"MapToIter expects a MapDataPipe, got {type(source).__name__}")
+        self.source = source
+        self.num_shards = 1
+        self.shard_index = 0
+        self.group_size = 1
+        self._index = 0
+
+    def is_shardable(self) -> bool:
+        return True
+
+    def sharding_settings(self, total: int, index: int) -> None:
+        _check_shard(total, index)
+        self.num_shards, self.shard_index = total, index
+
+    def set_shard_group_size(self, group_size: int) -> None:
+        """Give runs of ``group_size`` consecutive indices to the same shard."""
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+        self.group_size = group_size
+
+    def reset(self) -> None:
+        self._index = self._first_index_from(0)
+
+    def _first_index_from(self, index: int) -> int:
+        """The first index >= ``index`` that belongs to this shard."""
+        total, group = self.num_shards, self.group_size
+        if total == 1:
+            return index
+        group_number = index // group
+        owner = group_number % total
+        if owner == self.shard_index:
+            return index
+        ahead = (self.shard_index - owner) % total
+        return (group_number + ahead) * group
+
+    def async_next(self) -> Any:
+        index = self._index
+        if index >= len(self.source):
+            raise StopIteration
+        item = self.source.async_get(index)
+        self._index = self._first_index_from(index + 1)
+        stamp_item(self.epoch_seed(), self._pl_epoch, index)
+        return item
+
+    def __len__(self) -> int:
+        total = len(self.source)
+        if self.num_shards == 1:
+            return total
+        return sum(1 for i in range(total) if (i // self.group_size) % self.num_shards == self.shard_index)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"index": self._index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._index = int(state["index"])
+
+    def __repr__(self) -> str:
+        shard = f", shard={self.shard_index}/{self.num_shards}" if self.num_shards > 1 else ""
+        return f"MapToIter({self.source!r}{shard})"
+
+
+def _check_shard(total: int, index: int) -> None:
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise ValueError(f"the number of shards must be an int >= 1, got {total!r}")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
+        raise ValueError(f"the shard index must be an int in [0, {total}), got {index!r}")
+
+
+def as_datapipe(source: Any) -> DataPipe:
+    """Turn a block, a torch dataset, a sequence or an iterable into a block.
+
+    Example:
+        >>> type(as_datapipe([1, 2])).__name__
+        'SequenceWrapper'
+    """
+    if isinstance(source, DataPipe):
+        return source
+    if isinstance(source, torch.utils.data.IterableDataset):
+        return IterableWrapper(source)
+    if hasattr(source, "__getitem__") and hasattr(source, "__len__") and not isinstance(
+        source, (str, bytes, dict)
+    ):
+        return SequenceWrapper(source)
+    if isinstance(source, Iterable):
+        return IterableWrapper(source)
+    raise TypeError(
+        f"cannot use {type(source).__name__} as a pipeline source: expected an "
+        f"IterDataPipe/MapDataPipe, a torch Dataset or IterableDataset, a sequence or an "
+        f"iterable"
+    )
+
+
+def _short_repr(obj: Any, limit: int = 40) -> str:
+    text = repr(obj)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,134 @@
+"""Zipping streams or map-style blocks into tuples."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import NotAvailable
+from ._base import IterDataPipe, MapDataPipe
+
+__all__ = ["MapZipper", "Zipper"]
+
+_MISSING = object()
+
+
+def check_inputs(op: str, datapipes: tuple[Any, ...], kind: type) -> tuple[Any, ...]:
+    """Raise a clear error unless ``datapipes`` is a non-empty tuple of ``kind`` blocks."""
+    if not datapipes:
+        raise ValueError(f"{op}() needs at least one input block, got none")
+    for position, dp in enumerate(datapipes, start=1):
+        if isinstance(dp, kind):
+            continue
+        got = type(dp).__name__
+        if kind is IterDataPipe and isinstance(dp, MapDataPipe):
+            fix = f"{got} is a MapDataPipe; convert it with .to_iter()"
+        elif kind is MapDataPipe and isinstance(dp, IterDataPipe):
+            fix = (
+                f"{got} is an IterDataPipe, which has no random access; "
+                f"use the {op}() of IterDataPipe"
+            )
+        else:
+            wrapper = "IterableWrapper" if kind is IterDataPipe else "SequenceWrapper"
+            fix = f"wrap it with {wrapper}(...)"
+        article = "an" if kind is IterDataPipe else "a"
+        raise TypeError(
+            f"{op}() argument {position} must be {article} {kind.__name__}, got {got}; {fix}"
+        )
+    return tuple(datapipes)
+
+
+class Zipper(IterDataPipe):
+    """Yield tuples with one item of each stream; stop at the shortest (functional: ``zip``).
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> list(Zipper(IterableWrapper("ab"), IterableWrapper(range(5))))
+        [('a', 0), ('b', 1)]
+    """
+
+    inputs = ("datapipes",)
+
+    def __init__(self, *datapipes: IterDataPipe) -> None:
+        self.datapipes = check_inputs("zip", datapipes, IterDataPipe)
+        self.reset()
+
+    def reset(self) -> None:
+        self._partial: list[Any] = []
+        self._done = False
+
+    def async_next(self) -> tuple[Any, ...]:
+        if self._done:
+            raise StopIteration
+        partial = self._partial
+        datapipes = self.datapipes
+        try:
+            for dp in datapipes[len(partial) :]:
+                partial.append(dp.async_next())  # NotAvailable keeps the partial tuple
+        except StopIteration:
+            self._done = True
+            partial.clear()
+            raise
+        self._partial = []
+        return tuple(partial)
+
+    def __len__(self) -> int:
+        return min(len(dp) for dp in self.datapipes)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"partial": list(self._partial), "done": self._done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._partial = list(state["partial"])
+        self._done = bool(state["done"])
+
+    def __repr__(self) -> str:
+        return "Zipper()"
+
+
+class MapZipper(MapDataPipe):
+    """Index ``i`` gives the tuple of item ``i`` of each block (functional: ``zip``).
+
+    The length is the shortest input's.
+
+    Example:
+        >>> from pipeloom.datapipes import SequenceWrapper
+        >>> dp = MapZipper(SequenceWrapper("abc"), SequenceWrapper([1, 2]))
+        >>> dp[1], len(dp)
+        (('b', 2), 2)
+    """
+
+    inputs = ("datapipes",)
+
+    def __init__(self, *datapipes: MapDataPipe) -> None:
+        self.datapipes = check_inputs("zip", datapipes, MapDataPipe)
+        self._pending: dict[int, list[Any]] = {}
+
+    def async_get(self, index: int) -> tuple[Any, ...]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} is out of range for MapZipper of length {len(self)}")
+        parts = self._pending.pop(index, None)
+        if parts is None:
+            parts = [_MISSING] * len(self.datapipes)
+        missing = False
+        for position, dp in enumerate(self.datapipes):
+            if parts[position] is _MISSING:
+                try:
+                    parts[position] = dp.async_get(index)
+                except NotAvailable:
+                    missing = True  # requested; the others are requested too
+        if missing:
+            self._pending[index] = parts
+            raise NotAvailable
+        return tuple(parts)
+
+    def __len__(self) -> int:
+        return min(len(dp) for dp in self.datapipes)
+
+    def reset(self) -> None:
+        self._pending = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def __repr__(self) -> str:
+        return "MapZipper()"

@@ -1,0 +1,85 @@
+"""The exceptions pipeloom raises.
+
+The tree::
+
+    Exception
+    ├── NotAvailable          nothing ready yet; ask again later (never an error)
+    └── PipeloomError
+        ├── QueueError        the queue is closed or its peer is gone
+        ├── WorkerError       a block failed in a worker; carries its origin
+        └── StateError        a state_dict cannot be taken or loaded
+
+End of stream is the builtin ``StopIteration``; bad arguments raise the builtin
+``TypeError``/``ValueError``; lifecycle misuse raises ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["NotAvailable", "PipeloomError", "QueueError", "StateError", "WorkerError"]
+
+
+class NotAvailable(Exception):
+    """Raised by a non-blocking call when no item is ready yet.
+
+    It is a signal, not a failure: the caller may do other work and ask again,
+    or wait on the block's readiness sources (see ``pipeloom.events``).
+    """
+
+
+class PipeloomError(Exception):
+    """Base class of pipeloom's own failures."""
+
+
+class QueueError(PipeloomError):
+    """A queue was closed, or the process or thread at its other end died."""
+
+
+class StateError(PipeloomError):
+    """A pipeline state could not be saved or restored."""
+
+
+class WorkerError(PipeloomError):
+    """An exception raised inside a worker, re-raised where the items are consumed.
+
+    Attributes:
+        worker: a label for the worker (e.g. ``"process worker 2 (pid 4242)"``).
+        block: ``repr`` of the block that raised, when known.
+        item: the position of the item being produced, when known.
+        original_type: the class name of the original exception.
+        traceback_text: the formatted traceback from the worker.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker: str | None = None,
+        block: str | None = None,
+        item: int | None = None,
+        original_type: str | None = None,
+        traceback_text: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.block = block
+        self.item = item
+        self.original_type = original_type
+        self.traceback_text = traceback_text
+
+    def __reduce__(self):  # keep the keyword attributes across pickling
+        return (
+            _rebuild_worker_error,
+            (self.args[0] if self.args else "", self.worker, self.block, self.item,
+             self.original_type, self.traceback_text),
+        )
+
+
+def _rebuild_worker_error(message, worker, block, item, original_type, traceback_text):
+    return WorkerError(
+        message,
+        worker=worker,
+        block=block,
+        item=item,
+        original_type=original_type,
+        traceback_text=traceback_text,
+    )

@@ -1,0 +1,215 @@
+"""The receiving half of a ProcessQueue, as used inside the consumer process."""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import struct
+import weakref
+from array import array
+from typing import Any
+
+import numpy as np
+
+from pipeloom.queues._base import Deadline, QueueBroken, QueueClosed
+from pipeloom.queues._control import Control, Slot
+from pipeloom.queues._peer import (
+    FdSetReadiness,
+    describe_exit,
+    is_readable,
+    open_pidfd,
+    wait_readable,
+)
+from pipeloom.queues._producer import SHM_META, STREAM_IN_SHM
+from pipeloom.queues._serialize import decode
+from pipeloom.queues._shm import MappingCache
+from pipeloom.queues._wire import Inbox, Kind, send_frame
+
+__all__ = ["EMPTY", "ConsumerEnd"]
+
+EMPTY = object()
+
+
+class ConsumerEnd:
+    """Receives items, maps segments, reports frees; one per consumer process."""
+
+    def __init__(self, sock: socket.socket, ctl: Control, capacity: int, wake_fd: int) -> None:
+        self._sock = sock
+        self._ctl = ctl
+        self._wake_at = capacity // 2
+        self._inbox = Inbox()
+        self._maps = MappingCache()
+        self._frees: collections.deque[int] = collections.deque()
+        self._producer_pid: int | None = None
+        self._producer_pidfd: int | None = None
+        self._problem: Exception | None = None
+        self.closed_here: str | None = None
+        self.on_peer = lambda pid: None
+        self.readiness = FdSetReadiness([sock.fileno(), wake_fd])
+        self._fds = [sock.fileno(), wake_fd]
+        send_frame(sock, Kind.HELLO, struct.pack("<q", os.getpid()))
+
+    def get(self, block: bool, deadline: Deadline) -> Any:
+        ready: list[int] = []
+        while True:
+            item = self.try_get(check_peer=not block or self._producer_pidfd in ready)
+            if item is not EMPTY:
+                return item
+            if not block:
+                return EMPTY
+            ready = wait_readable(self._fds, deadline.remaining())
+            if not ready and deadline.expired():
+                raise TimeoutError(
+                    f"ProcessQueue.get() timed out after {deadline.timeout}s: no item arrived"
+                )
+
+    def try_get(self, check_peer: bool = True) -> Any:
+        """The next item, or EMPTY; raises QueueError once closed/broken and drained.
+
+        ``check_peer=False`` skips asking the producer's pidfd (a blocking
+        caller polls it anyway), saving a system call per empty read.
+        """
+        if self.closed_here is not None:
+            raise QueueClosed(self.closed_here)
+        if self._problem is not None:
+            raise self._problem
+        if self._frees:
+            self._send_frees()
+        inbox = self._inbox
+        while True:
+            frame = inbox.next_frame()
+            if frame is None:
+                if self._fill():
+                    continue
+                self._wake_producer_if_waiting()  # never sleep while the producer does
+                if not inbox.eof and not (check_peer and self._producer_died()):
+                    return EMPTY
+                if self._fill():  # what the producer wrote before dying
+                    continue
+                self._problem = self._gone()
+                raise self._problem
+            kind, body = frame
+            if kind == Kind.ITEM:
+                self._got()
+                return self._decode(body, [])
+            if kind == Kind.SHM_ITEM:
+                self._got()
+                return self._decode_shm(body)
+            self._handle_control(kind, body)
+
+    def _producer_died(self) -> bool:
+        return self._producer_pidfd is not None and is_readable(self._producer_pidfd)
+
+    def _fill(self) -> bool:
+        try:
+            return self._inbox.fill(self._sock)
+        except OSError as err:
+            self._problem = QueueBroken(f"{describe_exit('producer', self._producer_pid)} ({err})")
+            raise self._problem from err
+
+    def _handle_control(self, kind: int, body: bytes) -> None:
+        if kind == Kind.HELLO:
+            (pid,) = struct.unpack("<q", body)
+            if pid != os.getpid():
+                self._producer_pid = pid
+                self._producer_pidfd = open_pidfd(pid)
+                if self._producer_pidfd is not None:
+                    self._fds.append(self._producer_pidfd)
+                    self.readiness.add_fd(self._producer_pidfd)
+                self.on_peer(pid)
+        elif kind == Kind.RETIRE:
+            for segment_id in array("I", body):
+                self._maps.retire(segment_id)
+        elif kind == Kind.CLOSE:
+            who = f"producer process {self._producer_pid}" if self._producer_pid else "producer"
+            self._problem = QueueClosed(f"the {who} closed the queue (all its items were got)")
+            raise self._problem
+
+    def _gone(self) -> Exception:
+        if self._ctl[Slot.PRODUCER_CLOSED]:
+            return QueueClosed("the producer closed the queue (all its items were got)")
+        return QueueBroken(describe_exit("producer", self._producer_pid))
+
+    def _got(self) -> None:
+        ctl = self._ctl
+        gets = ctl[Slot.GETS] + 1
+        ctl[Slot.GETS] = gets
+        ctl.fence()
+        # Wake a producer waiting for room once half the queue is free (or, in
+        # try_get, before this end goes to sleep): fewer wake-ups, same bound.
+        if ctl[Slot.WAITING] and ctl[Slot.PUTS] - gets <= self._wake_at:
+            self._send_wake()
+
+    def _wake_producer_if_waiting(self) -> None:
+        self._ctl.fence()
+        if self._ctl[Slot.WAITING]:
+            self._send_wake()
+
+    def _send_wake(self) -> None:
+        self._ctl[Slot.WAITING] = 0
+        try:
+            send_frame(self._sock, Kind.WAKE)
+        except OSError:
+            pass  # the producer is gone; the next read reports it
+
+    def _decode(self, stream: Any, buffers: list[memoryview]) -> Any:
+        try:
+            return decode(stream, buffers)
+        except Exception as err:
+            err.add_note(
+                "pipeloom: raised while unpickling an item received from a ProcessQueue; "
+                "the item was consumed (can the consumer import everything the item refers to?)"
+            )
+            raise
+
+    def _decode_shm(self, body: bytes) -> Any:
+        segment_id, new_size, flags, count = SHM_META.unpack_from(body)
+        if new_size:
+            self._maps.add(segment_id, self._inbox.fds.popleft(), new_size)
+        mapping = self._maps.get(segment_id)
+        nspans = count + (1 if flags & STREAM_IN_SHM else 0)
+        spans = array("Q")
+        spans.frombytes(body[SHM_META.size : SHM_META.size + 16 * nspans])
+        extent = max((spans[i] + spans[i + 1] for i in range(0, len(spans), 2)), default=0)
+        # One holder per message: every array/tensor built from it keeps it alive
+        # (through the memoryviews' shared export); when the last one dies, the
+        # segment is reported free and only then may the producer reuse it.
+        holder = np.frombuffer(mapping, np.uint8, max(extent, 1), 0)
+        finalizer = weakref.finalize(holder, self._frees.append, segment_id)
+        finalizer.atexit = False
+        view = memoryview(holder)
+        del holder
+        buffers = [view[spans[i] : spans[i] + spans[i + 1]] for i in range(0, 2 * count, 2)]
+        if flags & STREAM_IN_SHM:
+            stream: Any = view[spans[-2] : spans[-2] + spans[-1]]
+        else:
+            stream = memoryview(body)[SHM_META.size + 16 * nspans :]
+        try:
+            return self._decode(stream, buffers)
+        finally:
+            del buffers, stream, view
+
+    def _send_frees(self) -> None:
+        ids = array("I")
+        while self._frees:
+            ids.append(self._frees.popleft())
+        try:
+            send_frame(self._sock, Kind.FREE, ids.tobytes())
+        except OSError:
+            pass  # the producer is gone; nothing to reuse
+
+    def close(self, send_close: bool) -> None:
+        """Release this end; ``send_close=False`` after fork (touch nothing shared)."""
+        if send_close:
+            self._ctl[Slot.CONSUMER_CLOSED] = 1
+            try:
+                send_frame(self._sock, Kind.CLOSE)
+            except OSError:
+                pass
+        self.readiness.close()
+        self._inbox.close()
+        self._maps.close()
+        if self._producer_pidfd is not None:
+            os.close(self._producer_pidfd)
+            self._producer_pidfd = None

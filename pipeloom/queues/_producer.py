@@ -1,0 +1,191 @@
+"""The sending half of a ProcessQueue, as used inside the producer process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from array import array
+
+import numpy as np
+
+from pipeloom.errors import NotAvailable
+from pipeloom.queues._base import Deadline, QueueBroken, QueueClosed
+from pipeloom.queues._control import Control, Slot
+from pipeloom.queues._peer import FdSetReadiness, describe_exit, open_pidfd, wait_readable
+from pipeloom.queues._shm import SegmentPool
+from pipeloom.queues._wire import Inbox, Kind, send_frame
+
+__all__ = ["INLINE_MAX", "SHM_META", "STREAM_IN_SHM", "ProducerEnd"]
+
+INLINE_MAX = 64 * 1024
+"""Pickle streams longer than this travel in shared memory, not the socket."""
+SHM_META = struct.Struct("<IQBI")  # segment id, size if new else 0, flags, buffer count
+STREAM_IN_SHM = 1
+_ALIGN = 64
+
+
+class ProducerEnd:
+    """Sends items, pools segments, waits for room; one per producer process."""
+
+    def __init__(self, sock: socket.socket, ctl: Control, capacity: int, wake_fd: int) -> None:
+        self._sock = sock
+        self._ctl = ctl
+        self._capacity = capacity
+        self._wake_fd = wake_fd
+        self._returns = Inbox(64 * 1024)
+        self._pool = SegmentPool(max_free_per_class=capacity + 2)
+        self._consumer_pid: int | None = None
+        self._consumer_pidfd: int | None = None
+        self._problem: Exception | None = None
+        self.closed_here: str | None = None
+        self.on_peer = lambda pid: None
+        self.readiness = FdSetReadiness([sock.fileno(), wake_fd])
+        send_frame(sock, Kind.HELLO, struct.pack("<q", os.getpid()))
+
+    def put(self, stream: bytes, buffers: list[memoryview], block: bool, deadline: Deadline) -> None:
+        self._wait_for_room(block, deadline)
+        ctl = self._ctl
+        ctl[Slot.PUTS] = ctl[Slot.PUTS] + 1
+        try:
+            if not buffers and len(stream) <= INLINE_MAX:
+                send_frame(self._sock, Kind.ITEM, stream)
+            else:
+                self._send_via_shm(stream, buffers)
+        except OSError as err:
+            raise self._broken(err) from err
+
+    def _room(self) -> bool:
+        ctl = self._ctl
+        return ctl[Slot.PUTS] - ctl[Slot.GETS] < self._capacity
+
+    def _wait_for_room(self, block: bool, deadline: Deadline) -> None:
+        ctl = self._ctl
+        while True:
+            self._raise_if_unusable()
+            if self._room():
+                return
+            ctl[Slot.WAITING] = 1  # ask the consumer for a wake-up frame...
+            ctl.fence()
+            if self._room():  # ...unless room was made meanwhile
+                ctl[Slot.WAITING] = 0
+                return
+            if not block:
+                raise NotAvailable(f"ProcessQueue is full (capacity {self._capacity})")
+            fds = [self._sock.fileno(), self._wake_fd]
+            if self._consumer_pidfd is not None:
+                fds.append(self._consumer_pidfd)
+            ready = wait_readable(fds, deadline.remaining())
+            if not ready and deadline.expired():
+                ctl[Slot.WAITING] = 0
+                raise TimeoutError(
+                    f"ProcessQueue.put() timed out after {deadline.timeout}s: the queue "
+                    f"stayed full (capacity {self._capacity}); is the consumer getting items?"
+                )
+            self.drain_returns()
+            if self._consumer_pidfd in ready and not self._room() and self._problem is None:
+                self._problem = QueueBroken(describe_exit("consumer", self._consumer_pid))
+
+    def _raise_if_unusable(self) -> None:
+        if self.closed_here is not None:
+            raise QueueClosed(self.closed_here)
+        if self._problem is not None:
+            raise self._problem
+        if self._ctl[Slot.CONSUMER_CLOSED]:
+            who = f"consumer process {self._consumer_pid}" if self._consumer_pid else "consumer"
+            self._problem = QueueClosed(f"the {who} closed the queue; put() is refused")
+            raise self._problem
+
+    def drain_returns(self) -> None:
+        """Handle every frame the consumer sent back (frees, wake-ups, hello, close)."""
+        retired: list[int] = []
+        try:
+            while True:
+                frame = self._returns.next_frame()
+                if frame is None:
+                    if not self._returns.fill(self._sock):
+                        break
+                    continue
+                self._handle_return(*frame, retired)
+        except OSError as err:
+            self._problem = self._broken(err)
+        if self._returns.eof and self._problem is None:
+            self._problem = self._broken(None)
+        if retired:
+            ids = array("I", retired).tobytes()
+            try:
+                send_frame(self._sock, Kind.RETIRE, ids)
+            except OSError:
+                pass
+
+    def _handle_return(self, kind: int, body: bytes, retired: list[int]) -> None:
+        if kind == Kind.FREE:
+            for segment_id in array("I", body):
+                gone = self._pool.release(segment_id)
+                if gone is not None:
+                    retired.append(gone)
+        elif kind == Kind.HELLO:
+            (pid,) = struct.unpack("<q", body)
+            if pid != os.getpid():
+                self._consumer_pid = pid
+                self._consumer_pidfd = open_pidfd(pid)
+                if self._consumer_pidfd is not None:
+                    self.readiness.add_fd(self._consumer_pidfd)
+                self.on_peer(pid)
+        elif kind == Kind.CLOSE:
+            who = f"consumer process {self._consumer_pid}" if self._consumer_pid else "consumer"
+            self._problem = QueueClosed(f"the {who} closed the queue; put() is refused")
+
+    def _broken(self, err: OSError | None) -> QueueBroken | QueueClosed:
+        if self._ctl[Slot.CONSUMER_CLOSED]:
+            return QueueClosed("the consumer closed the queue; put() is refused")
+        reason = describe_exit("consumer", self._consumer_pid)
+        return QueueBroken(reason if err is None else f"{reason} ({err.strerror or err})")
+
+    def _send_via_shm(self, stream: bytes, buffers: list[memoryview]) -> None:
+        self.drain_returns()  # take back freed segments first, so they get reused
+        offsets: list[int] = []
+        end = 0
+        for buffer in buffers:
+            offsets += (end, buffer.nbytes)
+            end = -(-(end + buffer.nbytes) // _ALIGN) * _ALIGN
+        flags = 0
+        if len(stream) > INLINE_MAX:
+            flags |= STREAM_IN_SHM
+            offsets += (end, len(stream))
+            end += len(stream)
+        segment, new = self._pool.acquire(end)
+        try:
+            mapping = segment.mapping
+            for i, buffer in enumerate(buffers):
+                start = offsets[2 * i]
+                dst = np.frombuffer(mapping, np.uint8, buffer.nbytes, start)
+                np.copyto(dst, np.frombuffer(buffer, np.uint8))
+            if flags & STREAM_IN_SHM:
+                segment.view[offsets[-2] : end] = stream
+            meta = SHM_META.pack(segment.id, segment.size if new else 0, flags, len(buffers))
+            tail = b"" if flags & STREAM_IN_SHM else stream
+            fds = (segment.fd,) if new else ()
+            send_frame(self._sock, Kind.SHM_ITEM, meta, array("Q", offsets).tobytes(), tail, fds=fds)
+        except BaseException:
+            self._pool.discard(segment)
+            raise
+        ctl = self._ctl
+        ctl[Slot.BYTES_VIA_SHM] = ctl[Slot.BYTES_VIA_SHM] + end
+        ctl[Slot.SEGMENTS_CREATED] = self._pool.created
+        ctl[Slot.SEGMENTS_REUSED] = self._pool.reused
+
+    def close(self, send_close: bool) -> None:
+        """Release this end; ``send_close=False`` after fork (touch nothing shared)."""
+        if send_close:
+            self._ctl[Slot.PRODUCER_CLOSED] = 1
+            try:
+                send_frame(self._sock, Kind.CLOSE)
+            except OSError:
+                pass
+        self.readiness.close()
+        self._pool.close()
+        self._returns.close()
+        if self._consumer_pidfd is not None:
+            os.close(self._consumer_pidfd)
+            self._consumer_pidfd = None

@@ -1,0 +1,174 @@
+"""Shared-memory segments: creation, the producer's pool, the consumer's mappings.
+
+Segments are anonymous: ``os.memfd_create`` on Linux, so nothing ever appears
+in ``/dev/shm`` and the kernel frees a segment when the last process holding
+its file descriptor or a mapping of it lets go -- even after ``SIGKILL``.
+Elsewhere a POSIX shared-memory object is created and unlinked at once (its
+name exists for microseconds); descriptors travel between processes with
+``SCM_RIGHTS``, so nobody ever attaches by name.
+
+The producer pools segments by power-of-two size class and reuses one only
+after the consumer reported it free. Memory of a memfd is allocated lazily, so
+rounding a size up costs address space, not RAM.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import mmap
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["MIN_SEGMENT", "MappingCache", "Segment", "SegmentPool", "new_segment_fd"]
+
+MIN_SEGMENT = 64 * 1024
+
+
+def new_segment_fd(size: int) -> int:
+    """Create an anonymous shared-memory file of ``size`` bytes; return its fd."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("pipeloom-queue", os.MFD_CLOEXEC)
+    else:  # pragma: no cover - non-Linux fallback
+        fd = _posix_shm_fd()
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _posix_shm_fd() -> int:  # pragma: no cover - exercised only without memfd
+    from multiprocessing import shared_memory
+
+    shm = shared_memory.SharedMemory(create=True, size=1)
+    try:
+        return os.dup(shm._fd)  # noqa: SLF001 - the only handle to the object
+    finally:
+        shm.close()
+        shm.unlink()  # no name survives, so no segment can leak
+
+
+def size_class(nbytes: int) -> int:
+    """Round ``nbytes`` up to the pool's size class (a power of two)."""
+    return max(MIN_SEGMENT, 1 << (max(nbytes, 1) - 1).bit_length())
+
+
+@dataclass(eq=False)
+class Segment:
+    """One producer-side segment: its id, fd, size and writable mapping."""
+
+    id: int
+    fd: int
+    size: int
+    mapping: mmap.mmap
+    view: memoryview = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.view = memoryview(self.mapping)
+
+    def close(self) -> None:
+        self.view.release()
+        try:
+            self.mapping.close()
+        except BufferError:  # a PickleBuffer still borrows it; the GC unmaps it later
+            pass
+        os.close(self.fd)
+
+
+class SegmentPool:
+    """The producer's segments, free or lent to the consumer.
+
+    Args:
+        max_free_per_class: free segments kept per size class; more are retired.
+    """
+
+    def __init__(self, max_free_per_class: int) -> None:
+        self._max_free = max_free_per_class
+        self._ids = itertools.count(1)
+        self._free: dict[int, collections.deque[Segment]] = {}
+        self._lent: dict[int, Segment] = {}
+        self.created = 0
+        self.reused = 0
+
+    def acquire(self, nbytes: int) -> tuple[Segment, bool]:
+        """A segment of at least ``nbytes``; True if it was just created."""
+        size = size_class(nbytes)
+        free = self._free.get(size)
+        if free:
+            segment = free.pop()  # the most recently used one is warmest
+            self.reused += 1
+            new = False
+        else:
+            fd = new_segment_fd(size)
+            try:
+                segment = Segment(next(self._ids), fd, size, mmap.mmap(fd, size))
+            except BaseException:
+                os.close(fd)
+                raise
+            self.created += 1
+            new = True
+        self._lent[segment.id] = segment
+        return segment, new
+
+    def release(self, segment_id: int) -> int | None:
+        """Take a segment back; returns its id if it was retired instead of kept."""
+        segment = self._lent.pop(segment_id, None)
+        if segment is None:
+            return None
+        free = self._free.setdefault(segment.size, collections.deque())
+        if len(free) < self._max_free:
+            free.append(segment)
+            return None
+        segment.close()
+        return segment_id
+
+    def discard(self, segment: Segment) -> None:
+        """Drop a segment that was acquired but never sent."""
+        self._lent.pop(segment.id, None)
+        segment.close()
+
+    def close(self) -> None:
+        """Close every segment; consumers' mappings keep their data alive."""
+        for free in self._free.values():
+            for segment in free:
+                segment.close()
+        for segment in self._lent.values():
+            segment.close()
+        self._free.clear()
+        self._lent.clear()
+
+
+class MappingCache:
+    """The consumer's read-write mappings of the producer's segments, by id.
+
+    A mapping is made once per segment and reused for every message in it.
+    Arrays built over a mapping keep it alive after it leaves the cache.
+    """
+
+    def __init__(self) -> None:
+        self._maps: dict[int, mmap.mmap] = {}
+
+    def add(self, segment_id: int, fd: int, size: int) -> None:
+        try:
+            self._maps[segment_id] = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+
+    def get(self, segment_id: int) -> mmap.mmap:
+        try:
+            return self._maps[segment_id]
+        except KeyError:
+            raise RuntimeError(
+                f"protocol error: message refers to unknown shared-memory segment {segment_id}"
+            ) from None
+
+    def retire(self, segment_id: int) -> None:
+        self._maps.pop(segment_id, None)
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+    def close(self) -> None:
+        self._maps.clear()  # mappings still borrowed by arrays are unmapped by the GC

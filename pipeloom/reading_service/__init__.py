@@ -1,0 +1,24 @@
+"""Reading services: where the blocks of a pipeline run.
+
+Example:
+    >>> from pipeloom import DataLoader
+    >>> from pipeloom.datapipes import IterableWrapper
+    >>> from pipeloom.reading_service import InProcessReadingService
+    >>> list(DataLoader(IterableWrapper("ab"), InProcessReadingService()))
+    ['a', 'b']
+"""
+
+from ._base import ReadingService
+from ._in_process import InProcessReadingService
+from ._processes import MultiProcessingReadingService
+from ._threads import ThreadReadingService
+from ._worker_info import WorkerInfo, get_worker_info
+
+__all__ = [
+    "InProcessReadingService",
+    "MultiProcessingReadingService",
+    "ReadingService",
+    "ThreadReadingService",
+    "WorkerInfo",
+    "get_worker_info",
+]

@@ -1,0 +1,43 @@
+"""What a reading service is: a plan for where the blocks run, and an epoch runner."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from typing import Any
+
+from ..datapipes import DataPipe
+from ..graph import Placement
+
+__all__ = ["ReadingService"]
+
+
+class ReadingService(abc.ABC):
+    """Runs a pipeline's epochs somewhere: the calling thread, threads, processes, ranks.
+
+    Lifecycle (driven by ``DataLoader``)::
+
+        initialize(pipeline) --> start_epoch(epoch, state) --> ... --> shutdown()
+                                  ^__________ next epoch _________|
+
+    A service works on the pipeline only through ``pipeloom.graph``.
+    """
+
+    @abc.abstractmethod
+    def initialize(self, pipeline: DataPipe) -> None:
+        """Plan placement for ``pipeline`` (seeded already); called once."""
+
+    @abc.abstractmethod
+    def start_epoch(self, epoch: int, state: dict[str, Any] | None = None) -> Iterator[Any]:
+        """Start an epoch (resuming from ``state`` if given); return its items."""
+
+    @abc.abstractmethod
+    def placement(self) -> Placement:
+        """Which block runs where."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State of the running epoch, enough for ``start_epoch(epoch, state)`` to resume."""
+        raise NotImplementedError(f"{type(self).__name__} cannot save a mid-epoch state yet")
+
+    def shutdown(self) -> None:
+        """Stop every thread and process the service started; idempotent."""

@@ -1,0 +1,171 @@
+"""Cut a pipeline into the part replicated in workers and the part after the merge.
+
+The rule (DESIGN.md): the *sharding roots* are shardable blocks with no
+shardable block upstream. Workers run a copy of everything up to the roots
+(deterministic, so every copy agrees), the roots keep only their shard, and
+the per-item blocks that follow (``per_item = True``: map, filter, decode...,
+and shardable blocks below the root) run in the workers too. The first block that needs the whole ordered stream
+(shuffle, batch, zip...) and everything after it run in the main process, fed
+by a merge of the workers' outputs in source-position order.
+
+Under the *classic* strategy a ``batch`` (and the per-item blocks after it,
+such as ``collate``) also runs in the workers when every block between the
+root and the batch yields exactly one output per input: each worker then
+receives runs of ``batch_size`` consecutive positions, so its batches are the
+in-process batches.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from ..datapipes import DataPipe, IterDataPipe, derive_seed, traverse_roots
+from ..datapipes._batch import Batcher
+from ..graph import Placement, traverse
+
+__all__ = ["WorkerPlan", "plan_workers", "root_epoch_seed"]
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """Where the workers' part of a pipeline ends.
+
+    Attributes:
+        pipeline: the pipeline the plan is for.
+        exit: the last block run in workers; its output is merged.
+        exit_index: ``exit``'s index in ``traverse(pipeline).nodes``.
+        root_indices: the sharding roots, as indices into ``traverse(exit).nodes``.
+        group_size: consecutive source positions that go to the same worker.
+        worker_blocks: every block that runs in the workers.
+    """
+
+    pipeline: IterDataPipe
+    exit: IterDataPipe
+    exit_index: int
+    root_indices: tuple[int, ...]
+    group_size: int
+    worker_blocks: tuple[DataPipe, ...]
+
+    def placement(self, worker_label: str, main_label: str = "main process") -> Placement:
+        """Which blocks run in the workers and which after the merge."""
+        in_workers = {id(b) for b in self.worker_blocks}
+        return Placement(
+            self.pipeline,
+            tuple(
+                (b, worker_label if id(b) in in_workers else main_label)
+                for b in traverse(self.pipeline).nodes
+            ),
+        )
+
+
+def plan_workers(pipeline: IterDataPipe, *, batches_in_workers: bool = True) -> WorkerPlan:
+    """Find the worker part of ``pipeline`` (see the module docstring).
+
+    Raises:
+        ValueError: no sharding point, several sharding points on separate
+            branches, or a worker part with several exits.
+    """
+    graph = traverse(pipeline)
+    nodes = graph.nodes
+    roots = _sharding_roots(pipeline)
+    in_workers = {id(b) for b in traverse(roots[0]).nodes}  # the root and its upstream
+    for block in reversed(nodes):  # sources first, so parents are decided before consumers
+        runs_on_a_shard = block.per_item or block.is_shardable()
+        if runs_on_a_shard and block.parents and all(id(p) in in_workers for p in block.parents):
+            in_workers.add(id(block))
+    exit_block = _single_exit(graph, in_workers)
+    group_size = 1
+    if batches_in_workers:
+        exit_block, group_size = _extend_over_batch(graph, exit_block, roots, in_workers)
+    return WorkerPlan(
+        pipeline=pipeline,
+        exit=exit_block,
+        exit_index=graph.index(exit_block),
+        root_indices=tuple(_index_in(traverse(exit_block).nodes, root) for root in roots),
+        group_size=group_size,
+        worker_blocks=tuple(n for n in nodes if id(n) in in_workers),
+    )
+
+
+def _sharding_roots(pipeline: IterDataPipe) -> list[DataPipe]:
+    nodes = traverse(pipeline).nodes
+    shardable = [n for n in nodes if n.is_shardable()]
+    roots = []
+    for block in shardable:
+        upstream = traverse(block).nodes[1:]
+        shadowing = [u for u in upstream if u.is_shardable()]
+        if shadowing:
+            warnings.warn(
+                f"{block!r} is downstream of another sharding point ({shadowing[0]!r}); "
+                f"only the upstream one splits the data, {block!r} passes every item "
+                f"through. Remove one of them to silence this warning",
+                stacklevel=4,
+            )
+        else:
+            roots.append(block)
+    if not roots:
+        raise ValueError(
+            "the pipeline has no sharding point, so every worker would produce every "
+            "item; add .sharding_filter() where the stream can be split (after any "
+            "shuffle of the file list, before the expensive per-item work)"
+        )
+    if len(roots) > 1:
+        raise ValueError(
+            f"the pipeline has {len(roots)} independent sharding points "
+            f"({', '.join(repr(r) for r in roots)}); an ordered merge needs exactly one. "
+            f"Merge the branches first (e.g. concat/zip), then add one .sharding_filter()"
+        )
+    return roots
+
+
+def _single_exit(graph, in_workers: set[int]) -> IterDataPipe:
+    exits = []
+    for parent_index, consumer_index in graph.edges:
+        parent, consumer = graph.nodes[parent_index], graph.nodes[consumer_index]
+        if id(parent) in in_workers and id(consumer) not in in_workers:
+            if all(e is not parent for e in exits):
+                exits.append(parent)
+    if id(graph.output) in in_workers:
+        exits.append(graph.output)
+    if len(exits) != 1:
+        raise ValueError(
+            f"the part of the pipeline that runs in workers must feed the rest through "
+            f"one block, but it has {len(exits)} exits: {', '.join(repr(e) for e in exits)}"
+            f"; move the fork/zip after the per-item blocks or before the sharding point"
+        )
+    return exits[0]
+
+
+def _extend_over_batch(graph, exit_block, roots, in_workers: set[int]):
+    consumers = graph.consumers(exit_block) if exit_block is not graph.output else []
+    if len(consumers) != 1 or type(consumers[0]) is not Batcher:
+        return exit_block, 1
+    batcher = consumers[0]
+    chain = traverse(exit_block).nodes
+    root = roots[0]
+    between = chain[: _index_in(chain, root)]
+    if not all(b.one_to_one for b in between) or not hasattr(root, "set_shard_group_size"):
+        return exit_block, 1
+    in_workers.add(id(batcher))
+    new_exit = batcher
+    while True:
+        after = graph.consumers(new_exit) if new_exit is not graph.output else []
+        if len(after) == 1 and after[0].per_item and len(after[0].parents) == 1:
+            new_exit = after[0]
+            in_workers.add(id(new_exit))
+        else:
+            return new_exit, batcher.batch_size
+
+
+def _index_in(nodes, block) -> int:
+    for i, node in enumerate(nodes):
+        if node is block:
+            return i
+    raise ValueError(f"{block!r} not found")
+
+
+def root_epoch_seed(plan: WorkerPlan, epoch: int) -> int | None:
+    """The seed the sharding root stamps on its items in ``epoch`` (as in-process)."""
+    root = traverse_roots(plan.exit, plan.root_indices)[0]
+    return None if root._pl_seed is None else derive_seed(root._pl_seed, epoch)

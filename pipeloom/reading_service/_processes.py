@@ -1,0 +1,358 @@
+"""Worker replicas in processes, joined to the main process by shared-memory queues."""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import signal
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ..datapipes import IterDataPipe, reset_pipeline, set_pipeline_epoch, upstream_blocks
+from ..datapipes._context import restore_stamp
+from ..errors import NotAvailable, QueueError, WorkerError
+from ..events import FdReadiness, ReadinessSource
+from ..graph import Placement
+from ..queues import ProcessQueue
+from ._base import ReadingService
+from ._in_process import InProcessReadingService, drain
+from ._failure import Failure
+from ._merge import END, WorkerMerge
+from ._pickling import dumps_pipeline, loads_pipeline
+from ._plan import WorkerPlan, plan_workers, root_epoch_seed
+from ._worker_info import WorkerInfo, set_process_worker_info
+from ._worker_loop import apply_sharding, produce_epoch, seed_worker_rngs, worker_seed
+
+__all__ = ["MultiProcessingReadingService"]
+
+_START_METHODS = ("fork", "spawn", "forkserver")
+
+
+class MultiProcessingReadingService(ReadingService):
+    """Run the sharded, per-item part of the pipeline in worker processes.
+
+    Each worker runs a copy of the pipeline up to the sharding point, keeps
+    its shard, and runs the per-item blocks after it (and, when the items map
+    one-to-one, ``batch``/``collate`` too). Outputs cross shared memory and
+    are merged by source position: the result equals the in-process result
+    for any ``num_workers``.
+
+    Args:
+        num_workers: worker processes; 0 runs everything in the calling thread.
+        prefetch_factor: outputs each worker may hold ahead of the consumer.
+        start_method: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None (the
+            platform default). Under spawn/forkserver the pipeline is sent with
+            cloudpickle, so lambdas work.
+        worker_init_fn: called as ``worker_init_fn(worker_id)`` once in each
+            worker, after its RNGs are seeded.
+        persistent_workers: keep the workers alive between epochs.
+        timeout: seconds to wait for the next output before raising
+            ``TimeoutError`` (None: wait as long as the workers live).
+        in_order: merge by source position (True) or by arrival (False).
+
+    Example:
+        >>> from pipeloom import DataLoader
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> pipe = IterableWrapper(range(6)).sharding_filter().map(lambda x: -x)
+        >>> with DataLoader(pipe, MultiProcessingReadingService(2), seed=0) as loader:
+        ...     list(loader)
+        [0, -1, -2, -3, -4, -5]
+    """
+
+    def __init__(
+        self,
+        num_workers: int,
+        prefetch_factor: int = 2,
+        start_method: str | None = None,
+        worker_init_fn: Callable[[int], None] | None = None,
+        persistent_workers: bool = False,
+        timeout: float | None = None,
+        *,
+        in_order: bool = True,
+    ) -> None:
+        _check_int("num_workers", num_workers, 0, "use 0 to load in the calling thread")
+        _check_int("prefetch_factor", prefetch_factor, 1, "it counts outputs per worker")
+        if start_method is not None and start_method not in multiprocessing.get_all_start_methods():
+            raise ValueError(
+                f"start_method must be one of {multiprocessing.get_all_start_methods()} or None, "
+                f"got {start_method!r}"
+            )
+        if worker_init_fn is not None and not callable(worker_init_fn):
+            raise TypeError(f"worker_init_fn must be callable, got {type(worker_init_fn).__name__}")
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.start_method = start_method
+        self.worker_init_fn = worker_init_fn
+        self.persistent_workers = persistent_workers
+        self.timeout = timeout
+        self.in_order = in_order
+        self._inline = InProcessReadingService() if num_workers == 0 else None
+        self._plan: WorkerPlan | None = None
+        self._main: IterDataPipe | None = None
+        self._merge: WorkerMerge | None = None
+        self._workers: _WorkerPool | None = None
+        self._epoch_open = False
+
+    # -- ReadingService ------------------------------------------------------
+    def initialize(self, pipeline: IterDataPipe) -> None:
+        if self._inline is not None:
+            self._inline.initialize(pipeline)
+            return
+        plan = plan_workers(pipeline)
+        merge = WorkerMerge([], group_size=plan.group_size, in_order=self.in_order)
+        self._main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
+        self._plan, self._merge = plan, merge
+        context = multiprocessing.get_context(self.start_method)
+        self._payload: Any = plan.exit
+        if context.get_start_method() != "fork":
+            self._payload = dumps_pipeline(plan.exit)
+
+    def start_epoch(self, epoch: int, state: dict[str, Any] | None = None) -> Iterator[Any]:
+        if self._inline is not None:
+            return self._inline.start_epoch(epoch, state)
+        if state is not None:
+            raise NotImplementedError("resuming a multiprocessing epoch is not supported yet")
+        assert self._plan is not None and self._main is not None and self._merge is not None
+        self._finish_epoch(abandoned=self._epoch_open)
+        if self._workers is None:
+            self._workers = _WorkerPool(self)
+        self._workers.start_epoch(epoch)
+        self._epoch_open = True
+        self._merge.__init__(  # type: ignore[misc]
+            self._workers.channels, group_size=self._plan.group_size, in_order=self.in_order,
+            seed=root_epoch_seed(self._plan, epoch), epoch=epoch,
+        )
+        set_pipeline_epoch(self._main, epoch)
+        reset_pipeline(self._main)
+        return drain(self._main, on_close=self._on_epoch_closed, timeout=self.timeout)
+
+    def placement(self) -> Placement:
+        if self._inline is not None:
+            return self._inline.placement()
+        assert self._plan is not None
+        return self._plan.placement(f"worker processes x{self.num_workers}", "main process")
+
+    def shutdown(self) -> None:
+        if self._workers is not None:
+            self._workers.stop()
+            self._workers = None
+        self._epoch_open = False
+
+    # -- epochs ----------------------------------------------------------------
+    def _on_epoch_closed(self, finished: bool) -> None:
+        self._finish_epoch(abandoned=not finished)
+
+    def _finish_epoch(self, *, abandoned: bool) -> None:
+        if not self._epoch_open:
+            return
+        self._epoch_open = False
+        if self._workers is None:
+            return
+        if self.persistent_workers and not abandoned:
+            return
+        if self.persistent_workers:
+            try:
+                self._workers.cancel_epoch()
+                return
+            except (WorkerError, TimeoutError, QueueError):
+                pass
+        self._workers.stop()
+        self._workers = None
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiProcessingReadingService(num_workers={self.num_workers}, "
+            f"prefetch_factor={self.prefetch_factor}, start_method={self.start_method!r}, "
+            f"persistent_workers={self.persistent_workers})"
+        )
+
+
+def _check_int(name: str, value: Any, minimum: int, hint: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}; {hint}")
+
+
+class _ProcessChannel:
+    """The main process's end of one worker: its queue and its liveness."""
+
+    def __init__(self, index: int, queue: ProcessQueue, process: Any) -> None:
+        self.index = index
+        self.queue = queue
+        self.process = process
+
+    @property
+    def label(self) -> str:
+        return f"worker process {self.index} (pid {self.process.pid})"
+
+    def get_nowait(self) -> Any:
+        try:
+            return self.queue.get(block=False)
+        except NotAvailable:
+            if self.process.exitcode is not None:
+                self._raise_died()
+            raise
+        except QueueError as error:
+            self.process.join(timeout=5)
+            self._raise_died(error)
+
+    def readiness(self) -> Sequence[ReadinessSource]:
+        return [self.queue.readiness(), FdReadiness(self.process.sentinel)]
+
+    def _raise_died(self, cause: BaseException | None = None) -> None:
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        elif code is not None:
+            how = f"exited with code {code}"
+        else:
+            how = "closed its queue"
+        raise WorkerError(
+            f"{self.label} {how} before finishing its epoch; if it ran out of memory, "
+            f"lower prefetch_factor or num_workers",
+            worker=self.label,
+        ) from cause
+
+
+class _WorkerPool:
+    """The worker processes, their queues and control pipes."""
+
+    def __init__(self, service: MultiProcessingReadingService) -> None:
+        plan = service._plan
+        assert plan is not None
+        context = multiprocessing.get_context(service.start_method)
+        count = service.num_workers
+        seed = plan.exit._pl_seed or 0
+        self.channels: list[_ProcessChannel] = []
+        self.controls = []
+        self.cancels = []
+        for index in range(count):
+            queue = ProcessQueue(capacity=service.prefetch_factor, owner="consumer")
+            receive, send = context.Pipe(duplex=False)
+            cancel = context.Event()
+            process = context.Process(
+                target=_worker_main,
+                args=(service._payload, queue, receive, cancel, index, count, seed,
+                      plan.root_indices, plan.group_size, service.worker_init_fn),
+                name=f"pipeloom-worker-{index}",
+                daemon=True,
+            )
+            process.start()
+            receive.close()
+            self.channels.append(_ProcessChannel(index, queue, process))
+            self.controls.append(send)
+            self.cancels.append(cancel)
+        self._finalizer = weakref.finalize(self, _stop_processes, self.channels, self.controls)
+
+    def start_epoch(self, epoch: int) -> None:
+        for channel, control, cancel in zip(self.channels, self.controls, self.cancels):
+            cancel.clear()
+            try:
+                control.send(("epoch", epoch))
+            except OSError:
+                channel._raise_died()
+
+    def cancel_epoch(self, timeout: float = 10.0) -> None:
+        """Make persistent workers end the current epoch early; drop what they sent."""
+        for cancel in self.cancels:
+            cancel.set()
+        for channel in self.channels:
+            while True:
+                message = channel.queue.get(timeout=timeout)
+                if message is END or isinstance(message, Failure):
+                    break
+
+    def stop(self) -> None:
+        self._finalizer()
+
+
+def _stop_processes(channels: list[_ProcessChannel], controls: list[Any]) -> None:
+    for control in controls:
+        try:
+            control.send(("stop",))
+        except OSError:
+            pass
+        control.close()
+    for channel in channels:
+        channel.queue.close()
+    for channel in channels:
+        process = channel.process
+        process.join(timeout=5)
+        if process.exitcode is None:
+            process.kill()
+            process.join(timeout=5)
+
+
+def _worker_main(
+    payload: Any,
+    queue: ProcessQueue,
+    control: Any,
+    cancel: Any,
+    index: int,
+    count: int,
+    seed: int,
+    root_indices: tuple[int, ...],
+    group_size: int,
+    worker_init_fn: Callable[[int], None] | None,
+) -> None:
+    """A worker process: wait for an epoch, produce it, repeat until told to stop."""
+    import os
+
+    label = f"worker process {index} (pid {os.getpid()})"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    restore_stamp((None, 0, None))  # a forked child inherits the parent's item stamp
+    if isinstance(payload, bytes):
+        pipe = loads_pipeline(payload)
+    else:  # forked: drop what lazy_init did in the parent; it runs again here
+        pipe = payload
+        for block in upstream_blocks(pipe):
+            block._pl_initialized = False
+    apply_sharding(pipe, root_indices, count, index, group_size)
+    initialized = False
+    while True:
+        try:
+            command = control.recv()
+        except (EOFError, OSError):
+            return
+        if command[0] == "stop":
+            return
+        epoch = command[1]
+        own_seed = worker_seed(seed, epoch, index)
+        seed_worker_rngs(own_seed)
+        set_process_worker_info(WorkerInfo(index, count, own_seed, pipe))
+        if not initialized:
+            initialized = True
+            if worker_init_fn is not None and not _run_init(worker_init_fn, index, queue, label):
+                return
+
+        cancelled = []
+
+        def put(message: Any) -> None:
+            if cancel.is_set():
+                cancelled.append(True)
+                raise _Cancelled
+            queue.put(message)
+
+        produce_epoch(pipe, put, epoch=epoch, worker_label=label)
+        if cancelled:  # the epoch was abandoned: end it with exactly one END
+            queue.put(END)
+
+
+class _Cancelled(QueueError):
+    """The main process abandoned the epoch."""
+
+
+def _run_init(worker_init_fn: Callable[[int], None], index: int, queue: ProcessQueue, label: str) -> bool:
+    from ._failure import capture_failure
+
+    try:
+        worker_init_fn(index)
+        return True
+    except Exception as error:  # noqa: BLE001 - surfaced in the main process
+        queue.put(capture_failure(error, f"{label}, in worker_init_fn({index})"))
+        return False

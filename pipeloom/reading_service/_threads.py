@@ -1,0 +1,159 @@
+"""Worker replicas in threads of the main process."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ..datapipes import IterDataPipe, reset_pipeline, set_pipeline_epoch
+from ..events import ReadinessSource
+from ..graph import Placement, replace
+from ..queues import ThreadQueue
+from ._base import ReadingService
+from ._in_process import InProcessReadingService, drain
+from ._merge import WorkerMerge
+from ._plan import WorkerPlan, plan_workers, root_epoch_seed
+from ._worker_info import WorkerInfo, set_thread_worker_info
+from ._worker_loop import apply_sharding, produce_epoch, worker_seed
+
+__all__ = ["ThreadReadingService"]
+
+
+class ThreadReadingService(ReadingService):
+    """Run the sharded, per-item part of the pipeline in ``num_threads`` threads.
+
+    Threads share memory (no copies, no pickling) and suit I/O-bound work and
+    libraries that release the GIL (decoders, torch ops). The output order is
+    the in-process order, whatever the timing (``in_order=False`` trades it for
+    latency).
+
+    Args:
+        num_threads: worker threads; 0 runs everything in the calling thread.
+        prefetch_factor: outputs each worker may hold ahead of the consumer.
+        in_order: merge by source position (True) or by arrival (False).
+
+    Example:
+        >>> from pipeloom import DataLoader
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> pipe = IterableWrapper(range(8)).sharding_filter().map(lambda x: x * x)
+        >>> list(DataLoader(pipe, ThreadReadingService(3)))
+        [0, 1, 4, 9, 16, 25, 36, 49]
+    """
+
+    def __init__(self, num_threads: int, *, prefetch_factor: int = 2, in_order: bool = True) -> None:
+        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 0:
+            raise ValueError(
+                f"num_threads must be an int >= 0, got {num_threads!r}; use 0 to load in "
+                f"the calling thread"
+            )
+        if isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, int) or prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
+        self.num_threads = num_threads
+        self.prefetch_factor = prefetch_factor
+        self.in_order = in_order
+        self._inline = InProcessReadingService() if num_threads == 0 else None
+        self._plan: WorkerPlan | None = None
+        self._main: IterDataPipe | None = None
+        self._merge: WorkerMerge | None = None
+        self._worker_pipes: list[IterDataPipe] = []
+        self._epoch: _ThreadEpoch | None = None
+        self._seed = 0
+
+    def initialize(self, pipeline: IterDataPipe) -> None:
+        if self._inline is not None:
+            self._inline.initialize(pipeline)
+            return
+        plan = plan_workers(pipeline)
+        merge = WorkerMerge([], group_size=plan.group_size, in_order=self.in_order)
+        self._main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
+        self._worker_pipes = [copy.deepcopy(plan.exit) for _ in range(self.num_threads)]
+        for index, worker_pipe in enumerate(self._worker_pipes):
+            apply_sharding(worker_pipe, plan.root_indices, self.num_threads, index, plan.group_size)
+        self._plan, self._merge = plan, merge
+        self._seed = plan.exit._pl_seed or 0
+
+    def start_epoch(self, epoch: int, state: dict[str, Any] | None = None) -> Iterator[Any]:
+        if self._inline is not None:
+            return self._inline.start_epoch(epoch, state)
+        if state is not None:
+            raise NotImplementedError("resuming a ThreadReadingService epoch is not supported yet")
+        self._stop_epoch()
+        assert self._main is not None and self._merge is not None
+        self._epoch = _ThreadEpoch(self, epoch)
+        self._merge.__init__(  # type: ignore[misc]
+            self._epoch.channels, group_size=self._merge.group_size, in_order=self.in_order,
+            seed=root_epoch_seed(self._plan, epoch), epoch=epoch,
+        )
+        set_pipeline_epoch(self._main, epoch)
+        reset_pipeline(self._main)
+        self._epoch.start()
+        return drain(self._main, on_close=lambda finished: self._stop_epoch())
+
+    def placement(self) -> Placement:
+        if self._inline is not None:
+            return self._inline.placement()
+        assert self._plan is not None
+        return self._plan.placement(f"worker threads x{self.num_threads}", "main thread")
+
+    def shutdown(self) -> None:
+        self._stop_epoch()
+
+    def _stop_epoch(self) -> None:
+        if self._epoch is not None:
+            self._epoch.stop()
+            self._epoch = None
+
+    def __repr__(self) -> str:
+        return f"ThreadReadingService(num_threads={self.num_threads}, prefetch_factor={self.prefetch_factor})"
+
+
+class _QueueChannel:
+    def __init__(self, queue: ThreadQueue) -> None:
+        self.queue = queue
+
+    def get_nowait(self) -> Any:
+        return self.queue.get(block=False)
+
+    def readiness(self) -> Sequence[ReadinessSource]:
+        return [self.queue.readiness()]
+
+
+class _ThreadEpoch:
+    """The threads and queues of one epoch."""
+
+    def __init__(self, service: ThreadReadingService, epoch: int) -> None:
+        count = service.num_threads
+        self.queues = [ThreadQueue(capacity=service.prefetch_factor) for _ in range(count)]
+        self.channels = [_QueueChannel(q) for q in self.queues]
+        self.threads = [
+            threading.Thread(
+                target=_run_worker,
+                args=(service._worker_pipes[i], self.queues[i], epoch, i, count, service._seed),
+                name=f"pipeloom-worker-{i}",
+                daemon=True,
+            )
+            for i in range(count)
+        ]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def stop(self) -> None:
+        for queue in self.queues:
+            queue.close()
+        for thread in self.threads:
+            if thread.ident is not None:
+                thread.join(timeout=10)
+
+
+def _run_worker(
+    pipe: IterDataPipe, queue: ThreadQueue, epoch: int, index: int, count: int, seed: int
+) -> None:
+    set_thread_worker_info(WorkerInfo(index, count, worker_seed(seed, epoch, index), pipe))
+    try:
+        produce_epoch(pipe, queue.put, epoch=epoch, worker_label=f"worker thread {index}")
+    finally:
+        set_thread_worker_info(None)

@@ -1,0 +1,93 @@
+"""What a worker (thread or process) does for one epoch."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..datapipes import (
+    BlockingReader,
+    DataPipe,
+    IterDataPipe,
+    current_position,
+    derive_seed,
+    reset_pipeline,
+    set_pipeline_epoch,
+    traverse_roots,
+)
+from ..datapipes._context import current_draws, restore_stamp
+from ..errors import QueueError
+from ._failure import capture_failure
+from ._merge import END
+
+__all__ = ["apply_sharding", "produce_epoch", "seed_worker_rngs", "worker_seed"]
+
+
+def worker_seed(seed: int, epoch: int, worker_id: int) -> int:
+    """The seed of worker ``worker_id`` in ``epoch``: distinct per worker and epoch."""
+    return derive_seed(seed, epoch, worker_id, 0x3EED)
+
+
+def seed_worker_rngs(seed: int) -> None:
+    """Seed ``random``, NumPy's legacy global RNG and torch in this worker."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def apply_sharding(
+    worker_pipe: DataPipe, root_indices: tuple[int, ...], total: int, index: int, group_size: int
+) -> None:
+    """Tell the sharding roots of a worker's copy which shard is theirs."""
+    for root in traverse_roots(worker_pipe, root_indices):
+        root.sharding_settings(total, index)
+        if group_size != 1:
+            root.set_shard_group_size(group_size)
+
+
+def produce_epoch(
+    pipe: IterDataPipe,
+    put: Callable[[Any], None],
+    *,
+    epoch: int,
+    worker_label: str,
+    state: dict | None = None,
+) -> None:
+    """Send ``(position, draws, item)`` for every output of ``pipe`` this epoch, then END.
+
+    An exception from the pipeline is sent as a ``Failure`` instead; a closed
+    queue (the consumer stopped) ends the epoch quietly.
+    """
+    restore_stamp((None, epoch, None))  # nothing inherited from a parent or a past epoch
+    try:
+        set_pipeline_epoch(pipe, epoch)
+        reset_pipeline(pipe)
+        if state is not None:
+            from ..datapipes import load_pipeline_state_dict
+
+            load_pipeline_state_dict(pipe, state)
+        reader = BlockingReader(pipe)
+        while True:
+            try:
+                item = reader.next()
+            except StopIteration:
+                break
+            put((current_position(), current_draws(), item))
+    except QueueError:
+        return
+    except BaseException as error:  # noqa: BLE001 - every failure goes to the consumer
+        try:
+            put(capture_failure(error, worker_label))
+        except QueueError:
+            pass
+        if not isinstance(error, Exception):
+            raise
+        return
+    try:
+        put(END)
+    except QueueError:
+        pass

@@ -1,0 +1,64 @@
+"""Test-only blocks: an upstream that is sometimes not ready, and an old-style block."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+from pipeloom.datapipes import IterDataPipe
+from pipeloom.errors import NotAvailable
+from pipeloom.events import Signal
+
+
+class Flaky(IterDataPipe):
+    """Yields ``items`` but raises NotAvailable before some of them (seeded).
+
+    A background timer fires the readiness signal, so blocking readers must
+    wait on events to make progress.
+    """
+
+    def __init__(self, items, *, seed: int = 0, p_unavailable: float = 0.5) -> None:
+        self.items = list(items)
+        self.seed = seed
+        self.p_unavailable = p_unavailable
+        self.signal = Signal()
+        self.reset()
+
+    def reset(self) -> None:
+        self._rng = random.Random(self.seed)
+        self._index = 0
+        self._ready = False
+
+    def readiness_sources(self):
+        return [self.signal]
+
+    def async_next(self):
+        if self._index >= len(self.items):
+            raise StopIteration
+        if not self._ready and self._rng.random() < self.p_unavailable:
+            self._ready = True
+            threading.Timer(0.001, self.signal.fire).start()
+            raise NotAvailable
+        self._ready = False
+        item = self.items[self._index]
+        self._index += 1
+        return item
+
+    def state_dict(self):
+        return {"index": self._index}
+
+    def load_state_dict(self, state):
+        self._index = state["index"]
+
+
+class OldStyleDouble(IterDataPipe):
+    """An old-style block: a plain generator over its input."""
+
+    inputs = ("source",)
+
+    def __init__(self, source) -> None:
+        self.source = source
+
+    def __iter__(self):
+        for item in self.source:
+            yield item * 2

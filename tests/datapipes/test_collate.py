@@ -1,0 +1,103 @@
+"""Tests of ``collate`` (Collator) and ``default_collate``."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeloom.datapipes import IterableWrapper
+from pipeloom.datapipes._collate import Collator, default_collate
+from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+
+Pair = collections.namedtuple("Pair", "left right")
+
+
+def same(a, b):
+    """Structural equality that also compares tensor dtypes."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return type(a) is type(b) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def samples(width):
+    floats = st.floats(-1e6, 1e6, allow_nan=False)
+    array = st.lists(floats, min_size=width, max_size=width).map(np.array)
+    tensor = st.lists(st.integers(-100, 100), min_size=width, max_size=width).map(torch.tensor)
+    return st.fixed_dictionaries({
+        "i": st.integers(-1000, 1000), "f": floats, "b": st.booleans(), "s": st.text(max_size=3),
+        "a": array, "t": tensor,
+        "pair": st.builds(Pair, st.integers(0, 9), tensor), "list": st.tuples(floats, st.integers(0, 5)),
+    })
+
+
+batches = st.integers(0, 3).flatmap(lambda w: st.lists(samples(w), min_size=1, max_size=5))
+
+
+@given(batches)
+def test_default_collate_matches_torch(batch):
+    assert same(default_collate(batch), torch.utils.data.default_collate(batch))
+
+
+def test_default_collate_stacks_fields():
+    out = default_collate([{"x": np.zeros(2), "y": "a"}, {"x": np.ones(2), "y": "b"}])
+    assert torch.equal(out["x"], torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64))
+    assert out["y"] == ["a", "b"]
+
+
+def test_mismatched_shapes_name_the_field_and_the_shapes():
+    batch = [{"img": [torch.zeros(2, 3)]}, {"img": [torch.zeros(2, 3)]}, {"img": [torch.zeros(4, 3)]}]
+    with pytest.raises(RuntimeError, match=r"sample\['img'\]\[0\] has shape \(2, 3\) in entry 0 but shape \(4, 3\) in entry 2"):
+        default_collate(batch)
+
+
+def test_mismatched_lengths_name_the_field():
+    with pytest.raises(RuntimeError, match=r"sample\[1\] has length 2 in entry 0 but length 1 in entry 1"):
+        default_collate([(0, [1, 2]), (1, [3])])
+
+
+def test_uncollatable_types_name_the_field():
+    with pytest.raises(TypeError, match=r"sample\['meta'\] is a NoneType, which has no tensor form"):
+        default_collate([{"meta": None}, {"meta": None}])
+
+
+def test_collate_applies_default_collate_to_each_batch():
+    out = list(IterableWrapper([(0, 1.0), (1, 2.0), (2, 3.0)]).batch(2).collate())
+    assert same(out, [[torch.tensor([0, 1]), torch.tensor([1.0, 2.0], dtype=torch.float64)],
+                      [torch.tensor([2]), torch.tensor([3.0], dtype=torch.float64)]])
+
+
+def test_custom_collate_fn_and_repr_and_len():
+    dp = IterableWrapper(range(5)).batch(2).collate(sum)
+    assert list(dp) == [1, 5, 4] and len(dp) == 3
+    assert repr(dp) == "Collator(collate_fn=sum)"
+    assert repr(IterableWrapper([]).collate()) == "Collator(collate_fn=default_collate)"
+    assert type(dp) is Collator
+
+
+def test_non_callable_collate_fn_is_a_type_error():
+    with pytest.raises(TypeError, match="expects collate_fn to be a callable"):
+        IterableWrapper([]).collate(collate_fn=1)
+
+
+def test_collate_errors_are_noted_with_the_block():
+    with pytest.raises(RuntimeError) as info:
+        list(IterableWrapper([[torch.zeros(1), torch.zeros(2)]]).collate())
+    assert any("Collator(collate_fn=default_collate)" in n for n in info.value.__notes__)
+
+
+def test_resume_and_async_agree():
+    def make():
+        return IterableWrapper(range(7)).batch(3).collate()
+
+    assert same(collect(make()), collect_async(make()))
+    check_resume_from_every_step(lambda: IterableWrapper(range(7)).batch(3).collate(tuple))

@@ -1,0 +1,84 @@
+"""Tests for Cycler."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from datapipes.helpers import Flaky
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import item_lists
+
+from pipeloom.datapipes import IterableWrapper, NotAvailable, reset_pipeline
+from pipeloom.datapipes._cycle import Cycler
+from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+
+
+def drain_retrying(pipe):
+    reset_pipeline(pipe)
+    out = []
+    while True:
+        try:
+            out.append(pipe.async_next())
+        except NotAvailable:
+            continue
+        except StopIteration:
+            return out
+
+
+@settings(max_examples=50, deadline=None)
+@given(items=item_lists, count=st.integers(0, 4))
+def test_repeats_the_source_count_times(items, count):
+    dp = IterableWrapper(items).cycle(count)
+    assert list(dp) == items * count
+    assert len(dp) == len(items) * count
+
+
+def test_cycle_forever_keeps_repeating():
+    dp = IterableWrapper([1, 2, 3]).cycle()
+    reset_pipeline(dp)
+    expected = list(itertools.islice(itertools.cycle([1, 2, 3]), 10))
+    assert [dp.async_next() for _ in range(10)] == expected
+    with pytest.raises(TypeError, match="repeats forever"):
+        len(dp)
+
+
+def test_cycle_forever_over_an_empty_source_stops():
+    assert list(IterableWrapper([]).cycle()) == []
+    assert list(IterableWrapper([]).cycle(3)) == []
+
+
+def test_count_zero_yields_nothing_and_stop_repeats():
+    dp = IterableWrapper([1]).cycle(0)
+    reset_pipeline(dp)
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            dp.async_next()
+
+
+@pytest.mark.parametrize("count", [-1, 1.5, True])
+def test_invalid_count_is_rejected(count):
+    with pytest.raises(ValueError, match=r"count must be None \(repeat forever\) or an int >= 0"):
+        IterableWrapper([1]).cycle(count)
+
+
+def test_each_round_restarts_the_upstream_pipeline():
+    dp = IterableWrapper(range(4)).sharding_filter().cycle(2)
+    assert list(dp) == [0, 1, 2, 3, 0, 1, 2, 3]
+
+
+def test_retrying_after_not_available_and_async_path():
+    expected = list(range(5)) * 3
+    assert drain_retrying(Flaky(range(5), seed=1).cycle(3)) == expected
+    assert collect_async(Flaky(range(5), seed=1).cycle(3)) == expected
+
+
+def test_resume_from_every_step_across_rounds():
+    check_resume_from_every_step(lambda: IterableWrapper(range(3)).cycle(3))
+    check_resume_from_every_step(lambda: IterableWrapper(range(6)).shuffle(buffer_size=3).cycle(2))
+
+
+def test_repr_and_sync_path():
+    assert repr(IterableWrapper([1]).cycle(2)) == "Cycler(count=2)"
+    assert collect(Cycler(IterableWrapper("ab"), 2)) == list("abab")

@@ -1,0 +1,132 @@
+"""Decoder: bytes to values by extension, per-block decoders, strict mode."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from pipeloom.datapipes import IterableWrapper
+from pipeloom.datapipes._decode import Decoder, default_decoders
+from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+
+
+def npy_bytes(array):
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def pt_bytes(value):
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def decode(items, **kwargs):
+    return collect(Decoder(IterableWrapper(items), **kwargs))
+
+
+def test_default_decoders_by_extension():
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    items = [
+        ("d/x.npy", npy_bytes(array)), ("d/x.json", json.dumps({"a": [1]}).encode()),
+        ("d/x.txt", "héllo".encode()), ("d/x.cls", b" 7\n"), ("d/x.idx", b"12"),
+        ("d/x.pt", pt_bytes({"w": torch.ones(2)})),
+    ]
+    out = dict(decode(items))
+    np.testing.assert_array_equal(out["d/x.npy"], array)
+    assert out["d/x.json"] == {"a": [1]} and out["d/x.txt"] == "héllo"
+    assert out["d/x.cls"] == 7 and out["d/x.idx"] == 12
+    assert torch.equal(out["d/x.pt"]["w"], torch.ones(2))
+
+
+def test_pt_files_are_loaded_with_weights_only():
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    with pytest.raises(ValueError, match=r"decoding 'x.pt' with the '.pt' decoder .* failed"):
+        decode([("x.pt", pt_bytes(Evil()))])
+
+
+def test_images_decode_to_rgb_uint8_chw_tensors():
+    image_module = pytest.importorskip("PIL.Image", reason="Pillow is an optional extra")
+    buffer = io.BytesIO()
+    image_module.new("L", (5, 3), color=200).save(buffer, format="PNG")
+    [(name, tensor)] = decode([("img.PNG", buffer.getvalue())])
+    assert tensor.dtype == torch.uint8 and tensor.shape == (3, 3, 5)
+    assert int(tensor[0, 0, 0]) == 200
+
+
+def test_images_without_pillow_pass_through_or_raise_in_strict_mode(monkeypatch):
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    assert decode([("a.jpg", b"raw")]) == [("a.jpg", b"raw")]
+    with pytest.raises(ImportError, match="pip install Pillow"):
+        decode([("a.jpg", b"raw")], strict=True)
+
+
+def test_sample_dicts_have_each_dot_field_decoded():
+    sample = {"__key__": "s/0001", "__url__": "s.tar", ".cls": b"3", ".seg.txt": b"t", "meta": b"m"}
+    assert decode([sample]) == [
+        {"__key__": "s/0001", "__url__": "s.tar", ".cls": 3, ".seg.txt": "t", "meta": b"m"}
+    ]
+
+
+def test_streams_are_read_and_closed():
+    stream = io.BytesIO(b"5")
+    assert decode([("n.cls", stream)]) == [("n.cls", 5)] and stream.closed
+
+
+def test_unknown_extension_passes_through_unless_strict():
+    assert decode([("a.foo", b"?"), ("noext", b"!")]) == [("a.foo", b"?"), ("noext", b"!")]
+    with pytest.raises(ValueError, match=r"no decoder for extension '.foo' of 'dir/a.foo'.*decoders=\{'.foo': fn\}"):
+        decode([("dir/a.foo", b"?")], strict=True)
+    with pytest.raises(ValueError, match=r"no decoder for extension '.bar' of 's/1.bar'"):
+        decode([{"__key__": "s/1", ".bar": b""}], strict=True)
+
+
+def test_custom_decoders_add_and_override_per_block():
+    items = [("a.foo", b"abc"), ("a.cls", b"1")]
+    assert decode(items, decoders={".foo": bytes.upper, ".CLS": lambda b: -int(b)}) == [
+        ("a.foo", b"ABC"), ("a.cls", -1)
+    ]
+    assert decode(items, decoders={".cls": None}) == items  # opt out of a default
+    assert decode(items) == [("a.foo", b"abc"), ("a.cls", 1)]  # no global state
+
+
+def test_full_extension_wins_over_its_last_part():
+    assert decode([("x.seg.txt", b"s")], decoders={".seg.txt": len}) == [("x.seg.txt", 1)]
+    assert decode([("x.seg.txt", b"s")]) == [("x.seg.txt", "s")]
+
+
+def test_default_decoders_returns_a_fresh_dict():
+    decoders = default_decoders()
+    decoders[".cls"] = str
+    assert default_decoders()[".cls"] is not str
+
+
+def test_decoder_failure_names_the_item_and_decoder():
+    with pytest.raises(ValueError, match=r"decoding 'k.cls' with the '.cls' decoder _int failed: ValueError"):
+        decode([("k.cls", b"not a number")])
+
+
+def test_bad_arguments_and_items_are_rejected():
+    source = IterableWrapper([])
+    with pytest.raises(ValueError, match="extensions with a leading dot like '.foo', got 'foo'"):
+        Decoder(source, decoders={"foo": len})
+    with pytest.raises(TypeError, match="the decoder for '.foo' must be callable"):
+        Decoder(source, decoders={".foo": 3})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match=r"expects \(name, bytes\) tuples or sample dicts, got int"):
+        decode([3])
+    assert repr(Decoder(source, decoders={".foo": len})) == "Decoder(strict=False, decoders=['.foo'])"
+
+
+def test_stateless_resume_and_async_path():
+    items = [(f"{i}.cls", str(i).encode()) for i in range(5)]
+    check_resume_from_every_step(lambda: Decoder(IterableWrapper(items)))
+    assert collect_async(Decoder(IterableWrapper(items))) == [(f"{i}.cls", i) for i in range(5)]

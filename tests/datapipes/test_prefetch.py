@@ -1,0 +1,186 @@
+"""Tests for Prefetcher."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import threading
+import time
+import traceback
+
+import pytest
+from datapipes.helpers import Flaky
+
+from pipeloom.datapipes import (
+    BlockingReader,
+    IterableWrapper,
+    IterDataPipe,
+    current_position,
+    reset_pipeline,
+)
+from pipeloom.datapipes._prefetch import Prefetcher
+from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+
+
+def prefetch_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("pipeloom Prefetcher")]
+
+
+class SlowSource(IterDataPipe):
+    """Old-style source: sleeps ``delay`` s per item (test data, not polling)."""
+
+    def __init__(self, n, delay=0.0, fail_at=None):
+        self.n, self.delay, self.fail_at = n, delay, fail_at
+        self.produced = 0
+        self.reached = {}
+
+    def __iter__(self):
+        for i in range(self.n):
+            if i == self.fail_at:
+                raise_in_source(i)
+            if self.delay:
+                time.sleep(self.delay)
+            self.produced += 1
+            event = self.reached.get(self.produced)
+            if event is not None:
+                event.set()
+            yield i
+
+
+def raise_in_source(i):
+    raise ValueError(f"bad item {i}")
+
+
+class WithPosition(IterDataPipe):
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+
+    def async_next(self):
+        return self.source.async_next(), current_position()
+
+    def state_dict(self):
+        return {}
+
+
+def test_yields_every_item_in_order_sync_and_async():
+    dp = IterableWrapper(range(50)).prefetch(4)
+    assert list(dp) == list(range(50))
+    assert collect_async(dp) == list(range(50))
+    assert len(dp) == 50
+
+
+def test_waiting_consumer_uses_almost_no_cpu():
+    dp = SlowSource(20, delay=0.05).prefetch(2)
+    wall, cpu = time.perf_counter(), time.process_time()
+    assert list(dp) == list(range(20))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert wall >= 0.9
+    assert cpu < 0.1 * wall, f"used {cpu:.3f} s of CPU in {wall:.3f} s"
+
+
+def test_runs_ahead_of_the_consumer():
+    source = SlowSource(20)
+    fifth = source.reached[5] = threading.Event()
+    dp = source.prefetch(buffer_size=5)
+    reset_pipeline(dp)
+    reader = BlockingReader(dp)
+    assert reader.next(timeout=10) == 0
+    assert fifth.wait(timeout=10)
+    assert source.produced >= 5  # before the consumer asked for the 2nd item
+    assert [reader.next(timeout=10) for _ in range(19)] == list(range(1, 20))
+    reader.close()
+
+
+def test_source_exception_is_raised_in_the_consumer_with_its_traceback():
+    dp = SlowSource(10, fail_at=3).prefetch(2)
+    it = iter(dp)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="bad item 3") as info:
+        next(it)
+    text = "".join(traceback.format_exception(info.value))
+    assert "raise_in_source" in text
+    assert "prefetch thread" in text
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_reset_mid_stream_stops_and_joins_the_thread():
+    dp = SlowSource(1000).prefetch(3)
+    it = iter(dp)
+    next(it)
+    assert len(prefetch_threads()) == 1
+    reset_pipeline(dp)
+    assert prefetch_threads() == []
+    assert list(dp)[:3] == [0, 1, 2]
+
+
+def test_garbage_collection_stops_the_thread():
+    dp = SlowSource(1000).prefetch(3)
+    it = iter(dp)
+    next(it)
+    assert len(prefetch_threads()) == 1
+    del dp, it
+    gc.collect()
+    assert prefetch_threads() == []
+
+
+def test_no_thread_leak_over_many_epochs():
+    before = threading.active_count()
+    dp = IterableWrapper(range(20)).prefetch(3)
+    for epoch in range(50):
+        it = iter(dp)
+        assert [next(it) for _ in range(epoch % 7)] == list(range(epoch % 7))
+    reset_pipeline(dp)
+    assert prefetch_threads() == []
+    assert threading.active_count() <= before
+
+
+def test_waits_on_an_upstream_that_is_not_ready_through_its_events():
+    assert collect_async(Flaky(range(40), seed=2).prefetch(3)) == list(range(40))
+    assert collect(Flaky(range(40), seed=3).map(lambda x: x + 1).prefetch(1)) == list(range(1, 41))
+
+
+def test_items_keep_their_stamps():
+    pairs = collect(WithPosition(IterableWrapper("abcde").prefetch(2)))
+    assert pairs == [(c, i) for i, c in enumerate("abcde")]
+
+
+def test_resume_from_every_step():
+    check_resume_from_every_step(lambda: IterableWrapper(range(12)).prefetch(3))
+    check_resume_from_every_step(lambda: Flaky(range(8)).prefetch(2).shuffle(buffer_size=3))
+    assert prefetch_threads() == [] or all(not t.is_alive() for t in prefetch_threads())
+
+
+def test_state_dict_pauses_the_thread_and_saves_the_buffer():
+    source = SlowSource(10)
+    third = source.reached[4] = threading.Event()
+    dp = source.prefetch(3)
+    reset_pipeline(dp)
+    reader = BlockingReader(dp)
+    assert reader.next(timeout=10) == 0
+    assert third.wait(timeout=10)
+    state = dp.state_dict()
+    assert prefetch_threads() == []
+    assert state["items"] and [item for item, _ in state["items"]] == [1, 2, 3]
+    assert [reader.next(timeout=10) for _ in range(9)] == list(range(1, 10))
+    reader.close()
+
+
+def test_a_pickled_copy_is_fresh():
+    dp = IterableWrapper(range(5)).prefetch(2)
+    it = iter(dp)
+    next(it)
+    copy = pickle.loads(pickle.dumps(dp))
+    assert copy._worker is None
+    assert list(copy) == list(range(5))
+    reset_pipeline(dp)
+
+
+def test_invalid_buffer_size_and_repr():
+    match = r"buffer_size must be an int >= 1, got 0; use buffer_size=1"
+    with pytest.raises(ValueError, match=match):
+        IterableWrapper([1]).prefetch(0)
+    assert repr(IterableWrapper([1]).prefetch(7)) == "Prefetcher(buffer_size=7)"
+    assert isinstance(IterableWrapper([1]).prefetch(), Prefetcher)

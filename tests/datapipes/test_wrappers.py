@@ -1,0 +1,121 @@
+"""Sources: iterables, sequences and torch datasets."""
+
+from __future__ import annotations
+
+import pytest
+import torch.utils.data
+
+from pipeloom.datapipes import (
+    IterableWrapper,
+    MapToIter,
+    SequenceWrapper,
+    as_datapipe,
+    current_position,
+)
+from pipeloom.testing import check_resume_from_every_step
+
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        if index >= 4:
+            raise IndexError(index)
+        return index * index
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter("abc")
+
+
+def test_torch_map_dataset_becomes_a_sequence_wrapper():
+    pipe = as_datapipe(Squares())
+    assert isinstance(pipe, SequenceWrapper)
+    assert pipe[3] == 9 and len(pipe) == 4 and list(pipe) == [0, 1, 4, 9]
+
+
+def test_torch_iterable_dataset_becomes_an_iterable_wrapper():
+    pipe = as_datapipe(Stream())
+    assert isinstance(pipe, IterableWrapper) and list(pipe) == ["a", "b", "c"]
+
+
+def test_plain_sequences_and_iterables_are_accepted():
+    assert list(as_datapipe([3, 4])) == [3, 4]
+    assert list(as_datapipe(x for x in range(2))) == [0, 1]
+
+
+def test_non_iterable_source_gets_a_clear_error():
+    with pytest.raises(TypeError, match="cannot use int as a pipeline source"):
+        as_datapipe(5)
+    with pytest.raises(TypeError, match="IterableWrapper expects an iterable.*got int"):
+        IterableWrapper(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="SequenceWrapper expects an object with __getitem__"):
+        SequenceWrapper(iter([1]))
+
+
+def test_iterable_wrapper_restarts_every_epoch():
+    pipe = IterableWrapper(range(3))
+    assert list(pipe) == list(pipe) == [0, 1, 2]
+
+
+def test_one_shot_iterator_fails_clearly_on_a_second_epoch():
+    pipe = IterableWrapper(x for x in range(2))
+    assert list(pipe) == [0, 1]
+    with pytest.raises(RuntimeError, match="one-shot iterator.*already consumed"):
+        list(pipe)
+
+
+def test_sources_stamp_item_positions():
+    positions = []
+    pipe = IterableWrapper("abc")
+    for _ in pipe:
+        positions.append(current_position())
+    assert positions == [0, 1, 2]
+    sequence = SequenceWrapper("xyz")
+    sequence[2]
+    assert current_position() == 2
+
+
+def test_iterable_wrapper_resumes_from_every_step():
+    check_resume_from_every_step(lambda: IterableWrapper(range(6)))
+
+
+def test_map_to_iter_reads_in_index_order_and_resumes():
+    assert list(MapToIter(SequenceWrapper("hey"))) == ["h", "e", "y"]
+    check_resume_from_every_step(lambda: MapToIter(SequenceWrapper(list(range(5)))))
+    with pytest.raises(TypeError, match="MapToIter expects a MapDataPipe"):
+        MapToIter(IterableWrapper([1]))  # type: ignore[arg-type]
+
+
+def test_lengths():
+    assert len(IterableWrapper([1, 2])) == 2
+    with pytest.raises(TypeError, match="has no length"):
+        len(IterableWrapper(iter([1])))
+    assert len(MapToIter(SequenceWrapper([1, 2, 3]))) == 3
+
+
+def test_map_to_iter_shards_partition_the_indices_in_runs_of_group_size():
+    for total in (1, 2, 3):
+        for group in (1, 2, 4):
+            seen = []
+            for index in range(total):
+                pipe = MapToIter(SequenceWrapper(list(range(11))))
+                pipe.sharding_settings(total, index)
+                pipe.set_shard_group_size(group)
+                items = list(pipe)
+                assert len(pipe) == len(items)
+                assert all((i // group) % total == index for i in items)
+                seen += items
+            assert sorted(seen) == list(range(11))
+
+
+def test_map_to_iter_rejects_bad_shard_settings():
+    pipe = MapToIter(SequenceWrapper([1]))
+    with pytest.raises(ValueError, match="number of shards must be an int >= 1, got 0"):
+        pipe.sharding_settings(0, 0)
+    with pytest.raises(ValueError, match=r"shard index must be an int in \[0, 2\), got 2"):
+        pipe.sharding_settings(2, 2)
+    with pytest.raises(ValueError, match="group_size must be an int >= 1"):
+        pipe.set_shard_group_size(0)

@@ -1,0 +1,59 @@
+"""Process targets for the queue tests (importable under spawn/forkserver)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import torch
+
+
+def produce_range(q, n):
+    for i in range(n):
+        q.put(i, timeout=10)
+    q.close()
+
+
+def produce_payloads(q, n):
+    for i in range(n):
+        q.put({"t": torch.full((1000, 100), float(i)), "a": (np.arange(30000) + i, i)}, timeout=10)
+    q.close()
+
+
+def produce_lambda(q):
+    offset = 5
+    q.put(lambda x: x + offset, timeout=10)
+    q.close()
+
+
+def produce_then_die(q, n):
+    for i in range(n):
+        q.put(torch.full((100_000,), float(i)), timeout=10)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def consume_then_die(q, n, ready):
+    for _ in range(n):
+        q.get(timeout=10)
+    ready.set()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def consume_all(q, out):
+    items = []
+    while True:
+        item = q.get(timeout=10)
+        if item is None:
+            break
+        items.append(float(item.sum()))
+    out.put(items)
+    q.close()
+
+
+def try_put(q, out):
+    try:
+        q.put(1, timeout=5)
+        out.put("ok")
+    except RuntimeError as err:
+        out.put(f"RuntimeError: {err}")

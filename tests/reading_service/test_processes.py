@@ -1,0 +1,172 @@
+"""MultiProcessingReadingService: placement-independent output, lifecycle, failures."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reading_service import pipelines
+
+import pipeloom
+from pipeloom import DataLoader
+from pipeloom.datapipes import IterableWrapper
+from pipeloom.errors import WorkerError
+from pipeloom.reading_service import MultiProcessingReadingService
+
+
+def shm_entries():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@settings(max_examples=6, deadline=None)
+@given(workers=st.integers(1, 3), seed=st.integers(0, 2**16), n=st.integers(0, 30))
+def test_output_equals_in_process_at_any_worker_count(workers, seed, n):
+    expected = list(DataLoader(pipelines.augmented(n), seed=seed))
+    service = MultiProcessingReadingService(workers, start_method="fork")
+    with DataLoader(pipelines.augmented(n), service, seed=seed) as loader:
+        assert list(loader) == expected
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_lambdas_travel_under_spawn_and_forkserver(method):
+    expected = list(DataLoader(pipelines.augmented(12), seed=1))
+    service = MultiProcessingReadingService(2, start_method=method, timeout=60)
+    with DataLoader(pipelines.augmented(12), service, seed=1) as loader:
+        assert list(loader) == expected
+
+
+def test_lazy_init_runs_in_the_worker_not_in_the_parent():
+    source = pipelines.PidOfLazyInit(4)
+    with DataLoader(source.sharding_filter(), MultiProcessingReadingService(2), seed=0) as loader:
+        pids = set(loader)
+    assert os.getpid() not in pids and len(pids) == 2 and source.pid is None
+
+
+def test_per_worker_global_rngs_are_distinct_reseeded_each_epoch_and_reproducible():
+    def run():
+        pipe = IterableWrapper(range(4)).sharding_filter().map(pipelines.global_numpy_draw)
+        with DataLoader(pipe, MultiProcessingReadingService(2, persistent_workers=True), seed=9) as loader:
+            return list(loader), list(loader)
+
+    first_epoch, second_epoch = run()
+    assert first_epoch[0] != first_epoch[1]  # worker 0 and worker 1 differ
+    assert first_epoch != second_epoch  # a new epoch reseeds
+    assert run() == (first_epoch, second_epoch)  # identical across runs
+
+
+def test_get_worker_info_in_processes():
+    pipe = IterableWrapper(range(4)).sharding_filter().map(_who)
+    with DataLoader(pipe, MultiProcessingReadingService(2), seed=0) as loader:
+        assert list(loader) == [(0, 2), (1, 2), (0, 2), (1, 2)]
+
+
+def _who(_):
+    info = pipeloom.get_worker_info()
+    return (info.id, info.num_workers)
+
+
+def test_worker_exception_reraises_with_type_traceback_block_and_item():
+    pipe = IterableWrapper(range(10)).sharding_filter().map(pipelines.explode_at_seven)
+    with DataLoader(pipe, MultiProcessingReadingService(2, timeout=30), seed=0) as loader:
+        with pytest.raises(KeyError, match="bad sample") as info:
+            list(loader)
+    message = str(info.value)
+    assert "worker process 1 (pid" in message and "Mapper(fn=explode_at_seven" in message
+    assert "position 7" in message and "Traceback" in message
+    assert isinstance(info.value.__cause__, WorkerError)
+
+
+def test_a_killed_worker_raises_naming_it_and_the_signal():
+    pipe = IterableWrapper(range(50)).sharding_filter().map(pipelines.kill_self_at)
+    with DataLoader(pipe, MultiProcessingReadingService(2, timeout=30), seed=0) as loader:
+        with pytest.raises(WorkerError, match=r"worker process 1 \(pid \d+\) was killed by signal SIGKILL"):
+            list(loader)
+
+
+def test_worker_init_fn_runs_once_per_worker_and_its_errors_name_the_worker():
+    pipe = IterableWrapper(range(4)).sharding_filter()
+    with DataLoader(pipe, MultiProcessingReadingService(2, worker_init_fn=_init_ok), seed=0) as loader:
+        assert list(loader) == [0, 1, 2, 3]
+    with DataLoader(pipe, MultiProcessingReadingService(2, worker_init_fn=_init_fails, timeout=30), seed=0) as loader:
+        with pytest.raises(RuntimeError, match=r"(?s)cannot open storage.*in worker_init_fn\(0\)"):
+            list(loader)
+
+
+def _init_ok(worker_id):
+    assert pipeloom.get_worker_info().id == worker_id
+
+
+def _init_fails(worker_id):
+    raise RuntimeError("cannot open storage")
+
+
+def test_unpicklable_pipeline_under_spawn_names_the_block():
+    lock = threading.Lock()
+    pipe = IterableWrapper(range(4)).sharding_filter().map(lambda x, lock=lock: x)
+    with DataLoader(pipe, MultiProcessingReadingService(1, start_method="spawn"), seed=0) as loader:
+        with pytest.raises(TypeError, match=r"(?s)block Mapper\(fn=.*cannot be pickled.*lock.*module level"):
+            list(loader)
+
+
+def test_timeout_raises_instead_of_waiting_forever():
+    pipe = IterableWrapper(range(4)).sharding_filter().map(_wait_forever)
+    with DataLoader(pipe, MultiProcessingReadingService(1, timeout=0.5), seed=0) as loader:
+        with pytest.raises(TimeoutError, match="timeout=0.5"):
+            list(loader)
+
+
+def _wait_forever(x):
+    threading.Event().wait(60)
+    return x
+
+
+def test_break_shutdown_and_gc_leave_no_process_or_shared_memory():
+    before = shm_entries()
+    for persistent in (False, True):
+        loader = DataLoader(
+            IterableWrapper(range(10_000)).sharding_filter().map(_big),
+            MultiProcessingReadingService(2, persistent_workers=persistent),
+            seed=0,
+        )
+        for i, _ in enumerate(loader):
+            if i == 3:
+                break
+        assert len(list(loader)) == 10_000
+        del loader
+    import gc
+
+    gc.collect()
+    assert multiprocessing.active_children() == []
+    assert shm_entries() <= before
+
+
+def _big(x):
+    import numpy as np
+
+    return np.full(1000, x)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_workers": -1}, "num_workers must be an int >= 0, got -1; use 0"),
+        ({"num_workers": 2, "prefetch_factor": 0}, "prefetch_factor must be an int >= 1"),
+        ({"num_workers": 2, "start_method": "thread"}, "start_method must be one of"),
+        ({"num_workers": 2, "timeout": -1}, "timeout must be a number of seconds > 0"),
+    ],
+)
+def test_bad_arguments_are_explained(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MultiProcessingReadingService(**kwargs)
+
+
+def test_item_rng_draws_continue_across_the_process_merge():
+    expected = list(DataLoader(pipelines.draws_on_both_sides_of_the_merge(), seed=4))
+    with DataLoader(
+        pipelines.draws_on_both_sides_of_the_merge(), MultiProcessingReadingService(2), seed=4
+    ) as loader:
+        assert list(loader) == expected

@@ -1,0 +1,108 @@
+"""ThreadReadingService: same items, same order as in-process, at any thread count."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pipeloom
+from pipeloom import DataLoader
+from pipeloom.datapipes import IterableWrapper, item_rng
+from pipeloom.reading_service import InProcessReadingService, ThreadReadingService
+
+
+def augmented(n=40):
+    return (
+        IterableWrapper(range(n))
+        .shuffle()
+        .sharding_filter()
+        .map(lambda x: (x, int(item_rng().integers(1000))))
+        .filter(lambda t: t[0] % 3 != 0)
+        .flatmap(lambda t: [t, t])
+        .batch(4)
+    )
+
+
+@settings(max_examples=12, deadline=None)
+@given(threads=st.integers(0, 4), seed=st.integers(0, 2**16), n=st.integers(0, 40))
+def test_output_equals_in_process_at_any_thread_count(threads, seed, n):
+    expected = list(DataLoader(augmented(n), InProcessReadingService(), seed=seed))
+    with DataLoader(augmented(n), ThreadReadingService(threads), seed=seed) as loader:
+        assert list(loader) == expected
+
+
+def test_batches_built_in_threads_equal_in_process_batches():
+    def pipe():
+        return IterableWrapper(range(23)).sharding_filter().map(lambda x: x * 2).batch(5).collate()
+
+    expected = [b.tolist() for b in DataLoader(pipe(), seed=0)]
+    with DataLoader(pipe(), ThreadReadingService(3), seed=0) as loader:
+        assert [b.tolist() for b in loader] == expected
+
+
+def test_epochs_differ_and_replay():
+    with DataLoader(augmented(), ThreadReadingService(2), seed=1) as loader:
+        first, second = list(loader), list(loader)
+        loader.set_epoch(0)
+        assert first != second and list(loader) == first
+
+
+def test_arrival_order_mode_yields_the_same_items():
+    expected = sorted(x for batch in DataLoader(augmented(), seed=2) for x in batch)
+    with DataLoader(augmented(), ThreadReadingService(3, in_order=False), seed=2) as loader:
+        assert sorted(x for batch in loader for x in batch) == expected
+
+
+def test_worker_exception_reraises_with_type_worker_block_and_item():
+    def explode(x):
+        if x == 7:
+            raise KeyError("bad sample")
+        return x
+
+    pipe = IterableWrapper(range(10)).sharding_filter().map(explode)
+    with DataLoader(pipe, ThreadReadingService(2), seed=0) as loader:
+        with pytest.raises(KeyError, match="bad sample") as info:
+            list(loader)
+    message = str(info.value)
+    assert "worker thread 1" in message and "Mapper(fn=" in message and "position 7" in message
+    assert "Traceback" in message and isinstance(info.value.__cause__, pipeloom.WorkerError)
+
+
+def test_get_worker_info_inside_threads():
+    def who(_):
+        info = pipeloom.get_worker_info()
+        return (info.id, info.num_workers)
+
+    pipe = IterableWrapper(range(6)).sharding_filter().map(who)
+    with DataLoader(pipe, ThreadReadingService(3), seed=0) as loader:
+        assert list(loader) == [(i % 3, 3) for i in range(6)]
+    assert pipeloom.get_worker_info() is None
+
+
+def test_breaking_out_and_shutdown_stop_every_thread():
+    before = set(threading.enumerate())
+    loader = DataLoader(IterableWrapper(range(1000)).sharding_filter(), ThreadReadingService(3), seed=0)
+    for i, _ in enumerate(loader):
+        if i == 5:
+            break
+    list(loader)  # a new epoch replaces the abandoned one
+    loader.shutdown()
+    assert set(threading.enumerate()) <= before
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True])
+def test_bad_thread_counts_are_explained(bad):
+    with pytest.raises(ValueError, match="num_threads must be an int >= 0"):
+        ThreadReadingService(bad)
+
+
+def test_item_rng_draws_continue_across_the_merge():
+    from reading_service.pipelines import draws_on_both_sides_of_the_merge as build
+
+    expected = list(DataLoader(build(), seed=4))
+    for threads in (1, 3):
+        with DataLoader(build(), ThreadReadingService(threads), seed=4) as loader:
+            assert list(loader) == expected

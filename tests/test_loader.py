@@ -1,0 +1,127 @@
+"""DataLoader with the in-process reading service."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from pipeloom import DataLoader, InProcessReadingService
+from pipeloom.datapipes import IterableWrapper, SequenceWrapper, item_rng
+from pipeloom.errors import StateError
+
+
+def noisy(n=8):
+    return IterableWrapper(range(n)).map(lambda x: x + float(item_rng().random()))
+
+
+def test_each_iter_is_a_new_epoch_with_different_randomness():
+    loader = DataLoader(noisy(), seed=0)
+    first, second = list(loader), list(loader)
+    assert first != second
+    assert loader.epoch == 2
+
+
+def test_same_seed_and_epoch_give_the_same_items():
+    a, b = DataLoader(noisy(), seed=5), DataLoader(noisy(), seed=5)
+    assert list(a) == list(b)
+    a.set_epoch(3)
+    b.set_epoch(3)
+    assert list(a) == list(b)
+
+
+def test_set_epoch_replays_an_epoch():
+    loader = DataLoader(noisy(), seed=1)
+    list(loader)
+    second = list(loader)
+    loader.set_epoch(1)
+    assert list(loader) == second
+
+
+def test_without_a_seed_torch_manual_seed_makes_runs_reproducible():
+    torch.manual_seed(0)
+    a = list(DataLoader(noisy()))
+    torch.manual_seed(0)
+    assert list(DataLoader(noisy())) == a
+
+
+def test_map_style_and_plain_sources_are_accepted():
+    assert list(DataLoader(SequenceWrapper("ab"))) == ["a", "b"]
+    assert list(DataLoader([1, 2])) == [1, 2]
+    assert len(DataLoader([1, 2, 3])) == 3
+
+
+def test_bad_arguments_say_what_was_expected():
+    with pytest.raises(TypeError, match="reading_service must be a ReadingService.*got int"):
+        DataLoader([1], 4)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="seed must be an int or None, got float"):
+        DataLoader([1], seed=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="epoch must be an int >= 0"):
+        DataLoader([1]).set_epoch(-2)
+
+
+def test_undeclared_inputs_are_caught_at_construction():
+    from pipeloom.datapipes import IterDataPipe
+
+    class Sneaky(IterDataPipe):
+        def __init__(self, source):
+            self.source = source
+
+        def __iter__(self):
+            yield from self.source
+
+    with pytest.raises(TypeError, match="add inputs = \\('source',\\) to class Sneaky"):
+        DataLoader(Sneaky(IterableWrapper([1])))
+
+
+def test_state_dict_mid_epoch_resumes_exactly_in_a_new_loader():
+    loader = DataLoader(noisy(10), seed=2)
+    list(loader)
+    iterator = iter(loader)
+    head = [next(iterator) for _ in range(4)]
+    state = pickle.loads(pickle.dumps(loader.state_dict()))
+    rest = list(iterator)
+    resumed = DataLoader(noisy(10), seed=99)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == head + rest
+    assert list(resumed) == list(loader)  # the following epoch continues identically
+
+
+def test_state_dict_between_epochs_starts_the_next_epoch():
+    loader = DataLoader(noisy(), seed=2)
+    list(loader)
+    state = loader.state_dict()
+    expected = list(loader)
+    resumed = DataLoader(noisy(), seed=2)
+    resumed.load_state_dict(state)
+    assert list(resumed) == expected
+
+
+def test_load_state_dict_rejects_foreign_objects():
+    with pytest.raises(StateError, match="expected a DataLoader state of version 1"):
+        DataLoader([1]).load_state_dict({"version": 0})
+
+
+def test_a_new_epoch_invalidates_the_previous_iterator():
+    loader = DataLoader(range(5))
+    first = iter(loader)
+    next(first)
+    iter(loader)
+    with pytest.raises(RuntimeError, match="no longer valid"):
+        next(first)
+
+
+def test_shutdown_and_context_manager():
+    with DataLoader([1, 2]) as loader:
+        assert list(loader) == [1, 2]
+    with pytest.raises(RuntimeError, match="shut down"):
+        iter(loader)
+    loader.shutdown()  # idempotent
+
+
+def test_placement_describes_where_blocks_run():
+    loader = DataLoader(IterableWrapper([1]).map(str), InProcessReadingService())
+    placement = loader.placement()
+    assert {where for _, where in placement.locations} == {"main thread"}
+    assert "subgraph cluster_0" in placement.to_dot()
