@@ -20,29 +20,52 @@ from ._pipeline import (
     traverse_roots,
     upstream_blocks,
 )
+from ._compact import CompactStringList
+from ._decode import Decoder, default_decoders
+from ._files import FileLister, FileOpener, StreamOpener, StreamReader
+from ._fsspec import FSSpecFileLister, FSSpecFileOpener
+from ._http import HttpReader
+from ._tar import TarArchiveLoader, TarMemberPath
+from ._text import CSVParser, LineReader
+from ._webdataset import WebDataset
 from ._wrappers import IterableWrapper, MapToIter, SequenceWrapper, as_datapipe
 
 __all__ = [
+    "as_datapipe",
     "BlockingReader",
+    "check_declared_inputs",
+    "CompactStringList",
+    "CSVParser",
+    "current_position",
     "DataPipe",
-    "IterDataPipe",
+    "Decoder",
+    "default_decoders",
+    "derive_seed",
+    "FileLister",
+    "FileOpener",
+    "FSSpecFileLister",
+    "FSSpecFileOpener",
+    "functional_datapipe",
+    "HttpReader",
+    "item_rng",
+    "item_seed",
     "IterableWrapper",
+    "IterDataPipe",
+    "LineReader",
+    "load_pipeline_state_dict",
     "MapDataPipe",
     "MapToIter",
     "NotAvailable",
-    "SequenceWrapper",
-    "as_datapipe",
-    "check_declared_inputs",
-    "current_position",
-    "derive_seed",
-    "functional_datapipe",
-    "item_rng",
-    "item_seed",
-    "load_pipeline_state_dict",
     "pipeline_state_dict",
     "reset_pipeline",
     "seed_pipeline",
+    "SequenceWrapper",
     "set_pipeline_epoch",
+    "StreamOpener",
+    "StreamReader",
+    "TarArchiveLoader",
+    "TarMemberPath",
     "traverse_roots",
     "upstream_blocks",
+    "WebDataset",
 ]

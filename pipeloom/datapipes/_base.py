@@ -87,6 +87,7 @@ class DataPipe:
     _pl_seed_fixed: bool = False
     _pl_seed_key: int | None = None
     _pl_epoch: int = 0
+    _pl_round: int = 0  # repetitions of the stream within an epoch (cycle)
     _pl_epoch_seed: int | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -187,6 +188,8 @@ class DataPipe:
             if self._pl_seed is None:
                 drawn = int(torch.empty((), dtype=torch.int64).random_().item())
                 self._pl_epoch_seed = drawn
+            elif self._pl_round:
+                self._pl_epoch_seed = derive_seed(self._pl_seed, self._pl_epoch, self._pl_round)
             else:
                 self._pl_epoch_seed = derive_seed(self._pl_seed, self._pl_epoch)
         return self._pl_epoch_seed

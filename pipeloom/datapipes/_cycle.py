@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._base import IterDataPipe
-from ._pipeline import reset_pipeline
+from ._pipeline import reset_pipeline, set_pipeline_round
 
 __all__ = ["Cycler"]
 
@@ -14,7 +14,8 @@ class Cycler(IterDataPipe):
     """Repeat the source ``count`` times, or forever when ``count`` is None (functional: ``cycle``).
 
     Between rounds the source (and everything upstream of it) is restarted with
-    ``reset_pipeline``. An infinite cycle over a source that yields nothing in
+    ``reset_pipeline``, with new seeds for each round (a seeded shuffle upstream
+    reshuffles, reproducibly). An infinite cycle over a source that yields nothing in
     a whole round stops instead of spinning.
 
     Example:
@@ -61,6 +62,7 @@ class Cycler(IterDataPipe):
             raise StopIteration
         self._round += 1
         self._yielded = False
+        set_pipeline_round(self.source, self._round)
         reset_pipeline(self.source)
 
     def __len__(self) -> int:
@@ -73,6 +75,7 @@ class Cycler(IterDataPipe):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._round = int(state["round"])
+        set_pipeline_round(self.source, self._round)
         self._yielded = bool(state["yielded"])
         self._done = bool(state["done"])
 

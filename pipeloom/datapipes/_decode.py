@@ -107,6 +107,9 @@ class Decoder(IterDataPipe):
             map an extension to ``None`` to leave it undecoded.
     """
 
+    per_item = True
+    one_to_one = True
+
     inputs = ("source",)
 
     def __init__(

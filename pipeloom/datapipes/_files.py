@@ -339,6 +339,8 @@ class StreamReader(IterDataPipe):
     output items of one stream, not yielding its first ``skip`` items.
     """
 
+    per_item = True  # each opened stream is read on its own: runs in workers
+
     inputs = ("source",)
 
     def __init__(self, source: IterDataPipe) -> None:

@@ -12,6 +12,7 @@ __all__ = [
     "reset_pipeline",
     "seed_pipeline",
     "set_pipeline_epoch",
+    "set_pipeline_round",
     "upstream_blocks",
 ]
 
@@ -103,8 +104,20 @@ def set_pipeline_epoch(output: DataPipe, epoch: int) -> None:
         raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
     for block in upstream_blocks(output):
         block._pl_epoch = epoch
+        block._pl_round = 0
         block._pl_epoch_seed = None
         block.set_epoch(epoch)
+
+
+def set_pipeline_round(output: DataPipe, round_number: int) -> None:
+    """Start repetition ``round_number`` of the stream within the epoch (used by ``cycle``).
+
+    Each round draws new seeds, so a shuffle upstream reshuffles and
+    ``item_rng()`` gives new values, reproducibly.
+    """
+    for block in upstream_blocks(output):
+        block._pl_round = round_number
+        block._pl_epoch_seed = None
 
 
 def check_declared_inputs(output: DataPipe) -> None:

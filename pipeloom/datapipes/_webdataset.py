@@ -51,6 +51,8 @@ class WebDataset(IterDataPipe):
         ValueError: when a sample has two members with the same extension.
     """
 
+    per_item = True  # groups never span two shards: runs in workers
+
     inputs = ("source",)
 
     def __init__(self, source: IterDataPipe) -> None:

@@ -74,6 +74,13 @@ def plan_workers(pipeline: IterDataPipe, *, batches_in_workers: bool = True) -> 
         runs_on_a_shard = block.per_item or block.is_shardable()
         if runs_on_a_shard and block.parents and all(id(p) in in_workers for p in block.parents):
             in_workers.add(id(block))
+    marked = [n for n in nodes if id(n) in in_workers and n.is_separate_process()]
+    if marked:
+        raise ValueError(
+            f"{marked[0]!r} asks for a separate process, but it is in the part of the pipeline "
+            f"that every worker replicates; a separate process can only serve one consumer. "
+            f"Drop the mark, or move the block after the per-item work"
+        )
     exit_block = _single_exit(graph, in_workers)
     group_size = 1
     if batches_in_workers:

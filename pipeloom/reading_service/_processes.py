@@ -9,6 +9,8 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import torch
+
 from ..datapipes import IterDataPipe, reset_pipeline, set_pipeline_epoch, upstream_blocks
 from ..datapipes._context import restore_stamp
 from ..errors import NotAvailable, QueueError, WorkerError
@@ -21,6 +23,7 @@ from ._failure import Failure
 from ._merge import END, WorkerMerge
 from ._pickling import dumps_pipeline, loads_pipeline
 from ._plan import WorkerPlan, plan_workers, root_epoch_seed
+from ._separate import split_separate_processes
 from ._worker_info import WorkerInfo, set_process_worker_info
 from ._worker_loop import apply_sharding, produce_epoch, seed_worker_rngs, worker_seed
 
@@ -103,7 +106,10 @@ class MultiProcessingReadingService(ReadingService):
             return
         plan = plan_workers(pipeline)
         merge = WorkerMerge([], group_size=plan.group_size, in_order=self.in_order)
-        self._main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
+        main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
+        self._main, self._separate = split_separate_processes(
+            main, start_method=self.start_method, prefetch=self.prefetch_factor, forbidden=merge
+        )
         self._plan, self._merge = plan, merge
         context = multiprocessing.get_context(self.start_method)
         self._payload: Any = plan.exit
@@ -127,6 +133,8 @@ class MultiProcessingReadingService(ReadingService):
         )
         set_pipeline_epoch(self._main, epoch)
         reset_pipeline(self._main)
+        for reader in self._separate:
+            reader.start(epoch)
         return drain(self._main, on_close=self._on_epoch_closed, timeout=self.timeout)
 
     def placement(self) -> Placement:
@@ -136,6 +144,8 @@ class MultiProcessingReadingService(ReadingService):
         return self._plan.placement(f"worker processes x{self.num_workers}", "main process")
 
     def shutdown(self) -> None:
+        for reader in getattr(self, "_separate", ()):
+            reader.stop()
         if self._workers is not None:
             self._workers.stop()
             self._workers = None
@@ -306,6 +316,9 @@ def _worker_main(
     label = f"worker process {index} (pid {os.getpid()})"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     restore_stamp((None, 0, None))  # a forked child inherits the parent's item stamp
+    # One intra-op thread per worker, as torch does; a forked child must not use the
+    # OpenMP pool it inherited from a parent that already ran parallel torch ops.
+    torch.set_num_threads(1)
     if isinstance(payload, bytes):
         pipe = loads_pipeline(payload)
     else:  # forked: drop what lazy_init did in the parent; it runs again here

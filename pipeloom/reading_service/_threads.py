@@ -9,12 +9,13 @@ from typing import Any
 
 from ..datapipes import IterDataPipe, reset_pipeline, set_pipeline_epoch
 from ..events import ReadinessSource
-from ..graph import Placement, replace
+from ..graph import Placement
 from ..queues import ThreadQueue
 from ._base import ReadingService
 from ._in_process import InProcessReadingService, drain
 from ._merge import WorkerMerge
 from ._plan import WorkerPlan, plan_workers, root_epoch_seed
+from ._separate import split_separate_processes
 from ._worker_info import WorkerInfo, set_thread_worker_info
 from ._worker_loop import apply_sharding, produce_epoch, worker_seed
 
@@ -67,7 +68,10 @@ class ThreadReadingService(ReadingService):
             return
         plan = plan_workers(pipeline)
         merge = WorkerMerge([], group_size=plan.group_size, in_order=self.in_order)
-        self._main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
+        main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
+        self._main, self._separate = split_separate_processes(
+            main, start_method=None, prefetch=self.prefetch_factor, forbidden=merge
+        )
         self._worker_pipes = [copy.deepcopy(plan.exit) for _ in range(self.num_threads)]
         for index, worker_pipe in enumerate(self._worker_pipes):
             apply_sharding(worker_pipe, plan.root_indices, self.num_threads, index, plan.group_size)
@@ -88,6 +92,8 @@ class ThreadReadingService(ReadingService):
         )
         set_pipeline_epoch(self._main, epoch)
         reset_pipeline(self._main)
+        for reader in self._separate:
+            reader.start(epoch)
         self._epoch.start()
         return drain(self._main, on_close=lambda finished: self._stop_epoch())
 
@@ -99,6 +105,8 @@ class ThreadReadingService(ReadingService):
 
     def shutdown(self) -> None:
         self._stop_epoch()
+        for reader in getattr(self, "_separate", ()):
+            reader.stop()
 
     def _stop_epoch(self) -> None:
         if self._epoch is not None:

@@ -19,7 +19,7 @@ from ..datapipes import (
     set_pipeline_epoch,
     traverse_roots,
 )
-from ..datapipes._context import current_draws, restore_stamp
+from ..datapipes._context import current_draws, current_stamp, restore_stamp
 from ..errors import QueueError
 from ._failure import capture_failure
 from ._merge import END
@@ -56,10 +56,12 @@ def produce_epoch(
     epoch: int,
     worker_label: str,
     state: dict | None = None,
+    full_stamp: bool = False,
 ) -> None:
     """Send ``(position, draws, item)`` for every output of ``pipe`` this epoch, then END.
 
-    An exception from the pipeline is sent as a ``Failure`` instead; a closed
+    With ``full_stamp`` the message is ``(stamp, item)`` instead, the stamp
+    being ``(seed, epoch, position, draws)``. An exception from the pipeline is sent as a ``Failure`` instead; a closed
     queue (the consumer stopped) ends the epoch quietly.
     """
     restore_stamp((None, epoch, None))  # nothing inherited from a parent or a past epoch
@@ -76,7 +78,7 @@ def produce_epoch(
                 item = reader.next()
             except StopIteration:
                 break
-            put((current_position(), current_draws(), item))
+            put((current_stamp(), item) if full_stamp else (current_position(), current_draws(), item))
     except QueueError:
         return
     except BaseException as error:  # noqa: BLE001 - every failure goes to the consumer

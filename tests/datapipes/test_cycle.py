@@ -82,3 +82,29 @@ def test_resume_from_every_step_across_rounds():
 def test_repr_and_sync_path():
     assert repr(IterableWrapper([1]).cycle(2)) == "Cycler(count=2)"
     assert collect(Cycler(IterableWrapper("ab"), 2)) == list("abab")
+
+
+def test_each_round_reshuffles_reproducibly():
+    from pipeloom.datapipes import IterableWrapper
+    from pipeloom.testing import collect
+
+    def build():
+        return IterableWrapper(range(8)).shuffle().cycle(3)
+
+    items = collect(build(), seed=5)
+    rounds = [items[0:8], items[8:16], items[16:24]]
+    assert all(sorted(r) == list(range(8)) for r in rounds)
+    assert rounds[0] != rounds[1] != rounds[2]
+    assert collect(build(), seed=5) == items
+
+
+def test_item_rng_differs_between_rounds():
+    from pipeloom.datapipes import IterableWrapper, item_rng
+    from pipeloom.testing import check_resume_from_every_step, collect
+
+    def build():
+        return IterableWrapper(range(4)).map(lambda x: int(item_rng().integers(10**6))).cycle(2)
+
+    values = collect(build(), seed=1)
+    assert values[:4] != values[4:]
+    check_resume_from_every_step(build, seed=1)

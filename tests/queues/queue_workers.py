@@ -1,4 +1,9 @@
-"""Process targets for the queue tests (importable under spawn/forkserver)."""
+"""Process targets for the queue tests (importable under spawn/forkserver).
+
+Targets that use torch first call ``torch.set_num_threads(1)``: a child forked
+from a parent that ran OpenMP-parallel torch ops hangs in its next parallel
+region (a libgomp limitation, unrelated to the queues).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ def produce_range(q, n):
 
 
 def produce_payloads(q, n):
+    torch.set_num_threads(1)
     for i in range(n):
         q.put({"t": torch.full((1000, 100), float(i)), "a": (np.arange(30000) + i, i)}, timeout=10)
     q.close()
@@ -28,6 +34,7 @@ def produce_lambda(q):
 
 
 def produce_then_die(q, n):
+    torch.set_num_threads(1)
     for i in range(n):
         q.put(torch.full((100_000,), float(i)), timeout=10)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -41,6 +48,7 @@ def consume_then_die(q, n, ready):
 
 
 def consume_all(q, out):
+    torch.set_num_threads(1)
     items = []
     while True:
         item = q.get(timeout=10)
@@ -57,3 +65,7 @@ def try_put(q, out):
         out.put("ok")
     except RuntimeError as err:
         out.put(f"RuntimeError: {err}")
+
+
+def die_now():
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -13,7 +13,7 @@ def test_items_come_out_in_order_by_reference():
     for item in items:
         q.put(item)
     assert [q.get() for _ in items] == items
-    assert q.get(block=False) if False else q.qsize() == 0
+    assert q.qsize() == 0
 
 
 def test_full_queue_refuses_without_blocking():

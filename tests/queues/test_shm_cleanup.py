@@ -17,9 +17,9 @@ def _open_fds():
 
 def test_close_releases_every_descriptor(no_shm_leak):
     before = _open_fds()
-    q = ProcessQueue(capacity=4)
+    q = ProcessQueue(capacity=10)
     for i in range(10):
-        q.put({"a": torch.full((10_000 * (i + 1),), 1.0)})
+        q.put({"a": torch.full((10_000 * (i + 1),), 1.0)}, timeout=10)
     held = q.get(timeout=10)
     q.close()
     del q
@@ -65,9 +65,9 @@ def test_consumer_killed_breaks_the_producer(no_shm_leak):
 def test_consumer_blocked_in_get_wakes_when_producer_is_killed_before_using_the_queue():
     ctx = mp.get_context("fork")
     q = ProcessQueue(owner="consumer")
-    proc = ctx.Process(target=os.abort)
+    proc = ctx.Process(target=queue_workers.die_now)
     proc.start()
-    with pytest.raises(QueueBroken):
+    with pytest.raises(QueueBroken, match="producer"):
         q.get(timeout=10)
     proc.join(10)
     q.close()
