@@ -262,6 +262,22 @@ class IterDataPipe(IterFunctional, DataPipe):
             gen = self._pl_gen = _nested_call(type(self).__iter__, self)
         return _nested_call(next, gen)
 
+    def async_next_many(self, limit: int) -> list[Any]:
+        """Between 1 and ``limit`` next items, for consumers that take many at once.
+
+        Raises ``NotAvailable`` / ``StopIteration`` only when no item at all is
+        ready; the thread's item stamp afterwards is unspecified. This default
+        calls ``async_next``; sources override it with a faster slice.
+        """
+        pull = self.async_next
+        items = [pull()]
+        try:
+            while len(items) < limit:
+                items.append(pull())
+        except (NotAvailable, StopIteration):
+            pass
+        return items
+
     def __iter__(self) -> Iterator[Any]:
         """Iterate synchronously; at top level this restarts the pipeline."""
         if _NESTING.depth == 0:
@@ -305,6 +321,11 @@ class MapDataPipe(MapFunctional, DataPipe):
                 f"implement one of them"
             )
         return type(self).__getitem__(self, index)
+
+    def async_get_many(self, indices: Sequence[int]) -> list[Any]:
+        """Items at ``indices`` (all requested; ``NotAvailable`` if any is not ready)."""
+        get = self.async_get
+        return [get(i) for i in indices]
 
     def __getitem__(self, index: int) -> Any:
         try:

@@ -50,13 +50,13 @@ class Batcher(IterDataPipe):
 
     def async_next(self) -> Any:
         batch = self._batch
-        append, pull, size = batch.append, self.source.async_next, self.batch_size
+        source, size = self.source, self.batch_size
         try:
             if not batch:
-                append(pull())
+                batch.append(source.async_next())
                 self._first_stamp = current_stamp()
             while len(batch) < size:  # NotAvailable keeps the partial batch
-                append(pull())
+                batch.extend(source.async_next_many(size - len(batch)))
         except StopIteration:
             if not batch or self.drop_last:
                 batch.clear()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from typing import Any
 
 import torch.utils.data
@@ -56,6 +57,18 @@ class IterableWrapper(IterDataPipe):
         self._position = position + 1
         stamp_item(self.epoch_seed(), self._pl_epoch, position)
         return item
+
+    def async_next_many(self, limit: int) -> list[Any]:
+        it = self._it
+        if it is None:
+            it = self._it = self._start()
+        items = list(islice(it, limit))
+        if not items:
+            raise StopIteration
+        position = self._position + len(items)
+        self._position = position
+        stamp_item(self.epoch_seed(), self._pl_epoch, position - 1)
+        return items
 
     def _start(self) -> Iterator[Any]:
         self._started_once = True
@@ -114,6 +127,13 @@ class SequenceWrapper(MapDataPipe):
             stamp_item(self.epoch_seed(), self._pl_epoch, index)
         return item
 
+    def async_get_many(self, indices: Sequence[int]) -> list[Any]:
+        sequence = self.sequence
+        items = [sequence[i] for i in indices]
+        if items:
+            stamp_item(self.epoch_seed(), self._pl_epoch, indices[-1])
+        return items
+
     def __len__(self) -> int:
         return len(self.sequence)
 
@@ -146,6 +166,8 @@ class MapToIter(IterDataPipe):
         self.shard_index = 0
         self.group_size = 1
         self._index = 0
+        self._length: int | None = None
+        self._seed: int | None = None
 
     def is_shardable(self) -> bool:
         return True
@@ -162,6 +184,8 @@ class MapToIter(IterDataPipe):
 
     def reset(self) -> None:
         self._index = self._first_index_from(0)
+        self._length: int | None = None
+        self._seed: int | None = None
 
     def _first_index_from(self, index: int) -> int:
         """The first index >= ``index`` that belongs to this shard."""
@@ -175,14 +199,33 @@ class MapToIter(IterDataPipe):
         ahead = (self.shard_index - owner) % total
         return (group_number + ahead) * group
 
+    def _epoch_constants(self) -> tuple[int, int]:
+        if self._length is None or self._seed is None:
+            self._length, self._seed = len(self.source), self.epoch_seed()
+        return self._length, self._seed
+
     def async_next(self) -> Any:
         index = self._index
-        if index >= len(self.source):
+        length, seed = self._epoch_constants()
+        if index >= length:
             raise StopIteration
         item = self.source.async_get(index)
-        self._index = self._first_index_from(index + 1)
-        stamp_item(self.epoch_seed(), self._pl_epoch, index)
+        self._index = index + 1 if self.num_shards == 1 else self._first_index_from(index + 1)
+        stamp_item(seed, self._pl_epoch, index)
         return item
+
+    def async_next_many(self, limit: int) -> list[Any]:
+        index = self._index
+        length, seed = self._epoch_constants()
+        if index >= length:
+            raise StopIteration
+        stop = min(length, index + limit)
+        if self.num_shards > 1:  # stay inside this shard's current run of indices
+            stop = min(stop, (index // self.group_size + 1) * self.group_size)
+        items = self.source.async_get_many(range(index, stop))
+        self._index = stop if self.num_shards == 1 else self._first_index_from(stop)
+        stamp_item(seed, self._pl_epoch, stop - 1)
+        return items
 
     def __len__(self) -> int:
         total = len(self.source)
@@ -195,6 +238,7 @@ class MapToIter(IterDataPipe):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._index = int(state["index"])
+        self._length = self._seed = None
 
     def __repr__(self) -> str:
         shard = f", shard={self.shard_index}/{self.num_shards}" if self.num_shards > 1 else ""
