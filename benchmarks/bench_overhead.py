@@ -52,14 +52,14 @@ def main(argv: list[str] | None = None) -> list[list]:
         for workers in (0, 2):
             loader = torch_loader(n, batch, workers)
             consume(loader)  # warm up (starts persistent workers)
-            torch_us = best_time(lambda: consume(loader), repeats) / n * 1e6
+            torch_us = best_time(lambda loader=loader: consume(loader), repeats) / n * 1e6
             del loader
             for name, service in services(workers):
                 if (workers == 0) != (service is None):
                     continue
                 ours = pipeloom_loader(n, batch, service)
                 consume(ours)
-                our_us = best_time(lambda: consume(ours), repeats) / n * 1e6
+                our_us = best_time(lambda ours=ours: consume(ours), repeats) / n * 1e6
                 ours.shutdown()
                 rows.append(
                     [f"batch {batch}", f"torch workers={workers}", name,

@@ -40,7 +40,7 @@ def collect_async(pipe: IterDataPipe, *, seed: int | None = 0, epoch: int = 0) -
 
 
 def _drain(reader: BlockingReader, limit: int | None = None) -> list[Any]:
-    items = []
+    items: list[Any] = []
     while limit is None or len(items) < limit:
         try:
             items.append(reader.next(timeout=30))
@@ -61,7 +61,7 @@ def check_resume_from_every_step(
     Raises:
         AssertionError: naming the step where the resumed stream differs.
     """
-    expected = collect_async(make_pipe(), seed=seed, epoch=epoch)
+    expected = collect_async(_as_iter(make_pipe()), seed=seed, epoch=epoch)
     for step in range(len(expected) + 1) if steps is None else steps:
         pipe = make_pipe()
         seed_pipeline(pipe, seed)
@@ -80,3 +80,9 @@ def check_resume_from_every_step(
                 f"resuming after {step} items differs from the uninterrupted epoch:\n"
                 f"  expected {expected!r}\n  got      {head + tail!r}"
             )
+
+
+def _as_iter(pipe: DataPipe) -> IterDataPipe:
+    if not isinstance(pipe, IterDataPipe):
+        raise TypeError(f"expected a factory of IterDataPipe, got {type(pipe).__name__}")
+    return pipe

@@ -125,3 +125,19 @@ def test_placement_describes_where_blocks_run():
     placement = loader.placement()
     assert {where for _, where in placement.locations} == {"main thread"}
     assert "subgraph cluster_0" in placement.to_dot()
+
+
+def test_an_attribute_hiding_a_chaining_method_is_caught_at_construction():
+    from pipeloom.datapipes import IterDataPipe
+
+    class Buffered(IterDataPipe):
+        inputs = ("source",)
+
+        def __init__(self, source, prefetch):
+            self.source, self.prefetch = source, prefetch
+
+        def __iter__(self):
+            yield from self.source
+
+    with pytest.raises(TypeError, match="attribute 'prefetch', which hides the chaining method"):
+        DataLoader(Buffered(IterableWrapper([1]), 4))

@@ -239,6 +239,7 @@ class IterDataPipe(IterFunctional, DataPipe):
     """
 
     _pl_gen: Iterator[Any] | None = None
+    _pl_sync_style: ClassVar[bool] = False
     _pl_iter_token: int = 0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -306,6 +307,8 @@ class MapDataPipe(MapFunctional, DataPipe):
     raise ``NotAvailable``; a call that raises has *requested* the item) or a
     plain ``__getitem__``; and ``__len__``.
     """
+
+    _pl_sync_style: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

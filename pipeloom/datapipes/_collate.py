@@ -37,7 +37,7 @@ def default_collate(batch: Sequence[Any]) -> Any:
         {'x': tensor([1, 2]), 'y': ['a', 'b']}
     """
     try:
-        return torch.utils.data.default_collate(batch)
+        return torch.utils.data.default_collate(batch)  # type: ignore[arg-type]
     except (RuntimeError, TypeError) as error:
         problem = _diagnose(list(batch), "sample") if _is_sequence(batch) and len(batch) else None
         if problem is None:

@@ -133,7 +133,7 @@ class Decoder(IterDataPipe):
         self.source = source
         self.strict = bool(strict)
         self.decoders = {k.lower(): v for k, v in (decoders or {}).items()}
-        table = default_decoders()
+        table: dict[str, Any] = dict(default_decoders())
         if not _has_pillow() and not self.strict:
             for extension in IMAGE_EXTENSIONS:
                 del table[extension]  # images pass through undecoded

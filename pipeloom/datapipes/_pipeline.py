@@ -126,7 +126,17 @@ def check_declared_inputs(output: DataPipe) -> None:
     The graph is walked through ``inputs`` only; an undeclared input would be
     invisible to seeding, sharding and placement.
     """
+    from ._functional import IterFunctional, MapFunctional
+
+    chaining = set(vars(IterFunctional)) | set(vars(MapFunctional))
     for block in upstream_blocks(output):
+        shadowing = sorted(name for name in vars(block) if name in chaining and not name.startswith("_"))
+        if shadowing:
+            raise TypeError(
+                f"{type(block).__name__} sets the attribute {shadowing[0]!r}, which hides the "
+                f"chaining method .{shadowing[0]}(); rename the attribute (e.g. "
+                f"'{shadowing[0]}_size' or '_{shadowing[0]}')"
+            )
         declared = {id(p) for p in block.parents}
         for name, value in vars(block).items():
             if isinstance(value, DataPipe) and id(value) not in declared:

@@ -63,7 +63,7 @@ class WebDataset(IterDataPipe):
             )
         self.source = source
         self._sample: dict[str, Any] | None = None
-        self._stamp: tuple[int | None, int, int | None] | None = None
+        self._stamp: tuple | None = None
         self._ended = False
 
     def reset(self) -> None:

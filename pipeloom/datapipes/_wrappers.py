@@ -184,8 +184,8 @@ class MapToIter(IterDataPipe):
 
     def reset(self) -> None:
         self._index = self._first_index_from(0)
-        self._length: int | None = None
-        self._seed: int | None = None
+        self._length = None
+        self._seed = None
 
     def _first_index_from(self, index: int) -> int:
         """The first index >= ``index`` that belongs to this shard."""

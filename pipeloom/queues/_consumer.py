@@ -178,7 +178,7 @@ class ConsumerEnd:
         holder = np.frombuffer(mapping, np.uint8, max(extent, 1), 0)
         finalizer = weakref.finalize(holder, self._frees.append, segment_id)
         finalizer.atexit = False
-        view = memoryview(holder)
+        view = memoryview(holder)  # type: ignore[arg-type]
         del holder
         buffers = [view[spans[i] : spans[i] + spans[i + 1]] for i in range(0, 2 * count, 2)]
         if flags & STREAM_IN_SHM:

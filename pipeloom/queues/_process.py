@@ -138,6 +138,7 @@ class ProcessQueue(DataLoaderQueue):
                 f"ProcessQueue: process {pid} has no {role} end (it was dropped here when this "
                 f"process used the other end); hand the queue to other processes before using it"
             )
+        end: Any
         if role == "producer":
             self._producer = end = ProducerEnd(sock, self._ctl, self._capacity, self._wake_fd)
         else:

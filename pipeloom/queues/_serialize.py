@@ -56,7 +56,7 @@ def _reduce_ndarray(array: np.ndarray) -> Any:
         return array.__reduce_ex__(5)
     if not array.flags.c_contiguous:
         array = array.copy(order="C")
-    return _rebuild_ndarray, (pickle.PickleBuffer(array), array.dtype, array.shape)
+    return _rebuild_ndarray, (pickle.PickleBuffer(array), array.dtype, array.shape)  # type: ignore[arg-type]
 
 
 def _rebuild_tensor(buffer: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -79,14 +79,14 @@ def _reduce_tensor(tensor: torch.Tensor) -> Any:
         return tensor.__reduce_ex__(5)  # torch's own pickling, by copy
     flat = tensor.resolve_conj().resolve_neg().contiguous().reshape(-1)
     raw = flat.view(torch.uint8).numpy()
-    return _rebuild_tensor, (pickle.PickleBuffer(raw), tensor.dtype, tuple(tensor.shape))
+    return _rebuild_tensor, (pickle.PickleBuffer(raw), tensor.dtype, tuple(tensor.shape))  # type: ignore[arg-type]
 
 
 _REDUCERS = {np.ndarray: _reduce_ndarray, torch.Tensor: _reduce_tensor}
 
 
 class _Pickler(pickle.Pickler):
-    dispatch_table = ChainMap(_REDUCERS, copyreg.dispatch_table)
+    dispatch_table = ChainMap(_REDUCERS, copyreg.dispatch_table)  # type: ignore[arg-type]
 
 
 class _CloudPickler(cloudpickle.Pickler):

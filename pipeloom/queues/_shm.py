@@ -44,7 +44,7 @@ def _posix_shm_fd() -> int:  # pragma: no cover - exercised only without memfd
 
     shm = shared_memory.SharedMemory(create=True, size=1)
     try:
-        return os.dup(shm._fd)  # noqa: SLF001 - the only handle to the object
+        return os.dup(shm._fd)  # type: ignore[attr-defined]  # noqa: SLF001 - the only handle
     finally:
         shm.close()
         shm.unlink()  # no name survives, so no segment can leak

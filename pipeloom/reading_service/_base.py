@@ -6,7 +6,7 @@ import abc
 from collections.abc import Iterator
 from typing import Any
 
-from ..datapipes import DataPipe
+from ..datapipes import IterDataPipe
 from ..graph import Placement
 
 __all__ = ["ReadingService"]
@@ -24,7 +24,7 @@ class ReadingService(abc.ABC):
     """
 
     @abc.abstractmethod
-    def initialize(self, pipeline: DataPipe) -> None:
+    def initialize(self, pipeline: IterDataPipe) -> None:
         """Plan placement for ``pipeline`` (seeded already); called once."""
 
     @abc.abstractmethod
@@ -39,5 +39,5 @@ class ReadingService(abc.ABC):
         """State of the running epoch, enough for ``start_epoch(epoch, state)`` to resume."""
         raise NotImplementedError(f"{type(self).__name__} cannot save a mid-epoch state yet")
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - optional hook, nothing to stop by default
         """Stop every thread and process the service started; idempotent."""

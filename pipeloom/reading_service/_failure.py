@@ -62,7 +62,7 @@ class Failure:
 def capture_failure(error: BaseException, worker: str) -> Failure:
     """Record ``error`` (raised while producing an item in ``worker``)."""
     exc_class: type | None = type(error)
-    if getattr(exc_class, "__module__", "") == "__main__" or "<locals>" in exc_class.__qualname__:
+    if type(error).__module__ == "__main__" or "<locals>" in type(error).__qualname__:
         exc_class = None  # not importable by the receiving process
     return Failure(
         worker=worker,

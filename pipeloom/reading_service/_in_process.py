@@ -36,7 +36,7 @@ class InProcessReadingService(ReadingService):
     def __init__(self) -> None:
         self._pipeline: IterDataPipe | None = None
 
-    def initialize(self, pipeline: DataPipe) -> None:
+    def initialize(self, pipeline: IterDataPipe) -> None:
         if not isinstance(pipeline, IterDataPipe):
             raise TypeError(f"expected an IterDataPipe, got {type(pipeline).__name__}")
         self._pipeline = pipeline

@@ -127,7 +127,7 @@ def _sharding_roots(pipeline: IterDataPipe) -> list[DataPipe]:
 
 
 def _single_exit(graph, in_workers: set[int]) -> IterDataPipe:
-    exits = []
+    exits: list[IterDataPipe] = []
     for parent_index, consumer_index in graph.edges:
         parent, consumer = graph.nodes[parent_index], graph.nodes[consumer_index]
         if id(parent) in in_workers and id(consumer) not in in_workers:

@@ -235,7 +235,7 @@ class _WorkerPool:
     def __init__(self, service: MultiProcessingReadingService) -> None:
         plan = service._plan
         assert plan is not None
-        context = multiprocessing.get_context(service.start_method)
+        context: Any = multiprocessing.get_context(service.start_method)
         count = service.num_workers
         seed = plan.exit._pl_seed or 0
         self.channels: list[_ProcessChannel] = []
@@ -343,9 +343,9 @@ def _worker_main(
             if worker_init_fn is not None and not _run_init(worker_init_fn, index, queue, label):
                 return
 
-        cancelled = []
+        cancelled: list[bool] = []
 
-        def put(message: Any) -> None:
+        def put(message: Any, cancelled: list = cancelled) -> None:
             if cancel.is_set():
                 cancelled.append(True)
                 raise _Cancelled

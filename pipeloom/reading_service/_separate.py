@@ -39,8 +39,9 @@ def split_separate_processes(
     ``forbidden`` (e.g. the workers' merge) may not be upstream of a marked
     block: its items can only be read in the main process.
     """
-    readers = []
-    for block in find(main, lambda b: b.is_separate_process()):
+    readers: list[SeparateProcessReader] = []
+    marked: list[Any] = find(main, lambda b: b.is_separate_process())
+    for block in marked:
         if not isinstance(block, IterDataPipe):
             raise TypeError(f"only iterable blocks can run in a separate process, got {block!r}")
         upstream = upstream_blocks(block)
@@ -51,7 +52,7 @@ def split_separate_processes(
                 f"sharding point, or drop the mark and let the workers run it"
             )
         reader = SeparateProcessReader(block, start_method=start_method, prefetch=prefetch)
-        main = replace(main, block, reader)
+        main = replace(main, block, reader)  # type: ignore[assignment]
         readers.append(reader)
     return main, readers
 
@@ -61,10 +62,10 @@ class SeparateProcessReader(IterDataPipe):
 
     def __init__(self, block: IterDataPipe, *, start_method: str | None, prefetch: int) -> None:
         self.block_repr = repr(block)
-        context = multiprocessing.get_context(start_method)
+        context: Any = multiprocessing.get_context(start_method)
         self._context = context
         self._payload: Any = block if context.get_start_method() == "fork" else dumps_pipeline(block)
-        self.prefetch = prefetch
+        self.capacity = prefetch
         self._process: Any = None
         self._queue: ProcessQueue | None = None
         self._finalizer: weakref.finalize | None = None
@@ -73,7 +74,7 @@ class SeparateProcessReader(IterDataPipe):
     def start(self, epoch: int) -> None:
         """Start the process for ``epoch`` (stopping a previous one)."""
         self.stop()
-        self._queue = ProcessQueue(capacity=self.prefetch, owner="consumer")
+        self._queue = ProcessQueue(capacity=self.capacity, owner="consumer")
         self._process = self._context.Process(
             target=_separate_main,
             args=(self._payload, self._queue, epoch, self.block_repr),

@@ -84,7 +84,7 @@ class ThreadReadingService(ReadingService):
         if state is not None:
             raise NotImplementedError("resuming a ThreadReadingService epoch is not supported yet")
         self._stop_epoch()
-        assert self._main is not None and self._merge is not None
+        assert self._main is not None and self._merge is not None and self._plan is not None
         self._epoch = _ThreadEpoch(self, epoch)
         self._merge.__init__(  # type: ignore[misc]
             self._epoch.channels, group_size=self._merge.group_size, in_order=self.in_order,

@@ -46,7 +46,7 @@ def apply_sharding(
     for root in traverse_roots(worker_pipe, root_indices):
         root.sharding_settings(total, index)
         if group_size != 1:
-            root.set_shard_group_size(group_size)
+            root.set_shard_group_size(group_size)  # type: ignore[attr-defined]
 
 
 def produce_epoch(

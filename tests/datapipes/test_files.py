@@ -9,7 +9,6 @@ import random
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from pipeloom.datapipes import (
     IterableWrapper,
