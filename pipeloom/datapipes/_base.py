@@ -142,6 +142,18 @@ class DataPipe:
     def sharding_settings(self, total: int, index: int) -> None:
         """Keep only shard ``index`` of ``total`` (called only on shardable blocks)."""
 
+    def resume_at(self, position: int) -> None:
+        """Skip, without producing them, the positions before ``position`` this epoch.
+
+        Called on a sharding point after ``reset()`` when a reading service
+        resumes an epoch mid-way: only the cheap part upstream is replayed.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} is a sharding point but cannot fast-forward to a "
+            f"position, so an epoch read through workers cannot resume mid-way; implement "
+            f"resume_at(position) on {type(self).__name__}"
+        )
+
     def is_separate_process(self) -> bool:
         """True when this block should run in a process of its own."""
         return False

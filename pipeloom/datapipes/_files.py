@@ -210,6 +210,7 @@ class StreamOpener(IterDataPipe):
         self.source = source
         self._total, self._index = 1, 0
         self._position = 0  # items pulled from source this epoch
+        self._resume_from = 0  # positions before it are skipped unopened (resume)
         self._handed: list[tuple[int, str, IO[Any]]] = []  # streams given out, maybe open
         self._replay: list[tuple[int, str]] = []  # to re-open first after a resume
         self._guard: weakref.finalize | None = None
@@ -247,7 +248,7 @@ class StreamOpener(IterDataPipe):
                 raw = self.source.async_next()
                 position = self._position
                 self._position = position + 1
-                if position % self._total == self._index:
+                if position >= self._resume_from and position % self._total == self._index:
                     break
             path = self._check(raw)
             stream = self._open(path)
@@ -272,7 +273,12 @@ class StreamOpener(IterDataPipe):
     def reset(self) -> None:
         self.close()
         self._position = 0
+        self._resume_from = 0
         self._replay = []
+
+    def resume_at(self, position: int) -> None:
+        """Skip the paths before ``position`` without opening them."""
+        self._resume_from = position
 
     def __len__(self) -> int:
         size = len(self.source)

@@ -47,6 +47,7 @@ class ShardingFilter(IterDataPipe):
         self.index = 0
         self.group_size = 1
         self._position = 0
+        self._resume_from = 0
 
     def is_shardable(self) -> bool:
         return True
@@ -69,6 +70,11 @@ class ShardingFilter(IterDataPipe):
 
     def reset(self) -> None:
         self._position = 0
+        self._resume_from = 0
+
+    def resume_at(self, position: int) -> None:
+        """Drop every item before ``position`` (the prefix is replayed, not processed)."""
+        self._resume_from = position
 
     def async_next(self) -> Any:
         source = self.source
@@ -77,6 +83,8 @@ class ShardingFilter(IterDataPipe):
             item = source.async_next()
             position = self._position
             self._position = position + 1
+            if position < self._resume_from:
+                continue
             if total == 1 or (position // group) % total == index:
                 stamp_item(self.epoch_seed(), self._pl_epoch, position)
                 return item

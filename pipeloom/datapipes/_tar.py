@@ -1,8 +1,9 @@
 """Read tar shards member by member, streaming (``load_from_tar``).
 
-The archive is read front to back (``tarfile`` stream mode ``"r|..."``), so
-any file object works: local files, HTTP responses, fsspec streams. Each
-regular member comes out as ``(f"{shard}/{member}", bytes)``.
+The archive is read front to back and never seeked, so any file object works:
+local files, HTTP responses, fsspec streams. Each regular member comes out as
+``(f"{shard}/{member}", bytes)``. Headers are parsed by :class:`TarStream`
+(``_tarstream.py``), a lean reader giving the same members as ``tarfile``.
 
 A truncated or corrupted shard raises ``tarfile.ReadError`` naming the shard,
 the member count and the byte offset (a missing end-of-archive marker counts
@@ -24,6 +25,9 @@ Example:
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import lzma
 import tarfile
 import warnings
 import zlib
@@ -32,11 +36,13 @@ from typing import IO, Any
 
 from ._base import IterDataPipe
 from ._files import StreamReader
+from ._tarstream import ChainedReader, TarStream
 
 __all__ = ["TarArchiveLoader", "TarMemberPath"]
 
 _MODES = ("r|", "r|*", "r|gz", "r|bz2", "r|xz", "r", "r:", "r:*", "r:gz", "r:bz2", "r:xz")
 _ON_ERROR = ("raise", "skip", "warn")
+_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
 
 
 class TarMemberPath(str):
@@ -59,27 +65,41 @@ class TarMemberPath(str):
         return TarMemberPath, (self.shard, self.member)
 
 
-class _StrictTarInfo(tarfile.TarInfo):
-    """Treats a truncated or invalid header as an error, not as the end of the archive."""
-
-    @classmethod
-    def fromtarfile(cls, tar: tarfile.TarFile) -> tarfile.TarInfo:
-        try:
-            return super().fromtarfile(tar)
-        except tarfile.EOFHeaderError:
-            raise  # the end-of-archive marker: a complete archive
-        except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):
-            raise tarfile.ReadError(
-                "unexpected end of data (truncated: no end-of-archive marker)"
-            ) from None
-        except tarfile.InvalidHeaderError as error:
-            raise tarfile.ReadError(f"invalid member header ({error})") from None
+_MAGIC = (  # (decompressor, first bytes), as tarfile's "r|*" detects them
+    ("gzip", b"\x1f\x8b\x08"), ("bz2", b"BZh"), ("lzma", b"\xfd7zXZ\x00"),
+    ("lzma", b"\x5d\x00\x00\x80"),
+)
+_COMPRESSION = {"gz": "gzip", "bz2": "bz2", "xz": "lzma"}
 
 
-def _seekable(stream: IO[bytes]) -> bool:
+def _decompressed(stream: IO[bytes], module: str) -> IO[bytes]:
+    if module == "gzip":
+        return gzip.GzipFile(fileobj=stream, mode="rb")
+    if module == "bz2":
+        return bz2.BZ2File(stream)
+    return lzma.LZMAFile(stream)
+
+
+def _open(stream: IO[bytes], mode: str) -> tuple[TarStream, IO[bytes] | None]:
+    """A TarStream over ``stream``, decompressed as ``mode`` says (and the decompressor)."""
+    compression = mode[2:] if len(mode) > 2 else "*"
+    if compression in _COMPRESSION:
+        inner = _decompressed(stream, _COMPRESSION[compression])
+        return TarStream(inner), inner
+    if mode in ("r|", "r:"):
+        return TarStream(stream), None
+    head = stream.read(tarfile.BLOCKSIZE)  # "r", "r|*", "r:*": a tar header, or compressed data?
+    for module, magic in _MAGIC:
+        if head.startswith(magic) and not _is_header(head):
+            inner = _decompressed(ChainedReader(head, stream.read), module)  # type: ignore[arg-type]
+            return TarStream(inner), inner
+    return TarStream(stream, head), None
+
+
+def _is_header(block: bytes) -> bool:
     try:
-        return bool(stream.seekable()) and stream.tell() == 0
-    except (AttributeError, OSError, ValueError):
+        return len(block) == tarfile.BLOCKSIZE and tarfile.nti(block[148:156]) in tarfile.calc_chksums(block)
+    except tarfile.HeaderError:
         return False
 
 
@@ -88,10 +108,9 @@ class TarArchiveLoader(StreamReader):
 
     Args:
         source: a block yielding ``(shard_path, stream)``, e.g. ``open_files("rb")``.
-        mode: a ``tarfile`` read mode; ``"r|"`` / ``"r|*"`` stream (no seeking;
-            ``"r|*"`` also reads gzip/bz2/xz), ``"r:*"`` needs a seekable file.
-            A seekable stream (a local file) is read with the matching ``"r:"``
-            mode, which gives the same members with fewer copies.
+        mode: a ``tarfile`` read mode. None of them seeks: ``"r|"`` and ``"r:"``
+            read plain tars, ``"r|*"``, ``"r:*"`` and ``"r"`` also detect
+            gzip/bz2/xz, ``"r|gz"`` etc. name the compression.
         on_error: ``"raise"`` (default), ``"warn"`` or ``"skip"`` — what to do
             with a corrupted or truncated shard; the last two drop the rest of
             the shard and continue with the next one.
@@ -114,38 +133,35 @@ class TarArchiveLoader(StreamReader):
         self.on_error = on_error
 
     def _read(self, path: str, stream: IO[bytes], skip: int) -> Iterator[tuple[str, bytes]]:
-        count, tar = 0, None
+        reader = inner = None
         try:
-            mode = self.mode
-            if mode in ("r|", "r|*") and _seekable(stream):
-                mode = mode.replace("|", ":")  # same members, fewer copies than stream mode
-            tar = tarfile.open(fileobj=stream, mode=mode, tarinfo=_StrictTarInfo)
-            while (member := tar.next()) is not None:
-                if not member.isfile():
-                    continue
-                count += 1
-                if count <= skip:
-                    continue
-                handle = tar.extractfile(member)
-                yield TarMemberPath(path, member.name), handle.read() if handle else b""
-        except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
-            offset = tar.offset if tar is not None else 0
-            what = "is not a readable tar archive" if tar is None else "is corrupted or truncated"
-            message = (
-                f"tar shard {path!r} {what}: {error} (at byte offset {offset}, after "
-                f"{count} member(s); mode={self.mode!r})"
-            )
-            if self.on_error == "raise":
-                raise tarfile.ReadError(
-                    message + "; pass on_error='warn' or 'skip' to drop the rest of "
-                    "the shard and continue"
-                ) from error
-            if self.on_error == "warn":
-                warnings.warn(message + "; skipping the rest of this shard", UserWarning,
-                              stacklevel=2)
+            reader, inner = _open(stream, self.mode)
+            for member, data in reader.members(skip):
+                yield TarMemberPath(path, member), data
+        except _ERRORS as error:
+            self._failed(path, error, reader)
         finally:
-            if tar is not None:
-                tar.close()
+            if inner is not None:
+                inner.close()
+
+    def _failed(self, path: str, error: BaseException, reader: TarStream | None) -> None:
+        started = reader is not None and reader.started
+        what = "is corrupted or truncated" if started else "is not a readable tar archive"
+        if not started and self.mode in ("r|", "r:") and "header" in str(error):
+            what += " (if it is compressed, use mode='r|*')"
+        offset, count = (reader.offset, reader.count) if reader is not None else (0, 0)
+        message = (
+            f"tar shard {path!r} {what}: {error} (at byte offset {offset}, after "
+            f"{count} member(s); mode={self.mode!r})"
+        )
+        if self.on_error == "raise":
+            raise tarfile.ReadError(
+                message + "; pass on_error='warn' or 'skip' to drop the rest of "
+                "the shard and continue"
+            ) from error
+        if self.on_error == "warn":
+            warnings.warn(message + "; skipping the rest of this shard", UserWarning,
+                          stacklevel=3)
 
     def __repr__(self) -> str:
         return f"TarArchiveLoader(mode={self.mode!r}, on_error={self.on_error!r})"

@@ -176,6 +176,10 @@ class MapToIter(IterDataPipe):
         _check_shard(total, index)
         self.num_shards, self.shard_index = total, index
 
+    def resume_at(self, position: int) -> None:
+        """Start this epoch at index ``position`` (the first of this shard's at or after it)."""
+        self._index = self._first_index_from(position)
+
     def set_shard_group_size(self, group_size: int) -> None:
         """Give runs of ``group_size`` consecutive indices to the same shard."""
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:

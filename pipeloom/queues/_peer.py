@@ -43,14 +43,31 @@ def open_pidfd(pid: int) -> int | None:
         return None
 
 
+_EXIT_GRACE = 1.0  # seconds to wait for a peer whose socket closed to finish exiting
+
+
+def _exit_status(pid: int):
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (ChildProcessError, OSError):
+        return None
+
+
 def describe_exit(role: str, pid: int | None) -> str:
     """E.g. ``"producer process 1234 exited with signal SIGKILL"``."""
     if pid is None:
         return f"the {role} process exited or closed its end without closing the queue"
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except (ChildProcessError, OSError):
-        info = None
+    info = _exit_status(pid)
+    if info is None:
+        # The peer's socket closes during its exit, a moment before the kernel
+        # publishes its status: wait (on its pidfd, briefly) for the exit to finish.
+        pidfd = open_pidfd(pid)
+        if pidfd is not None:
+            try:
+                wait_readable([pidfd], _EXIT_GRACE)
+            finally:
+                os.close(pidfd)
+            info = _exit_status(pid)
     if info is None:
         return f"{role} process {pid} exited without closing the queue"
     if info.si_code == os.CLD_EXITED:

@@ -14,6 +14,7 @@ from ..datapipes import (
     reset_pipeline,
     set_pipeline_epoch,
 )
+from ..errors import StateError
 from ..graph import Placement
 from ._base import ReadingService
 
@@ -46,6 +47,11 @@ class InProcessReadingService(ReadingService):
         set_pipeline_epoch(pipeline, epoch)
         reset_pipeline(pipeline)
         if state is not None:
+            if state.get("kind") != "in-process":
+                raise StateError(
+                    f"this state was saved by a {state.get('kind', 'different')} reading "
+                    f"service; the in-process service resumes only in-process states"
+                )
             load_pipeline_state_dict(pipeline, state["pipeline"])
         return drain(pipeline)
 
@@ -53,7 +59,7 @@ class InProcessReadingService(ReadingService):
         return Placement.uniform(self._require_pipeline(), "main thread")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pipeline": pipeline_state_dict(self._require_pipeline())}
+        return {"kind": "in-process", "pipeline": pipeline_state_dict(self._require_pipeline())}
 
     def _require_pipeline(self) -> IterDataPipe:
         if self._pipeline is None:

@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ..datapipes import IterDataPipe
+from ..datapipes import IterDataPipe, load_pipeline_state_dict, pipeline_state_dict
 from ..datapipes._context import restore_stamp
-from ..errors import NotAvailable
+from ..errors import NotAvailable, StateError
 from ..events import ReadinessSource
 from ._failure import Failure
 
-__all__ = ["END", "WorkerChannel", "WorkerMerge"]
+__all__ = ["END", "WorkerChannel", "WorkerMerge", "load_tail_state", "tail_state"]
 
 
 class _End:
@@ -50,26 +50,28 @@ class WorkerChannel(Protocol):
 class WorkerMerge(IterDataPipe):
     """The workers' outputs as one stream, in source-position order."""
 
-    def __init__(
-        self,
-        channels: Sequence[WorkerChannel],
-        *,
-        group_size: int = 1,
-        in_order: bool = True,
-        seed: int | None = None,
-        epoch: int = 0,
-        start_position: int = 0,
-    ) -> None:
-        self.channels = list(channels)
+    def __init__(self, *, group_size: int = 1, in_order: bool = True) -> None:
         self.group_size = group_size
         self.in_order = in_order
-        self._stamp_seed = seed
-        self._stamp_epoch = epoch
-        self._position = start_position
+        self.channels: list[WorkerChannel] = []
+        self._stamp_seed: int | None = None
+        self._stamp_epoch = 0
+        self.reset()
+
+    def attach(self, channels: Sequence[WorkerChannel], *, seed: int | None, epoch: int) -> None:
+        """Read this epoch from ``channels``, stamping items with ``seed`` and ``epoch``."""
+        self.channels = list(channels)
         self._heads: list[Any] = [None] * len(self.channels)
         self._ended = [False] * len(self.channels)
+        self._stamp_seed, self._stamp_epoch = seed, epoch
+
+    def reset(self) -> None:
+        self._position = 0
+        self._delivered_here = 0  # outputs delivered at self._position
+        self._skip_here = 0  # outputs at self._position already delivered before a resume
         self._next_channel = 0
-        self.delivered = 0
+        self._heads = [None] * len(self.channels)
+        self._ended = [False] * len(self.channels)
 
     def readiness_sources(self) -> Sequence[ReadinessSource]:
         return [source for channel in self.channels for source in channel.readiness()]
@@ -80,7 +82,6 @@ class WorkerMerge(IterDataPipe):
         else:
             position, draws, item = self._next_any()
         restore_stamp((self._stamp_seed, self._stamp_epoch, position, draws))
-        self.delivered += 1
         return item
 
     def _head(self, worker: int) -> Any:
@@ -108,8 +109,14 @@ class WorkerMerge(IterDataPipe):
                 continue
             if head[0] > position:
                 self._position = position + 1
+                self._delivered_here = self._skip_here = 0
                 continue
             self._heads[owner] = None
+            if self._skip_here:  # delivered before the checkpoint this resumes from
+                self._skip_here -= 1
+                self._delivered_here += 1
+                continue
+            self._delivered_here += 1
             return head
 
     def _next_any(self) -> tuple[int, int, Any]:
@@ -131,8 +138,40 @@ class WorkerMerge(IterDataPipe):
             raise StopIteration
         raise NotAvailable
 
+    @property
+    def resume_position(self) -> int:
+        """The first position workers must produce again after a resume."""
+        return self._position
+
     def state_dict(self) -> dict[str, Any]:
-        return {"delivered": self.delivered}
+        if not self.in_order:
+            raise StateError(
+                "a reading service with in_order=False delivers items in arrival order, "
+                "which cannot be replayed; use in_order=True (the default) to checkpoint"
+            )
+        return {"position": self._position, "delivered_here": self._delivered_here}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._position = int(state["position"])
+        self._skip_here = int(state["delivered_here"])
+        self._delivered_here = 0
 
     def __repr__(self) -> str:
         return f"WorkerMerge(workers={len(self.channels)}, in_order={self.in_order})"
+
+
+def tail_state(main: IterDataPipe) -> dict[str, Any]:
+    """The state of the main process's part (the merge included) of a worker-based epoch."""
+    return {"kind": "workers", "tail": pipeline_state_dict(main)}
+
+
+def load_tail_state(main: IterDataPipe, state: dict[str, Any]) -> None:
+    """Restore :func:`tail_state` into the main part (after it was reset)."""
+    kind = state.get("kind") if isinstance(state, dict) else None
+    if kind != "workers":
+        raise StateError(
+            f"this state was saved by a {kind or 'different'} reading service; a thread or "
+            f"process service can only resume a state saved by a thread or process service "
+            f"(with num_workers > 0)"
+        )
+    load_pipeline_state_dict(main, state["tail"])

@@ -13,7 +13,7 @@ from ..graph import Placement
 from ..queues import ThreadQueue
 from ._base import ReadingService
 from ._in_process import InProcessReadingService, drain
-from ._merge import WorkerMerge
+from ._merge import WorkerMerge, load_tail_state, tail_state
 from ._plan import WorkerPlan, plan_workers, root_epoch_seed
 from ._separate import split_separate_processes
 from ._worker_info import WorkerInfo, set_thread_worker_info
@@ -67,7 +67,7 @@ class ThreadReadingService(ReadingService):
             self._inline.initialize(pipeline)
             return
         plan = plan_workers(pipeline)
-        merge = WorkerMerge([], group_size=plan.group_size, in_order=self.in_order)
+        merge = WorkerMerge(group_size=plan.group_size, in_order=self.in_order)
         main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
         self._main, self._separate = split_separate_processes(
             main, start_method=None, prefetch=self.prefetch_factor, forbidden=merge
@@ -81,21 +81,26 @@ class ThreadReadingService(ReadingService):
     def start_epoch(self, epoch: int, state: dict[str, Any] | None = None) -> Iterator[Any]:
         if self._inline is not None:
             return self._inline.start_epoch(epoch, state)
-        if state is not None:
-            raise NotImplementedError("resuming a ThreadReadingService epoch is not supported yet")
         self._stop_epoch()
         assert self._main is not None and self._merge is not None and self._plan is not None
-        self._epoch = _ThreadEpoch(self, epoch)
-        self._merge.__init__(  # type: ignore[misc]
-            self._epoch.channels, group_size=self._merge.group_size, in_order=self.in_order,
-            seed=root_epoch_seed(self._plan, epoch), epoch=epoch,
-        )
         set_pipeline_epoch(self._main, epoch)
         reset_pipeline(self._main)
+        resume = None
+        if state is not None:
+            load_tail_state(self._main, state)
+            resume = (self._plan.root_indices, self._merge.resume_position)
+        self._epoch = _ThreadEpoch(self, epoch, resume)
+        self._merge.attach(self._epoch.channels, seed=root_epoch_seed(self._plan, epoch), epoch=epoch)
         for reader in self._separate:
             reader.start(epoch)
         self._epoch.start()
         return drain(self._main, on_close=lambda finished: self._stop_epoch())
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._inline is not None:
+            return self._inline.state_dict()
+        assert self._main is not None
+        return tail_state(self._main)
 
     def placement(self) -> Placement:
         if self._inline is not None:
@@ -131,14 +136,16 @@ class _QueueChannel:
 class _ThreadEpoch:
     """The threads and queues of one epoch."""
 
-    def __init__(self, service: ThreadReadingService, epoch: int) -> None:
+    def __init__(
+        self, service: ThreadReadingService, epoch: int, resume: tuple[tuple[int, ...], int] | None
+    ) -> None:
         count = service.num_threads
         self.queues = [ThreadQueue(capacity=service.prefetch_factor) for _ in range(count)]
         self.channels = [_QueueChannel(q) for q in self.queues]
         self.threads = [
             threading.Thread(
                 target=_run_worker,
-                args=(service._worker_pipes[i], self.queues[i], epoch, i, count, service._seed),
+                args=(service._worker_pipes[i], self.queues[i], epoch, i, count, service._seed, resume),
                 name=f"pipeloom-worker-{i}",
                 daemon=True,
             )
@@ -158,10 +165,18 @@ class _ThreadEpoch:
 
 
 def _run_worker(
-    pipe: IterDataPipe, queue: ThreadQueue, epoch: int, index: int, count: int, seed: int
+    pipe: IterDataPipe,
+    queue: ThreadQueue,
+    epoch: int,
+    index: int,
+    count: int,
+    seed: int,
+    resume: tuple[tuple[int, ...], int] | None,
 ) -> None:
     set_thread_worker_info(WorkerInfo(index, count, worker_seed(seed, epoch, index), pipe))
     try:
-        produce_epoch(pipe, queue.put, epoch=epoch, worker_label=f"worker thread {index}")
+        produce_epoch(
+            pipe, queue.put, epoch=epoch, worker_label=f"worker thread {index}", resume=resume
+        )
     finally:
         set_thread_worker_info(None)

@@ -57,9 +57,11 @@ def produce_epoch(
     worker_label: str,
     state: dict | None = None,
     full_stamp: bool = False,
+    resume: tuple[tuple[int, ...], int] | None = None,
 ) -> None:
     """Send ``(position, draws, item)`` for every output of ``pipe`` this epoch, then END.
 
+    ``resume=(root_indices, position)`` starts the epoch at ``position``.
     With ``full_stamp`` the message is ``(stamp, item)`` instead, the stamp
     being ``(seed, epoch, position, draws)``. An exception from the pipeline is sent as a ``Failure`` instead; a closed
     queue (the consumer stopped) ends the epoch quietly.
@@ -72,6 +74,10 @@ def produce_epoch(
             from ..datapipes import load_pipeline_state_dict
 
             load_pipeline_state_dict(pipe, state)
+        if resume is not None:  # fast-forward the sharding roots (only the prefix replays)
+            root_indices, position = resume
+            for root in traverse_roots(pipe, root_indices):
+                root.resume_at(position)
         reader = BlockingReader(pipe)
         while True:
             try:

@@ -66,3 +66,8 @@ def draws_on_both_sides_of_the_merge(n: int = 30):
         .batch(3)
         .map(lambda batch: (batch, int(item_rng().integers(1000))))
     )
+
+
+def batched_in_workers(n: int = 37):
+    """map is one-to-one, so batch and collate run in the workers."""
+    return IterableWrapper(range(n)).shuffle().sharding_filter().map(draw).batch(4).map(tuple)

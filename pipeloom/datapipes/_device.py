@@ -1,0 +1,327 @@
+"""Pinning and device copies that run one batch ahead of the consumer.
+
+``PinMemory`` and ``ToDevice`` are :class:`Prefetcher` blocks whose thread also
+prepares each item: it pins host memory, or copies the item to the device on a
+CUDA stream of its own and records an event. The consumer makes its current
+stream wait on that event and marks the tensors as used by that stream, so the
+copy of batch k+1 overlaps the model's work on batch k and no memory is reused
+early. Without CUDA (or for ``"cpu"``) the blocks still run ahead but leave the
+tensors as they are. They run in the main process (``per_item`` stays False).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import copy
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import torch
+from torch.utils.data._utils.pin_memory import pin_memory as _pin_structure
+
+from ._base import IterDataPipe
+from ._prefetch import _STOPPED, Prefetcher, _Worker
+
+__all__ = ["PinMemory", "ToDevice"]
+
+Device = str | torch.device | int
+_Copier: TypeAlias = "_PinCopier | _DeviceCopier"
+
+
+class _DeviceBlock(Prefetcher):
+    """A prefetcher whose thread passes each item through ``copier``."""
+
+    inputs = ("source",)
+
+    def __init__(self, source: IterDataPipe, copier: _Copier, buffer_size: int) -> None:
+        super().__init__(source, buffer_size)
+        self._copier = copier
+
+    def async_next(self) -> Any:
+        return super().async_next().deliver()
+
+    def _start(self) -> _Worker:
+        worker = self._worker
+        if worker is None:
+            worker = self._start_paused()
+        worker.start()
+        return worker
+
+    def _start_paused(self) -> _Worker:
+        self._copier.bind()
+        worker = _CopyWorker(self.source, self.buffer_size, self._signal, repr(self), self._copier)
+        self._worker = worker
+        self._finalizer = weakref.finalize(self, worker.stop)
+        return worker
+
+    def state_dict(self) -> dict[str, Any]:
+        """Pause the thread; save the buffered items as host (CPU) data."""
+        state = super().state_dict()
+        items = [(ready.to_host(), stamp) for ready, stamp in state["items"]]
+        return {"items": items, "ended": state["ended"]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Prepare the saved items again (pin / copy them) before the thread restarts."""
+        self._copier.bind()
+        items = [(self._copier(item), stamp) for item, stamp in state["items"]]
+        super().load_state_dict({"items": items, "ended": state["ended"]})
+
+
+class PinMemory(_DeviceBlock):
+    """Copy tensors into pinned (page-locked) host memory, ahead, in a thread.
+
+    Functional: ``pin_memory``. Nested dicts, lists, tuples and namedtuples are
+    walked by ``torch.utils.data``'s own ``pin_memory``, which also calls the
+    ``pin_memory()`` method of custom batch objects; other leaves pass through.
+    Without CUDA, or with ``device="cpu"``, nothing is pinned (torch would warn)
+    and items pass through unchanged; the block still runs ``buffer_size``
+    items ahead. The state holds the buffered items.
+
+    Args:
+        source: the upstream block.
+        device: the CUDA device the memory is pinned for (``None``: the current
+            one when CUDA is available), or ``"cpu"`` for a pass-through.
+        buffer_size: items prepared ahead (2: double buffering).
+
+    Example:
+        >>> import torch
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> batches = [{"x": torch.ones(2)}, {"x": torch.zeros(2)}]
+        >>> [b["x"].tolist() for b in PinMemory(IterableWrapper(batches))]
+        [[1.0, 1.0], [0.0, 0.0]]
+    """
+
+    def __init__(
+        self, source: IterDataPipe, device: Device | None = None, buffer_size: int = 2
+    ) -> None:
+        self.device = None if device is None else _check_device(device, "pin_memory")
+        if self.device is not None and self.device.type not in ("cpu", "cuda"):
+            raise ValueError(
+                f"pin_memory pins host memory for copies to a CUDA device, got "
+                f"device={device!r}; use device=None, 'cuda' or 'cuda:<index>', or "
+                f".to_device({str(self.device)!r}) without pin_memory()"
+            )
+        target = self.device
+        if target is None and torch.cuda.is_available():
+            target = torch.device("cuda")
+        super().__init__(source, _PinCopier(target), buffer_size)
+
+    def __repr__(self) -> str:
+        device = None if self.device is None else str(self.device)
+        return f"PinMemory(device={device!r}, buffer_size={self.buffer_size})"
+
+
+class ToDevice(_DeviceBlock):
+    """Move tensors to ``device``, ahead, in a thread (functional: ``to_device``).
+
+    Nested dicts, lists, tuples and namedtuples are rebuilt with each tensor
+    moved by ``tensor.to(device)``; other leaves pass through unchanged. On
+    CUDA the thread pins unpinned tensors (when ``non_blocking``), copies on a
+    stream of its own and records an event; the consumer's current stream
+    waits on it, and each tensor is ``record_stream``-ed so the caching
+    allocator does not reuse its memory early. The state holds the buffered
+    items copied back to the CPU; loading copies them to the device again.
+
+    Args:
+        source: the upstream block.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device`` or a
+            CUDA index.
+        non_blocking: copy asynchronously from pinned memory (CUDA only).
+        buffer_size: items copied ahead (2: double buffering).
+
+    Example:
+        >>> import torch
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> out = list(ToDevice(IterableWrapper([(torch.ones(2), "a")]), "cpu"))
+        >>> out[0][0].device, out[0][1]
+        (device(type='cpu'), 'a')
+    """
+
+    def __init__(
+        self, source: IterDataPipe, device: Device, non_blocking: bool = True, buffer_size: int = 2
+    ) -> None:
+        if not isinstance(non_blocking, bool):
+            raise TypeError(
+                f"non_blocking must be a bool, got {type(non_blocking).__name__} "
+                f"{non_blocking!r}; use non_blocking=True to overlap copies with compute"
+            )
+        self.device = _check_device(device, "to_device")
+        self.non_blocking = non_blocking
+        super().__init__(source, _DeviceCopier(self.device, non_blocking), buffer_size)
+
+    def __repr__(self) -> str:
+        return (
+            f"ToDevice(device={str(self.device)!r}, non_blocking={self.non_blocking}, "
+            f"buffer_size={self.buffer_size})"
+        )
+
+
+def _check_device(device: Any, what: str) -> torch.device:
+    """``device`` as a ``torch.device`` that exists on this machine, or a clear error."""
+    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+        raise TypeError(
+            f"{what} device must be a str, torch.device or int (a CUDA index), got "
+            f"{type(device).__name__} {device!r}; write e.g. device='cuda:0' or device='cpu'"
+        )
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"{what} device index must be >= 0, got {device}; e.g. 0 is 'cuda:0'")
+    try:
+        target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(
+            f"{what}(device={device!r}): torch does not know this device ({error}); "
+            f"use 'cpu', 'cuda' or 'cuda:<index>'"
+        ) from None
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"{what}(device={device!r}) needs CUDA, but torch.cuda.is_available() is "
+                f"False on this machine; use device='cpu', or run on a machine with a GPU"
+            )
+        count = torch.cuda.device_count()
+        if target.index is not None and target.index >= count:
+            raise ValueError(
+                f"{what}(device={device!r}) asks for CUDA device {target.index}, but this "
+                f"machine has {count} (indices 0..{count - 1}); use an index below {count}"
+            )
+    elif target.type != "cpu":
+        module = getattr(torch, target.type, None)
+        if not getattr(module, "is_available", lambda: False)():
+            raise ValueError(
+                f"{what}(device={device!r}): no available {target.type!r} device on this "
+                f"machine (pipeloom checks torch.{target.type}.is_available()); use 'cpu' "
+                f"or 'cuda'"
+            )
+    return target
+
+
+class _Ready:
+    """A prepared item; on CUDA also the event its copy recorded and its tensors."""
+
+    __slots__ = ("data", "event", "tensors")
+
+    def __init__(self, data: Any, event: Any = None, tensors: list[torch.Tensor] | None = None):
+        self.data, self.event, self.tensors = data, event, tensors
+
+    def deliver(self) -> Any:
+        """The data, safe to use on the calling thread's current CUDA stream."""
+        if self.event is not None and self.tensors:
+            stream = torch.cuda.current_stream(self.tensors[0].device)
+            stream.wait_event(self.event)
+            for tensor in self.tensors:
+                tensor.record_stream(stream)
+        return self.data
+
+    def to_host(self) -> Any:
+        """The data with device tensors copied back to the CPU (for a state dict)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return apply_to_tensors(self.data, lambda t: t.to("cpu"))
+
+
+class _PinCopier:
+    """What the thread does to each item (``bind`` runs in the consumer's thread)."""
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.device = device if device is not None and device.type == "cuda" else None
+
+    def bind(self) -> None:
+        if self.device is not None and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def __call__(self, item: Any) -> _Ready:
+        if self.device is None:
+            return _Ready(item)
+        with torch.cuda.device(self.device):
+            return _Ready(_pin_structure(item))
+
+
+class _DeviceCopier:
+    def __init__(self, device: torch.device, non_blocking: bool) -> None:
+        self.device = device
+        self.non_blocking = non_blocking
+        self._stream: torch.cuda.Stream | None = None
+
+    def bind(self) -> None:
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def __call__(self, item: Any) -> _Ready:
+        if self.device.type != "cuda":  # CPU (a no-op for CPU tensors) or another accelerator
+            return _Ready(apply_to_tensors(item, lambda t: t.to(self.device)))
+        stream = self._stream
+        if stream is None:
+            stream = self._stream = torch.cuda.Stream(self.device)
+        moved: list[torch.Tensor] = []
+
+        def move(tensor: torch.Tensor) -> torch.Tensor:
+            if tensor.device.type == "cpu" and self.non_blocking:
+                tensor = tensor.pin_memory()
+            elif tensor.is_cuda and tensor.device != self.device:  # peer copy: wait for it
+                stream.wait_stream(torch.cuda.current_stream(tensor.device))
+            moved.append(tensor.to(self.device, non_blocking=self.non_blocking))
+            return moved[-1]
+
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            data = apply_to_tensors(item, move)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return _Ready(data, event, moved)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_stream": None}
+
+
+class _CopyWorker(_Worker):
+    """The prefetch thread, preparing each item right after pulling it."""
+
+    def __init__(self, source, buffer_size, signal, owner, copier: _Copier) -> None:
+        super().__init__(source, buffer_size, signal, owner)
+        self.copier = copier
+
+    def _pull(self) -> Any:
+        item = super()._pull()
+        return item if item is _STOPPED else self.copier(item)
+
+
+def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``data`` rebuilt with ``fn`` applied to each tensor, walked like torch's ``pin_memory``.
+
+    Mappings, namedtuples, tuples and sequences are rebuilt (keeping their type
+    where it can be rebuilt); strings, bytes and other leaves are returned as is.
+
+    >>> apply_to_tensors({"a": [torch.ones(1)], "b": "s"}, lambda t: t * 2)
+    {'a': [tensor([2.])], 'b': 's'}
+    """
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, (str, bytes, bytearray)):
+        return data
+    if isinstance(data, collections.abc.Mapping):
+        values = {key: apply_to_tensors(value, fn) for key, value in data.items()}
+        try:
+            if isinstance(data, collections.abc.MutableMapping):
+                clone = copy.copy(data)  # keeps the type and its extra attributes
+                clone.update(values)
+                return clone
+            return type(data)(values)  # type: ignore[call-arg]
+        except TypeError:
+            return values
+    if isinstance(data, tuple):
+        if hasattr(data, "_fields"):  # namedtuple
+            return type(data)(*(apply_to_tensors(value, fn) for value in data))
+        return type(data)(apply_to_tensors(value, fn) for value in data)
+    if isinstance(data, collections.abc.Sequence):
+        values = [apply_to_tensors(value, fn) for value in data]
+        try:
+            if isinstance(data, collections.abc.MutableSequence):
+                clone = copy.copy(data)  # type: ignore[arg-type]
+                for index, value in enumerate(values):
+                    clone[index] = value
+                return clone
+            return type(data)(values)  # type: ignore[call-arg]
+        except TypeError:
+            return values
+    return data

@@ -1,0 +1,296 @@
+"""A fast forward-only reader of tar archives, used by ``load_from_tar``.
+
+``tarfile`` builds a ``TarInfo`` with a dozen parsed fields for every member
+(~10 µs each); a shard of small files spends most of its time there. This
+reader parses only what a data loader needs (name, size, type) from each
+512-byte header, checks the header checksum, and reads each payload with one
+``read(size)``. It never seeks, so non-seekable streams (HTTP) work.
+
+It gives the same members as ``tarfile`` for ustar, GNU (``L``/``K`` long
+names) and pax (``x``/``g`` headers) archives, e.g. those written by
+``tarfile`` in any format or by ``webdataset.TarWriter``. Anything rarer
+(sparse files) is handed to ``tarfile`` from that member on. Unlike
+``tarfile``, a missing end-of-archive marker is an error (truncation).
+
+Example:
+    >>> import io, tarfile
+    >>> buffer = io.BytesIO()
+    >>> with tarfile.open(fileobj=buffer, mode="w") as tar:
+    ...     info = tarfile.TarInfo("a/" + "x" * 120 + ".txt"); info.size = 2
+    ...     tar.addfile(info, io.BytesIO(b"hi"))
+    >>> [(len(name), data) for name, data in TarStream(io.BytesIO(buffer.getvalue())).members()]
+    [(126, b'hi')]
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+from collections.abc import Iterator
+from typing import IO, Any
+from zlib import adler32
+
+__all__ = ["ChainedReader", "StrictTarInfo", "TarStream"]
+
+_BLOCK = 512
+_ZERO = bytes(_BLOCK)
+_ENCODING = tarfile.ENCODING
+_REGULAR = frozenset(tarfile.REGULAR_TYPES) - {tarfile.GNUTYPE_SPARSE}
+_NO_DATA = frozenset(tarfile.SUPPORTED_TYPES) - frozenset(tarfile.REGULAR_TYPES)
+_PREAMBLE = frozenset((tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+                       tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE))
+_PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
+_PAX_CHARSET = re.compile(rb"\d+ hdrcharset=([^\n]+)\n")
+_TRUNCATED = "unexpected end of data (truncated: no end-of-archive marker)"
+
+
+class StrictTarInfo(tarfile.TarInfo):
+    """Treats a truncated or invalid header as an error, not as the end of the archive."""
+
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        try:
+            return super().fromtarfile(tar)
+        except tarfile.EOFHeaderError:
+            raise  # the end-of-archive marker: a complete archive
+        except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):
+            raise tarfile.ReadError(_TRUNCATED) from None
+        except tarfile.InvalidHeaderError as error:
+            raise tarfile.ReadError(f"invalid member header ({error})") from None
+
+
+def _text(field: bytes) -> str:
+    """``tarfile.nts``: up to the first NUL, decoded as ``tarfile`` decodes names."""
+    end = field.find(0)
+    return (field if end < 0 else field[:end]).decode(_ENCODING, "surrogateescape")
+
+
+def _number(field: bytes) -> int:
+    """``tarfile.nti``: an octal (or base-256) number field."""
+    if field[0] in (0o200, 0o377):
+        value = int.from_bytes(field[1:], "big")
+        return value - 256 ** (len(field) - 1) if field[0] == 0o377 else value
+    end = field.find(0)
+    try:
+        return int((field if end < 0 else field[:end]).strip() or b"0", 8)
+    except ValueError:
+        raise tarfile.ReadError("invalid member header (invalid header)") from None
+
+
+def _pax_field(value: bytes, encoding: str, fallback: str = "utf-8") -> str:
+    try:
+        return value.decode(encoding, "strict")
+    except UnicodeDecodeError:
+        return value.decode(fallback, "surrogateescape")
+
+
+def _pax_records(buf: bytes, into: dict[str, str]) -> None:
+    """Parse pax records ``"%d %s=%s\\n"`` into ``into``, as ``tarfile`` does."""
+    match = _PAX_CHARSET.search(buf)
+    if match is not None:
+        into["hdrcharset"] = match.group(1).decode("utf-8")
+    encoding = _ENCODING if into.get("hdrcharset") == "BINARY" else "utf-8"
+    position = 0
+    while (match := _PAX_RECORD.match(buf, position)) is not None:
+        length = int(match.group(1))
+        if length == 0:
+            raise tarfile.ReadError("invalid member header (invalid pax record)")
+        keyword = _pax_field(match.group(2), "utf-8")
+        value = buf[match.end(2) + 1:match.start(1) + length - 1]
+        if keyword in tarfile.PAX_NAME_FIELDS:
+            into[keyword] = _pax_field(value, encoding, _ENCODING)
+        else:
+            into[keyword] = _pax_field(value, "utf-8")
+        position += length
+
+
+def _exotic(pax: dict[str, str]) -> bool:
+    return any(key.startswith("GNU.sparse.") for key in pax)
+
+
+class TarStream:
+    """The regular-file members of one uncompressed tar stream, read front to back.
+
+    Args:
+        stream: a binary file object; only ``read`` is used.
+        head: bytes already read from the start of ``stream`` (at most one block).
+
+    Attributes ``offset`` (where the block being read starts), ``count``
+    (regular members read completely) and ``started`` (a valid header was
+    read) describe where a ``tarfile.ReadError`` happened.
+    """
+
+    def __init__(self, stream: IO[bytes], head: bytes = b"") -> None:
+        self._read = stream.read
+        self._head = head
+        self.offset = 0
+        self.count = 0
+        self.started = False
+        self._globals: dict[str, str] = {}  # pax 'g' records, applied to every member
+
+    def _exact(self, size: int, buf: bytes = b"") -> bytes:
+        """``size`` bytes (``buf`` is what a first read gave); ReadError at the end of data."""
+        parts, got = [buf], len(buf)
+        while got < size:
+            more = self._read(size - got)
+            if not more:
+                raise tarfile.ReadError(_TRUNCATED if got or self.started else "empty file")
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+    def members(self, skip: int = 0) -> Iterator[tuple[str, bytes]]:
+        """Yield ``(name, data)`` per regular file, after the first ``skip`` of them."""
+        read = self._read
+        header, self._head = self._head, b""
+        if len(header) != _BLOCK:
+            header = self._exact(_BLOCK, header)
+        while header != _ZERO:  # else the end-of-archive marker
+            name, size, flag = self._header(header)
+            if flag == tarfile.REGTYPE and not header[345] and not self._globals:
+                self.offset += _BLOCK  # the common case: a plain ustar/GNU/pax file
+                regular = True
+            else:
+                regular, name, size, raw = self._entry(header, name, size, flag)
+                if regular is None:
+                    yield from self._with_tarfile(raw, skip)
+                    return
+            if regular:
+                data = read(size)
+                if len(data) != size:
+                    data = self._exact(size, data)
+                self.offset += size
+                self.count += 1
+                if self.count > skip:
+                    yield name, data
+            elif size:
+                self._discard(size)
+            pad = -size % _BLOCK
+            self.offset += pad
+            want = pad + _BLOCK
+            header = read(want)
+            if len(header) != want:
+                header = self._exact(want, header)
+            if pad:
+                header = header[pad:]
+
+    def _discard(self, size: int) -> None:
+        while size > 0:
+            chunk = min(size, 1 << 20)
+            self._exact(chunk)
+            self.offset += chunk
+            size -= chunk
+
+    def _header(self, header: bytes) -> tuple[str, int, bytes]:
+        """Name, size and type flag of one (non-zero) header, checksum verified."""
+        stored = _number(header[148:156])
+        unsigned = (adler32(header[:256]) & 0xFFFF) + (adler32(header[256:]) & 0xFFFF) + 254
+        if stored != unsigned - sum(header[148:156]) and stored not in tarfile.calc_chksums(header):
+            raise tarfile.ReadError("invalid member header (bad checksum)")
+        size = _number(header[124:136])
+        if size < 0:
+            raise tarfile.ReadError(f"invalid member header (negative size {size})")
+        self.started = True
+        return _text(header[:100]), size, header[156:157]
+
+    def _entry(self, header: bytes, name: str, size: int,
+               flag: bytes) -> tuple[bool | None, str, int, list[bytes]]:
+        """(is a regular file, name, data size, raw blocks) of the member at ``header``.
+
+        Reads the ``L``/``K``/``x``/``g`` preamble blocks first, if any, and
+        leaves ``offset`` at the member's data. ``None`` means "too rare for
+        this reader, let tarfile read it from the raw blocks on".
+        """
+        raw: list[bytes] = []
+        patches: list[tuple[bytes, Any]] = []  # long names and pax records, in order
+        globals_before = self._globals
+        while flag in _PREAMBLE:
+            if not raw:
+                globals_before = dict(self._globals)
+            data = self._exact(-size % _BLOCK + size) if size else b""
+            self.offset += _BLOCK + len(data)
+            raw += (header, data)
+            if flag == tarfile.GNUTYPE_LONGNAME:
+                patches.append((flag, _text(data)))
+            elif flag == tarfile.XGLTYPE:
+                _pax_records(data[:size], self._globals)
+            elif flag != tarfile.GNUTYPE_LONGLINK:  # an extended header, x or X
+                pax = dict(self._globals)
+                _pax_records(data[:size], pax)
+                patches.append((flag, pax))
+            header = self._exact(_BLOCK)
+            if header == _ZERO:
+                raise tarfile.ReadError("missing or bad subsequent header (end of file header)")
+            name, size, flag = self._header(header)
+        raw.append(header)
+        self.offset += _BLOCK
+        if flag == tarfile.GNUTYPE_SPARSE or _exotic(self._globals) or "size" in self._globals \
+                or any(kind != tarfile.GNUTYPE_LONGNAME and _exotic(p) for kind, p in patches):
+            self.offset -= sum(map(len, raw))
+            self._globals = globals_before
+            return None, name, size, raw
+        return (*self._finish(header, name, size, flag, patches), raw)
+
+    def _finish(self, header: bytes, name: str, size: int, flag: bytes,
+                patches: list[tuple[bytes, Any]]) -> tuple[bool, str, int]:
+        """Apply ``tarfile``'s rules: prefix, V7 directories, pax/long-name patches."""
+        if flag == tarfile.AREGTYPE and name.endswith("/"):
+            flag = tarfile.DIRTYPE
+        if flag == tarfile.DIRTYPE:
+            name = name.rstrip("/")
+        if header[345] and flag not in tarfile.GNU_TYPES:
+            name = _text(header[345:500]) + "/" + name
+        if "path" in self._globals:
+            name = self._globals["path"].rstrip("/")
+            if flag == tarfile.DIRTYPE:
+                name = name.rstrip("/")
+        for kind, patch in reversed(patches):  # the outermost preamble wins
+            if kind == tarfile.GNUTYPE_LONGNAME:
+                name = patch.removesuffix("/") if flag == tarfile.DIRTYPE else patch
+                continue
+            if "path" in patch:
+                name = patch["path"].rstrip("/")
+            if "size" in patch:
+                try:
+                    size = int(patch["size"])
+                except ValueError:
+                    size = 0
+        if flag in _REGULAR:
+            return True, name, size
+        return False, name, 0 if flag in _NO_DATA else size
+
+    def _with_tarfile(self, raw: list[bytes], skip: int) -> Iterator[tuple[str, bytes]]:
+        """Read the rest of the archive with ``tarfile``, from the preamble in ``raw``."""
+        base = self.offset
+        chained = ChainedReader(b"".join(raw), self._read)
+        tar = tarfile.open(fileobj=chained, mode="r|", tarinfo=StrictTarInfo,  # type: ignore[call-overload]
+                           format=tarfile.PAX_FORMAT, pax_headers=dict(self._globals))
+        try:
+            while (member := tar.next()) is not None:
+                self.offset = base + tar.offset
+                if not member.isfile():
+                    continue
+                handle = tar.extractfile(member)
+                data = handle.read() if handle else b""
+                self.count += 1
+                if self.count > skip:
+                    yield member.name, data
+        finally:
+            self.offset = base + tar.offset
+            tar.close()
+
+
+class ChainedReader:
+    """``head`` then the rest of a stream, read-only (the input ``tarfile`` resumes on)."""
+
+    def __init__(self, head: bytes, read: Any) -> None:
+        self._head, self._rest = head, read
+
+    def read(self, size: int = -1) -> bytes:
+        if not self._head:
+            return self._rest(size)
+        if size < 0 or size >= len(self._head):
+            head, self._head = self._head, b""
+            return head + self._rest(size - len(head) if size >= 0 else -1)
+        head, self._head = self._head[:size], self._head[size:]
+        return head

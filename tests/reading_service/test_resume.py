@@ -1,0 +1,96 @@
+"""Checkpoint mid-epoch and resume in a fresh loader, for every reading service."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reading_service import pipelines
+
+from pipeloom import DataLoader
+from pipeloom.errors import StateError
+from pipeloom.reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ThreadReadingService,
+)
+
+
+def services():
+    return {
+        "in-process": lambda: InProcessReadingService(),
+        "threads-1": lambda: ThreadReadingService(1),
+        "threads-3": lambda: ThreadReadingService(3),
+        "processes-2": lambda: MultiProcessingReadingService(2),
+    }
+
+
+BUILDERS = {
+    "augmented": pipelines.augmented,  # shuffle before, filter + flatmap in workers, batch in main
+    "draws": pipelines.draws_on_both_sides_of_the_merge,
+    "batched-in-workers": pipelines.batched_in_workers,
+}
+
+
+def resume_case(build, make_service, stop: int, seed: int = 3):
+    with DataLoader(build(), make_service(), seed=seed) as loader:
+        list(loader)  # epoch 0
+        expected = list(loader)  # epoch 1, uninterrupted
+        following = list(loader)  # epoch 2
+    with DataLoader(build(), make_service(), seed=seed) as loader:
+        list(loader)
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(min(stop, len(expected)))]
+        state = pickle.loads(pickle.dumps(loader.state_dict()))
+    with DataLoader(build(), make_service(), seed=seed + 1) as resumed:
+        resumed.load_state_dict(state)
+        tail = list(resumed)
+        assert head + tail == expected
+        assert list(resumed) == following
+
+
+@pytest.mark.parametrize("service", sorted(services()))
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+def test_resume_mid_epoch_equals_the_uninterrupted_epoch(service, builder):
+    for stop in (0, 2):
+        resume_case(BUILDERS[builder], services()[service], stop)
+
+
+@settings(max_examples=8, deadline=None)
+@given(stop=st.integers(0, 12), threads=st.integers(1, 4))
+def test_resume_at_any_step_with_any_thread_count(stop, threads):
+    resume_case(pipelines.augmented, lambda: ThreadReadingService(threads), stop)
+
+
+def test_a_checkpoint_from_threads_resumes_under_processes():
+    with DataLoader(pipelines.augmented(), ThreadReadingService(2), seed=1) as loader:
+        expected = list(loader)
+        iterator = iter(loader)
+        loader.set_epoch(0)
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(2)]
+        state = loader.state_dict()
+    with DataLoader(pipelines.augmented(), MultiProcessingReadingService(3), seed=1) as resumed:
+        resumed.load_state_dict(state)
+        assert head + list(resumed) == expected
+
+
+def test_an_in_process_state_is_refused_by_a_worker_service():
+    with DataLoader(pipelines.augmented(), seed=1) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        state = loader.state_dict()
+    with DataLoader(pipelines.augmented(), ThreadReadingService(2), seed=1) as other:
+        other.load_state_dict(state)
+        with pytest.raises(StateError, match="saved by a in-process reading service"):
+            iter(other)
+
+
+def test_arrival_order_cannot_be_checkpointed():
+    with DataLoader(pipelines.augmented(), ThreadReadingService(2, in_order=False), seed=1) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        with pytest.raises(StateError, match="in_order=False"):
+            loader.state_dict()
