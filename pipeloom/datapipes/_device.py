@@ -1,12 +1,8 @@
-"""Pinning and device copies that run one batch ahead of the consumer.
+"""Pinning and device copies, prepared in a thread one batch ahead of the consumer.
 
 ``PinMemory`` and ``ToDevice`` are :class:`Prefetcher` blocks whose thread also
-prepares each item: it pins host memory, or copies the item to the device on a
-CUDA stream of its own and records an event. The consumer makes its current
-stream wait on that event and marks the tensors as used by that stream, so the
-copy of batch k+1 overlaps the model's work on batch k and no memory is reused
-early. Without CUDA (or for ``"cpu"``) the blocks still run ahead but leave the
-tensors as they are. They run in the main process (``per_item`` stays False).
+prepares each item, so the copy of batch k+1 overlaps the model's work on batch
+k. They run in the main process (``per_item`` stays False). See docs/device.md.
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ import collections.abc
 import copy
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import torch
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_structure
@@ -39,14 +35,9 @@ class _DeviceBlock(Prefetcher):
         self._copier = copier
 
     def async_next(self) -> Any:
+        if self._worker is None:
+            self._start_paused()  # Prefetcher's async_next then starts this worker
         return super().async_next().deliver()
-
-    def _start(self) -> _Worker:
-        worker = self._worker
-        if worker is None:
-            worker = self._start_paused()
-        worker.start()
-        return worker
 
     def _start_paused(self) -> _Worker:
         self._copier.bind()
@@ -71,12 +62,10 @@ class _DeviceBlock(Prefetcher):
 class PinMemory(_DeviceBlock):
     """Copy tensors into pinned (page-locked) host memory, ahead, in a thread.
 
-    Functional: ``pin_memory``. Nested dicts, lists, tuples and namedtuples are
-    walked by ``torch.utils.data``'s own ``pin_memory``, which also calls the
-    ``pin_memory()`` method of custom batch objects; other leaves pass through.
-    Without CUDA, or with ``device="cpu"``, nothing is pinned (torch would warn)
-    and items pass through unchanged; the block still runs ``buffer_size``
-    items ahead. The state holds the buffered items.
+    Functional: ``pin_memory``. Items are walked by ``torch.utils.data``'s own
+    ``pin_memory`` (dicts, lists, tuples, namedtuples, objects with a
+    ``pin_memory()`` method). Without CUDA, or for ``device="cpu"``, items pass
+    through unchanged (still ``buffer_size`` ahead). The state holds the buffer.
 
     Args:
         source: the upstream block.
@@ -115,13 +104,11 @@ class PinMemory(_DeviceBlock):
 class ToDevice(_DeviceBlock):
     """Move tensors to ``device``, ahead, in a thread (functional: ``to_device``).
 
-    Nested dicts, lists, tuples and namedtuples are rebuilt with each tensor
-    moved by ``tensor.to(device)``; other leaves pass through unchanged. On
-    CUDA the thread pins unpinned tensors (when ``non_blocking``), copies on a
-    stream of its own and records an event; the consumer's current stream
-    waits on it, and each tensor is ``record_stream``-ed so the caching
-    allocator does not reuse its memory early. The state holds the buffered
-    items copied back to the CPU; loading copies them to the device again.
+    Dicts, lists, tuples and namedtuples are rebuilt with each tensor moved;
+    other leaves pass through. On CUDA the thread pins (when ``non_blocking``)
+    and copies on a stream of its own, then records an event; the consumer's
+    current stream waits on it and ``record_stream``s each tensor, so memory is
+    not reused early. The state holds the buffered items copied back to the CPU.
 
     Args:
         source: the upstream block.
@@ -164,9 +151,8 @@ def _check_device(device: Any, what: str) -> torch.device:
             f"{what} device must be a str, torch.device or int (a CUDA index), got "
             f"{type(device).__name__} {device!r}; write e.g. device='cuda:0' or device='cpu'"
         )
-    if isinstance(device, int):
-        if device < 0:
-            raise ValueError(f"{what} device index must be >= 0, got {device}; e.g. 0 is 'cuda:0'")
+    if isinstance(device, int) and device < 0:
+        raise ValueError(f"{what} device index must be >= 0, got {device}; e.g. 0 is 'cuda:0'")
     try:
         target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     except RuntimeError as error:
@@ -178,7 +164,7 @@ def _check_device(device: Any, what: str) -> torch.device:
         if not torch.cuda.is_available():
             raise ValueError(
                 f"{what}(device={device!r}) needs CUDA, but torch.cuda.is_available() is "
-                f"False on this machine; use device='cpu', or run on a machine with a GPU"
+                f"False on this machine; use 'cpu', or run on a machine with a GPU"
             )
         count = torch.cuda.device_count()
         if target.index is not None and target.index >= count:
@@ -197,13 +183,12 @@ def _check_device(device: Any, what: str) -> torch.device:
     return target
 
 
-class _Ready:
+class _Ready(NamedTuple):
     """A prepared item; on CUDA also the event its copy recorded and its tensors."""
 
-    __slots__ = ("data", "event", "tensors")
-
-    def __init__(self, data: Any, event: Any = None, tensors: list[torch.Tensor] | None = None):
-        self.data, self.event, self.tensors = data, event, tensors
+    data: Any
+    event: Any = None
+    tensors: list[torch.Tensor] = []
 
     def deliver(self) -> Any:
         """The data, safe to use on the calling thread's current CUDA stream."""
@@ -221,6 +206,13 @@ class _Ready:
         return apply_to_tensors(self.data, lambda t: t.to("cpu"))
 
 
+def _bind(device: Any) -> Any:
+    """Give ``"cuda"`` the index of the calling (consumer) thread's current device."""
+    if device is not None and device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class _PinCopier:
     """What the thread does to each item (``bind`` runs in the consumer's thread)."""
 
@@ -228,8 +220,7 @@ class _PinCopier:
         self.device = device if device is not None and device.type == "cuda" else None
 
     def bind(self) -> None:
-        if self.device is not None and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = _bind(self.device)
 
     def __call__(self, item: Any) -> _Ready:
         if self.device is None:
@@ -245,8 +236,7 @@ class _DeviceCopier:
         self._stream: torch.cuda.Stream | None = None
 
     def bind(self) -> None:
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = _bind(self.device)
 
     def __call__(self, item: Any) -> _Ready:
         if self.device.type != "cuda":  # CPU (a no-op for CPU tensors) or another accelerator
@@ -300,15 +290,15 @@ def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> A
     if isinstance(data, (str, bytes, bytearray)):
         return data
     if isinstance(data, collections.abc.Mapping):
-        values = {key: apply_to_tensors(value, fn) for key, value in data.items()}
+        mapping = {key: apply_to_tensors(value, fn) for key, value in data.items()}
         try:
             if isinstance(data, collections.abc.MutableMapping):
                 clone = copy.copy(data)  # keeps the type and its extra attributes
-                clone.update(values)
+                clone.update(mapping)
                 return clone
-            return type(data)(values)  # type: ignore[call-arg]
+            return type(data)(mapping)  # type: ignore[call-arg]
         except TypeError:
-            return values
+            return mapping
     if isinstance(data, tuple):
         if hasattr(data, "_fields"):  # namedtuple
             return type(data)(*(apply_to_tensors(value, fn) for value in data))
@@ -317,10 +307,10 @@ def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> A
         values = [apply_to_tensors(value, fn) for value in data]
         try:
             if isinstance(data, collections.abc.MutableSequence):
-                clone = copy.copy(data)  # type: ignore[arg-type]
+                mutable = copy.copy(data)
                 for index, value in enumerate(values):
-                    clone[index] = value
-                return clone
+                    mutable[index] = value
+                return mutable
             return type(data)(values)  # type: ignore[call-arg]
         except TypeError:
             return values

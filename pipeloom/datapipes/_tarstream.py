@@ -183,15 +183,20 @@ class TarStream:
 
     def _header(self, header: bytes) -> tuple[str, int, bytes]:
         """Name, size and type flag of one (non-zero) header, checksum verified."""
-        stored = _number(header[148:156])
+        try:  # the fields as tarfile writes them ("%06o\0 ", "%011o\0"), else in general
+            stored = int(header[148:154], 8) if header[154] == 0 else _number(header[148:156])
+            size = int(header[124:135], 8) if header[135] == 0 else _number(header[124:136])
+        except ValueError:
+            stored, size = _number(header[148:156]), _number(header[124:136])
         unsigned = (adler32(header[:256]) & 0xFFFF) + (adler32(header[256:]) & 0xFFFF) + 254
         if stored != unsigned - sum(header[148:156]) and stored not in tarfile.calc_chksums(header):
             raise tarfile.ReadError("invalid member header (bad checksum)")
-        size = _number(header[124:136])
         if size < 0:
             raise tarfile.ReadError(f"invalid member header (negative size {size})")
         self.started = True
-        return _text(header[:100]), size, header[156:157]
+        end = header.find(0, 0, 100)
+        name = header[:end if end >= 0 else 100].decode(_ENCODING, "surrogateescape")
+        return name, size, header[156:157]
 
     def _entry(self, header: bytes, name: str, size: int,
                flag: bytes) -> tuple[bool | None, str, int, list[bytes]]:

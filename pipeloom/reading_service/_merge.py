@@ -139,6 +139,11 @@ class WorkerMerge(IterDataPipe):
         raise NotAvailable
 
     @property
+    def exhausted(self) -> bool:
+        """True once every worker's END was read (the workers finished the epoch)."""
+        return all(self._ended)
+
+    @property
     def resume_position(self) -> int:
         """The first position workers must produce again after a resume."""
         return self._position

@@ -165,7 +165,10 @@ class MultiProcessingReadingService(ReadingService):
 
     # -- epochs ----------------------------------------------------------------
     def _on_epoch_closed(self, finished: bool) -> None:
-        self._finish_epoch(abandoned=not finished)
+        # The tail may stop before the workers do (e.g. a header): then the
+        # workers' epoch is abandoned too, and persistent workers must cancel it.
+        assert self._merge is not None
+        self._finish_epoch(abandoned=not (finished and self._merge.exhausted))
 
     def _finish_epoch(self, *, abandoned: bool) -> None:
         if not self._epoch_open:

@@ -170,3 +170,13 @@ def test_item_rng_draws_continue_across_the_process_merge():
         pipelines.draws_on_both_sides_of_the_merge(), MultiProcessingReadingService(2), seed=4
     ) as loader:
         assert list(loader) == expected
+
+
+def test_persistent_workers_survive_a_tail_that_stops_early():
+    def pipe():
+        return IterableWrapper(range(50)).sharding_filter().map(abs).header(7)
+
+    service = MultiProcessingReadingService(2, persistent_workers=True, timeout=30)
+    with DataLoader(pipe(), service, seed=0) as loader:
+        assert list(loader) == list(range(7))
+        assert list(loader) == list(range(7))  # no leftovers of the abandoned epoch
