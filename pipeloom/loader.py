@@ -34,6 +34,10 @@ class DataLoader:
             (the calling thread) by default.
         seed: makes every random block reproducible. ``None`` draws one seed
             from torch's default generator, so ``torch.manual_seed`` applies.
+        resume_by_replay: when a block cannot save its state, ``state_dict()``
+            raises naming it; with True it records instead how many items of
+            the epoch were delivered, and a resumed loader re-reads and drops
+            them (exact, but as slow as reading them again).
 
     Each ``iter(loader)`` is a new epoch (0, 1, 2, ...); ``set_epoch(n)`` picks
     the next one. With the same seed and epoch the items and their order are
@@ -55,6 +59,7 @@ class DataLoader:
         reading_service: ReadingService | None = None,
         *,
         seed: int | None = None,
+        resume_by_replay: bool = False,
     ) -> None:
         pipeline = as_datapipe(datapipe)
         if isinstance(pipeline, MapDataPipe):
@@ -77,6 +82,7 @@ class DataLoader:
         self.datapipe: IterDataPipe = pipeline
         self.reading_service = reading_service
         self.seed = seed
+        self.resume_by_replay = resume_by_replay
         self._next_epoch = 0
         self._initialized = False
         self._closed = False
@@ -92,8 +98,13 @@ class DataLoader:
             self._current.invalidate()
         epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
         resume, self._resume = self._resume, None
+        replayed = 0
+        if resume is not None and resume.get("kind") == "replay":
+            resume, replayed = None, int(resume["delivered"])
         items = self.reading_service.start_epoch(epoch, resume)
         self._current = _EpochIterator(self, epoch, items)
+        for _ in range(replayed):  # re-read and drop what was delivered before
+            next(self._current, None)
         return self._current
 
     def __len__(self) -> int:
@@ -124,8 +135,13 @@ class DataLoader:
             service_state = None
             epoch = self._next_epoch
         else:
-            service_state = self.reading_service.state_dict()
             epoch = current.epoch
+            try:
+                service_state = self.reading_service.state_dict()
+            except StateError:
+                if not self.resume_by_replay:
+                    raise
+                service_state = {"kind": "replay", "delivered": current.delivered}
         return {
             "version": _STATE_VERSION,
             "seed": self.seed,
@@ -188,13 +204,14 @@ class DataLoader:
 class _EpochIterator(Iterator[Any]):
     """One epoch's items; invalid once a newer epoch starts."""
 
-    __slots__ = ("_loader", "epoch", "_items", "_valid")
+    __slots__ = ("_loader", "epoch", "_items", "_valid", "delivered")
 
     def __init__(self, loader: DataLoader, epoch: int, items: Iterator[Any]) -> None:
         self._loader = loader
         self.epoch = epoch
         self._items = items
         self._valid = True
+        self.delivered = 0
 
     def __next__(self) -> Any:
         if not self._valid:
@@ -203,11 +220,13 @@ class _EpochIterator(Iterator[Any]):
                 f"iter(loader), load_state_dict() or shutdown() replaced it"
             )
         try:
-            return next(self._items)
+            item = next(self._items)
         except StopIteration:
             self._valid = False
             self._loader._epoch_finished(self)
             raise
+        self.delivered += 1
+        return item
 
     def invalidate(self) -> None:
         self._valid = False

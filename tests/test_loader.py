@@ -141,3 +141,36 @@ def test_an_attribute_hiding_a_chaining_method_is_caught_at_construction():
 
     with pytest.raises(TypeError, match="attribute 'prefetch', which hides the chaining method"):
         DataLoader(Buffered(IterableWrapper([1]), 4))
+
+
+def test_a_block_without_state_support_is_named_unless_replay_is_allowed():
+    from datapipes.helpers import OldStyleDouble
+
+    def pipe():
+        return OldStyleDouble(IterableWrapper(range(10)))
+
+    loader = DataLoader(pipe(), seed=0)
+    iterator = iter(loader)
+    next(iterator)
+    with pytest.raises(StateError, match="OldStyleDouble does not implement state_dict"):
+        loader.state_dict()
+
+    replaying = DataLoader(pipe(), seed=0, resume_by_replay=True)
+    iterator = iter(replaying)
+    head = [next(iterator) for _ in range(4)]
+    state = replaying.state_dict()
+    assert state["service"] == {"kind": "replay", "delivered": 4}
+    resumed = DataLoader(pipe(), seed=0, resume_by_replay=True)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == list(range(0, 20, 2))
+
+
+def test_state_survives_torch_save_and_a_weights_only_load(tmp_path):
+    loader = DataLoader(IterableWrapper(range(50)).shuffle(buffer_size=8).batch(4), seed=1)
+    iterator = iter(loader)
+    head = [next(iterator) for _ in range(3)]
+    torch.save(loader.state_dict(), tmp_path / "loader.pt")
+    expected = list(iterator)
+    resumed = DataLoader(IterableWrapper(range(50)).shuffle(buffer_size=8).batch(4), seed=1)
+    resumed.load_state_dict(torch.load(tmp_path / "loader.pt", weights_only=True))
+    assert head + list(resumed) == head + expected

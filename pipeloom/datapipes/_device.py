@@ -21,7 +21,7 @@ from ._prefetch import _STOPPED, Prefetcher, _Worker
 
 __all__ = ["PinMemory", "ToDevice"]
 
-Device = str | torch.device | int
+Device = str | torch.device | int  # an int is a CUDA index
 _Copier: TypeAlias = "_PinCopier | _DeviceCopier"
 
 
@@ -74,7 +74,6 @@ class PinMemory(_DeviceBlock):
         buffer_size: items prepared ahead (2: double buffering).
 
     Example:
-        >>> import torch
         >>> from pipeloom.datapipes import IterableWrapper
         >>> batches = [{"x": torch.ones(2)}, {"x": torch.zeros(2)}]
         >>> [b["x"].tolist() for b in PinMemory(IterableWrapper(batches))]
@@ -85,16 +84,8 @@ class PinMemory(_DeviceBlock):
         self, source: IterDataPipe, device: Device | None = None, buffer_size: int = 2
     ) -> None:
         self.device = None if device is None else _check_device(device, "pin_memory")
-        if self.device is not None and self.device.type not in ("cpu", "cuda"):
-            raise ValueError(
-                f"pin_memory pins host memory for copies to a CUDA device, got "
-                f"device={device!r}; use device=None, 'cuda' or 'cuda:<index>', or "
-                f".to_device({str(self.device)!r}) without pin_memory()"
-            )
-        target = self.device
-        if target is None and torch.cuda.is_available():
-            target = torch.device("cuda")
-        super().__init__(source, _PinCopier(target), buffer_size)
+        cuda = torch.device("cuda") if torch.cuda.is_available() else None
+        super().__init__(source, _PinCopier(cuda if device is None else self.device), buffer_size)
 
     def __repr__(self) -> str:
         device = None if self.device is None else str(self.device)
@@ -118,7 +109,6 @@ class ToDevice(_DeviceBlock):
         buffer_size: items copied ahead (2: double buffering).
 
     Example:
-        >>> import torch
         >>> from pipeloom.datapipes import IterableWrapper
         >>> out = list(ToDevice(IterableWrapper([(torch.ones(2), "a")]), "cpu"))
         >>> out[0][0].device, out[0][1]
@@ -173,13 +163,10 @@ def _check_device(device: Any, what: str) -> torch.device:
                 f"machine has {count} (indices 0..{count - 1}); use an index below {count}"
             )
     elif target.type != "cpu":
-        module = getattr(torch, target.type, None)
-        if not getattr(module, "is_available", lambda: False)():
-            raise ValueError(
-                f"{what}(device={device!r}): no available {target.type!r} device on this "
-                f"machine (pipeloom checks torch.{target.type}.is_available()); use 'cpu' "
-                f"or 'cuda'"
-            )
+        raise ValueError(
+            f"{what}(device={device!r}): only 'cpu' and 'cuda' devices are supported, got "
+            f"{target.type!r}; for another device, move batches with .map(...) instead"
+        )
     return target
 
 
@@ -223,7 +210,7 @@ class _PinCopier:
         self.device = _bind(self.device)
 
     def __call__(self, item: Any) -> _Ready:
-        if self.device is None:
+        if self.device is None:  # no CUDA: pinning would only warn
             return _Ready(item)
         with torch.cuda.device(self.device):
             return _Ready(_pin_structure(item))
@@ -231,19 +218,18 @@ class _PinCopier:
 
 class _DeviceCopier:
     def __init__(self, device: torch.device, non_blocking: bool) -> None:
-        self.device = device
-        self.non_blocking = non_blocking
-        self._stream: torch.cuda.Stream | None = None
+        self.device, self.non_blocking = device, non_blocking
+        self._stream: torch.cuda.Stream | None = None  # made in the thread, never pickled
 
     def bind(self) -> None:
         self.device = _bind(self.device)
 
     def __call__(self, item: Any) -> _Ready:
-        if self.device.type != "cuda":  # CPU (a no-op for CPU tensors) or another accelerator
+        if self.device.type == "cpu":  # a no-op for CPU tensors
             return _Ready(apply_to_tensors(item, lambda t: t.to(self.device)))
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
         stream = self._stream
-        if stream is None:
-            stream = self._stream = torch.cuda.Stream(self.device)
         moved: list[torch.Tensor] = []
 
         def move(tensor: torch.Tensor) -> torch.Tensor:
@@ -279,8 +265,8 @@ class _CopyWorker(_Worker):
 def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """``data`` rebuilt with ``fn`` applied to each tensor, walked like torch's ``pin_memory``.
 
-    Mappings, namedtuples, tuples and sequences are rebuilt (keeping their type
-    where it can be rebuilt); strings, bytes and other leaves are returned as is.
+    Mappings, namedtuples, tuples and sequences are rebuilt, keeping their type where
+    possible; strings, bytes and other leaves are returned as they are.
 
     >>> apply_to_tensors({"a": [torch.ones(1)], "b": "s"}, lambda t: t * 2)
     {'a': [tensor([2.])], 'b': 's'}

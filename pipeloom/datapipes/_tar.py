@@ -74,10 +74,10 @@ _COMPRESSION = {"gz": "gzip", "bz2": "bz2", "xz": "lzma"}
 
 def _decompressed(stream: IO[bytes], module: str) -> IO[bytes]:
     if module == "gzip":
-        return gzip.GzipFile(fileobj=stream, mode="rb")
+        return gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[return-value]
     if module == "bz2":
-        return bz2.BZ2File(stream)
-    return lzma.LZMAFile(stream)
+        return bz2.BZ2File(stream)  # type: ignore[return-value]
+    return lzma.LZMAFile(stream)  # type: ignore[return-value]
 
 
 def _open(stream: IO[bytes], mode: str) -> tuple[TarStream, IO[bytes] | None]:
@@ -97,8 +97,10 @@ def _open(stream: IO[bytes], mode: str) -> tuple[TarStream, IO[bytes] | None]:
 
 
 def _is_header(block: bytes) -> bool:
+    if len(block) != tarfile.BLOCKSIZE:
+        return False
     try:
-        return len(block) == tarfile.BLOCKSIZE and tarfile.nti(block[148:156]) in tarfile.calc_chksums(block)
+        return tarfile.nti(block[148:156]) in tarfile.calc_chksums(block)  # type: ignore[attr-defined]
     except tarfile.HeaderError:
         return False
 
@@ -147,7 +149,7 @@ class TarArchiveLoader(StreamReader):
     def _failed(self, path: str, error: BaseException, reader: TarStream | None) -> None:
         started = reader is not None and reader.started
         what = "is corrupted or truncated" if started else "is not a readable tar archive"
-        if not started and self.mode in ("r|", "r:") and "header" in str(error):
+        if not started and self.mode in ("r|", "r:") and str(error) != "empty file":
             what += " (if it is compressed, use mode='r|*')"
         offset, count = (reader.offset, reader.count) if reader is not None else (0, 0)
         message = (

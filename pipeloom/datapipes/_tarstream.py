@@ -48,14 +48,14 @@ class StrictTarInfo(tarfile.TarInfo):
     """Treats a truncated or invalid header as an error, not as the end of the archive."""
 
     @classmethod
-    def fromtarfile(cls, tar: tarfile.TarFile) -> tarfile.TarInfo:
+    def fromtarfile(cls, tar: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
         try:
             return super().fromtarfile(tar)
-        except tarfile.EOFHeaderError:
+        except tarfile.EOFHeaderError:  # type: ignore[attr-defined]
             raise  # the end-of-archive marker: a complete archive
-        except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):
+        except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):  # type: ignore[attr-defined]
             raise tarfile.ReadError(_TRUNCATED) from None
-        except tarfile.InvalidHeaderError as error:
+        except tarfile.InvalidHeaderError as error:  # type: ignore[attr-defined]
             raise tarfile.ReadError(f"invalid member header ({error})") from None
 
 
@@ -149,7 +149,7 @@ class TarStream:
             name, size, flag = self._header(header)
             if flag == tarfile.REGTYPE and not header[345] and not self._globals:
                 self.offset += _BLOCK  # the common case: a plain ustar/GNU/pax file
-                regular = True
+                regular: bool | None = True
             else:
                 regular, name, size, raw = self._entry(header, name, size, flag)
                 if regular is None:
@@ -189,7 +189,7 @@ class TarStream:
         except ValueError:
             stored, size = _number(header[148:156]), _number(header[124:136])
         unsigned = (adler32(header[:256]) & 0xFFFF) + (adler32(header[256:]) & 0xFFFF) + 254
-        if stored != unsigned - sum(header[148:156]) and stored not in tarfile.calc_chksums(header):
+        if stored != unsigned - sum(header[148:156]) and stored not in tarfile.calc_chksums(header):  # type: ignore[attr-defined]
             raise tarfile.ReadError("invalid member header (bad checksum)")
         if size < 0:
             raise tarfile.ReadError(f"invalid member header (negative size {size})")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
+import multiprocessing.connection
+import os
 import signal
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -26,7 +28,13 @@ from ._pickling import dumps_pipeline, loads_pipeline
 from ._plan import WorkerPlan, plan_workers, root_epoch_seed
 from ._separate import split_separate_processes
 from ._worker_info import WorkerInfo, set_process_worker_info
-from ._worker_loop import apply_sharding, produce_epoch, seed_worker_rngs, worker_seed
+from ._worker_loop import (
+    EpochCancelled,
+    apply_sharding,
+    produce_epoch,
+    seed_worker_rngs,
+    worker_seed,
+)
 
 __all__ = ["MultiProcessingReadingService"]
 
@@ -203,10 +211,13 @@ def _check_int(name: str, value: Any, minimum: int, hint: str) -> None:
 class _ProcessChannel:
     """The main process's end of one worker: its queue and its liveness."""
 
-    def __init__(self, index: int, queue: ProcessQueue, process: Any) -> None:
+    def __init__(
+        self, index: int, queue: ProcessQueue, process: Any, pool: list[_ProcessChannel]
+    ) -> None:
         self.index = index
         self.queue = queue
         self.process = process
+        self.pool = pool  # every worker's channel, this one included
 
     @property
     def label(self) -> str:
@@ -218,10 +229,22 @@ class _ProcessChannel:
         except NotAvailable:
             if self.process.exitcode is not None:
                 self._raise_died()
+            self._check_others()
             raise
         except QueueError as error:
             self.process.join(timeout=5)
             self._raise_died(error)
+
+    def _check_others(self) -> None:
+        """Raise if another worker was killed: its sentinel, readable from now on, wakes the
+        merge (which asks only this worker, the owner of the next position) at once on every
+        wait, so without this the main process would spin until this worker sends an item.
+        A clean exit (code 0, e.g. after sending a worker_init_fn failure) is left to the merge.
+        """
+        for other in self.pool:
+            code = other.process.exitcode
+            if other is not self and code is not None and code != 0:
+                other._raise_died()
 
     def readiness(self) -> Sequence[ReadinessSource]:
         return [self.queue.readiness(), FdReadiness(self.process.sentinel)]
@@ -269,7 +292,7 @@ class _WorkerPool:
             )
             process.start()
             receive.close()
-            self.channels.append(_ProcessChannel(index, queue, process))
+            self.channels.append(_ProcessChannel(index, queue, process, self.channels))
             self.controls.append(send)
             self.cancels.append(cancel)
         self._finalizer = weakref.finalize(self, _stop_processes, self.channels, self.controls)
@@ -326,8 +349,6 @@ def _worker_main(
     worker_init_fn: Callable[[int], None] | None,
 ) -> None:
     """A worker process: wait for an epoch, produce it, repeat until told to stop."""
-    import os
-
     label = f"worker process {index} (pid {os.getpid()})"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     restore_stamp((None, 0, None))  # a forked child inherits the parent's item stamp
@@ -342,8 +363,14 @@ def _worker_main(
             block._pl_initialized = False
     apply_sharding(pipe, root_indices, count, index, group_size)
     initialized = False
+    parent = _parent_watch()
     while True:
         try:
+            # Under fork, sibling workers inherit this pipe's write end, so the
+            # parent's death does not close it: watch the parent itself too.
+            ready = multiprocessing.connection.wait([control, *parent])
+            if control not in ready:
+                return
             command = control.recv()
         except (EOFError, OSError):
             return
@@ -363,16 +390,21 @@ def _worker_main(
         def put(message: Any, cancelled: list = cancelled) -> None:
             if cancel.is_set():
                 cancelled.append(True)
-                raise _Cancelled
+                raise EpochCancelled
             queue.put(message)
 
-        produce_epoch(pipe, put, epoch=epoch, worker_label=label, resume=resume)
+        if not produce_epoch(pipe, put, epoch=epoch, worker_label=label, resume=resume):
+            return  # the main process is gone
         if cancelled:  # the epoch was abandoned: end it with exactly one END
             queue.put(END)
 
 
-class _Cancelled(QueueError):
-    """The main process abandoned the epoch."""
+def _parent_watch() -> list[int]:
+    """A pidfd that becomes readable when the parent process exits (Linux), else []."""
+    try:
+        return [os.pidfd_open(os.getppid())]
+    except (AttributeError, OSError):
+        return []
 
 
 def _run_init(worker_init_fn: Callable[[int], None], index: int, queue: ProcessQueue, label: str) -> bool:

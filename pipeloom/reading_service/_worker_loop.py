@@ -24,7 +24,13 @@ from ..errors import QueueError
 from ._failure import capture_failure
 from ._merge import END
 
-__all__ = ["apply_sharding", "produce_epoch", "seed_worker_rngs", "worker_seed"]
+__all__ = [
+    "EpochCancelled",
+    "apply_sharding",
+    "produce_epoch",
+    "seed_worker_rngs",
+    "worker_seed",
+]
 
 
 def worker_seed(seed: int, epoch: int, worker_id: int) -> int:
@@ -58,13 +64,15 @@ def produce_epoch(
     state: dict | None = None,
     full_stamp: bool = False,
     resume: tuple[tuple[int, ...], int] | None = None,
-) -> None:
+) -> bool:
     """Send ``(position, draws, item)`` for every output of ``pipe`` this epoch, then END.
 
     ``resume=(root_indices, position)`` starts the epoch at ``position``.
     With ``full_stamp`` the message is ``(stamp, item)`` instead, the stamp
-    being ``(seed, epoch, position, draws)``. An exception from the pipeline is sent as a ``Failure`` instead; a closed
-    queue (the consumer stopped) ends the epoch quietly.
+    being ``(seed, epoch, position, draws)``. An exception from the pipeline is
+    sent as a ``Failure`` instead. Returns False when the consumer is gone for
+    good (its queue is closed or broken); True otherwise, also when the epoch
+    was cancelled (``put`` raised :class:`EpochCancelled`).
     """
     restore_stamp((None, epoch, None))  # nothing inherited from a parent or a past epoch
     try:
@@ -85,17 +93,22 @@ def produce_epoch(
             except StopIteration:
                 break
             put((current_stamp(), item) if full_stamp else (current_position(), current_draws(), item))
-    except QueueError:
-        return
+    except QueueError as error:
+        return isinstance(error, EpochCancelled)
     except BaseException as error:  # noqa: BLE001 - every failure goes to the consumer
         try:
             put(capture_failure(error, worker_label))
-        except QueueError:
-            pass
+        except QueueError as queue_error:
+            return isinstance(queue_error, EpochCancelled)
         if not isinstance(error, Exception):
             raise
-        return
+        return True
     try:
         put(END)
-    except QueueError:
-        pass
+    except QueueError as error:
+        return isinstance(error, EpochCancelled)
+    return True
+
+
+class EpochCancelled(QueueError):
+    """Raised by a worker's ``put`` when the main process abandoned the epoch."""

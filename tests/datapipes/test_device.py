@@ -331,7 +331,7 @@ def test_repr_shows_the_arguments():
         (True, TypeError, r"device must be a str, torch.device or int"),
         ("gpu", ValueError, r"to_device\(device='gpu'\): torch does not know this device"),
         (-1, ValueError, r"device index must be >= 0, got -1"),
-        ("meta", ValueError, r"no available 'meta' device on this machine .*use 'cpu' or 'cuda'"),
+        ("mps", ValueError, r"only 'cpu' and 'cuda' devices are supported, got 'mps'"),
     ],
 )
 def test_bad_devices_are_refused_at_construction(device, error, match):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
+import lzma
 import os
 import pickle
 import random
@@ -14,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeloom.datapipes import IterableWrapper, IterDataPipe, NotAvailable, reset_pipeline
-from pipeloom.datapipes._files import FileLister, FileOpener
+from pipeloom.datapipes._files import FileLister
 from pipeloom.datapipes._tar import TarArchiveLoader, TarMemberPath
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 
@@ -220,3 +222,223 @@ def test_leaves_no_descriptor_open(shards):
     next(it)
     reset_pipeline(pipe)
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+# --- the fast header reader (TarStream) gives what tarfile gives ----------------------------
+
+
+FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
+
+
+def with_tarfile(data):
+    """The regular members as tarfile itself reads them: [(name, bytes)]."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
+        return [(m.name, tar.extractfile(m).read()) for m in tar if m.isfile()]
+
+
+def write_entries(entries, fmt, **options):
+    """entries: (name, type, data, linkname); what tarfile cannot write in ``fmt`` is left out."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=fmt, **options) as tar:
+        for name, kind, data, linkname in entries:
+            info = tarfile.TarInfo(name)
+            info.type, info.size, info.linkname = kind, len(data), linkname
+            try:
+                tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+            except ValueError:  # e.g. a name too long for ustar
+                continue
+    return buffer.getvalue()
+
+
+def load(data, name="h.tar", **options):
+    return list(TarArchiveLoader(IterableWrapper([(name, io.BytesIO(data))]), **options))
+
+
+def loaded_like_tarfile(data, name="h.tar"):
+    return [(f"{name}/{member}", payload) for member, payload in with_tarfile(data)]
+
+
+name_parts = st.text(st.sampled_from("abcxyz-_.éü日本🙂"), min_size=1, max_size=40)
+member_names = st.lists(name_parts, min_size=1, max_size=8).map("/".join)
+entries = st.tuples(
+    member_names,
+    st.sampled_from([tarfile.REGTYPE] * 4 + [tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE]),
+    st.integers(0, 2000),
+    st.sampled_from(["", "target", "t/" * 70]),
+).map(lambda e: (e[0], e[1], b"d" * e[2] if e[1] == tarfile.REGTYPE else b"", e[3]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(entries, max_size=8), st.sampled_from(sorted(FORMATS)), st.booleans())
+def test_fast_reader_yields_exactly_what_tarfile_yields(members, fmt, global_header):
+    options = {"pax_headers": {"comment": "ünïcode"}} if global_header and fmt == "pax" else {}
+    data = write_entries(members, FORMATS[fmt], **options)
+    if global_header and fmt == "pax" and not members:
+        return  # a lone global header: both readers reject it (no member follows)
+    assert load(data) == loaded_like_tarfile(data)
+    assert load(data, mode="r|*") == loaded_like_tarfile(data)
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_long_unicode_names_links_and_directories_in_every_format(fmt):
+    long = "deep/" * 30 + "ünïcödé-" * 10 + ".jpg"
+    members = [
+        ("d", tarfile.DIRTYPE, b"", ""), ("d/short.cls", tarfile.REGTYPE, b"1", ""),
+        ("a" * 99 + ".txt", tarfile.REGTYPE, b"x" * 513, ""),
+        ("p/" * 60 + "f.bin", tarfile.REGTYPE, b"", ""),  # ustar: prefix + name
+        (long, tarfile.REGTYPE, b"y" * 1024, ""),
+        ("link", tarfile.SYMTYPE, b"", "t" * 150), ("after.txt", tarfile.REGTYPE, b"z", ""),
+    ]
+    data = write_entries(members, FORMATS[fmt])
+    assert load(data) == loaded_like_tarfile(data)
+    if fmt != "ustar":
+        assert (f"h.tar/{long}", b"y" * 1024) in load(data)
+
+
+def test_pax_global_header_path_and_extended_size_are_applied_as_tarfile_does():
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.fileobj.write(tarfile.TarInfo.create_pax_global_header({"comment": "c", "path": "g/"}))
+        tar.offset += 1024
+        info = tarfile.TarInfo("a.bin")
+        info.size, info.pax_headers = 3, {"size": "3", "mtime": "1.5"}
+        tar.addfile(info, io.BytesIO(b"abc"))
+    data = buffer.getvalue()
+    assert load(data) == loaded_like_tarfile(data) == [("h.tar/g", b"abc")]
+
+
+def test_webdataset_tarwriter_style_shards_are_read():
+    buffer = io.BytesIO()  # what webdataset.TarWriter writes: pax format, fixed owner/mode
+    with tarfile.open(fileobj=buffer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for key in ("sample0", "sample1"):
+            for ext, payload in ((".cls", b"3"), (".jpg", b"\xff\xd8" * 300)):
+                info = tarfile.TarInfo(key + ext)
+                info.size, info.mtime, info.mode = len(payload), 1.7e9 + 0.25, 0o444
+                info.uname = info.gname = "bigdata"
+                tar.addfile(info, io.BytesIO(payload))
+    data = buffer.getvalue()
+    assert load(data) == loaded_like_tarfile(data) and len(load(data)) == 4
+
+
+def test_sparse_members_are_handed_to_tarfile_and_reading_goes_on():
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, payload, pax in [
+            ("before.txt", b"b", {}),
+            ("holes.bin", b"abc", {"GNU.sparse.size": "10", "GNU.sparse.numblocks": "1",
+                                   "GNU.sparse.offset": "4", "GNU.sparse.numbytes": "3"}),
+            ("after.txt", b"a" * 700, {}), ("x" * 120, b"long", {}),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = len(payload), pax
+            tar.addfile(info, io.BytesIO(payload))
+    data = buffer.getvalue()
+    assert load(data) == loaded_like_tarfile(data)
+    assert load(data)[1] == ("h.tar/holes.bin", b"\0" * 4 + b"abc" + b"\0" * 3)
+    assert collect_resumed(data, 3) == loaded_like_tarfile(data)[3:]
+
+
+def collect_resumed(data, skip):
+    loader = TarArchiveLoader(IterableWrapper([("h.tar", io.BytesIO(data))]))
+    loader.load_state_dict({"skip": skip})
+    return [loader.async_next() for _ in range(len(with_tarfile(data)) - skip)]
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_resume_skips_members_behind_long_name_and_pax_headers(fmt):
+    members = [(f"{'n' * 90}/{i}.bin", tarfile.REGTYPE, bytes([i]) * (i * 300), "")
+               for i in range(5)]
+    data = write_entries(members, FORMATS[fmt])
+    for skip in range(6):
+        assert collect_resumed(data, skip) == loaded_like_tarfile(data)[skip:]
+
+
+class ReadOnly:
+    """Only ``read``, returning at most ``step`` bytes a call: no seek, tell or readinto."""
+
+    def __init__(self, data, step):
+        self._inner, self.step, self.closed = io.BytesIO(data), step, False
+
+    def read(self, size=-1):
+        return self._inner.read(self.step if size < 0 else min(size, self.step))
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("step", [1, 100, 511, 4096])
+@pytest.mark.parametrize("mode", ["r|", "r|*"])
+def test_reads_a_read_only_stream_with_short_reads(step, mode):
+    members = [("x" * 150 + ".bin", tarfile.REGTYPE, b"1" * 3000, ""),
+               ("b.cls", tarfile.REGTYPE, b"2", "")]
+    data = write_entries(members, tarfile.PAX_FORMAT)
+    stream = ReadOnly(data, step)
+    got = list(TarArchiveLoader(IterableWrapper([("u.tar", stream)]), mode=mode))
+    assert got == loaded_like_tarfile(data, "u.tar") and stream.closed
+
+
+def truncation_fixture():
+    members = [("a.bin", tarfile.REGTYPE, b"x" * 600, ""),
+               ("l" * 120 + ".bin", tarfile.REGTYPE, b"y" * 100, ""),
+               ("c.bin", tarfile.REGTYPE, b"", "")]
+    data = write_entries(members, tarfile.GNU_FORMAT)
+    return data, _end_of_archive(data)
+
+
+def _end_of_archive(data):
+    """The byte offset where the end-of-archive marker's first block ends."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.getmembers()
+        return tar.offset + 512
+
+
+def test_truncated_at_every_offset_raises_naming_shard_offset_and_count():
+    data, complete = truncation_fixture()
+    full = loaded_like_tarfile(data, "cut.tar")
+    for cut in range(complete):
+        with pytest.raises(tarfile.ReadError, match=(
+            r"tar shard 'cut.tar' (is corrupted or truncated|is not a readable tar archive).*"
+            r"at byte offset \d+, after \d member\(s\)")):
+            load(data[:cut], "cut.tar")
+        kept = load(data[:cut], "cut.tar", on_error="skip")
+        assert kept == full[:len(kept)]
+    for cut in range(complete, len(data) + 1):
+        assert load(data[:cut], "cut.tar") == full
+
+
+def test_on_error_warn_on_a_truncated_shard_warns_and_keeps_the_complete_members():
+    data, _ = truncation_fixture()
+    with pytest.warns(UserWarning, match=r"'cut.tar' is corrupted or truncated.*after 1 member"):
+        kept = load(data[:1536 + 100], "cut.tar", on_error="warn")
+    assert kept == loaded_like_tarfile(data, "cut.tar")[:1]
+
+
+@pytest.mark.parametrize("compress,mode", [
+    (gzip.compress, "r|*"), (gzip.compress, "r:gz"), (gzip.compress, "r"),
+    (bz2.compress, "r|*"), (bz2.compress, "r|bz2"), (lzma.compress, "r|*"), (lzma.compress, "r:xz"),
+    (lambda d: d, "r|*"), (lambda d: d, "r:*"),
+])
+def test_compressed_and_plain_shards_in_every_detecting_mode(compress, mode):
+    data = write_entries([("a.txt", tarfile.REGTYPE, b"1" * 900, ""),
+                          ("y" * 200, tarfile.REGTYPE, b"2", "")], tarfile.GNU_FORMAT)
+    assert load(compress(data), mode=mode) == loaded_like_tarfile(data)
+
+
+def test_compressed_shard_in_plain_mode_says_to_use_r_pipe_star():
+    data = gzip.compress(write_entries([("a", tarfile.REGTYPE, b"1", "")], tarfile.GNU_FORMAT))
+    hint = r"not a readable tar archive \(if it is compressed, use mode='r\|\*'\)"
+    with pytest.raises(tarfile.ReadError, match=hint):
+        load(data)
+
+
+def test_truncated_compressed_shard_raises():
+    data = gzip.compress(write_entries([("a", tarfile.REGTYPE, os.urandom(5000), "")],
+                                       tarfile.GNU_FORMAT))
+    with pytest.raises(tarfile.ReadError, match=r"tar shard 'h.tar' .*byte offset \d+"):
+        load(data[: len(data) // 2], mode="r|*")
+
+
+def test_empty_archive_yields_nothing_and_empty_file_is_not_a_tar():
+    assert load(write_entries([], tarfile.GNU_FORMAT)) == []
+    with pytest.raises(tarfile.ReadError, match=r"not a readable tar archive: empty file"):
+        load(b"")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
+from pipeloom import get_worker_info
 from pipeloom.datapipes import IterableWrapper, IterDataPipe, item_rng
 
 
@@ -71,3 +73,43 @@ def draws_on_both_sides_of_the_merge(n: int = 30):
 def batched_in_workers(n: int = 37):
     """map is one-to-one, so batch and collate run in the workers."""
     return IterableWrapper(range(n)).shuffle().sharding_filter().map(draw).batch(4).map(tuple)
+
+
+# -- lifecycle tests (test_lifecycle.py) --------------------------------------
+
+BIG_ITEM_BYTES = 4 << 20
+
+
+def big_array(x):
+    """A 4 MiB array whose every byte says which item it is."""
+    return np.full(BIG_ITEM_BYTES // 8, x, dtype=np.float64)
+
+
+def pid_of_worker(x):
+    info = get_worker_info()
+    return (x, os.getpid(), None if info is None else info.id)
+
+
+def stuck_at(x, at=0, release=None):
+    """Item ``at`` waits until ``release`` (an Event) is set, at most a minute: its worker is stuck."""
+    if x == at:
+        (release or threading.Event()).wait(60)
+    return x
+
+
+def slow_item(x):
+    """Item ``x`` takes 10 ms: workers are always mid-item when the consumer stops."""
+    threading.Event().wait(0.01)
+    return x
+
+
+def logged_open(log_path, path, *args, **kwargs):
+    """``open`` that first appends ``"<pid> <path>"`` to ``log_path`` (one line per open)."""
+    with open(log_path, "a") as log:
+        log.write(f"{os.getpid()} {path}\n")
+    return open(path, *args, **kwargs)  # noqa: SIM115 - the caller owns the stream
+
+
+def sample_and_worker(sample):
+    info = get_worker_info()
+    return (sample["__key__"], sample[".cls"], sample[".json"], None if info is None else info.id)

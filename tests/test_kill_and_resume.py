@@ -1,0 +1,39 @@
+"""A training process killed after a checkpoint resumes exactly in a new process."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+JOB = pathlib.Path(__file__).with_name("checkpoint_job.py")
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(JOB), *map(str, args)], timeout=90)
+
+
+def batches(path: pathlib.Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_sigkilled_training_resumes_from_its_checkpoint_in_a_new_process(tmp_path):
+    full, partial, checkpoint = tmp_path / "full", tmp_path / "partial", tmp_path / "ckpt.pt"
+    assert run("full", full).returncode == 0
+    crashed = run("crash", partial, checkpoint, 5)
+    assert crashed.returncode == -signal.SIGKILL
+    assert run("resume", partial, checkpoint).returncode == 0
+    assert batches(partial) == batches(full)
+    assert len(batches(full)) == 15
+
+    # the killed job's worker processes notice their parent is gone and exit
+    worker_pids = json.loads((tmp_path / "partial.pids").read_text())
+    deadline = time.monotonic() + 15
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in worker_pids):
+        assert time.monotonic() < deadline, f"orphaned workers still alive: {worker_pids}"
+        psutil.wait_procs([psutil.Process(p) for p in worker_pids if psutil.pid_exists(p)], timeout=1)
