@@ -9,8 +9,8 @@ reader parses only what a data loader needs (name, size, type) from each
 It gives the same members as ``tarfile`` for ustar, GNU (``L``/``K`` long
 names) and pax (``x``/``g`` headers) archives, e.g. those written by
 ``tarfile`` in any format or by ``webdataset.TarWriter``. Anything rarer
-(sparse files) is handed to ``tarfile`` from that member on. Unlike
-``tarfile``, a missing end-of-archive marker is an error (truncation).
+(sparse files) is handed to ``tarfile`` from that member on. A missing
+end-of-archive marker is an error (truncation), not a normal end.
 
 Example:
     >>> import io, tarfile
@@ -36,7 +36,7 @@ _BLOCK = 512
 _ZERO = bytes(_BLOCK)
 _ENCODING = tarfile.ENCODING
 _REGULAR = frozenset(tarfile.REGULAR_TYPES) - {tarfile.GNUTYPE_SPARSE}
-_NO_DATA = frozenset(tarfile.SUPPORTED_TYPES) - frozenset(tarfile.REGULAR_TYPES)
+_NO_DATA = frozenset(tarfile.SUPPORTED_TYPES) - frozenset(tarfile.REGULAR_TYPES)  # links, dirs
 _PREAMBLE = frozenset((tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
                        tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE))
 _PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
@@ -104,7 +104,7 @@ def _pax_records(buf: bytes, into: dict[str, str]) -> None:
         position += length
 
 
-def _exotic(pax: dict[str, str]) -> bool:
+def _exotic(pax: dict[str, str]) -> bool:  # GNU sparse files: left to tarfile
     return any(key.startswith("GNU.sparse.") for key in pax)
 
 
@@ -143,8 +143,7 @@ class TarStream:
         """Yield ``(name, data)`` per regular file, after the first ``skip`` of them."""
         read = self._read
         header, self._head = self._head, b""
-        if len(header) != _BLOCK:
-            header = self._exact(_BLOCK, header)
+        header = header if len(header) == _BLOCK else self._exact(_BLOCK, header)
         while header != _ZERO:  # else the end-of-archive marker
             name, size, flag = self._header(header)
             if flag == tarfile.REGTYPE and not header[345] and not self._globals:

@@ -73,8 +73,8 @@ class IterableWrapper(IterDataPipe):
     def _start(self) -> Iterator[Any]:
         self._started_once = True
         it = iter(self.iterable)
-        for _ in range(self._position):  # resume: fast-forward to the saved position
-            next(it)
+        if self._position:  # resume: fast-forward to the saved position (at C speed)
+            next(islice(it, self._position, self._position), None)
         return it
 
     def state_dict(self) -> dict[str, Any]:
