@@ -26,6 +26,8 @@ Example:
 
 from __future__ import annotations
 
+import ast
+import functools
 import io
 import json
 from collections.abc import Callable, Mapping
@@ -42,7 +44,55 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", ".gif", ".t
 
 
 def _npy(data: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(data), allow_pickle=False)
+    """Decode ``.npy`` bytes (no pickles) into a fresh, writable array.
+
+    The header -- a small Python literal that ``np.load`` parses with
+    ``ast`` on every call -- is parsed once per distinct header and cached;
+    the payload is then one copy out of ``data``.
+    """
+    layout = _npy_layout(data)
+    if layout is None:  # unusual file: let NumPy handle (and explain) it
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    offset, dtype, shape, fortran = layout
+    count = int(np.prod(shape, dtype=np.int64))
+    flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    if fortran:
+        return flat.reshape(shape[::-1]).transpose().copy(order="F")
+    return flat.reshape(shape).copy()
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool] | None:
+    try:
+        fields = ast.literal_eval(header.decode("latin1"))
+        dtype = np.dtype(np.lib.format.descr_to_dtype(fields["descr"]))
+        shape, fortran = tuple(int(n) for n in fields["shape"]), bool(fields["fortran_order"])
+    except (ValueError, SyntaxError, KeyError, TypeError):
+        return None
+    return None if dtype.hasobject else (dtype, shape, fortran)
+
+
+def _npy_layout(data: bytes) -> tuple[int, np.dtype, tuple[int, ...], bool] | None:
+    if data[:6] != _NPY_MAGIC or len(data) < 10:
+        return None
+    major = data[6]
+    if major == 1:
+        start, size = 10, int.from_bytes(data[8:10], "little")
+    elif major in (2, 3):
+        start, size = 12, int.from_bytes(data[8:12], "little")
+    else:
+        return None
+    parsed = _parse_npy_header(bytes(data[start : start + size]))
+    if parsed is None:
+        return None
+    dtype, shape, fortran = parsed
+    offset = start + size
+    if len(data) - offset < dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
+        return None  # truncated: np.load raises a clear error
+    return offset, dtype, shape, fortran
 
 
 def _text(data: bytes) -> str:

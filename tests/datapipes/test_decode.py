@@ -130,3 +130,40 @@ def test_stateless_resume_and_async_path():
     items = [(f"{i}.cls", str(i).encode()) for i in range(5)]
     check_resume_from_every_step(lambda: Decoder(IterableWrapper(items)))
     assert collect_async(Decoder(IterableWrapper(items))) == [(f"{i}.cls", i) for i in range(5)]
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.asfortranarray(np.arange(6, dtype=np.int64).reshape(2, 3)),
+        np.zeros((0, 3)),
+        np.array(5.0),
+        np.array([True, False]),
+        np.arange(4, dtype=">i4"),
+    ],
+    ids=["c-order", "fortran", "empty", "0-d", "bool", "big-endian"],
+)
+def test_npy_fast_path_equals_np_load_and_is_writable(array):
+    import io
+
+    from pipeloom.datapipes._decode import _npy
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    decoded = _npy(buffer.getvalue())
+    expected = np.load(io.BytesIO(buffer.getvalue()))
+    assert decoded.dtype == expected.dtype and decoded.shape == expected.shape
+    assert np.array_equal(decoded, expected) and decoded.flags.writeable
+    assert decoded.flags.f_contiguous == expected.flags.f_contiguous
+
+
+def test_npy_with_pickled_objects_is_refused():
+    import io
+
+    from pipeloom.datapipes._decode import _npy
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.array([{1: 2}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="allow_pickle=False"):
+        _npy(buffer.getvalue())

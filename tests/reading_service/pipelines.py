@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import threading
 
 import numpy as np
@@ -90,10 +91,17 @@ def pid_of_worker(x):
     return (x, os.getpid(), None if info is None else info.id)
 
 
-def stuck_at(x, at=0, release=None):
-    """Item ``at`` waits until ``release`` (an Event) is set, at most a minute: its worker is stuck."""
+def stuck_at(x, at=0, release_fd=None):
+    """Item ``at`` waits until ``release_fd`` is readable, at most a minute: its worker is stuck.
+
+    A pipe, not a ``multiprocessing.Event``: setting an Event whose waiter was
+    SIGKILLed blocks forever.
+    """
     if x == at:
-        (release or threading.Event()).wait(60)
+        if release_fd is None:
+            threading.Event().wait(60)
+        else:
+            select.select([release_fd], [], [], 60)
     return x
 
 
