@@ -22,6 +22,7 @@ from ._pipeline import (
 )
 from ._compact import CompactStringList
 from ._decode import Decoder, default_decoders
+from ._device import PinMemory, ToDevice
 from ._files import FileLister, FileOpener, StreamOpener, StreamReader
 from ._fsspec import FSSpecFileLister, FSSpecFileOpener
 from ._http import HttpReader
@@ -57,6 +58,7 @@ __all__ = [
     "MapToIter",
     "NotAvailable",
     "pipeline_state_dict",
+    "PinMemory",
     "reset_pipeline",
     "seed_pipeline",
     "SequenceWrapper",
@@ -65,6 +67,7 @@ __all__ = [
     "StreamReader",
     "TarArchiveLoader",
     "TarMemberPath",
+    "ToDevice",
     "traverse_roots",
     "upstream_blocks",
     "WebDataset",

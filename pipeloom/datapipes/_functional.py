@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    import torch
+
     from ._base import DataPipe, IterDataPipe, MapDataPipe
 
 __all__ = ["IterFunctional", "MapFunctional", "functional_datapipe"]
@@ -119,6 +121,23 @@ class IterFunctional:
         from ._prefetch import Prefetcher
 
         return Prefetcher(self, buffer_size)
+
+    # -- devices ------------------------------------------------------------------
+    def pin_memory(
+        self, device: str | torch.device | int | None = None, buffer_size: int = 2
+    ) -> IterDataPipe:
+        """Pin tensors' host memory, one batch ahead in a thread. See :class:`PinMemory`."""
+        from ._device import PinMemory
+
+        return PinMemory(self, device, buffer_size=buffer_size)
+
+    def to_device(
+        self, device: str | torch.device | int, non_blocking: bool = True, buffer_size: int = 2
+    ) -> IterDataPipe:
+        """Copy tensors to ``device``, one batch ahead in a thread. See :class:`ToDevice`."""
+        from ._device import ToDevice
+
+        return ToDevice(self, device, non_blocking=non_blocking, buffer_size=buffer_size)
 
     # -- several streams ----------------------------------------------------------
     def zip(self, *others: IterDataPipe) -> IterDataPipe:

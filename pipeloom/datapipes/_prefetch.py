@@ -62,6 +62,8 @@ class Prefetcher(IterDataPipe):
         worker = self._worker
         if worker is None or not worker.running:
             worker = self._start()
+        elif worker.pausing:
+            worker.resume()
         with worker.lock:
             if worker.items:
                 item, stamp = worker.items.popleft()
@@ -95,7 +97,9 @@ class Prefetcher(IterDataPipe):
         worker = self._worker
         if worker is None:
             return {"items": [], "ended": False}
-        worker.stop()  # the next async_next restarts it
+        # Park the thread between items (it stays alive, so anything bound to it,
+        # such as a queue's consumer end, stays valid); the next async_next resumes it.
+        worker.pause()
         return {"items": list(worker.items), "ended": worker.ended}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -132,6 +136,8 @@ class _Worker:
         self.ended = False
         self.error: BaseException | None = None
         self.stopping = False
+        self.pausing = False
+        self.parked = False
         self.running = False
         self.thread: threading.Thread | None = None
         self.waiter: Waiter | None = None
@@ -158,6 +164,26 @@ class _Worker:
         self.thread = None
         self.running = False
 
+    def pause(self) -> None:
+        """Park the thread between two items and wait until it is parked."""
+        with self.lock:
+            self.pausing = True
+            self.space.notify_all()
+        if self.waiter is not None:
+            self.waiter.wake()
+        with self.space:
+            while not self.parked and self._thread_alive():
+                self.space.wait(timeout=1.0)
+
+    def resume(self) -> None:
+        with self.space:
+            self.pausing = self.parked = False
+            self.space.notify_all()
+
+    def _thread_alive(self) -> bool:
+        thread = self.thread
+        return thread is not None and thread.is_alive()
+
     def _run(self) -> None:
         try:
             self._produce()
@@ -168,7 +194,10 @@ class _Worker:
         items, space, signal = self.items, self.space, self.signal
         while True:
             with space:
-                while len(items) >= self.buffer_size and not self.stopping:
+                while (len(items) >= self.buffer_size or self.pausing) and not self.stopping:
+                    if self.pausing and not self.parked:
+                        self.parked = True
+                        space.notify_all()  # tell pause() we are between items
                     space.wait()
                 if self.stopping:
                     return
@@ -187,7 +216,9 @@ class _Worker:
                 signal.fire()
                 return
             if item is _STOPPED:
-                return
+                if self.stopping:
+                    return
+                continue  # asked to pause while waiting on the source: park
             with space:
                 items.append((item, current_stamp()))
             signal.fire()
@@ -202,7 +233,7 @@ class _Worker:
         waiter = self._attach()
         while True:
             seen = waiter.generation
-            if self.stopping:
+            if self.stopping or self.pausing:
                 return _STOPPED
             try:
                 return source.async_next()

@@ -358,9 +358,6 @@ def test_other_arguments_are_validated():
         PinMemory(IterableWrapper([]), buffer_size=0)
 
 
-@pytest.mark.skipif(
-    not hasattr(IterDataPipe, "to_device"), reason="functional names not registered yet"
-)
 def test_functional_methods_build_the_blocks():
     dp = IterableWrapper([torch.ones(1)]).pin_memory().to_device("cpu", non_blocking=False)
     assert isinstance(dp, ToDevice) and isinstance(dp.source, PinMemory)

@@ -192,7 +192,6 @@ def test_del_loader_mid_epoch_leaves_no_process_or_shared_memory(persistent, lef
         next(iterator)
     assert len(leftovers.new_children()) >= 2
     del iterator, loader
-    release.close()
     leftovers.assert_none()
 
 
@@ -207,7 +206,6 @@ def test_del_loader_mid_epoch_stops_worker_threads(leftovers):
     assert [next(iterator) for _ in range(5)] == [0, 1, 2, 3, 4]
     assert len(set(threading.enumerate()) - leftovers.threads) == 3
     del iterator, loader
-    release.close()
     leftovers.assert_none()
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from reading_service import pipelines
 
 from pipeloom import DataLoader
+from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import StateError
 from pipeloom.reading_service import (
     InProcessReadingService,
@@ -94,3 +95,18 @@ def test_arrival_order_cannot_be_checkpointed():
         next(iterator)
         with pytest.raises(StateError, match="in_order=False"):
             loader.state_dict()
+
+
+def test_state_dict_mid_epoch_with_a_prefetch_after_thread_workers():
+    def build():
+        return IterableWrapper(range(32)).sharding_filter().map(abs).batch(4).prefetch(2)
+
+    expected = list(DataLoader(build(), seed=0))
+    with DataLoader(build(), ThreadReadingService(2), seed=0) as loader:
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(2)]
+        state = loader.state_dict()
+        assert head + list(iterator) == expected  # reading on after a checkpoint
+    with DataLoader(build(), ThreadReadingService(2), seed=0) as resumed:
+        resumed.load_state_dict(state)
+        assert head + list(resumed) == expected
