@@ -38,7 +38,8 @@ def services(workers: int):
             from pipeloom.reading_service import MultiProcessingReadingService
         except ImportError:
             return
-        yield f"processes x{workers}", MultiProcessingReadingService(workers, persistent_workers=True)
+        service = MultiProcessingReadingService(workers, persistent_workers=True)
+        yield f"processes x{workers}", service
 
 
 def main(argv: list[str] | None = None) -> list[list]:

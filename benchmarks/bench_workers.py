@@ -198,8 +198,10 @@ def bench_case(case: Case, workers: int, n: int, batch: int, repeats: int) -> li
 
 
 def main(argv: list[str] | None = None) -> list[list[Any]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer items and repeats (about 1 min)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer items and repeats (< 1 min)")
     args = parser.parse_args(argv)
     # torch warns when num_workers exceeds the CPU count; the comparison is deliberate.
     warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)

@@ -78,7 +78,9 @@ class RecordReader(IterDataPipe):
 
     def __init__(self, source: IterDataPipe, *, return_path: bool = True) -> None:
         if not isinstance(source, IterDataPipe):  # validate at construction
-            raise TypeError(f"RecordReader expects an IterDataPipe of paths, got {type(source).__name__}")
+            raise TypeError(
+                f"RecordReader expects an IterDataPipe of paths, got {type(source).__name__}"
+            )
         if not isinstance(return_path, bool):
             raise TypeError(f"return_path must be True or False, got {return_path!r}")
         self.source = source
@@ -132,13 +134,22 @@ class RecordReader(IterDataPipe):
             file.close()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"files": self._files, "path": self._path, "offset": self._offset,
-                "records": self._records, "emitted": self._emitted}
+        return {
+            "files": self._files,
+            "path": self._path,
+            "offset": self._offset,
+            "records": self._records,
+            "emitted": self._emitted,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._close()  # the file is re-opened and seeked on the next call
         self._files, self._path = state["files"], state["path"]
-        self._offset, self._records, self._emitted = state["offset"], state["records"], state["emitted"]
+        self._offset, self._records, self._emitted = (
+            state["offset"],
+            state["records"],
+            state["emitted"],
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -184,7 +195,9 @@ class RecordDataset(MapDataPipe):
         # store would start a request here, raise NotAvailable, and answer later.
         assert self._offsets is not None and self._file is not None  # set by lazy_init
         if not -len(self._offsets) <= index < len(self._offsets):
-            raise IndexError(f"record {index} out of range for {len(self._offsets)} records in {self.path}")
+            raise IndexError(
+                f"record {index} out of range for {len(self._offsets)} records in {self.path}"
+            )
         self._file.seek(int(self._offsets[index]))
         record = _read_record(self._file, self.path)
         stamp_item(self.epoch_seed(), self._pl_epoch, index % len(self._offsets))
@@ -239,9 +252,16 @@ def main(root: str | None = None) -> dict[str, Any]:
     dataset = RecordDataset(paths[1])
     random_access = [dataset[i] for i in (3, 0, 2)]
     dataset.close()
-    summary = {"records": len(streamed), "first": streamed[0], "per_worker": [len(w) for w in per_worker],
-               "random_access": random_access, "length": len(dataset)}
-    print(f"streamed {summary['records']} records from {len(paths)} files; first {summary['first']!r}")
+    summary = {
+        "records": len(streamed),
+        "first": streamed[0],
+        "per_worker": [len(w) for w in per_worker],
+        "random_access": random_access,
+        "length": len(dataset),
+    }
+    print(
+        f"streamed {summary['records']} records from {len(paths)} files; first {summary['first']!r}"
+    )
     print(f"2 sharded workers read {summary['per_worker']} records")
     print(f"random access to {paths[1]}: {random_access}")
     return summary

@@ -69,8 +69,14 @@ class WorkerError(PipeloomError):
     def __reduce__(self):  # keep the keyword attributes across pickling
         return (
             _rebuild_worker_error,
-            (self.args[0] if self.args else "", self.worker, self.block, self.item,
-             self.original_type, self.traceback_text),
+            (
+                self.args[0] if self.args else "",
+                self.worker,
+                self.block,
+                self.item,
+                self.original_type,
+                self.traceback_text,
+            ),
         )
 
 

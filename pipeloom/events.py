@@ -63,9 +63,7 @@ class Waiter:
         """
         if not self._fd_refs:
             with self._cond:
-                return self._cond.wait_for(
-                    lambda: self._generation != seen_generation, timeout
-                )
+                return self._cond.wait_for(lambda: self._generation != seen_generation, timeout)
         return self._wait_selecting(seen_generation, timeout)
 
     def _wait_selecting(self, seen_generation: int, timeout: float | None) -> bool:

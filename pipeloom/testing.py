@@ -50,7 +50,11 @@ def _drain(reader: BlockingReader, limit: int | None = None) -> list[Any]:
 
 
 def check_resume_from_every_step(
-    make_pipe: Callable[[], DataPipe], *, seed: int = 0, epoch: int = 0, steps: list[int] | None = None
+    make_pipe: Callable[[], DataPipe],
+    *,
+    seed: int = 0,
+    epoch: int = 0,
+    steps: list[int] | None = None,
 ) -> None:
     """Save the state after each step, restore it into a fresh pipeline, compare.
 

@@ -1,8 +1,8 @@
 """A stand-in training job for the kill-and-resume test.
 
-    python checkpoint_job.py full   OUT            # an uninterrupted epoch
-    python checkpoint_job.py crash  OUT CKPT K     # K batches, checkpoint, SIGKILL itself
-    python checkpoint_job.py resume OUT CKPT       # resume from CKPT to the end
+python checkpoint_job.py full   OUT            # an uninterrupted epoch
+python checkpoint_job.py crash  OUT CKPT K     # K batches, checkpoint, SIGKILL itself
+python checkpoint_job.py resume OUT CKPT       # resume from CKPT to the end
 """
 
 from __future__ import annotations

@@ -34,6 +34,11 @@ def test_sigkilled_training_resumes_from_its_checkpoint_in_a_new_process(tmp_pat
     # the killed job's worker processes notice their parent is gone and exit
     worker_pids = json.loads((tmp_path / "partial.pids").read_text())
     deadline = time.monotonic() + 15
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in worker_pids):
+    while any(
+        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        for p in worker_pids
+    ):
         assert time.monotonic() < deadline, f"orphaned workers still alive: {worker_pids}"
-        psutil.wait_procs([psutil.Process(p) for p in worker_pids if psutil.pid_exists(p)], timeout=1)
+        psutil.wait_procs(
+            [psutil.Process(p) for p in worker_pids if psutil.pid_exists(p)], timeout=1
+        )

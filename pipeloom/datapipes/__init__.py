@@ -8,8 +8,14 @@ Example:
 
 from ..errors import NotAvailable
 from ._base import BlockingReader, DataPipe, IterDataPipe, MapDataPipe
+from ._compact import CompactStringList
 from ._context import current_position, derive_seed, item_rng, item_seed
+from ._decode import Decoder, default_decoders
+from ._device import PinMemory, ToDevice
+from ._files import FileLister, FileOpener, StreamOpener, StreamReader
+from ._fsspec import FSSpecFileLister, FSSpecFileOpener
 from ._functional import functional_datapipe
+from ._http import HttpReader
 from ._pipeline import (
     check_declared_inputs,
     load_pipeline_state_dict,
@@ -20,12 +26,6 @@ from ._pipeline import (
     traverse_roots,
     upstream_blocks,
 )
-from ._compact import CompactStringList
-from ._decode import Decoder, default_decoders
-from ._device import PinMemory, ToDevice
-from ._files import FileLister, FileOpener, StreamOpener, StreamReader
-from ._fsspec import FSSpecFileLister, FSSpecFileOpener
-from ._http import HttpReader
 from ._tar import TarArchiveLoader, TarMemberPath
 from ._text import CSVParser, LineReader
 from ._webdataset import WebDataset

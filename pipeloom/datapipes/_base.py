@@ -183,9 +183,7 @@ class DataPipe:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
         if state:
-            raise NotImplementedError(
-                f"{type(self).__name__} does not implement load_state_dict()"
-            )
+            raise NotImplementedError(f"{type(self).__name__} does not implement load_state_dict()")
 
     # -- seeds -----------------------------------------------------------------
     def epoch_seed(self) -> int:
@@ -311,7 +309,6 @@ class IterDataPipe(IterFunctional, DataPipe):
         super()._pl_reset()
 
 
-
 class MapDataPipe(MapFunctional, DataPipe):
     """A block with random access by index.
 
@@ -413,9 +410,7 @@ class BlockingReader:
                 return fn(*args)
             except NotAvailable:
                 if not waiter.wait(seen, timeout):
-                    raise TimeoutError(
-                        f"no item from {self.pipe!r} within {timeout} s"
-                    ) from None
+                    raise TimeoutError(f"no item from {self.pipe!r} within {timeout} s") from None
 
     def _attach(self) -> Waiter:
         if self._waiter is not None:

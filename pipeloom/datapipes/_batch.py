@@ -33,7 +33,10 @@ class Batcher(IterDataPipe):
     inputs = ("source",)
 
     def __init__(
-        self, source: IterDataPipe, batch_size: int, drop_last: bool = False,
+        self,
+        source: IterDataPipe,
+        batch_size: int,
+        drop_last: bool = False,
         wrapper_class: Callable[[list], Any] = list,
     ) -> None:
         check_batch_args("batch", batch_size, drop_last, wrapper_class)
@@ -83,7 +86,7 @@ class Batcher(IterDataPipe):
 
 
 class MapBatcher(MapDataPipe):
-    """Index ``i`` is the batch of items ``[i*batch_size, (i+1)*batch_size)`` (functional name: ``batch``).
+    """Index ``i`` is the batch ``[i*batch_size, (i+1)*batch_size)`` (functional: ``batch``).
 
     ``async_get`` requests every item of the batch before it waits on any, so
     an asynchronous source can fetch them concurrently.
@@ -98,7 +101,10 @@ class MapBatcher(MapDataPipe):
     inputs = ("source",)
 
     def __init__(
-        self, source: MapDataPipe, batch_size: int, drop_last: bool = False,
+        self,
+        source: MapDataPipe,
+        batch_size: int,
+        drop_last: bool = False,
         wrapper_class: Callable[[list], Any] = list,
     ) -> None:
         check_batch_args("batch", batch_size, drop_last, wrapper_class)
@@ -179,7 +185,11 @@ class Unbatcher(IterDataPipe):
     per_item = True
 
     def __init__(self, source: IterDataPipe, unbatch_level: int = 1) -> None:
-        if isinstance(unbatch_level, bool) or not isinstance(unbatch_level, int) or unbatch_level < -1:
+        if (
+            isinstance(unbatch_level, bool)
+            or not isinstance(unbatch_level, int)
+            or unbatch_level < -1
+        ):
             raise ValueError(
                 f"unbatch_level must be an int >= -1, got {unbatch_level!r}; use 1 to "
                 f"flatten one level, k for k levels, -1 for all nested lists, 0 for none"
@@ -215,7 +225,7 @@ class Unbatcher(IterDataPipe):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pending": list(self._buffer[self._index:])}
+        return {"pending": list(self._buffer[self._index :])}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._buffer, self._index = list(state.get("pending", ())), 0
@@ -272,7 +282,9 @@ def batch_count(length: int, batch_size: int, drop_last: bool) -> int:
     return length // batch_size if drop_last else -(-length // batch_size)
 
 
-def check_batch_args(owner: str, batch_size: Any, drop_last: Any, wrapper_class: Any = list) -> None:
+def check_batch_args(
+    owner: str, batch_size: Any, drop_last: Any, wrapper_class: Any = list
+) -> None:
     """Validate the arguments shared by the batching blocks."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(

@@ -110,10 +110,14 @@ class BucketBatcher(IterDataPipe):
             rng.shuffle(pool)
         if sort_key is not None:
             bucket = size * self.batch_num
-            pool = [x for start in range(0, len(pool), bucket) for x in self._sorted(pool[start:start + bucket])]
+            pool = [
+                x
+                for start in range(0, len(pool), bucket)
+                for x in self._sorted(pool[start : start + bucket])
+            ]
         # A batch carries the stamp of the item that completed it in arrival order.
         batches = [
-            (pool[start:start + size], stamps[min(start + size, len(pool)) - 1])
+            (pool[start : start + size], stamps[min(start + size, len(pool)) - 1])
             for start in range(0, len(pool), size)
         ]
         if self.drop_last and len(batches[-1][0]) < size:

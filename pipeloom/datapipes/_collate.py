@@ -58,15 +58,18 @@ class Collator(IterDataPipe):
 
     Example:
         >>> from pipeloom.datapipes import IterableWrapper
-        >>> list(IterableWrapper([(0, 1.0), (1, 2.0), (2, 3.0)]).batch(2).collate())
-        [[tensor([0, 1]), tensor([1., 2.], dtype=torch.float64)], [tensor([2]), tensor([3.], dtype=torch.float64)]]
+        >>> batches = list(IterableWrapper([(0, 1.0), (1, 2.0), (2, 3.0)]).batch(2).collate())
+        >>> batches[0]
+        [tensor([0, 1]), tensor([1., 2.], dtype=torch.float64)]
     """
 
     inputs = ("source",)
     per_item = True
     one_to_one = True
 
-    def __init__(self, source: IterDataPipe, collate_fn: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self, source: IterDataPipe, collate_fn: Callable[[Any], Any] | None = None
+    ) -> None:
         if collate_fn is not None:
             check_callable(collate_fn, "collate_fn", "collate", 1)
         self.source = source

@@ -44,8 +44,9 @@ class CompactStringList(Sequence[str]):
                 )
             encoded.append(text.encode("utf-8", "surrogateescape"))
         offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)),
-                  out=offsets[1:])
+        np.cumsum(
+            np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:]
+        )
         data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
         data.flags.writeable = False
         offsets.flags.writeable = False

@@ -29,9 +29,7 @@ class Cycler(IterDataPipe):
     def __init__(self, source: IterDataPipe, count: int | None = None) -> None:
         bad = isinstance(count, bool) or not isinstance(count, int) or count < 0
         if count is not None and bad:
-            raise ValueError(
-                f"count must be None (repeat forever) or an int >= 0, got {count!r}"
-            )
+            raise ValueError(f"count must be None (repeat forever) or an int >= 0, got {count!r}")
         self.source = source
         self.count = count
         self.reset()

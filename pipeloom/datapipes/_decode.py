@@ -39,8 +39,18 @@ from ._base import IterDataPipe
 
 __all__ = ["Decoder", "default_decoders", "IMAGE_EXTENSIONS"]
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", ".gif", ".tif", ".tiff",
-                    ".webp")
+IMAGE_EXTENSIONS = (
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".ppm",
+    ".pgm",
+    ".bmp",
+    ".gif",
+    ".tif",
+    ".tiff",
+    ".webp",
+)
 
 
 def _npy(data: bytes) -> np.ndarray:
@@ -131,7 +141,11 @@ def default_decoders() -> dict[str, Callable[[bytes], Any]]:
     ['.bmp', '.cls', '.gif', '.idx']
     """
     decoders: dict[str, Callable[[bytes], Any]] = {
-        ".npy": _npy, ".json": json.loads, ".txt": _text, ".cls": _int, ".idx": _int,
+        ".npy": _npy,
+        ".json": json.loads,
+        ".txt": _text,
+        ".cls": _int,
+        ".idx": _int,
         ".pt": _torch,
     }
     decoders.update(dict.fromkeys(IMAGE_EXTENSIONS, _image))
@@ -174,7 +188,11 @@ class Decoder(IterDataPipe):
         if decoders is not None and not isinstance(decoders, Mapping):
             raise TypeError(f"decoders must be a dict {{'.ext': fn}}, got {decoders!r}")
         for extension, fn in (decoders or {}).items():
-            if not isinstance(extension, str) or not extension.startswith(".") or len(extension) < 2:
+            if (
+                not isinstance(extension, str)
+                or not extension.startswith(".")
+                or len(extension) < 2
+            ):
                 raise ValueError(
                     f"decoder keys are extensions with a leading dot like '.foo', got {extension!r}"
                 )

@@ -114,8 +114,10 @@ class _DemuxHub(IterDataPipe):
                 f"classifier_fn returned None for item {item!r}; return a child index in "
                 f"[0, {self.num_instances}), or pass drop_none=True to drop such items"
             )
-        if isinstance(target, bool) or not isinstance(target, int) or not (
-            0 <= target < self.num_instances
+        if (
+            isinstance(target, bool)
+            or not isinstance(target, int)
+            or not (0 <= target < self.num_instances)
         ):
             raise ValueError(
                 f"classifier_fn returned {target!r} for item {item!r}; expected an int in "

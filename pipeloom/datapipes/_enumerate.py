@@ -10,7 +10,7 @@ __all__ = ["Enumerator"]
 
 
 class Enumerator(IterDataPipe):
-    """Yield ``(index, item)`` pairs, counting from ``starting_index`` (functional name: ``enumerate``).
+    """Yield ``(index, item)`` pairs from ``starting_index`` (functional name: ``enumerate``).
 
     Example:
         >>> from pipeloom.datapipes import IterableWrapper

@@ -81,7 +81,8 @@ class Lister(IterDataPipe):
                     f"{self!r}: no file under {self._where()} matches masks "
                     f"{list(self.masks) or '(none)'}; the epoch is empty. Check the "
                     f"root and the masks (e.g. masks='*.tar')",
-                    UserWarning, stacklevel=3,
+                    UserWarning,
+                    stacklevel=3,
                 )
         return self._paths
 
@@ -141,8 +142,10 @@ class FileLister(Lister):
         non_deterministic: bool = False,
     ) -> None:
         roots = [root] if isinstance(root, (str, os.PathLike)) else root
-        if not isinstance(roots, Sequence) or not roots or not all(
-            isinstance(r, (str, os.PathLike)) for r in roots
+        if (
+            not isinstance(roots, Sequence)
+            or not roots
+            or not all(isinstance(r, (str, os.PathLike)) for r in roots)
         ):
             raise TypeError(
                 f"root must be a path or a non-empty list of paths, got {root!r}; "
@@ -173,9 +176,7 @@ class FileLister(Lister):
             for directory, dirs, files in os.walk(base, onerror=_raise_walk_error):
                 if not self.non_deterministic:
                     dirs.sort()
-                found.extend(
-                    os.path.join(directory, n) for n in files if _matches(n, self.masks)
-                )
+                found.extend(os.path.join(directory, n) for n in files if _matches(n, self.masks))
                 if not self.recursive:
                     dirs.clear()
         return found if self.non_deterministic else sorted(found)

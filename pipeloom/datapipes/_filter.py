@@ -37,7 +37,9 @@ class Filter(IterDataPipe):
     inputs = ("source",)
     per_item = True
 
-    def __init__(self, source: IterDataPipe, filter_fn: Callable[..., Any], input_col: Col = None) -> None:
+    def __init__(
+        self, source: IterDataPipe, filter_fn: Callable[..., Any], input_col: Col = None
+    ) -> None:
         self.source = source
         self.filter_fn = filter_fn
         self.input_col = input_col

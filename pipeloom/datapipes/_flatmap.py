@@ -38,7 +38,9 @@ class FlatMapper(IterDataPipe):
     inputs = ("source",)
     per_item = True
 
-    def __init__(self, source: IterDataPipe, fn: Callable[[Any], Any] | None = None, input_col: Col = None) -> None:
+    def __init__(
+        self, source: IterDataPipe, fn: Callable[[Any], Any] | None = None, input_col: Col = None
+    ) -> None:
         self.source = source
         self.fn = fn
         self.input_col = input_col

@@ -6,7 +6,7 @@ from collections import deque
 from typing import Any
 
 from ._base import IterDataPipe
-from ._context import restore_stamp, current_stamp
+from ._context import current_stamp, restore_stamp
 
 __all__ = ["Forker", "fork"]
 

@@ -82,7 +82,9 @@ class FSSpecFileLister(Lister):
             names = fs.find(path)
         else:
             names = [e["name"] for e in fs.ls(path, detail=True) if e["type"] == "file"]
-        found = [fs.unstrip_protocol(n) for n in names if _matches(posixpath.basename(n), self.masks)]
+        found = [
+            fs.unstrip_protocol(n) for n in names if _matches(posixpath.basename(n), self.masks)
+        ]
         return sorted(found)
 
     def __repr__(self) -> str:
@@ -103,7 +105,11 @@ class FSSpecFileOpener(StreamOpener):
     """
 
     def __init__(
-        self, source: IterDataPipe, mode: str = "r", *, encoding: str | None = None,
+        self,
+        source: IterDataPipe,
+        mode: str = "r",
+        *,
+        encoding: str | None = None,
         **storage_options: Any,
     ) -> None:
         _fsspec("FSSpecFileOpener")

@@ -25,7 +25,9 @@ class IterFunctional:
     """The chaining methods of every ``IterDataPipe``."""
 
     # -- per item ------------------------------------------------------------
-    def map(self, fn: Callable[..., Any], input_col: Col = None, output_col: Col = None) -> IterDataPipe:
+    def map(
+        self, fn: Callable[..., Any], input_col: Col = None, output_col: Col = None
+    ) -> IterDataPipe:
         """Apply ``fn`` to each item (or to ``input_col`` of it). See :class:`Mapper`."""
         from ._map import Mapper
 
@@ -37,7 +39,9 @@ class IterFunctional:
 
         return Filter(self, filter_fn, input_col=input_col)
 
-    def flatmap(self, fn: Callable[[Any], Any] | None = None, input_col: Col = None) -> IterDataPipe:
+    def flatmap(
+        self, fn: Callable[[Any], Any] | None = None, input_col: Col = None
+    ) -> IterDataPipe:
         """Map each item to an iterable and yield its elements. See :class:`FlatMapper`."""
         from ._flatmap import FlatMapper
 
@@ -56,7 +60,9 @@ class IterFunctional:
         return Header(self, limit)
 
     # -- batching --------------------------------------------------------------
-    def batch(self, batch_size: int, drop_last: bool = False, wrapper_class: Callable[[list], Any] = list) -> IterDataPipe:
+    def batch(
+        self, batch_size: int, drop_last: bool = False, wrapper_class: Callable[[list], Any] = list
+    ) -> IterDataPipe:
         """Group consecutive items into lists of ``batch_size``. See :class:`Batcher`."""
         from ._batch import Batcher
 
@@ -81,8 +87,13 @@ class IterFunctional:
         from ._bucketbatch import BucketBatcher
 
         return BucketBatcher(
-            self, batch_size, drop_last=drop_last, batch_num=batch_num,
-            bucket_num=bucket_num, sort_key=sort_key, use_in_batch_shuffle=use_in_batch_shuffle,
+            self,
+            batch_size,
+            drop_last=drop_last,
+            batch_num=batch_num,
+            bucket_num=bucket_num,
+            sort_key=sort_key,
+            use_in_batch_shuffle=use_in_batch_shuffle,
         )
 
     def collate(self, collate_fn: Callable[[Any], Any] | None = None) -> IterDataPipe:
@@ -105,7 +116,7 @@ class IterFunctional:
         return Shuffler(self, buffer_size=buffer_size, seed=seed)
 
     def sharding_filter(self) -> IterDataPipe:
-        """Mark where a reading service splits the stream across workers. See :class:`ShardingFilter`."""
+        """Mark where a reading service splits the stream. See :class:`ShardingFilter`."""
         from ._sharding import ShardingFilter
 
         return ShardingFilter(self)
@@ -171,10 +182,12 @@ class IterFunctional:
         drop_none: bool = False,
         buffer_size: int = 1000,
     ) -> list[IterDataPipe]:
-        """Split the stream by ``classifier_fn`` into ``num_instances`` streams. See :class:`Demultiplexer`."""
+        """Split the stream by ``classifier_fn``. See :class:`Demultiplexer`."""
         from ._demux import demux
 
-        return demux(self, num_instances, classifier_fn, drop_none=drop_none, buffer_size=buffer_size)
+        return demux(
+            self, num_instances, classifier_fn, drop_none=drop_none, buffer_size=buffer_size
+        )
 
     # -- storage -------------------------------------------------------------------
     def open_files(self, mode: str = "r", encoding: str | None = None) -> IterDataPipe:
@@ -190,13 +203,15 @@ class IterFunctional:
         return TarArchiveLoader(self, mode=mode, on_error=on_error)
 
     def webdataset(self) -> IterDataPipe:
-        """Group consecutive tar members by key into one dict per sample. See :class:`WebDataset`."""
+        """Group consecutive tar members by key into samples. See :class:`WebDataset`."""
         from ._webdataset import WebDataset
 
         return WebDataset(self)
 
-    def decode(self, *, strict: bool = False, decoders: dict[str, Callable[[bytes], Any]] | None = None) -> IterDataPipe:
-        """Decode ``(name, bytes)`` items or sample dicts by file extension. See :class:`Decoder`."""
+    def decode(
+        self, *, strict: bool = False, decoders: dict[str, Callable[[bytes], Any]] | None = None
+    ) -> IterDataPipe:
+        """Decode ``(name, bytes)`` items or sample dicts by extension. See :class:`Decoder`."""
         from ._decode import Decoder
 
         return Decoder(self, strict=strict, decoders=decoders)
@@ -208,25 +223,40 @@ class IterFunctional:
         return LineReader(self, strip_newline=strip_newline, return_path=return_path)
 
     def parse_csv(
-        self, *, delimiter: str = ",", skip_lines: int = 0, as_dict: bool = False, return_path: bool = False
+        self,
+        *,
+        delimiter: str = ",",
+        skip_lines: int = 0,
+        as_dict: bool = False,
+        return_path: bool = False,
     ) -> IterDataPipe:
         """Yield the rows of each ``(path, stream)`` of CSV text. See :class:`CSVParser`."""
         from ._text import CSVParser
 
-        return CSVParser(self, delimiter=delimiter, skip_lines=skip_lines, as_dict=as_dict, return_path=return_path)
+        return CSVParser(
+            self,
+            delimiter=delimiter,
+            skip_lines=skip_lines,
+            as_dict=as_dict,
+            return_path=return_path,
+        )
 
 
 class MapFunctional:
     """The chaining methods of every ``MapDataPipe``."""
 
-    def map(self, fn: Callable[..., Any], input_col: Col = None, output_col: Col = None) -> MapDataPipe:
+    def map(
+        self, fn: Callable[..., Any], input_col: Col = None, output_col: Col = None
+    ) -> MapDataPipe:
         """Apply ``fn`` to each item on access. See :class:`MapMapper`."""
         from ._map import MapMapper
 
         return MapMapper(self, fn, input_col=input_col, output_col=output_col)
 
-    def batch(self, batch_size: int, drop_last: bool = False, wrapper_class: Callable[[list], Any] = list) -> MapDataPipe:
-        """Index ``i`` returns items ``[i*batch_size, (i+1)*batch_size)``. See :class:`MapBatcher`."""
+    def batch(
+        self, batch_size: int, drop_last: bool = False, wrapper_class: Callable[[list], Any] = list
+    ) -> MapDataPipe:
+        """Index ``i`` is items ``[i*batch_size, (i+1)*batch_size)``. See :class:`MapBatcher`."""
         from ._batch import MapBatcher
 
         return MapBatcher(self, batch_size, drop_last=drop_last, wrapper_class=wrapper_class)
@@ -314,5 +344,3 @@ def functional_datapipe(name: str, *, replace: bool = False) -> Callable[[B], B]
         return cls
 
     return register
-
-

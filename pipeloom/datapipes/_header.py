@@ -27,7 +27,9 @@ class Header(IterDataPipe):
     inputs = ("source",)
 
     def __init__(self, source: IterDataPipe, limit: int | None = 10) -> None:
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
+        ):
             raise ValueError(
                 f"limit must be an int >= 0 or None, got {limit!r}; use limit=None to "
                 f"yield every item"

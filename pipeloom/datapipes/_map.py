@@ -50,7 +50,11 @@ class Mapper(IterDataPipe):
     one_to_one = True
 
     def __init__(
-        self, source: IterDataPipe, fn: Callable[..., Any], input_col: Col = None, output_col: Col = None
+        self,
+        source: IterDataPipe,
+        fn: Callable[..., Any],
+        input_col: Col = None,
+        output_col: Col = None,
     ) -> None:
         self.source, self.fn, self.input_col, self.output_col = source, fn, input_col, output_col
         self._apply = make_map_function(fn, input_col, output_col, owner="map")
@@ -89,7 +93,11 @@ class MapMapper(MapDataPipe):
     one_to_one = True
 
     def __init__(
-        self, source: MapDataPipe, fn: Callable[..., Any], input_col: Col = None, output_col: Col = None
+        self,
+        source: MapDataPipe,
+        fn: Callable[..., Any],
+        input_col: Col = None,
+        output_col: Col = None,
     ) -> None:
         self.source, self.fn, self.input_col, self.output_col = source, fn, input_col, output_col
         self._apply = make_map_function(fn, input_col, output_col, owner="map")
@@ -191,7 +199,9 @@ def parse_input_col(input_col: Col, owner: str) -> tuple[Any, bool]:
     return input_col, False
 
 
-def make_reader(fn: Callable[..., Any], input_col: Col, owner: str, name: str) -> Callable[[Any], Any]:
+def make_reader(
+    fn: Callable[..., Any], input_col: Col, owner: str, name: str
+) -> Callable[[Any], Any]:
     """Validate ``fn``/``input_col`` and return ``item -> fn(selected columns)``."""
     col, several = parse_input_col(input_col, owner)
     check_callable(fn, name, owner, len(col) if several else 1)

@@ -48,7 +48,7 @@ def upstream_blocks(output: DataPipe) -> list[DataPipe]:
             parent = parents[next_parent]
             mark = state.get(id(parent))
             if mark == 1:
-                cycle = path[path.index(parent):] + [parent]
+                cycle = path[path.index(parent) :] + [parent]
                 raise ValueError(
                     "the pipeline has a cycle: "
                     + " -> ".join(type(b).__name__ for b in reversed(cycle))
@@ -130,7 +130,9 @@ def check_declared_inputs(output: DataPipe) -> None:
 
     chaining = set(vars(IterFunctional)) | set(vars(MapFunctional))
     for block in upstream_blocks(output):
-        shadowing = sorted(name for name in vars(block) if name in chaining and not name.startswith("_"))
+        shadowing = sorted(
+            name for name in vars(block) if name in chaining and not name.startswith("_")
+        )
         if shadowing:
             raise TypeError(
                 f"{type(block).__name__} sets the attribute {shadowing[0]!r}, which hides the "

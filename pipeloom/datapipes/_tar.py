@@ -66,7 +66,9 @@ class TarMemberPath(str):
 
 
 _MAGIC = (  # (decompressor, first bytes), as tarfile's "r|*" detects them
-    ("gzip", b"\x1f\x8b\x08"), ("bz2", b"BZh"), ("lzma", b"\xfd7zXZ\x00"),
+    ("gzip", b"\x1f\x8b\x08"),
+    ("bz2", b"BZh"),
+    ("lzma", b"\xfd7zXZ\x00"),
     ("lzma", b"\x5d\x00\x00\x80"),
 )
 _COMPRESSION = {"gz": "gzip", "bz2": "bz2", "xz": "lzma"}
@@ -162,8 +164,7 @@ class TarArchiveLoader(StreamReader):
                 "the shard and continue"
             ) from error
         if self.on_error == "warn":
-            warnings.warn(message + "; skipping the rest of this shard", UserWarning,
-                          stacklevel=3)
+            warnings.warn(message + "; skipping the rest of this shard", UserWarning, stacklevel=3)
 
     def __repr__(self) -> str:
         return f"TarArchiveLoader(mode={self.mode!r}, on_error={self.on_error!r})"

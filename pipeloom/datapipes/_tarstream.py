@@ -37,8 +37,15 @@ _ZERO = bytes(_BLOCK)
 _ENCODING = tarfile.ENCODING
 _REGULAR = frozenset(tarfile.REGULAR_TYPES) - {tarfile.GNUTYPE_SPARSE}
 _NO_DATA = frozenset(tarfile.SUPPORTED_TYPES) - frozenset(tarfile.REGULAR_TYPES)  # links, dirs
-_PREAMBLE = frozenset((tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
-                       tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE))
+_PREAMBLE = frozenset(
+    (
+        tarfile.GNUTYPE_LONGNAME,
+        tarfile.GNUTYPE_LONGLINK,
+        tarfile.XHDTYPE,
+        tarfile.XGLTYPE,
+        tarfile.SOLARIS_XHDTYPE,
+    )
+)
 _PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
 _PAX_CHARSET = re.compile(rb"\d+ hdrcharset=([^\n]+)\n")
 _TRUNCATED = "unexpected end of data (truncated: no end-of-archive marker)"
@@ -96,7 +103,7 @@ def _pax_records(buf: bytes, into: dict[str, str]) -> None:
         if length == 0:
             raise tarfile.ReadError("invalid member header (invalid pax record)")
         keyword = _pax_field(match.group(2), "utf-8")
-        value = buf[match.end(2) + 1:match.start(1) + length - 1]
+        value = buf[match.end(2) + 1 : match.start(1) + length - 1]
         if keyword in tarfile.PAX_NAME_FIELDS:
             into[keyword] = _pax_field(value, encoding, _ENCODING)
         else:
@@ -194,11 +201,12 @@ class TarStream:
             raise tarfile.ReadError(f"invalid member header (negative size {size})")
         self.started = True
         end = header.find(0, 0, 100)
-        name = header[:end if end >= 0 else 100].decode(_ENCODING, "surrogateescape")
+        name = header[: end if end >= 0 else 100].decode(_ENCODING, "surrogateescape")
         return name, size, header[156:157]
 
-    def _entry(self, header: bytes, name: str, size: int,
-               flag: bytes) -> tuple[bool | None, str, int, list[bytes]]:
+    def _entry(
+        self, header: bytes, name: str, size: int, flag: bytes
+    ) -> tuple[bool | None, str, int, list[bytes]]:
         """(is a regular file, name, data size, raw blocks) of the member at ``header``.
 
         Reads the ``L``/``K``/``x``/``g`` preamble blocks first, if any, and
@@ -228,15 +236,20 @@ class TarStream:
             name, size, flag = self._header(header)
         raw.append(header)
         self.offset += _BLOCK
-        if flag == tarfile.GNUTYPE_SPARSE or _exotic(self._globals) or "size" in self._globals \
-                or any(kind != tarfile.GNUTYPE_LONGNAME and _exotic(p) for kind, p in patches):
+        if (
+            flag == tarfile.GNUTYPE_SPARSE
+            or _exotic(self._globals)
+            or "size" in self._globals
+            or any(kind != tarfile.GNUTYPE_LONGNAME and _exotic(p) for kind, p in patches)
+        ):
             self.offset -= sum(map(len, raw))
             self._globals = globals_before
             return None, name, size, raw
         return (*self._finish(header, name, size, flag, patches), raw)
 
-    def _finish(self, header: bytes, name: str, size: int, flag: bytes,
-                patches: list[tuple[bytes, Any]]) -> tuple[bool, str, int]:
+    def _finish(
+        self, header: bytes, name: str, size: int, flag: bytes, patches: list[tuple[bytes, Any]]
+    ) -> tuple[bool, str, int]:
         """Apply ``tarfile``'s rules: prefix, V7 directories, pax/long-name patches."""
         if flag == tarfile.AREGTYPE and name.endswith("/"):
             flag = tarfile.DIRTYPE
@@ -267,8 +280,13 @@ class TarStream:
         """Read the rest of the archive with ``tarfile``, from the preamble in ``raw``."""
         base = self.offset
         chained = ChainedReader(b"".join(raw), self._read)
-        tar = tarfile.open(fileobj=chained, mode="r|", tarinfo=StrictTarInfo,  # type: ignore[call-overload]
-                           format=tarfile.PAX_FORMAT, pax_headers=dict(self._globals))
+        tar = tarfile.open(
+            fileobj=chained,
+            mode="r|",
+            tarinfo=StrictTarInfo,  # type: ignore[call-overload]
+            format=tarfile.PAX_FORMAT,
+            pax_headers=dict(self._globals),
+        )
         try:
             while (member := tar.next()) is not None:
                 self.offset = base + tar.offset

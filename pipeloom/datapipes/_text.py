@@ -103,8 +103,14 @@ class CSVParser(StreamReader):
         self.return_path = _check_bool("return_path", return_path)
 
     def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[Any]:
-        text = stream if isinstance(stream, io.TextIOBase) else io.TextIOWrapper(
-            stream, encoding="utf-8", newline=""  # type: ignore[arg-type]
+        text = (
+            stream
+            if isinstance(stream, io.TextIOBase)
+            else io.TextIOWrapper(
+                stream,
+                encoding="utf-8",
+                newline="",  # type: ignore[arg-type]
+            )
         )
         for _ in range(self.skip_lines):
             if not text.readline():

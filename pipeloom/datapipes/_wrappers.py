@@ -27,10 +27,14 @@ class IterableWrapper(IterDataPipe):
 
     def __init__(self, iterable: Iterable[Any]) -> None:
         if not isinstance(iterable, Iterable) or isinstance(iterable, DataPipe):
-            hint = " it is already a block; use it directly" if isinstance(iterable, DataPipe) else ""
+            hint = (
+                "it is already a block; use it directly"
+                if isinstance(iterable, DataPipe)
+                else "wrap map-style datasets with SequenceWrapper"
+            )
             raise TypeError(
                 f"IterableWrapper expects an iterable such as a list, range or "
-                f"IterableDataset, got {type(iterable).__name__};{hint or ' wrap map-style datasets with SequenceWrapper'}"
+                f"IterableDataset, got {type(iterable).__name__}; {hint}"
             )
         self.iterable = iterable
         self._one_shot = iter(iterable) is iterable if isinstance(iterable, Iterator) else False
@@ -235,7 +239,9 @@ class MapToIter(IterDataPipe):
         total = len(self.source)
         if self.num_shards == 1:
             return total
-        return sum(1 for i in range(total) if (i // self.group_size) % self.num_shards == self.shard_index)
+        return sum(
+            1 for i in range(total) if (i // self.group_size) % self.num_shards == self.shard_index
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"index": self._index}
@@ -267,8 +273,10 @@ def as_datapipe(source: Any) -> DataPipe:
         return source
     if isinstance(source, torch.utils.data.IterableDataset):
         return IterableWrapper(source)
-    if hasattr(source, "__getitem__") and hasattr(source, "__len__") and not isinstance(
-        source, (str, bytes, dict)
+    if (
+        hasattr(source, "__getitem__")
+        and hasattr(source, "__len__")
+        and not isinstance(source, (str, bytes, dict))
     ):
         return SequenceWrapper(source)
     if isinstance(source, Iterable):

@@ -72,9 +72,7 @@ def traverse(output: DataPipe) -> Graph:
     """
     nodes = upstream_blocks(output)
     index = {id(node): i for i, node in enumerate(nodes)}
-    edges = tuple(
-        (index[id(parent)], i) for i, node in enumerate(nodes) for parent in node.parents
-    )
+    edges = tuple((index[id(parent)], i) for i, node in enumerate(nodes) for parent in node.parents)
     return Graph(tuple(nodes), edges)
 
 

@@ -80,9 +80,7 @@ class QueueStatistics:
 def validate_capacity(capacity: int) -> int:
     """Check a queue capacity once, at construction."""
     if isinstance(capacity, bool) or not isinstance(capacity, int):
-        raise TypeError(
-            f"capacity must be an int, got {type(capacity).__name__} {capacity!r}"
-        )
+        raise TypeError(f"capacity must be an int, got {type(capacity).__name__} {capacity!r}")
     if capacity < 1:
         raise ValueError(
             f"capacity must be >= 1, got {capacity}; a queue needs room for at least "

@@ -77,11 +77,22 @@ class ProcessQueue(DataLoaderQueue):
         for sock in (producer, consumer):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
-        self._setup(validate_capacity(capacity), owner, os.getpid(),
-                    {"producer": producer, "consumer": consumer}, Control())
+        self._setup(
+            validate_capacity(capacity),
+            owner,
+            os.getpid(),
+            {"producer": producer, "consumer": consumer},
+            Control(),
+        )
 
-    def _setup(self, capacity: int, owner: str | None, creator: int,
-               socks: dict[Role, socket.socket | None], ctl: Control) -> None:
+    def _setup(
+        self,
+        capacity: int,
+        owner: str | None,
+        creator: int,
+        socks: dict[Role, socket.socket | None],
+        ctl: Control,
+    ) -> None:
         self._capacity = capacity
         self._owner = owner
         self._creator = creator
@@ -250,7 +261,10 @@ class ProcessQueue(DataLoaderQueue):
         os.close(self._wake_fd)
 
     def __del__(self) -> None:
-        if getattr(self, "_closed_here", "") is None and getattr(self, "_fork_generation", -1) == _forks[0]:
+        if (
+            getattr(self, "_closed_here", "") is None
+            and getattr(self, "_fork_generation", -1) == _forks[0]
+        ):
             try:
                 self.close()
             except Exception:  # noqa: BLE001 - never raise from a finalizer
@@ -270,12 +284,19 @@ class ProcessQueue(DataLoaderQueue):
                 "parent's first put()/get()"
             )
         socks = {role: None if s is None else DupFd(s.fileno()) for role, s in self._socks.items()}
-        return _rebuild, (self._capacity, self._owner, self._creator, socks["producer"],
-                          socks["consumer"], DupFd(self._ctl.fd))
+        return _rebuild, (
+            self._capacity,
+            self._owner,
+            self._creator,
+            socks["producer"],
+            socks["consumer"],
+            DupFd(self._ctl.fd),
+        )
 
 
-def _rebuild(capacity: int, owner: str | None, creator: int, producer: Any, consumer: Any,
-             ctl: Any) -> ProcessQueue:
+def _rebuild(
+    capacity: int, owner: str | None, creator: int, producer: Any, consumer: Any, ctl: Any
+) -> ProcessQueue:
     queue = ProcessQueue.__new__(ProcessQueue)
     socks: dict[Role, socket.socket | None] = {
         "producer": None if producer is None else socket.socket(fileno=producer.detach()),

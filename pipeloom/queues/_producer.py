@@ -43,7 +43,9 @@ class ProducerEnd:
         self.readiness = FdSetReadiness([sock.fileno(), wake_fd])
         send_frame(sock, Kind.HELLO, struct.pack("<q", os.getpid()))
 
-    def put(self, stream: bytes, buffers: list[memoryview], block: bool, deadline: Deadline) -> None:
+    def put(
+        self, stream: bytes, buffers: list[memoryview], block: bool, deadline: Deadline
+    ) -> None:
         self._wait_for_room(block, deadline)
         ctl = self._ctl
         ctl[Slot.PUTS] = ctl[Slot.PUTS] + 1
@@ -166,7 +168,9 @@ class ProducerEnd:
             meta = SHM_META.pack(segment.id, segment.size if new else 0, flags, len(buffers))
             tail = b"" if flags & STREAM_IN_SHM else stream
             fds = (segment.fd,) if new else ()
-            send_frame(self._sock, Kind.SHM_ITEM, meta, array("Q", offsets).tobytes(), tail, fds=fds)
+            send_frame(
+                self._sock, Kind.SHM_ITEM, meta, array("Q", offsets).tobytes(), tail, fds=fds
+            )
         except BaseException:
             self._pool.discard(segment)
             raise

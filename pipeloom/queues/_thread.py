@@ -59,7 +59,9 @@ class ThreadQueue(DataLoaderQueue):
         self._item_signal = Signal()
         self._space_signal = Signal()
         ref = weakref.ref(self)
-        self._binding = ThreadBinding("ThreadQueue", lambda role, name: _thread_exited(ref, role, name))
+        self._binding = ThreadBinding(
+            "ThreadQueue", lambda role, name: _thread_exited(ref, role, name)
+        )
 
     @property
     def capacity(self) -> int:

@@ -91,14 +91,18 @@ def test_wrapper_class_wraps_each_batch():
     assert list(IterableWrapper(range(3)).batch(2, wrapper_class=tuple)) == [(0, 1), (2,)]
 
 
-@pytest.mark.parametrize("n, drop_last, expected", [(7, False, 3), (7, True, 2), (6, True, 2), (0, False, 0)])
+@pytest.mark.parametrize(
+    "n, drop_last, expected", [(7, False, 3), (7, True, 2), (6, True, 2), (0, False, 0)]
+)
 def test_len_is_ceil_or_floor(n, drop_last, expected):
     assert len(IterableWrapper(range(n)).batch(3, drop_last=drop_last)) == expected
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, None])
 def test_bad_batch_size_is_a_value_error(bad):
-    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got .*; use batch_size=1"):
+    with pytest.raises(
+        ValueError, match="batch_size must be an int >= 1, got .*; use batch_size=1"
+    ):
         IterableWrapper([1]).batch(bad)
 
 
@@ -111,7 +115,10 @@ def test_bad_drop_last_and_wrapper_class_are_type_errors():
 
 def test_repr_shows_the_arguments():
     assert repr(IterableWrapper([1]).batch(4)) == "Batcher(batch_size=4, drop_last=False)"
-    assert repr(IterableWrapper([1]).batch(2, True, tuple)) == "Batcher(batch_size=2, drop_last=True, wrapper_class=tuple)"
+    assert (
+        repr(IterableWrapper([1]).batch(2, True, tuple))
+        == "Batcher(batch_size=2, drop_last=True, wrapper_class=tuple)"
+    )
 
 
 def test_stream_keeps_ending_after_the_last_batch():
@@ -176,7 +183,9 @@ def test_unbatch_accepts_tuple_batches_at_explicit_levels():
 
 
 def test_unbatch_deeper_than_the_data_names_the_level():
-    with pytest.raises(IndexError, match="unbatch_level=2 exceeds the depth .* at level 2 found int 1"):
+    with pytest.raises(
+        IndexError, match="unbatch_level=2 exceeds the depth .* at level 2 found int 1"
+    ):
         list(IterableWrapper([[1, 2]]).unbatch(unbatch_level=2))
     with pytest.raises(IndexError, match="at level 1 found str"):
         list(IterableWrapper(["ab"]).unbatch())
@@ -196,7 +205,9 @@ def test_unbatch_skips_empty_batches_and_has_a_repr():
 
 
 def test_unbatch_resumes_inside_a_batch():
-    check_resume_from_every_step(lambda: Stutter(IterableWrapper([[0, 1, 2], [], [3, 4]])).unbatch())
+    check_resume_from_every_step(
+        lambda: Stutter(IterableWrapper([[0, 1, 2], [], [3, 4]])).unbatch()
+    )
     check_resume_from_every_step(lambda: IterableWrapper([[[0, 1], [2]], [[3]]]).unbatch(2))
 
 
@@ -248,11 +259,15 @@ def test_map_batcher_requests_every_item_before_waiting():
 
 def test_map_batcher_iterates_through_to_iter_with_waits():
     assert collect_async(MapBatcher(SlowMap(5), 2, wrapper_class=tuple).to_iter()) == [
-        (0, 10), (20, 30), (40,)
+        (0, 10),
+        (20, 30),
+        (40,),
     ]
 
 
 @given(item_lists, positive_sizes, st.booleans())
 def test_map_batcher_agrees_with_the_iterable_batcher(items, size, drop_last):
     mapped = SequenceWrapper(items).batch(size, drop_last=drop_last)
-    assert list(mapped.to_iter()) == collect(IterableWrapper(items).batch(size, drop_last=drop_last))
+    assert list(mapped.to_iter()) == collect(
+        IterableWrapper(items).batch(size, drop_last=drop_last)
+    )

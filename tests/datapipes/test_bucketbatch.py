@@ -57,14 +57,16 @@ def drive(pipe):
             return items, stalls
 
 
-configs = st.fixed_dictionaries({
-    "batch_size": st.integers(1, 5),
-    "drop_last": st.booleans(),
-    "batch_num": st.integers(1, 4),
-    "bucket_num": st.integers(1, 3),
-    "sort_key": st.sampled_from([None, sorted]),
-    "use_in_batch_shuffle": st.booleans(),
-})
+configs = st.fixed_dictionaries(
+    {
+        "batch_size": st.integers(1, 5),
+        "drop_last": st.booleans(),
+        "batch_num": st.integers(1, 4),
+        "bucket_num": st.integers(1, 3),
+        "sort_key": st.sampled_from([None, sorted]),
+        "use_in_batch_shuffle": st.booleans(),
+    }
+)
 
 
 @given(item_lists, configs, seeds)
@@ -86,12 +88,14 @@ def test_every_item_appears_once_in_batches_of_batch_size(items, config, seed):
 def test_sort_key_makes_each_bucket_sorted_and_batches_contiguous():
     items = list(range(40))
     random.Random(1).shuffle(items)
-    dp = IterableWrapper(items).bucketbatch(4, batch_num=5, sort_key=sorted, use_in_batch_shuffle=False)
+    dp = IterableWrapper(items).bucketbatch(
+        4, batch_num=5, sort_key=sorted, use_in_batch_shuffle=False
+    )
     batches = collect(dp)
     assert all(b == sorted(b) for b in batches)
     for bucket in (sorted(items[:20]), sorted(items[20:])):
         mine = sorted(b for b in batches if b[0] in bucket)
-        assert mine == [bucket[i:i + 4] for i in range(0, 20, 4)]
+        assert mine == [bucket[i : i + 4] for i in range(0, 20, 4)]
 
 
 def test_batch_order_is_shuffled_but_reproducible_per_seed_and_epoch():
@@ -112,17 +116,26 @@ def test_without_sort_key_the_pool_is_shuffled():
 
 def test_sort_key_returning_the_wrong_number_of_items_is_a_value_error():
     dp = IterableWrapper(range(6)).bucketbatch(2, sort_key=lambda b: b[:1])
-    with pytest.raises(ValueError, match="must return the bucket's items sorted, but returned 1 items"):
+    with pytest.raises(
+        ValueError, match="must return the bucket's items sorted, but returned 1 items"
+    ):
         list(dp)
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"batch_size": 0}, ValueError, "batch_size must be an int >= 1, got 0"),
-    ({"batch_size": 2, "batch_num": 0}, ValueError, "batch_num must be an int >= 1, got 0"),
-    ({"batch_size": 2, "bucket_num": -1}, ValueError, "bucket_num must be an int >= 1, got -1"),
-    ({"batch_size": 2, "sort_key": "len"}, TypeError, "sort_key to be None or a callable"),
-    ({"batch_size": 2, "use_in_batch_shuffle": 1}, TypeError, "use_in_batch_shuffle to be True or False"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"batch_size": 0}, ValueError, "batch_size must be an int >= 1, got 0"),
+        ({"batch_size": 2, "batch_num": 0}, ValueError, "batch_num must be an int >= 1, got 0"),
+        ({"batch_size": 2, "bucket_num": -1}, ValueError, "bucket_num must be an int >= 1, got -1"),
+        ({"batch_size": 2, "sort_key": "len"}, TypeError, "sort_key to be None or a callable"),
+        (
+            {"batch_size": 2, "use_in_batch_shuffle": 1},
+            TypeError,
+            "use_in_batch_shuffle to be True or False",
+        ),
+    ],
+)
 def test_bad_arguments_are_rejected_at_construction(kwargs, error, message):
     with pytest.raises(error, match=message):
         IterableWrapper([1]).bucketbatch(**kwargs)
@@ -139,9 +152,13 @@ def test_repr_shows_the_arguments():
 
 def test_resume_from_every_step_keeps_buffers_and_rng():
     check_resume_from_every_step(
-        lambda: Stutter(IterableWrapper(range(23))).bucketbatch(2, batch_num=3, bucket_num=2, sort_key=sorted)
+        lambda: Stutter(IterableWrapper(range(23))).bucketbatch(
+            2, batch_num=3, bucket_num=2, sort_key=sorted
+        )
     )
-    check_resume_from_every_step(lambda: IterableWrapper(range(17)).bucketbatch(3, drop_last=True, batch_num=2))
+    check_resume_from_every_step(
+        lambda: IterableWrapper(range(17)).bucketbatch(3, drop_last=True, batch_num=2)
+    )
 
 
 def test_not_available_while_filling_a_pool_loses_nothing():
@@ -153,6 +170,8 @@ def test_not_available_while_filling_a_pool_loses_nothing():
 @settings(max_examples=30)
 def test_sync_and_async_iteration_agree(items, size, seed):
     def make():
-        return Stutter(IterableWrapper(items), seed=seed % 1000).bucketbatch(size, batch_num=2, sort_key=sorted)
+        return Stutter(IterableWrapper(items), seed=seed % 1000).bucketbatch(
+            size, batch_num=2, sort_key=sorted
+        )
 
     assert collect(make(), seed=seed) == collect_async(make(), seed=seed)

@@ -33,11 +33,18 @@ def samples(width):
     floats = st.floats(-1e6, 1e6, allow_nan=False)
     array = st.lists(floats, min_size=width, max_size=width).map(np.array)
     tensor = st.lists(st.integers(-100, 100), min_size=width, max_size=width).map(torch.tensor)
-    return st.fixed_dictionaries({
-        "i": st.integers(-1000, 1000), "f": floats, "b": st.booleans(), "s": st.text(max_size=3),
-        "a": array, "t": tensor,
-        "pair": st.builds(Pair, st.integers(0, 9), tensor), "list": st.tuples(floats, st.integers(0, 5)),
-    })
+    return st.fixed_dictionaries(
+        {
+            "i": st.integers(-1000, 1000),
+            "f": floats,
+            "b": st.booleans(),
+            "s": st.text(max_size=3),
+            "a": array,
+            "t": tensor,
+            "pair": st.builds(Pair, st.integers(0, 9), tensor),
+            "list": st.tuples(floats, st.integers(0, 5)),
+        }
+    )
 
 
 batches = st.integers(0, 3).flatmap(lambda w: st.lists(samples(w), min_size=1, max_size=5))
@@ -55,25 +62,41 @@ def test_default_collate_stacks_fields():
 
 
 def test_mismatched_shapes_name_the_field_and_the_shapes():
-    batch = [{"img": [torch.zeros(2, 3)]}, {"img": [torch.zeros(2, 3)]}, {"img": [torch.zeros(4, 3)]}]
-    with pytest.raises(RuntimeError, match=r"sample\['img'\]\[0\] has shape \(2, 3\) in entry 0 but shape \(4, 3\) in entry 2"):
+    batch = [
+        {"img": [torch.zeros(2, 3)]},
+        {"img": [torch.zeros(2, 3)]},
+        {"img": [torch.zeros(4, 3)]},
+    ]
+    with pytest.raises(
+        RuntimeError,
+        match=r"sample\['img'\]\[0\] has shape \(2, 3\) in entry 0 but shape \(4, 3\) in entry 2",
+    ):
         default_collate(batch)
 
 
 def test_mismatched_lengths_name_the_field():
-    with pytest.raises(RuntimeError, match=r"sample\[1\] has length 2 in entry 0 but length 1 in entry 1"):
+    with pytest.raises(
+        RuntimeError, match=r"sample\[1\] has length 2 in entry 0 but length 1 in entry 1"
+    ):
         default_collate([(0, [1, 2]), (1, [3])])
 
 
 def test_uncollatable_types_name_the_field():
-    with pytest.raises(TypeError, match=r"sample\['meta'\] is a NoneType, which has no tensor form"):
+    with pytest.raises(
+        TypeError, match=r"sample\['meta'\] is a NoneType, which has no tensor form"
+    ):
         default_collate([{"meta": None}, {"meta": None}])
 
 
 def test_collate_applies_default_collate_to_each_batch():
     out = list(IterableWrapper([(0, 1.0), (1, 2.0), (2, 3.0)]).batch(2).collate())
-    assert same(out, [[torch.tensor([0, 1]), torch.tensor([1.0, 2.0], dtype=torch.float64)],
-                      [torch.tensor([2]), torch.tensor([3.0], dtype=torch.float64)]])
+    assert same(
+        out,
+        [
+            [torch.tensor([0, 1]), torch.tensor([1.0, 2.0], dtype=torch.float64)],
+            [torch.tensor([2]), torch.tensor([3.0], dtype=torch.float64)],
+        ],
+    )
 
 
 def test_custom_collate_fn_and_repr_and_len():

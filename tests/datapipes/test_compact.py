@@ -51,7 +51,9 @@ def test_non_int_index_is_rejected():
 def test_storage_is_two_arrays_not_one_object_per_string():
     names = CompactStringList(f"/data/{i:06d}.tar" for i in range(1000))
     assert names.nbytes == 1000 * len("/data/000000.tar") + 1001 * 8
-    assert repr(names).startswith("CompactStringList(['/data/000000.tar', ") and "len=1000" in repr(names)
+    assert repr(names).startswith("CompactStringList(['/data/000000.tar', ") and "len=1000" in repr(
+        names
+    )
 
 
 @given(st.lists(st.text(), max_size=30))
@@ -98,5 +100,7 @@ def test_forked_worker_reading_a_million_paths_does_not_copy_them():
     plain_growth, plain_total = _fork_and_touch(paths)
     compact_growth, compact_total = _fork_and_touch(compact)
     assert plain_total == compact_total
-    assert compact_growth < 50 * MIB, f"compact listing grew the worker by {compact_growth / MIB:.0f} MiB"
+    assert compact_growth < 50 * MIB, (
+        f"compact listing grew the worker by {compact_growth / MIB:.0f} MiB"
+    )
     assert plain_growth > 80 * MIB, f"plain list grew only {plain_growth / MIB:.0f} MiB"

@@ -34,8 +34,11 @@ def decode(items, **kwargs):
 def test_default_decoders_by_extension():
     array = np.arange(6, dtype=np.float32).reshape(2, 3)
     items = [
-        ("d/x.npy", npy_bytes(array)), ("d/x.json", json.dumps({"a": [1]}).encode()),
-        ("d/x.txt", "héllo".encode()), ("d/x.cls", b" 7\n"), ("d/x.idx", b"12"),
+        ("d/x.npy", npy_bytes(array)),
+        ("d/x.json", json.dumps({"a": [1]}).encode()),
+        ("d/x.txt", "héllo".encode()),
+        ("d/x.cls", b" 7\n"),
+        ("d/x.idx", b"12"),
         ("d/x.pt", pt_bytes({"w": torch.ones(2)})),
     ]
     out = dict(decode(items))
@@ -84,7 +87,9 @@ def test_streams_are_read_and_closed():
 
 def test_unknown_extension_passes_through_unless_strict():
     assert decode([("a.foo", b"?"), ("noext", b"!")]) == [("a.foo", b"?"), ("noext", b"!")]
-    with pytest.raises(ValueError, match=r"no decoder for extension '.foo' of 'dir/a.foo'.*decoders=\{'.foo': fn\}"):
+    with pytest.raises(
+        ValueError, match=r"no decoder for extension '.foo' of 'dir/a.foo'.*decoders=\{'.foo': fn\}"
+    ):
         decode([("dir/a.foo", b"?")], strict=True)
     with pytest.raises(ValueError, match=r"no decoder for extension '.bar' of 's/1.bar'"):
         decode([{"__key__": "s/1", ".bar": b""}], strict=True)
@@ -93,7 +98,8 @@ def test_unknown_extension_passes_through_unless_strict():
 def test_custom_decoders_add_and_override_per_block():
     items = [("a.foo", b"abc"), ("a.cls", b"1")]
     assert decode(items, decoders={".foo": bytes.upper, ".CLS": lambda b: -int(b)}) == [
-        ("a.foo", b"ABC"), ("a.cls", -1)
+        ("a.foo", b"ABC"),
+        ("a.cls", -1),
     ]
     assert decode(items, decoders={".cls": None}) == items  # opt out of a default
     assert decode(items) == [("a.foo", b"abc"), ("a.cls", 1)]  # no global state
@@ -111,7 +117,9 @@ def test_default_decoders_returns_a_fresh_dict():
 
 
 def test_decoder_failure_names_the_item_and_decoder():
-    with pytest.raises(ValueError, match=r"decoding 'k.cls' with the '.cls' decoder _int failed: ValueError"):
+    with pytest.raises(
+        ValueError, match=r"decoding 'k.cls' with the '.cls' decoder _int failed: ValueError"
+    ):
         decode([("k.cls", b"not a number")])
 
 
@@ -123,7 +131,9 @@ def test_bad_arguments_and_items_are_rejected():
         Decoder(source, decoders={".foo": 3})  # type: ignore[dict-item]
     with pytest.raises(TypeError, match=r"expects \(name, bytes\) tuples or sample dicts, got int"):
         decode([3])
-    assert repr(Decoder(source, decoders={".foo": len})) == "Decoder(strict=False, decoders=['.foo'])"
+    assert (
+        repr(Decoder(source, decoders={".foo": len})) == "Decoder(strict=False, decoders=['.foo'])"
+    )
 
 
 def test_stateless_resume_and_async_path():

@@ -9,6 +9,7 @@ import random
 
 import pytest
 from hypothesis import given, settings
+from strategies import shard_counts
 
 from pipeloom.datapipes import (
     IterableWrapper,
@@ -21,8 +22,6 @@ from pipeloom.datapipes import _files as files_module
 from pipeloom.datapipes._compact import CompactStringList
 from pipeloom.datapipes._files import FileLister, FileOpener
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
-
-from strategies import shard_counts
 
 
 def _fds() -> int:
@@ -170,14 +169,19 @@ def test_lister_stamps_each_path_with_its_position(tree):
 def test_opens_each_path_in_text_or_binary_mode(tree):
     lister = FileLister(tree, "*.txt")
     texts = collect(ReadAndClose(FileOpener(lister)))
-    assert texts == [("a.txt", "content of a.txt\nline 2\n"), ("b.txt", "content of b.txt\nline 2\n")]
+    assert texts == [
+        ("a.txt", "content of a.txt\nline 2\n"),
+        ("b.txt", "content of b.txt\nline 2\n"),
+    ]
     binary = collect_async(ReadAndClose(lister.open_files("rb")))
     assert binary == [(n, t.encode()) for n, t in texts]
 
 
 def test_encoding_is_used_in_text_mode(tmp_path):
     (tmp_path / "l1.txt").write_bytes("é".encode("latin-1"))
-    assert collect(ReadAndClose(FileOpener(FileLister(tmp_path), encoding="latin-1"))) == [("l1.txt", "é")]
+    assert collect(ReadAndClose(FileOpener(FileLister(tmp_path), encoding="latin-1"))) == [
+        ("l1.txt", "é")
+    ]
 
 
 def test_bad_opener_arguments_are_rejected(tree):

@@ -73,7 +73,9 @@ def test_input_col_tests_a_column_but_keeps_the_whole_item():
 
 def test_several_input_cols_are_positional_args():
     items = [{"a": 1, "b": 1}, {"a": 1, "b": 2}]
-    assert list(IterableWrapper(items).filter(lambda a, b: a == b, input_col=["a", "b"])) == items[:1]
+    assert (
+        list(IterableWrapper(items).filter(lambda a, b: a == b, input_col=["a", "b"])) == items[:1]
+    )
 
 
 def test_numpy_and_tensor_booleans_are_accepted():
@@ -99,7 +101,10 @@ def test_predicate_errors_are_noted_with_block_and_position():
 
 
 def test_repr_shows_the_arguments():
-    assert repr(IterableWrapper([1]).filter(is_even, input_col=0)) == "Filter(filter_fn=is_even, input_col=0)"
+    assert (
+        repr(IterableWrapper([1]).filter(is_even, input_col=0))
+        == "Filter(filter_fn=is_even, input_col=0)"
+    )
     assert repr(IterableWrapper([1]).filter(is_even)) == "Filter(filter_fn=is_even)"
     assert type(IterableWrapper([1]).filter(is_even)) is Filter
 

@@ -79,7 +79,9 @@ def test_without_fn_each_item_is_flattened():
 
 def test_input_col_selects_what_is_expanded():
     assert list(IterableWrapper([("a", [1, 2])]).flatmap(input_col=1)) == [1, 2]
-    assert list(IterableWrapper([(2, 3)]).flatmap(lambda a, b: range(a, b + 1), input_col=[0, 1])) == [2, 3]
+    assert list(
+        IterableWrapper([(2, 3)]).flatmap(lambda a, b: range(a, b + 1), input_col=[0, 1])
+    ) == [2, 3]
 
 
 def test_generator_results_are_consumed_lazily():

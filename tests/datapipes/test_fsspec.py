@@ -20,18 +20,27 @@ from pipeloom.datapipes._fsspec import FSSpecFileLister, FSSpecFileOpener  # noq
 def root():
     fs = fsspec.filesystem("memory")
     base = f"/pl-{uuid.uuid4().hex}"
-    fs.pipe({
-        f"{base}/b.txt": b"B1\nB2\n", f"{base}/a.txt": b"A1\n", f"{base}/c.csv": b"x,y\n",
-        f"{base}/sub/d.txt": b"D1\n",
-    })
+    fs.pipe(
+        {
+            f"{base}/b.txt": b"B1\nB2\n",
+            f"{base}/a.txt": b"A1\n",
+            f"{base}/c.csv": b"x,y\n",
+            f"{base}/sub/d.txt": b"D1\n",
+        }
+    )
     yield f"memory://{base}"
     fs.rm(base, recursive=True)
 
 
 def test_lists_sorted_urls_matching_masks(root):
-    assert list(FSSpecFileLister(root, "*.txt")) == [f"memory://{root[9:]}/a.txt", f"memory://{root[9:]}/b.txt"]
+    assert list(FSSpecFileLister(root, "*.txt")) == [
+        f"memory://{root[9:]}/a.txt",
+        f"memory://{root[9:]}/b.txt",
+    ]
     assert [u.rsplit("/", 2)[-2:] for u in FSSpecFileLister(root, "*.txt", recursive=True)] == [
-        [root.rsplit("/", 1)[-1], "a.txt"], [root.rsplit("/", 1)[-1], "b.txt"], ["sub", "d.txt"]
+        [root.rsplit("/", 1)[-1], "a.txt"],
+        [root.rsplit("/", 1)[-1], "b.txt"],
+        ["sub", "d.txt"],
     ]
 
 
@@ -75,7 +84,10 @@ def test_streams_close_on_reset(root):
 
 def test_missing_fsspec_raises_an_import_error_with_the_fix(monkeypatch):
     monkeypatch.setitem(sys.modules, "fsspec", None)
-    with pytest.raises(ImportError, match="FSSpecFileLister needs the optional dependency fsspec: pip install fsspec"):
+    with pytest.raises(
+        ImportError,
+        match="FSSpecFileLister needs the optional dependency fsspec: pip install fsspec",
+    ):
         FSSpecFileLister("memory://x")
     with pytest.raises(ImportError, match="pip install fsspec"):
         FSSpecFileOpener(IterableWrapper([]))
@@ -89,4 +101,7 @@ def test_bad_arguments_are_rejected():
     assert repr(FSSpecFileLister("memory://d", "*.tar")) == (
         "FSSpecFileLister(root='memory://d', masks=['*.tar'], recursive=False)"
     )
-    assert repr(FSSpecFileOpener(IterableWrapper([]), "rb")) == "FSSpecFileOpener(mode='rb', encoding=None)"
+    assert (
+        repr(FSSpecFileOpener(IterableWrapper([]), "rb"))
+        == "FSSpecFileOpener(mode='rb', encoding=None)"
+    )

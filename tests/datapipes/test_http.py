@@ -27,7 +27,9 @@ def tar_bytes(members):
     return buffer.getvalue()
 
 
-SHARDS = {f"/shard-{i}.tar": [(f"{j:02d}.bin", bytes([i, j]) * 100) for j in range(3)] for i in range(3)}
+SHARDS = {
+    f"/shard-{i}.tar": [(f"{j:02d}.bin", bytes([i, j]) * 100) for j in range(3)] for i in range(3)
+}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -93,13 +95,19 @@ def test_a_server_error_is_retried(server):
 def test_persistent_server_error_names_url_status_and_attempts(server):
     server.fail_first["/shard-0.tar"] = 10
     reader = HttpReader(IterableWrapper(urls(server)), retries=2, backoff=0.01)
-    with pytest.raises(OSError, match=r"GET http://127.0.0.1:\d+/shard-0.tar failed with HTTP status 500 .* after 3 attempts"):
+    with pytest.raises(
+        OSError,
+        match=r"GET http://127.0.0.1:\d+/shard-0.tar failed with HTTP status 500 .* "
+        r"after 3 attempts",
+    ):
         list(reader)
 
 
 def test_not_found_fails_at_once_naming_url_and_status(server):
     reader = HttpReader(IterableWrapper([server.base + "/missing.tar"]), retries=3, backoff=0.01)
-    with pytest.raises(OSError, match=r"GET http://127.0.0.1:\d+/missing.tar failed with HTTP status 404"):
+    with pytest.raises(
+        OSError, match=r"GET http://127.0.0.1:\d+/missing.tar failed with HTTP status 404"
+    ):
         list(reader)
     assert server.hits == ["/missing.tar"]
 
@@ -110,7 +118,9 @@ def test_refused_connection_names_url_and_cause_after_retries():
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}/x.tar"
     reader = HttpReader(IterableWrapper([url]), retries=2, backoff=0.01, timeout=5)
-    with pytest.raises(ConnectionError, match=rf"GET {url} failed after 3 attempt\(s\): .*[Rr]efused"):
+    with pytest.raises(
+        ConnectionError, match=rf"GET {url} failed after 3 attempt\(s\): .*[Rr]efused"
+    ):
         list(reader)
 
 
@@ -140,7 +150,9 @@ def test_truncated_download_raises_naming_the_url(server):
 
 
 def test_resumes_mid_shard_by_requesting_it_again(server):
-    check_resume_from_every_step(lambda: TarArchiveLoader(HttpReader(IterableWrapper(urls(server)))))
+    check_resume_from_every_step(
+        lambda: TarArchiveLoader(HttpReader(IterableWrapper(urls(server))))
+    )
 
 
 def test_sharded_copies_request_disjoint_urls(server):
@@ -175,4 +187,6 @@ def test_bad_arguments_are_rejected():
         HttpReader(source, headers={"a": 1})  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="expects http:// or https:// URLs, got 'ftp://x'"):
         list(HttpReader(IterableWrapper(["ftp://x"])))
-    assert repr(HttpReader(source)) == "HttpReader(timeout=30.0, retries=3, backoff=0.5, headers=None)"
+    assert (
+        repr(HttpReader(source)) == "HttpReader(timeout=30.0, retries=3, backoff=0.5, headers=None)"
+    )

@@ -18,7 +18,9 @@ def make(n=40, size=8, seed=None):
 @given(item_lists, positive_sizes, seeds)
 def test_each_batch_keeps_its_items(items, size, seed):
     out = collect(IterableWrapper(items).batch(size).in_batch_shuffle(), seed=seed)
-    assert [sorted(b) for b in out] == [sorted(items[i:i + size]) for i in range(0, len(items), size)]
+    assert [sorted(b) for b in out] == [
+        sorted(items[i : i + size]) for i in range(0, len(items), size)
+    ]
 
 
 def test_order_is_reproducible_per_seed_and_changes_with_the_epoch():

@@ -20,7 +20,7 @@ from pipeloom.datapipes import (
     SequenceWrapper,
     reset_pipeline,
 )
-from pipeloom.datapipes._map import Mapper, MapMapper
+from pipeloom.datapipes._map import MapMapper, Mapper
 from pipeloom.events import Signal
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 
@@ -117,7 +117,9 @@ def test_several_input_cols_pass_positional_args_and_collapse_into_the_first():
 
 
 def test_several_input_cols_of_a_dict_collapse_into_the_first_key():
-    out = list(IterableWrapper([{"a": 1, "b": 2, "c": 3}]).map(lambda a, b: a * b, input_col=("a", "b")))
+    out = list(
+        IterableWrapper([{"a": 1, "b": 2, "c": 3}]).map(lambda a, b: a * b, input_col=("a", "b"))
+    )
     assert out == [{"a": 2, "c": 3}]
 
 
@@ -170,7 +172,9 @@ def test_fn_error_keeps_type_and_traceback_and_notes_block_and_position():
 
     with pytest.raises(KeyError) as info:
         list(IterableWrapper(range(5)).map(boom))
-    assert any("Mapper(fn=test_fn_error_keeps" in n and "position 2" in n for n in info.value.__notes__)
+    assert any(
+        "Mapper(fn=test_fn_error_keeps" in n and "position 2" in n for n in info.value.__notes__
+    )
     assert "boom" in "".join(traceback.format_tb(info.value.__traceback__))
 
 
@@ -186,7 +190,10 @@ def test_len_and_repr():
     dp = IterableWrapper(range(7)).map(double, input_col=None)
     assert len(dp) == 7
     assert repr(dp) == "Mapper(fn=double)"
-    assert repr(dp.map(len, input_col=0, output_col=-1)) == "Mapper(fn=len, input_col=0, output_col=-1)"
+    assert (
+        repr(dp.map(len, input_col=0, output_col=-1))
+        == "Mapper(fn=len, input_col=0, output_col=-1)"
+    )
 
 
 def test_map_is_picklable_with_columns():
@@ -196,7 +203,9 @@ def test_map_is_picklable_with_columns():
 
 def test_resume_from_every_step():
     check_resume_from_every_step(lambda: IterableWrapper(range(9)).map(double))
-    check_resume_from_every_step(lambda: Stutter(IterableWrapper(range(9))).map(double, input_col=None))
+    check_resume_from_every_step(
+        lambda: Stutter(IterableWrapper(range(9))).map(double, input_col=None)
+    )
 
 
 def test_not_available_upstream_loses_and_duplicates_nothing():
@@ -238,7 +247,7 @@ def test_sync_and_async_iteration_agree(items, seed):
 def test_old_style_generator_blocks_mix_with_async_blocks(items):
     dp = OldStyleAddOne(Stutter(IterableWrapper(items)).map(double)).map(double).batch(3)
     flat = [2 * (2 * x + 1) for x in items]
-    assert collect(dp) == [flat[i:i + 3] for i in range(0, len(flat), 3)]
+    assert collect(dp) == [flat[i : i + 3] for i in range(0, len(flat), 3)]
     assert collect_async(dp) == collect(dp)
 
 

@@ -131,7 +131,9 @@ def test_truncated_shard_raises_naming_the_shard_and_offset(cut):
     data = tar_bytes([("a", b"x" * 600), ("b", b"y" * 600), ("c", b"z")])
     truncated = data[:cut] if cut > 0 else data[: len(data) + cut - 8192]
     loader = TarArchiveLoader(IterableWrapper([("bad.tar", io.BytesIO(truncated))]))
-    with pytest.raises(tarfile.ReadError, match=r"tar shard 'bad.tar' is corrupted or truncated.*byte offset \d+"):
+    with pytest.raises(
+        tarfile.ReadError, match=r"tar shard 'bad.tar' is corrupted or truncated.*byte offset \d+"
+    ):
         list(loader)
 
 
@@ -144,7 +146,7 @@ def test_missing_end_marker_is_truncation_not_a_silent_end():
 
 def test_corrupted_header_raises():
     data = bytearray(tar_bytes([("a", b"x"), ("b", b"y")]))
-    data[1024:1024 + 100] = b"\xff" * 100  # scramble the second header
+    data[1024 : 1024 + 100] = b"\xff" * 100  # scramble the second header
     with pytest.raises(tarfile.ReadError, match="invalid member header"):
         list(TarArchiveLoader(IterableWrapper([("bad.tar", io.BytesIO(bytes(data)))])))
 
@@ -163,7 +165,12 @@ def test_on_error_skip_drops_the_rest_of_the_bad_shard_and_goes_on(shards):
     assert got[:4] == expected_members(shards)[:4] and got[-4:] == expected_members(shards)[-4:]
     assert len(got) == 10  # shard 1 kept the two members before the cut
     with pytest.warns(UserWarning, match=r"shard-1.tar' is corrupted .* skipping the rest"):
-        assert len(collect(FileLister(shards, "*.tar").open_files("rb").load_from_tar(on_error="warn"))) == 10
+        assert (
+            len(
+                collect(FileLister(shards, "*.tar").open_files("rb").load_from_tar(on_error="warn"))
+            )
+            == 10
+        )
 
 
 def test_error_closes_the_shard_stream(tmp_path):
@@ -175,7 +182,9 @@ def test_error_closes_the_shard_stream(tmp_path):
 
 
 def test_resumes_from_every_step_inside_shards(shards):
-    check_resume_from_every_step(lambda: FileLister(shards, "*.tar").open_files("rb").load_from_tar())
+    check_resume_from_every_step(
+        lambda: FileLister(shards, "*.tar").open_files("rb").load_from_tar()
+    )
 
 
 def test_survives_not_available_from_upstream(shards):
@@ -283,11 +292,13 @@ def test_fast_reader_yields_exactly_what_tarfile_yields(members, fmt, global_hea
 def test_long_unicode_names_links_and_directories_in_every_format(fmt):
     long = "deep/" * 30 + "ünïcödé-" * 10 + ".jpg"
     members = [
-        ("d", tarfile.DIRTYPE, b"", ""), ("d/short.cls", tarfile.REGTYPE, b"1", ""),
+        ("d", tarfile.DIRTYPE, b"", ""),
+        ("d/short.cls", tarfile.REGTYPE, b"1", ""),
         ("a" * 99 + ".txt", tarfile.REGTYPE, b"x" * 513, ""),
         ("p/" * 60 + "f.bin", tarfile.REGTYPE, b"", ""),  # ustar: prefix + name
         (long, tarfile.REGTYPE, b"y" * 1024, ""),
-        ("link", tarfile.SYMTYPE, b"", "t" * 150), ("after.txt", tarfile.REGTYPE, b"z", ""),
+        ("link", tarfile.SYMTYPE, b"", "t" * 150),
+        ("after.txt", tarfile.REGTYPE, b"z", ""),
     ]
     data = write_entries(members, FORMATS[fmt])
     assert load(data) == loaded_like_tarfile(data)
@@ -325,9 +336,18 @@ def test_sparse_members_are_handed_to_tarfile_and_reading_goes_on():
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, payload, pax in [
             ("before.txt", b"b", {}),
-            ("holes.bin", b"abc", {"GNU.sparse.size": "10", "GNU.sparse.numblocks": "1",
-                                   "GNU.sparse.offset": "4", "GNU.sparse.numbytes": "3"}),
-            ("after.txt", b"a" * 700, {}), ("x" * 120, b"long", {}),
+            (
+                "holes.bin",
+                b"abc",
+                {
+                    "GNU.sparse.size": "10",
+                    "GNU.sparse.numblocks": "1",
+                    "GNU.sparse.offset": "4",
+                    "GNU.sparse.numbytes": "3",
+                },
+            ),
+            ("after.txt", b"a" * 700, {}),
+            ("x" * 120, b"long", {}),
         ]:
             info = tarfile.TarInfo(name)
             info.size, info.pax_headers = len(payload), pax
@@ -346,8 +366,9 @@ def collect_resumed(data, skip):
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_resume_skips_members_behind_long_name_and_pax_headers(fmt):
-    members = [(f"{'n' * 90}/{i}.bin", tarfile.REGTYPE, bytes([i]) * (i * 300), "")
-               for i in range(5)]
+    members = [
+        (f"{'n' * 90}/{i}.bin", tarfile.REGTYPE, bytes([i]) * (i * 300), "") for i in range(5)
+    ]
     data = write_entries(members, FORMATS[fmt])
     for skip in range(6):
         assert collect_resumed(data, skip) == loaded_like_tarfile(data)[skip:]
@@ -369,8 +390,10 @@ class ReadOnly:
 @pytest.mark.parametrize("step", [1, 100, 511, 4096])
 @pytest.mark.parametrize("mode", ["r|", "r|*"])
 def test_reads_a_read_only_stream_with_short_reads(step, mode):
-    members = [("x" * 150 + ".bin", tarfile.REGTYPE, b"1" * 3000, ""),
-               ("b.cls", tarfile.REGTYPE, b"2", "")]
+    members = [
+        ("x" * 150 + ".bin", tarfile.REGTYPE, b"1" * 3000, ""),
+        ("b.cls", tarfile.REGTYPE, b"2", ""),
+    ]
     data = write_entries(members, tarfile.PAX_FORMAT)
     stream = ReadOnly(data, step)
     got = list(TarArchiveLoader(IterableWrapper([("u.tar", stream)]), mode=mode))
@@ -378,9 +401,11 @@ def test_reads_a_read_only_stream_with_short_reads(step, mode):
 
 
 def truncation_fixture():
-    members = [("a.bin", tarfile.REGTYPE, b"x" * 600, ""),
-               ("l" * 120 + ".bin", tarfile.REGTYPE, b"y" * 100, ""),
-               ("c.bin", tarfile.REGTYPE, b"", "")]
+    members = [
+        ("a.bin", tarfile.REGTYPE, b"x" * 600, ""),
+        ("l" * 120 + ".bin", tarfile.REGTYPE, b"y" * 100, ""),
+        ("c.bin", tarfile.REGTYPE, b"", ""),
+    ]
     data = write_entries(members, tarfile.GNU_FORMAT)
     return data, _end_of_archive(data)
 
@@ -396,12 +421,16 @@ def test_truncated_at_every_offset_raises_naming_shard_offset_and_count():
     data, complete = truncation_fixture()
     full = loaded_like_tarfile(data, "cut.tar")
     for cut in range(complete):
-        with pytest.raises(tarfile.ReadError, match=(
-            r"tar shard 'cut.tar' (is corrupted or truncated|is not a readable tar archive).*"
-            r"at byte offset \d+, after \d member\(s\)")):
+        with pytest.raises(
+            tarfile.ReadError,
+            match=(
+                r"tar shard 'cut.tar' (is corrupted or truncated|is not a readable tar archive).*"
+                r"at byte offset \d+, after \d member\(s\)"
+            ),
+        ):
             load(data[:cut], "cut.tar")
         kept = load(data[:cut], "cut.tar", on_error="skip")
-        assert kept == full[:len(kept)]
+        assert kept == full[: len(kept)]
     for cut in range(complete, len(data) + 1):
         assert load(data[:cut], "cut.tar") == full
 
@@ -409,18 +438,29 @@ def test_truncated_at_every_offset_raises_naming_shard_offset_and_count():
 def test_on_error_warn_on_a_truncated_shard_warns_and_keeps_the_complete_members():
     data, _ = truncation_fixture()
     with pytest.warns(UserWarning, match=r"'cut.tar' is corrupted or truncated.*after 1 member"):
-        kept = load(data[:1536 + 100], "cut.tar", on_error="warn")
+        kept = load(data[: 1536 + 100], "cut.tar", on_error="warn")
     assert kept == loaded_like_tarfile(data, "cut.tar")[:1]
 
 
-@pytest.mark.parametrize("compress,mode", [
-    (gzip.compress, "r|*"), (gzip.compress, "r:gz"), (gzip.compress, "r"),
-    (bz2.compress, "r|*"), (bz2.compress, "r|bz2"), (lzma.compress, "r|*"), (lzma.compress, "r:xz"),
-    (lambda d: d, "r|*"), (lambda d: d, "r:*"),
-])
+@pytest.mark.parametrize(
+    "compress,mode",
+    [
+        (gzip.compress, "r|*"),
+        (gzip.compress, "r:gz"),
+        (gzip.compress, "r"),
+        (bz2.compress, "r|*"),
+        (bz2.compress, "r|bz2"),
+        (lzma.compress, "r|*"),
+        (lzma.compress, "r:xz"),
+        (lambda d: d, "r|*"),
+        (lambda d: d, "r:*"),
+    ],
+)
 def test_compressed_and_plain_shards_in_every_detecting_mode(compress, mode):
-    data = write_entries([("a.txt", tarfile.REGTYPE, b"1" * 900, ""),
-                          ("y" * 200, tarfile.REGTYPE, b"2", "")], tarfile.GNU_FORMAT)
+    data = write_entries(
+        [("a.txt", tarfile.REGTYPE, b"1" * 900, ""), ("y" * 200, tarfile.REGTYPE, b"2", "")],
+        tarfile.GNU_FORMAT,
+    )
     assert load(compress(data), mode=mode) == loaded_like_tarfile(data)
 
 
@@ -432,8 +472,9 @@ def test_compressed_shard_in_plain_mode_says_to_use_r_pipe_star():
 
 
 def test_truncated_compressed_shard_raises():
-    data = gzip.compress(write_entries([("a", tarfile.REGTYPE, os.urandom(5000), "")],
-                                       tarfile.GNU_FORMAT))
+    data = gzip.compress(
+        write_entries([("a", tarfile.REGTYPE, os.urandom(5000), "")], tarfile.GNU_FORMAT)
+    )
     with pytest.raises(tarfile.ReadError, match=r"tar shard 'h.tar' .*byte offset \d+"):
         load(data[: len(data) // 2], mode="r|*")
 

@@ -36,7 +36,11 @@ def test_readlines_yields_path_and_stripped_line(texts):
 
 
 def test_readlines_can_keep_newlines_and_drop_paths(texts):
-    pipe = FileLister(texts, "a.txt").open_files("rb").readlines(strip_newline=False, return_path=False)
+    pipe = (
+        FileLister(texts, "a.txt")
+        .open_files("rb")
+        .readlines(strip_newline=False, return_path=False)
+    )
     assert collect(pipe) == [b"one\n", b"two\r\n", b"three"]
 
 
@@ -55,7 +59,11 @@ def test_readlines_resumes_mid_file(texts):
 def test_parse_csv_rows_lists_and_dicts(csvs):
     files = FileLister(csvs).open_files()
     assert collect(files.parse_csv(skip_lines=1)) == [
-        ["name", "n"], ["x", "1"], ["y", "2"], ["name", "n"], ["z", "3"]
+        ["name", "n"],
+        ["x", "1"],
+        ["y", "2"],
+        ["name", "n"],
+        ["z", "3"],
     ]
     assert collect(files.parse_csv(skip_lines=1, as_dict=True, return_path=True)) == [
         (str(csvs / "1.csv"), {"name": "x", "n": "1"}),

@@ -36,8 +36,11 @@ def make_samples(shard, count=3):
 
 def expected(path, samples):
     return [
-        {"__key__": f"{path}/{s['__key__']}", "__url__": str(path),
-         **{f".{k}": v for k, v in sorted(s.items()) if k != "__key__"}}
+        {
+            "__key__": f"{path}/{s['__key__']}",
+            "__url__": str(path),
+            **{f".{k}": v for k, v in sorted(s.items()) if k != "__key__"},
+        }
         for s in samples
     ]
 

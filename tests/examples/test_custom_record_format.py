@@ -21,7 +21,11 @@ def test_main_reads_the_data_both_ways(tmp_path, capsys):
     summary = example.main(str(tmp_path))
     assert summary["records"] == 12 and summary["first"] == b"shard 0 record 0"
     assert summary["per_worker"] == [8, 4]
-    assert summary["random_access"] == [b"shard 1 record 3", b"shard 1 record 0", b"shard 1 record 2"]
+    assert summary["random_access"] == [
+        b"shard 1 record 3",
+        b"shard 1 record 0",
+        b"shard 1 record 2",
+    ]
     assert "streamed 12 records" in capsys.readouterr().out
 
 
@@ -31,7 +35,9 @@ def test_stream_reader_resumes_and_survives_copies(tmp_path):
         example.write_records(path, [bytes([i, j]) for j in range(3)])
     make = lambda: IterableWrapper(paths).read_records()  # noqa: E731
     check_resume_from_every_step(make)
-    assert collect_async(copy.deepcopy(make())) == [(p, bytes([i, j])) for i, p in enumerate(paths) for j in range(3)]
+    assert collect_async(copy.deepcopy(make())) == [
+        (p, bytes([i, j])) for i, p in enumerate(paths) for j in range(3)
+    ]
 
 
 def test_map_reader_opens_lazily_and_pickles_without_its_file(tmp_path):

@@ -37,7 +37,9 @@ def test_producer_killed_mid_stream_breaks_the_consumer_promptly(no_shm_leak):
     proc.start()
     got = []
     start = time.monotonic()
-    with pytest.raises(QueueBroken, match=f"producer process {proc.pid} exited with signal SIGKILL"):
+    with pytest.raises(
+        QueueBroken, match=f"producer process {proc.pid} exited with signal SIGKILL"
+    ):
         while True:
             got.append(q.get(timeout=10))
     assert time.monotonic() - start < 10

@@ -106,6 +106,12 @@ def test_statistics_is_a_frozen_record():
     q = ThreadQueue(capacity=4)
     q.put(1)
     stats = q.statistics()
-    assert (stats.kind, stats.qsize, stats.capacity, stats.puts, stats.gets) == ("thread", 1, 4, 1, 0)
+    assert (stats.kind, stats.qsize, stats.capacity, stats.puts, stats.gets) == (
+        "thread",
+        1,
+        4,
+        1,
+        0,
+    )
     with pytest.raises(AttributeError):
         stats.qsize = 3

@@ -22,8 +22,7 @@ import pytest
 from reading_service import pipelines
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import FileLister, IterableWrapper
-from pipeloom.datapipes import _files
+from pipeloom.datapipes import FileLister, IterableWrapper, _files
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 
@@ -231,7 +230,8 @@ def test_a_worker_killed_while_the_main_waits_raises_naming_it(victim, leftovers
     killer.start()
     cpu_before = psutil.Process().cpu_times()
     try:
-        with pytest.raises(WorkerError, match=rf"worker process {victim} \(pid {pid}\) was killed by signal SIGKILL"):
+        expected = rf"worker process {victim} \(pid {pid}\) was killed by signal SIGKILL"
+        with pytest.raises(WorkerError, match=expected):
             list(iterator)
     finally:
         killer.join()
@@ -251,7 +251,8 @@ def test_a_worker_killed_while_the_main_waits_raises_naming_it(victim, leftovers
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "transient"])
 def test_persistent_workers_keep_their_pids_across_epochs(persistent, leftovers):
     pipe = IterableWrapper(range(8)).sharding_filter().map(pipelines.pid_of_worker)
-    with DataLoader(pipe, MultiProcessingReadingService(2, persistent_workers=persistent), seed=0) as loader:
+    service = MultiProcessingReadingService(2, persistent_workers=persistent)
+    with DataLoader(pipe, service, seed=0) as loader:
         epochs = [list(loader) for _ in range(3)]
     for epoch in epochs:
         assert [x for x, _, _ in epoch] == list(range(8))
@@ -275,7 +276,10 @@ def write_shards(root, shards: int = 5, samples: int = 3) -> list[str]:
         with tarfile.open(path, "w") as tar:
             for k in range(samples):
                 key = f"sample-{s:03d}-{k}"
-                members = {".cls": str(10 * s + k).encode(), ".json": json.dumps({"s": s, "k": k}).encode()}
+                members = {
+                    ".cls": str(10 * s + k).encode(),
+                    ".json": json.dumps({"s": s, "k": k}).encode(),
+                }
                 for extension, data in members.items():
                     info = tarfile.TarInfo(key + extension)
                     info.size = len(data)
@@ -324,7 +328,8 @@ def test_tar_shards_across_processes_equal_in_process_and_each_worker_opens_its_
     expected = list(DataLoader(tar_pipeline(data, explicit), seed=0))
     assert len(expected) == 8 and expected[0][0][:2] == (f"{shards[0]}/sample-000-0", 0)
     # Under fork the workers inherit the patched module global that FileOpener calls.
-    monkeypatch.setattr(_files, "open", functools.partial(pipelines.logged_open, log), raising=False)
+    hook = functools.partial(pipelines.logged_open, log)
+    monkeypatch.setattr(_files, "open", hook, raising=False)
     service = MultiProcessingReadingService(2, start_method="fork")
     with DataLoader(tar_pipeline(data, explicit), service, seed=0) as loader:
         got = list(loader)
@@ -332,7 +337,7 @@ def test_tar_shards_across_processes_equal_in_process_and_each_worker_opens_its_
     assert strip(got) == strip(expected)
     # Each sample was made by the worker owning its shard (shard i -> worker i % 2) ...
     for batch in got:
-        for key, cls, meta, worker in batch:
+        for _key, cls, meta, worker in batch:
             assert worker == meta["s"] % 2 and cls == 10 * meta["s"] + meta["k"]
     # ... and each worker opened exactly its own shards, once each.
     opened: dict[int, list[str]] = {}
