@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import threading
 
-from pipeloom.datapipes import IterDataPipe
+from pipeloom.datapipes import IterDataPipe, reset_pipeline
 from pipeloom.errors import NotAvailable
 from pipeloom.events import Signal
 
@@ -62,3 +62,56 @@ class OldStyleDouble(IterDataPipe):
     def __iter__(self):
         for item in self.source:
             yield item * 2
+
+
+class Stutter(IterDataPipe):
+    """Test upstream: before some items (seeded choice) it raises NotAvailable once."""
+
+    inputs = ("source",)
+
+    def __init__(self, source, seed=0, rate=0.5):
+        self.source, self.seed, self.rate = source, seed, rate
+        self.signal = Signal()
+        self.reset()
+
+    def reset(self):
+        self._rng, self._owed = random.Random(self.seed), False
+
+    def async_next(self):
+        if not self._owed and self._rng.random() < self.rate:
+            self._owed = True
+            self.signal.fire()
+            raise NotAvailable
+        self._owed = False
+        return self.source.async_next()
+
+    def readiness_sources(self):
+        return (self.signal,)
+
+    def state_dict(self):
+        return {}
+
+
+def drive(pipe):
+    """Call async_next until the end, retrying on NotAvailable; count the retries."""
+    reset_pipeline(pipe)
+    items, stalls = [], 0
+    while True:
+        try:
+            items.append(pipe.async_next())
+        except NotAvailable:
+            stalls += 1
+        except StopIteration:
+            return items, stalls
+
+
+def drain_retrying(pipe):
+    reset_pipeline(pipe)
+    out = []
+    while True:
+        try:
+            out.append(pipe.async_next())
+        except NotAvailable:
+            continue
+        except StopIteration:
+            return out

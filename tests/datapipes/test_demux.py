@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Flaky
+from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import item_lists
 
-from pipeloom.datapipes import IterableWrapper, NotAvailable, SequenceWrapper, reset_pipeline
+from pipeloom.datapipes import IterableWrapper, SequenceWrapper, reset_pipeline
 from pipeloom.datapipes._demux import Demultiplexer, demux
 from pipeloom.testing import check_resume_from_every_step, collect_async
-
-
-def drain_retrying(pipe):
-    reset_pipeline(pipe)
-    out = []
-    while True:
-        try:
-            out.append(pipe.async_next())
-        except NotAvailable:
-            continue
-        except StopIteration:
-            return out
 
 
 def mod3(x):

@@ -8,6 +8,7 @@ import os
 import random
 
 import pytest
+from datapipes.helpers import drain_retrying
 from hypothesis import given, settings
 from strategies import shard_counts
 
@@ -75,18 +76,6 @@ class Flaky(IterDataPipe):
             raise StopIteration
         self._index += 1
         return self.items[self._index - 1]
-
-
-def drain_retrying(pipe):
-    reset_pipeline(pipe)
-    out = []
-    while True:
-        try:
-            out.append(pipe.async_next())
-        except NotAvailable:
-            continue
-        except StopIteration:
-            return out
 
 
 # -- FileLister -----------------------------------------------------------------------

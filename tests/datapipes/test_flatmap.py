@@ -3,66 +3,22 @@
 from __future__ import annotations
 
 import pickle
-import random
 
 import pytest
+from datapipes.helpers import Stutter, drive
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import item_lists
 
 from pipeloom.datapipes import (
     IterableWrapper,
-    IterDataPipe,
-    NotAvailable,
     current_position,
     load_pipeline_state_dict,
     pipeline_state_dict,
     reset_pipeline,
 )
 from pipeloom.datapipes._flatmap import FlatMapper
-from pipeloom.events import Signal
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
-
-
-class Stutter(IterDataPipe):
-    """Test upstream: before some items (seeded choice) it raises NotAvailable once."""
-
-    inputs = ("source",)
-
-    def __init__(self, source, seed=0, rate=0.5):
-        self.source, self.seed, self.rate = source, seed, rate
-        self.signal = Signal()
-        self.reset()
-
-    def reset(self):
-        self._rng, self._owed = random.Random(self.seed), False
-
-    def async_next(self):
-        if not self._owed and self._rng.random() < self.rate:
-            self._owed = True
-            self.signal.fire()
-            raise NotAvailable
-        self._owed = False
-        return self.source.async_next()
-
-    def readiness_sources(self):
-        return (self.signal,)
-
-    def state_dict(self):
-        return {}
-
-
-def drive(pipe):
-    """Call async_next until the end, retrying on NotAvailable; count the retries."""
-    reset_pipeline(pipe)
-    items, stalls = [], 0
-    while True:
-        try:
-            items.append(pipe.async_next())
-        except NotAvailable:
-            stalls += 1
-        except StopIteration:
-            return items, stalls
 
 
 def repeat(x):

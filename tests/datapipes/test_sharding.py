@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Flaky
+from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import item_lists, shard_counts
@@ -11,24 +11,10 @@ from strategies import item_lists, shard_counts
 from pipeloom.datapipes import (
     IterableWrapper,
     IterDataPipe,
-    NotAvailable,
     current_position,
-    reset_pipeline,
 )
 from pipeloom.datapipes._sharding import ShardingFilter
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
-
-
-def drain_retrying(pipe):
-    reset_pipeline(pipe)
-    out = []
-    while True:
-        try:
-            out.append(pipe.async_next())
-        except NotAvailable:
-            continue
-        except StopIteration:
-            return out
 
 
 class WithPosition(IterDataPipe):
