@@ -79,6 +79,9 @@ class DataPipe:
     per_item: ClassVar[bool] = False
     #: True when the block yields exactly one output per input (map, collate).
     one_to_one: ClassVar[bool] = False
+    #: True when the block yields at most one output per input (filter); implied
+    #: by ``one_to_one``. Lets the workers' merge move on without waiting.
+    at_most_one: ClassVar[bool] = False
 
     # Framework-owned per-instance state, kept out of __init__ so subclasses
     # need not call super().__init__().

@@ -35,6 +35,7 @@ from typing import IO, Any
 from ._base import IterDataPipe
 from ._compact import CompactStringList
 from ._context import stamp_item
+from ._pipeline import is_sharding_root
 
 __all__ = ["FileLister", "FileOpener", "StreamOpener", "StreamReader"]
 
@@ -201,6 +202,7 @@ class StreamOpener(IterDataPipe):
     """
 
     inputs = ("source",)
+    _root: bool | None = None
 
     def __init__(self, source: IterDataPipe) -> None:
         if not isinstance(source, IterDataPipe):
@@ -254,7 +256,10 @@ class StreamOpener(IterDataPipe):
             path = self._check(raw)
             stream = self._open(path)
         self._track(position, path, stream)
-        stamp_item(self.epoch_seed(), self._pl_epoch, position)
+        if self._root is None:
+            self._root = is_sharding_root(self)
+        if self._root:  # below a sharding_filter: keep its positions
+            stamp_item(self.epoch_seed(), self._pl_epoch, position)
         return path, stream
 
     def _track(self, position: int, path: str, stream: IO[Any]) -> None:
@@ -276,6 +281,7 @@ class StreamOpener(IterDataPipe):
         self._position = 0
         self._resume_from = 0
         self._replay = []
+        self._root: bool | None = None  # decided at the first item of the epoch
 
     def resume_at(self, position: int) -> None:
         """Skip the paths before ``position`` without opening them."""

@@ -36,6 +36,7 @@ class Filter(IterDataPipe):
 
     inputs = ("source",)
     per_item = True
+    at_most_one = True
 
     def __init__(
         self, source: IterDataPipe, filter_fn: Callable[..., Any], input_col: Col = None

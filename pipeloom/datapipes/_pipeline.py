@@ -205,3 +205,13 @@ def traverse_roots(output: DataPipe, indices: tuple[int, ...]) -> list[DataPipe]
     """The blocks at ``indices`` of :func:`upstream_blocks` (stable across copies)."""
     blocks = upstream_blocks(output)
     return [blocks[i] for i in indices]
+
+
+def is_sharding_root(block: DataPipe) -> bool:
+    """True when no block upstream of ``block`` is shardable.
+
+    Only the root of a path splits work and stamps item positions; a shardable
+    block below it (e.g. ``open_files`` after ``sharding_filter``) passes the
+    root's positions through.
+    """
+    return not any(parent.is_shardable() for parent in upstream_blocks(block)[1:])

@@ -6,6 +6,7 @@ from typing import Any
 
 from ._base import IterDataPipe
 from ._context import stamp_item
+from ._pipeline import is_sharding_root
 
 __all__ = ["ShardingFilter"]
 
@@ -40,6 +41,7 @@ class ShardingFilter(IterDataPipe):
     """
 
     inputs = ("source",)
+    _root: bool | None = None
 
     def __init__(self, source: IterDataPipe) -> None:
         self.source = source
@@ -71,6 +73,7 @@ class ShardingFilter(IterDataPipe):
     def reset(self) -> None:
         self._position = 0
         self._resume_from = 0
+        self._root: bool | None = None  # decided at the first item of the epoch
 
     def resume_at(self, position: int) -> None:
         """Drop every item before ``position`` (the prefix is replayed, not processed)."""
@@ -86,7 +89,10 @@ class ShardingFilter(IterDataPipe):
             if position < self._resume_from:
                 continue
             if total == 1 or (position // group) % total == index:
-                stamp_item(self.epoch_seed(), self._pl_epoch, position)
+                if self._root is None:
+                    self._root = is_sharding_root(self)
+                if self._root:  # below another sharding point: keep its positions
+                    stamp_item(self.epoch_seed(), self._pl_epoch, position)
                 return item
 
     def __len__(self) -> int:

@@ -50,9 +50,12 @@ class WorkerChannel(Protocol):
 class WorkerMerge(IterDataPipe):
     """The workers' outputs as one stream, in source-position order."""
 
-    def __init__(self, *, group_size: int = 1, in_order: bool = True) -> None:
+    def __init__(
+        self, *, group_size: int = 1, in_order: bool = True, single_output: bool = False
+    ) -> None:
         self.group_size = group_size
         self.in_order = in_order
+        self.single_output = single_output
         self.channels: list[WorkerChannel] = []
         self._stamp_seed: int | None = None
         self._stamp_epoch = 0
@@ -104,20 +107,23 @@ class WorkerMerge(IterDataPipe):
             position = self._position
             owner = (position // self.group_size) % workers
             head = self._head(owner)
-            if head is END:
-                self._position = position + 1
-                continue
-            if head[0] > position:
-                self._position = position + 1
-                self._delivered_here = self._skip_here = 0
+            if head is END or head[0] > position:  # the owner has nothing (more) here
+                self._advance_to(position + 1)
                 continue
             self._heads[owner] = None
             if self._skip_here:  # delivered before the checkpoint this resumes from
                 self._skip_here -= 1
                 self._delivered_here += 1
                 continue
-            self._delivered_here += 1
+            if self.single_output:  # the group is complete: do not wait for more
+                self._advance_to((position // self.group_size + 1) * self.group_size)
+            else:
+                self._delivered_here += 1
             return head
+
+    def _advance_to(self, position: int) -> None:
+        self._position = position
+        self._delivered_here = self._skip_here = 0
 
     def _next_any(self) -> tuple[int, int, Any]:
         workers = len(self.channels)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ..datapipes import DataPipe, IterDataPipe, derive_seed, traverse_roots
 from ..datapipes._batch import Batcher
+from ..datapipes._sharding import ShardingFilter
 from ..graph import Placement, traverse
 
 __all__ = ["WorkerPlan", "plan_workers", "root_epoch_seed"]
@@ -38,6 +39,9 @@ class WorkerPlan:
         root_indices: the sharding roots, as indices into ``traverse(exit).nodes``.
         group_size: consecutive source positions that go to the same worker.
         worker_blocks: every block that runs in the workers.
+        single_output: each group of ``group_size`` positions yields at most one
+            output, so the merge moves on as soon as it delivered one (instead of
+            waiting for the owner's next message to learn the group is done).
     """
 
     pipeline: IterDataPipe
@@ -46,6 +50,7 @@ class WorkerPlan:
     root_indices: tuple[int, ...]
     group_size: int
     worker_blocks: tuple[DataPipe, ...]
+    single_output: bool = False
 
     def placement(self, worker_label: str, main_label: str = "main process") -> Placement:
         """Which blocks run in the workers and which after the merge."""
@@ -92,7 +97,18 @@ def plan_workers(pipeline: IterDataPipe, *, batches_in_workers: bool = True) -> 
         root_indices=tuple(_index_in(traverse(exit_block).nodes, root) for root in roots),
         group_size=group_size,
         worker_blocks=tuple(n for n in nodes if id(n) in in_workers),
+        single_output=_single_output(exit_block, roots[0], group_size),
     )
+
+
+def _single_output(exit_block: IterDataPipe, root: DataPipe, group_size: int) -> bool:
+    """At most one output per group of positions (see ``WorkerPlan.single_output``)."""
+    chain = traverse(exit_block).nodes
+    below_root = chain[: _index_in(chain, root)]
+    if group_size > 1:  # a Batcher builds one batch per group; what follows it counts
+        batchers = [i for i, b in enumerate(below_root) if type(b) is Batcher]
+        below_root = below_root[: batchers[-1]] if batchers else below_root
+    return all(b.one_to_one or b.at_most_one for b in below_root)
 
 
 def _sharding_roots(pipeline: IterDataPipe) -> list[DataPipe]:
@@ -102,14 +118,14 @@ def _sharding_roots(pipeline: IterDataPipe) -> list[DataPipe]:
     for block in shardable:
         upstream = traverse(block).nodes[1:]
         shadowing = [u for u in upstream if u.is_shardable()]
-        if shadowing:
+        if shadowing and isinstance(block, ShardingFilter):  # a redundant explicit one
             warnings.warn(
                 f"{block!r} is downstream of another sharding point ({shadowing[0]!r}); "
                 f"only the upstream one splits the data, {block!r} passes every item "
                 f"through. Remove one of them to silence this warning",
                 stacklevel=4,
             )
-        else:
+        elif not shadowing:
             roots.append(block)
     if not roots:
         raise ValueError(

@@ -118,7 +118,9 @@ class MultiProcessingReadingService(ReadingService):
             self._inline.initialize(pipeline)
             return
         plan = plan_workers(pipeline)
-        merge = WorkerMerge(group_size=plan.group_size, in_order=self.in_order)
+        merge = WorkerMerge(
+            group_size=plan.group_size, in_order=self.in_order, single_output=plan.single_output
+        )
         main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
         self._main, self._separate = split_separate_processes(
             main, start_method=self.start_method, prefetch=self.prefetch_factor, forbidden=merge

@@ -67,7 +67,9 @@ class ThreadReadingService(ReadingService):
             self._inline.initialize(pipeline)
             return
         plan = plan_workers(pipeline)
-        merge = WorkerMerge(group_size=plan.group_size, in_order=self.in_order)
+        merge = WorkerMerge(
+            group_size=plan.group_size, in_order=self.in_order, single_output=plan.single_output
+        )
         main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
         self._main, self._separate = split_separate_processes(
             main, start_method=None, prefetch=self.prefetch_factor, forbidden=merge

@@ -65,3 +65,15 @@ def test_placement_labels_workers_and_main():
     placement = plan_workers(pipe).placement("workers x2")
     assert placement.where(pipe) == "main process"
     assert "workers x2: Mapper" in str(placement)
+
+
+def test_an_opener_after_a_sharding_filter_is_not_a_second_sharding_point():
+    import warnings
+
+    from pipeloom.datapipes import FileOpener
+
+    pipe = FileOpener(IterableWrapper(["a", "b"]).sharding_filter()).map(abs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = plan_workers(pipe)
+    assert type(plan.exit).__name__ == "Mapper"

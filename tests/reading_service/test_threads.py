@@ -106,3 +106,25 @@ def test_item_rng_draws_continue_across_the_merge():
     for threads in (1, 3):
         with DataLoader(build(), ThreadReadingService(threads), seed=4) as loader:
             assert list(loader) == expected
+
+
+def test_a_ready_output_is_not_held_back_by_a_slow_neighbour():
+    release = threading.Event()
+
+    def slow_at_two(x):
+        if x == 2:
+            release.wait(20)
+        return x
+
+    pipe = IterableWrapper(range(6)).sharding_filter().map(slow_at_two).filter(lambda x: x != 4)
+    with DataLoader(pipe, ThreadReadingService(2), seed=0) as loader:
+        iterator = iter(loader)
+        assert next(iterator) == 0
+        waiter = threading.Timer(5, release.set)
+        waiter.start()
+        started = __import__("time").monotonic()
+        assert next(iterator) == 1  # ready long before item 2: must not wait for it
+        assert __import__("time").monotonic() - started < 2
+        release.set()
+        assert list(iterator) == [2, 3, 5]
+        waiter.cancel()
