@@ -7,6 +7,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -307,7 +308,7 @@ class _WorkerPool:
             except OSError:
                 channel._raise_died()
 
-    def cancel_epoch(self, timeout: float = 10.0) -> None:
+    def cancel_epoch(self, timeout: float = 5.0) -> None:
         """Make persistent workers end the current epoch early; drop what they sent."""
         for cancel in self.cancels:
             cancel.set()
@@ -321,6 +322,9 @@ class _WorkerPool:
         self._finalizer()
 
 
+_STOP_GRACE = 1.0  # seconds a worker gets to finish after "stop" before it is killed
+
+
 def _stop_processes(channels: list[_ProcessChannel], controls: list[Any]) -> None:
     for control in controls:
         try:
@@ -330,12 +334,13 @@ def _stop_processes(channels: list[_ProcessChannel], controls: list[Any]) -> Non
         control.close()
     for channel in channels:
         channel.queue.close()
+    deadline = time.monotonic() + _STOP_GRACE
+    for channel in channels:  # one shared grace period, not one per worker
+        channel.process.join(timeout=max(0.0, deadline - time.monotonic()))
     for channel in channels:
-        process = channel.process
-        process.join(timeout=5)
-        if process.exitcode is None:
-            process.kill()
-            process.join(timeout=5)
+        if channel.process.exitcode is None:  # stuck in user code: it cannot hear "stop"
+            channel.process.kill()
+            channel.process.join(timeout=5)
 
 
 def _worker_main(

@@ -134,7 +134,7 @@ class SeparateProcessReader(IterDataPipe):
 
 def _stop(process: Any, queue: ProcessQueue) -> None:
     queue.close()
-    process.join(timeout=5)
+    process.join(timeout=1.0)
     if process.exitcode is None:
         process.kill()
         process.join(timeout=5)
