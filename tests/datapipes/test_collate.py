@@ -124,3 +124,27 @@ def test_resume_and_async_agree():
 
     assert same(collect(make()), collect_async(make()))
     check_resume_from_every_step(lambda: IterableWrapper(range(7)).batch(3).collate(tuple))
+
+
+number_batches = st.lists(
+    st.one_of(
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=False),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+@given(batch=number_batches)
+def test_batches_of_python_numbers_collate_exactly_as_torch_does(batch):
+    try:
+        expected = torch.utils.data.default_collate(batch)
+    except Exception as error:  # noqa: BLE001 - then we must fail the same way
+        with pytest.raises(type(error)):
+            default_collate(batch)
+        return
+    got = default_collate(batch)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert torch.equal(got, expected)
