@@ -65,8 +65,12 @@ def main(argv: list[str] | None = None) -> list[list]:
     rows = [
         ["state_dict()", f"{save_s * 1e3:.1f} ms", "-", "-"],
         ["torch.load(weights_only=True)", f"{load_s * 1e3:.1f} ms", "-", "-"],
-        ["load_state_dict() to first batch", f"{resume_s * 1e3:.1f} ms",
-         f"{replay_s * 1e3:.0f} ms", f"{replay_s / resume_s:.0f}x"],
+        [
+            "load_state_dict() to first batch",
+            f"{resume_s * 1e3:.1f} ms",
+            f"{replay_s * 1e3:.0f} ms",
+            f"{replay_s / resume_s:.0f}x",
+        ],
         ["saved state size", f"{len(buffer.getvalue()) / 1e3:.0f} kB", "-", "-"],
     ]
     print_table(

@@ -65,8 +65,14 @@ def main(argv: list[str] | None = None) -> list[list]:
                 our_us = best_time(lambda ours=ours: consume(ours), repeats) / n * 1e6
                 ours.shutdown()
                 rows.append(
-                    [f"batch {batch}", f"torch workers={workers}", name,
-                     f"{torch_us:.2f}", f"{our_us:.2f}", f"{torch_us / our_us:.2f}x"]
+                    [
+                        f"batch {batch}",
+                        f"torch workers={workers}",
+                        name,
+                        f"{torch_us:.2f}",
+                        f"{our_us:.2f}",
+                        f"{torch_us / our_us:.2f}x",
+                    ]
                 )
     print_table(
         f"framework overhead, {base_n} trivial items (µs per item, lower is better)",

@@ -141,14 +141,19 @@ def run_one(impl: str, case: str, count: int, tune: bool) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short run (~1/5 of the messages)")
-    parser.add_argument("--raw-alloc", action="store_true",
-                        help="do not tune malloc in the producer (fresh tensors page-fault)")
+    parser.add_argument(
+        "--raw-alloc",
+        action="store_true",
+        help="do not tune malloc in the producer (fresh tensors page-fault)",
+    )
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated cases")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     impls = ["pipeloom", "torch.mp", "mp"]
-    print(f"capacity={CAPACITY}, malloc tuned in producer: {not args.raw_alloc}, "
-          f"cpus={mp.cpu_count()}, torch {torch.__version__}")
+    print(
+        f"capacity={CAPACITY}, malloc tuned in producer: {not args.raw_alloc}, "
+        f"cpus={mp.cpu_count()}, torch {torch.__version__}"
+    )
     print(f"{'case':<10} {'impl':<10} {'MB/s':>10} {'msg/s':>10} {'vs torch.mp':>12}")
     for case in args.cases.split(","):
         _, _, nbytes, count = CASES[case]
@@ -158,8 +163,10 @@ def main(argv: list[str] | None = None) -> None:
         for impl in impls:
             rate = rates[impl]
             mbs = f"{rate * nbytes / 1e6:.0f}" if nbytes else "-"
-            print(f"{case:<10} {impl:<10} {mbs:>10} {rate:>10.0f} "
-                  f"{rate / rates['torch.mp']:>11.2f}x", flush=True)
+            print(
+                f"{case:<10} {impl:<10} {mbs:>10} {rate:>10.0f} {rate / rates['torch.mp']:>11.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -52,8 +52,14 @@ def as_pair(sample: dict) -> tuple[np.ndarray, int]:
 
 def pipeloom_pipe(root: str):
     return (
-        FileLister(root, "*.tar").open_files("rb").load_from_tar().webdataset().decode()
-        .map(as_pair).batch(BATCH).collate()
+        FileLister(root, "*.tar")
+        .open_files("rb")
+        .load_from_tar()
+        .webdataset()
+        .decode()
+        .map(as_pair)
+        .batch(BATCH)
+        .collate()
     )
 
 
@@ -120,7 +126,8 @@ def main() -> None:
     ]
     print_table(
         f"tar shards: {shards} x {per_shard} samples (3x64x64 float32 + cls), batch {BATCH}",
-        ["reader", "samples/s", "epoch ms"], rows,
+        ["reader", "samples/s", "epoch ms"],
+        rows,
     )
     print(f"\nratio pipeloom/torch throughput: {t_torch / t_pipe:.2f}x")
 

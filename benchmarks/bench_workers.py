@@ -149,11 +149,13 @@ def median_run(runs: list[Run]) -> tuple[float, float, float]:
 
 def loaders(dataset: WorkDataset, batch: int, workers: int):
     yield "torch", lambda: torch_loader(dataset, batch, workers)
-    yield f"pipeloom threads x{workers}", lambda: pipeloom_loader(
-        dataset, batch, ThreadReadingService(workers)
+    yield (
+        f"pipeloom threads x{workers}",
+        lambda: pipeloom_loader(dataset, batch, ThreadReadingService(workers)),
     )
-    yield f"pipeloom processes x{workers}", lambda: pipeloom_loader(
-        dataset, batch, MultiProcessingReadingService(workers)
+    yield (
+        f"pipeloom processes x{workers}",
+        lambda: pipeloom_loader(dataset, batch, MultiProcessingReadingService(workers)),
     )
 
 
@@ -213,8 +215,16 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
     print_table(
         f"workers under load: {n} items, batch {batch}, fresh loader per run, median of {repeats}"
         f" (file/process ms per item; train ms per batch)",
-        ["case", "workers", "train ms", "loader", "wall s", "consumer waits", "first batch ms",
-         "speed-up vs torch"],
+        [
+            "case",
+            "workers",
+            "train ms",
+            "loader",
+            "wall s",
+            "consumer waits",
+            "first batch ms",
+            "speed-up vs torch",
+        ],
         rows,
     )
     return rows

@@ -100,7 +100,8 @@ class DataLoader:
         resume, self._resume = self._resume, None
         replayed = 0
         if resume is not None and resume.get("kind") == "replay":
-            resume, replayed = None, int(resume["delivered"])
+            replayed = int(resume["delivered"])
+            resume = None
         items = self.reading_service.start_epoch(epoch, resume)
         self._current = _EpochIterator(self, epoch, items)
         for _ in range(replayed):  # re-read and drop what was delivered before

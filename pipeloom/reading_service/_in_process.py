@@ -7,7 +7,6 @@ from typing import Any
 
 from ..datapipes import (
     BlockingReader,
-    DataPipe,
     IterDataPipe,
     load_pipeline_state_dict,
     pipeline_state_dict,

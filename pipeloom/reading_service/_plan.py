@@ -4,9 +4,10 @@ The rule (DESIGN.md): the *sharding roots* are shardable blocks with no
 shardable block upstream. Workers run a copy of everything up to the roots
 (deterministic, so every copy agrees), the roots keep only their shard, and
 the per-item blocks that follow (``per_item = True``: map, filter, decode...,
-and shardable blocks below the root) run in the workers too. The first block that needs the whole ordered stream
-(shuffle, batch, zip...) and everything after it run in the main process, fed
-by a merge of the workers' outputs in source-position order.
+and shardable blocks below the root) run in the workers too. The first block
+that needs the whole ordered stream (shuffle, batch, zip...) and everything
+after it run in the main process, fed by a merge of the workers' outputs in
+source-position order.
 
 Under the *classic* strategy a ``batch`` (and the per-item blocks after it,
 such as ``collate``) also runs in the workers when every block between the

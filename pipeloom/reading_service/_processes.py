@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -15,19 +14,19 @@ from typing import Any
 import numpy.random  # noqa: F401 - see _PREIMPORTED below
 import torch
 
-from ..datapipes import IterDataPipe, reset_pipeline, set_pipeline_epoch, upstream_blocks
+from ..datapipes import IterDataPipe, upstream_blocks
 from ..datapipes._context import restore_stamp
 from ..errors import NotAvailable, QueueError, WorkerError
 from ..events import FdReadiness, ReadinessSource
 from ..graph import Placement
 from ..queues import ProcessQueue
 from ._base import ReadingService
-from ._in_process import InProcessReadingService, drain
 from ._failure import Failure
-from ._merge import END, WorkerMerge, load_tail_state, tail_state
+from ._in_process import InProcessReadingService, drain
+from ._merge import END, WorkerMerge, tail_state
 from ._pickling import dumps_pipeline, loads_pipeline
-from ._plan import WorkerPlan, plan_workers, root_epoch_seed
-from ._separate import split_separate_processes
+from ._plan import WorkerPlan, root_epoch_seed
+from ._split import split_for_workers, start_main_epoch
 from ._worker_info import WorkerInfo, set_process_worker_info
 from ._worker_loop import (
     EpochCancelled,
@@ -118,15 +117,16 @@ class MultiProcessingReadingService(ReadingService):
         if self._inline is not None:
             self._inline.initialize(pipeline)
             return
-        plan = plan_workers(pipeline)
-        merge = WorkerMerge(
-            group_size=plan.group_size, in_order=self.in_order, single_output=plan.single_output
+        part = split_for_workers(
+            pipeline,
+            in_order=self.in_order,
+            start_method=self.start_method,
+            prefetch=self.prefetch_factor,
         )
-        main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
-        self._main, self._separate = split_separate_processes(
-            main, start_method=self.start_method, prefetch=self.prefetch_factor, forbidden=merge
-        )
-        self._plan, self._merge = plan, merge
+        plan = part.plan
+        self._part = part
+        self._main, self._merge, self._separate = part.pipeline, part.merge, part.separate
+        self._plan = plan
         context = multiprocessing.get_context(self.start_method)
         self._payload: Any = plan.exit
         if context.get_start_method() != "fork":
@@ -137,12 +137,7 @@ class MultiProcessingReadingService(ReadingService):
             return self._inline.start_epoch(epoch, state)
         assert self._plan is not None and self._main is not None and self._merge is not None
         self._finish_epoch(abandoned=self._epoch_open)
-        set_pipeline_epoch(self._main, epoch)
-        reset_pipeline(self._main)
-        resume = None
-        if state is not None:
-            load_tail_state(self._main, state)
-            resume = (self._plan.root_indices, self._merge.resume_position)
+        resume = start_main_epoch(self._part, epoch, state)
         if self._workers is None:
             self._workers = _WorkerPool(self)
         self._workers.start_epoch(epoch, resume)
@@ -288,8 +283,18 @@ class _WorkerPool:
             cancel = context.Event()
             process = context.Process(
                 target=_worker_main,
-                args=(service._payload, queue, receive, cancel, index, count, seed,
-                      plan.root_indices, plan.group_size, service.worker_init_fn),
+                args=(
+                    service._payload,
+                    queue,
+                    receive,
+                    cancel,
+                    index,
+                    count,
+                    seed,
+                    plan.root_indices,
+                    plan.group_size,
+                    service.worker_init_fn,
+                ),
                 name=f"pipeloom-worker-{index}",
                 daemon=True,
             )
@@ -414,7 +419,9 @@ def _parent_watch() -> list[int]:
         return []
 
 
-def _run_init(worker_init_fn: Callable[[int], None], index: int, queue: ProcessQueue, label: str) -> bool:
+def _run_init(
+    worker_init_fn: Callable[[int], None], index: int, queue: ProcessQueue, label: str
+) -> bool:
     from ._failure import capture_failure
 
     try:

@@ -32,7 +32,11 @@ __all__ = ["SeparateProcessReader", "split_separate_processes"]
 
 
 def split_separate_processes(
-    main: IterDataPipe, *, start_method: str | None, prefetch: int, forbidden: DataPipe | None = None
+    main: IterDataPipe,
+    *,
+    start_method: str | None,
+    prefetch: int,
+    forbidden: DataPipe | None = None,
 ) -> tuple[IterDataPipe, list[SeparateProcessReader]]:
     """Replace each marked block of ``main`` by a reader of its own process.
 
@@ -64,7 +68,9 @@ class SeparateProcessReader(IterDataPipe):
         self.block_repr = repr(block)
         context: Any = multiprocessing.get_context(start_method)
         self._context = context
-        self._payload: Any = block if context.get_start_method() == "fork" else dumps_pipeline(block)
+        self._payload: Any = (
+            block if context.get_start_method() == "fork" else dumps_pipeline(block)
+        )
         self.capacity = prefetch
         self._process: Any = None
         self._queue: ProcessQueue | None = None
@@ -153,6 +159,9 @@ def _separate_main(payload: Any, queue: ProcessQueue, epoch: int, label: str) ->
         for block in upstream_blocks(pipe):
             block._pl_initialized = False
     produce_epoch(
-        pipe, queue.put, epoch=epoch, worker_label=f"separate process {os.getpid()} for {label}",
+        pipe,
+        queue.put,
+        epoch=epoch,
+        worker_label=f"separate process {os.getpid()} for {label}",
         full_stamp=True,
     )

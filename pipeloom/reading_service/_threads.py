@@ -7,15 +7,15 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..datapipes import IterDataPipe, reset_pipeline, set_pipeline_epoch
+from ..datapipes import IterDataPipe
 from ..events import ReadinessSource
 from ..graph import Placement
 from ..queues import ThreadQueue
 from ._base import ReadingService
 from ._in_process import InProcessReadingService, drain
-from ._merge import WorkerMerge, load_tail_state, tail_state
-from ._plan import WorkerPlan, plan_workers, root_epoch_seed
-from ._separate import split_separate_processes
+from ._merge import WorkerMerge, tail_state
+from ._plan import WorkerPlan, root_epoch_seed
+from ._split import split_for_workers, start_main_epoch
 from ._worker_info import WorkerInfo, set_thread_worker_info
 from ._worker_loop import apply_sharding, produce_epoch, worker_seed
 
@@ -43,13 +43,19 @@ class ThreadReadingService(ReadingService):
         [0, 1, 4, 9, 16, 25, 36, 49]
     """
 
-    def __init__(self, num_threads: int, *, prefetch_factor: int = 2, in_order: bool = True) -> None:
+    def __init__(
+        self, num_threads: int, *, prefetch_factor: int = 2, in_order: bool = True
+    ) -> None:
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 0:
             raise ValueError(
                 f"num_threads must be an int >= 0, got {num_threads!r}; use 0 to load in "
                 f"the calling thread"
             )
-        if isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, int) or prefetch_factor < 1:
+        if (
+            isinstance(prefetch_factor, bool)
+            or not isinstance(prefetch_factor, int)
+            or prefetch_factor < 1
+        ):
             raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
         self.num_threads = num_threads
         self.prefetch_factor = prefetch_factor
@@ -66,18 +72,16 @@ class ThreadReadingService(ReadingService):
         if self._inline is not None:
             self._inline.initialize(pipeline)
             return
-        plan = plan_workers(pipeline)
-        merge = WorkerMerge(
-            group_size=plan.group_size, in_order=self.in_order, single_output=plan.single_output
+        part = split_for_workers(
+            pipeline, in_order=self.in_order, start_method=None, prefetch=self.prefetch_factor
         )
-        main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
-        self._main, self._separate = split_separate_processes(
-            main, start_method=None, prefetch=self.prefetch_factor, forbidden=merge
-        )
+        plan = part.plan
+        self._part = part
+        self._main, self._merge, self._separate = part.pipeline, part.merge, part.separate
         self._worker_pipes = [copy.deepcopy(plan.exit) for _ in range(self.num_threads)]
         for index, worker_pipe in enumerate(self._worker_pipes):
             apply_sharding(worker_pipe, plan.root_indices, self.num_threads, index, plan.group_size)
-        self._plan, self._merge = plan, merge
+        self._plan = plan
         self._seed = plan.exit._pl_seed or 0
 
     def start_epoch(self, epoch: int, state: dict[str, Any] | None = None) -> Iterator[Any]:
@@ -85,14 +89,11 @@ class ThreadReadingService(ReadingService):
             return self._inline.start_epoch(epoch, state)
         self._stop_epoch()
         assert self._main is not None and self._merge is not None and self._plan is not None
-        set_pipeline_epoch(self._main, epoch)
-        reset_pipeline(self._main)
-        resume = None
-        if state is not None:
-            load_tail_state(self._main, state)
-            resume = (self._plan.root_indices, self._merge.resume_position)
+        resume = start_main_epoch(self._part, epoch, state)
         self._epoch = _ThreadEpoch(self, epoch, resume)
-        self._merge.attach(self._epoch.channels, seed=root_epoch_seed(self._plan, epoch), epoch=epoch)
+        self._merge.attach(
+            self._epoch.channels, seed=root_epoch_seed(self._plan, epoch), epoch=epoch
+        )
         for reader in self._separate:
             reader.start(epoch)
         self._epoch.start()
@@ -121,7 +122,10 @@ class ThreadReadingService(ReadingService):
             self._epoch = None
 
     def __repr__(self) -> str:
-        return f"ThreadReadingService(num_threads={self.num_threads}, prefetch_factor={self.prefetch_factor})"
+        return (
+            f"ThreadReadingService(num_threads={self.num_threads}, "
+            f"prefetch_factor={self.prefetch_factor})"
+        )
 
 
 class _QueueChannel:
@@ -147,7 +151,15 @@ class _ThreadEpoch:
         self.threads = [
             threading.Thread(
                 target=_run_worker,
-                args=(service._worker_pipes[i], self.queues[i], epoch, i, count, service._seed, resume),
+                args=(
+                    service._worker_pipes[i],
+                    self.queues[i],
+                    epoch,
+                    i,
+                    count,
+                    service._seed,
+                    resume,
+                ),
                 name=f"pipeloom-worker-{i}",
                 daemon=True,
             )

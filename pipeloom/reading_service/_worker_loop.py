@@ -92,7 +92,11 @@ def produce_epoch(
                 item = reader.next()
             except StopIteration:
                 break
-            put((current_stamp(), item) if full_stamp else (current_position(), current_draws(), item))
+            put(
+                (current_stamp(), item)
+                if full_stamp
+                else (current_position(), current_draws(), item)
+            )
     except QueueError as error:
         return isinstance(error, EpochCancelled)
     except BaseException as error:  # noqa: BLE001 - every failure goes to the consumer

@@ -305,7 +305,9 @@ def tar_pipeline(root, explicit_sharding_filter: bool = True):
 @pytest.mark.timeout(30)
 # FileOpener is itself a sharding point; after an explicit sharding_filter it passes
 # every path through and keeps the filter's positions.
-@pytest.mark.parametrize("explicit", [False, True], ids=["opener-shards", "sharding-filter-then-opener"])
+@pytest.mark.parametrize(
+    "explicit", [False, True], ids=["opener-shards", "sharding-filter-then-opener"]
+)
 def test_tar_shards_across_processes_equal_in_process_and_each_worker_opens_its_own(
     explicit, tmp_path, monkeypatch, leftovers
 ):

@@ -15,7 +15,13 @@ def names(blocks):
 def test_per_item_blocks_after_the_sharding_point_run_in_workers():
     pipe = IterableWrapper(range(10)).shuffle().sharding_filter().map(abs).filter(bool).shuffle()
     plan = plan_workers(pipe)
-    assert names(plan.worker_blocks) == ["Filter", "Mapper", "ShardingFilter", "Shuffler", "IterableWrapper"]
+    assert names(plan.worker_blocks) == [
+        "Filter",
+        "Mapper",
+        "ShardingFilter",
+        "Shuffler",
+        "IterableWrapper",
+    ]
     assert type(plan.exit).__name__ == "Filter" and plan.group_size == 1
 
 
@@ -48,7 +54,9 @@ def test_no_sharding_point_is_explained():
 
 def test_two_sharding_points_on_one_path_warn_which_one_splits():
     pipe = IterableWrapper(range(3)).sharding_filter().map(abs).sharding_filter()
-    with pytest.warns(UserWarning, match="downstream of another sharding point.*only the upstream one splits"):
+    with pytest.warns(
+        UserWarning, match="downstream of another sharding point.*only the upstream one splits"
+    ):
         plan = plan_workers(pipe)
     assert type(plan.exit).__name__ == "ShardingFilter"
 

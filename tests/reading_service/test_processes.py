@@ -49,7 +49,9 @@ def test_lazy_init_runs_in_the_worker_not_in_the_parent():
 def test_per_worker_global_rngs_are_distinct_reseeded_each_epoch_and_reproducible():
     def run():
         pipe = IterableWrapper(range(4)).sharding_filter().map(pipelines.global_numpy_draw)
-        with DataLoader(pipe, MultiProcessingReadingService(2, persistent_workers=True), seed=9) as loader:
+        with DataLoader(
+            pipe, MultiProcessingReadingService(2, persistent_workers=True), seed=9
+        ) as loader:
             return list(loader), list(loader)
 
     first_epoch, second_epoch = run()
@@ -83,15 +85,21 @@ def test_worker_exception_reraises_with_type_traceback_block_and_item():
 def test_a_killed_worker_raises_naming_it_and_the_signal():
     pipe = IterableWrapper(range(50)).sharding_filter().map(pipelines.kill_self_at)
     with DataLoader(pipe, MultiProcessingReadingService(2, timeout=30), seed=0) as loader:
-        with pytest.raises(WorkerError, match=r"worker process 1 \(pid \d+\) was killed by signal SIGKILL"):
+        with pytest.raises(
+            WorkerError, match=r"worker process 1 \(pid \d+\) was killed by signal SIGKILL"
+        ):
             list(loader)
 
 
 def test_worker_init_fn_runs_once_per_worker_and_its_errors_name_the_worker():
     pipe = IterableWrapper(range(4)).sharding_filter()
-    with DataLoader(pipe, MultiProcessingReadingService(2, worker_init_fn=_init_ok), seed=0) as loader:
+    with DataLoader(
+        pipe, MultiProcessingReadingService(2, worker_init_fn=_init_ok), seed=0
+    ) as loader:
         assert list(loader) == [0, 1, 2, 3]
-    with DataLoader(pipe, MultiProcessingReadingService(2, worker_init_fn=_init_fails, timeout=30), seed=0) as loader:
+    with DataLoader(
+        pipe, MultiProcessingReadingService(2, worker_init_fn=_init_fails, timeout=30), seed=0
+    ) as loader:
         with pytest.raises(RuntimeError, match=r"(?s)cannot open storage.*in worker_init_fn\(0\)"):
             list(loader)
 
@@ -108,7 +116,9 @@ def test_unpicklable_pipeline_under_spawn_names_the_block():
     lock = threading.Lock()
     pipe = IterableWrapper(range(4)).sharding_filter().map(lambda x, lock=lock: x)
     with DataLoader(pipe, MultiProcessingReadingService(1, start_method="spawn"), seed=0) as loader:
-        with pytest.raises(TypeError, match=r"(?s)block Mapper\(fn=.*cannot be pickled.*lock.*module level"):
+        with pytest.raises(
+            TypeError, match=r"(?s)block Mapper\(fn=.*cannot be pickled.*lock.*module level"
+        ):
             list(loader)
 
 

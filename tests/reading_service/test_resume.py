@@ -90,7 +90,9 @@ def test_an_in_process_state_is_refused_by_a_worker_service():
 
 
 def test_arrival_order_cannot_be_checkpointed():
-    with DataLoader(pipelines.augmented(), ThreadReadingService(2, in_order=False), seed=1) as loader:
+    with DataLoader(
+        pipelines.augmented(), ThreadReadingService(2, in_order=False), seed=1
+    ) as loader:
         iterator = iter(loader)
         next(iterator)
         with pytest.raises(StateError, match="in_order=False"):

@@ -84,7 +84,9 @@ def test_get_worker_info_inside_threads():
 
 def test_breaking_out_and_shutdown_stop_every_thread():
     before = set(threading.enumerate())
-    loader = DataLoader(IterableWrapper(range(1000)).sharding_filter(), ThreadReadingService(3), seed=0)
+    loader = DataLoader(
+        IterableWrapper(range(1000)).sharding_filter(), ThreadReadingService(3), seed=0
+    )
     for i, _ in enumerate(loader):
         if i == 5:
             break

@@ -1,0 +1,57 @@
+"""The main-process side shared by the thread and process services.
+
+``split_for_workers`` cuts a pipeline (see ``_plan``) and builds the part the
+main process runs: a copy of the blocks after the workers, reading a
+:class:`WorkerMerge` in place of the workers' exit. ``start_main_epoch``
+restarts that part for an epoch and, when resuming, tells where the workers
+must start.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from ..datapipes import IterDataPipe, reset_pipeline, set_pipeline_epoch
+from ._merge import WorkerMerge, load_tail_state
+from ._plan import WorkerPlan, plan_workers
+from ._separate import SeparateProcessReader, split_separate_processes
+
+__all__ = ["MainPart", "split_for_workers", "start_main_epoch"]
+
+
+@dataclass
+class MainPart:
+    """What the main process runs: ``pipeline`` reads the workers through ``merge``."""
+
+    plan: WorkerPlan
+    merge: WorkerMerge
+    pipeline: IterDataPipe
+    separate: list[SeparateProcessReader]
+
+
+def split_for_workers(
+    pipeline: IterDataPipe, *, in_order: bool, start_method: str | None, prefetch: int
+) -> MainPart:
+    plan = plan_workers(pipeline)
+    merge = WorkerMerge(
+        group_size=plan.group_size, in_order=in_order, single_output=plan.single_output
+    )
+    main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
+    main, separate = split_separate_processes(
+        main, start_method=start_method, prefetch=prefetch, forbidden=merge
+    )
+    return MainPart(plan, merge, main, separate)
+
+
+def start_main_epoch(
+    part: MainPart, epoch: int, state: dict[str, Any] | None
+) -> tuple[tuple[int, ...], int] | None:
+    """Reset the main part for ``epoch`` (restoring ``state``); the workers' resume point."""
+    set_pipeline_epoch(part.pipeline, epoch)
+    reset_pipeline(part.pipeline)
+    if state is None:
+        return None
+    load_tail_state(part.pipeline, state)
+    return part.plan.root_indices, part.merge.resume_position
