@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import threading
 
-from pipeloom.datapipes import IterDataPipe, reset_pipeline
+from pipeloom.datapipes import IterDataPipe, current_position, reset_pipeline
 from pipeloom.errors import NotAvailable
 from pipeloom.events import Signal
 
@@ -115,3 +115,20 @@ def drain_retrying(pipe):
             continue
         except StopIteration:
             return out
+
+
+class WithPosition(IterDataPipe):
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+
+    def async_next(self):
+        return self.source.async_next(), current_position()
+
+    def state_dict(self):
+        return {}
+
+
+def raise_in_source(i):
+    raise ValueError(f"bad item {i}")

@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 import pytest
 import torch
-from datapipes.helpers import Flaky
+from datapipes.helpers import Flaky, WithPosition, raise_in_source
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import small_ints
@@ -23,7 +23,6 @@ from pipeloom.datapipes import (
     BlockingReader,
     IterableWrapper,
     IterDataPipe,
-    current_position,
     pipeline_state_dict,
     reset_pipeline,
 )
@@ -102,23 +101,6 @@ class Failing(IterDataPipe):
             if i == self.fail_at:
                 raise_in_source(i)
             yield torch.tensor([i])
-
-
-def raise_in_source(i):
-    raise ValueError(f"bad item {i}")
-
-
-class WithPosition(IterDataPipe):
-    inputs = ("source",)
-
-    def __init__(self, source):
-        self.source = source
-
-    def async_next(self):
-        return self.source.async_next(), current_position()
-
-    def state_dict(self):
-        return {}
 
 
 # -- values --------------------------------------------------------------------------

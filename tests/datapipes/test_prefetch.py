@@ -9,13 +9,12 @@ import time
 import traceback
 
 import pytest
-from datapipes.helpers import Flaky
+from datapipes.helpers import Flaky, WithPosition, raise_in_source
 
 from pipeloom.datapipes import (
     BlockingReader,
     IterableWrapper,
     IterDataPipe,
-    current_position,
     reset_pipeline,
 )
 from pipeloom.datapipes._prefetch import Prefetcher
@@ -45,23 +44,6 @@ class SlowSource(IterDataPipe):
             if event is not None:
                 event.set()
             yield i
-
-
-def raise_in_source(i):
-    raise ValueError(f"bad item {i}")
-
-
-class WithPosition(IterDataPipe):
-    inputs = ("source",)
-
-    def __init__(self, source):
-        self.source = source
-
-    def async_next(self):
-        return self.source.async_next(), current_position()
-
-    def state_dict(self):
-        return {}
 
 
 def test_yields_every_item_in_order_sync_and_async():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from datapipes.helpers import Flaky
+from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
 from strategies import item_lists, positive_sizes, seeds
 
@@ -22,19 +22,6 @@ from pipeloom.datapipes import (
 from pipeloom.datapipes._shuffle import MapShuffler, Shuffler
 from pipeloom.events import Signal
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
-
-
-def drain_retrying(pipe):
-    """Read an epoch calling async_next again at once after every NotAvailable."""
-    reset_pipeline(pipe)
-    out = []
-    while True:
-        try:
-            out.append(pipe.async_next())
-        except NotAvailable:
-            continue
-        except StopIteration:
-            return out
 
 
 class WithPosition(IterDataPipe):
