@@ -57,6 +57,9 @@ class ProcessQueue(DataLoaderQueue):
             ``"consumer"``) or None. When set, the creating process drops its
             copy of the other end on first use, so the peer's death is seen
             even before the peer has used the queue.
+        pool_bytes: the most bytes of free shared memory the producer keeps
+            for reuse (None: up to ``capacity + 2`` segments per size). A
+            small budget keeps idle memory low when items are large.
 
     Example:
         >>> import torch
@@ -69,7 +72,11 @@ class ProcessQueue(DataLoaderQueue):
     kind = "process"
 
     def __init__(
-        self, capacity: int = 2, *, owner: Literal["producer", "consumer"] | None = None
+        self,
+        capacity: int = 2,
+        *,
+        owner: Literal["producer", "consumer"] | None = None,
+        pool_bytes: int | None = None,
     ) -> None:
         if owner not in (None, "producer", "consumer"):
             raise ValueError(f"owner must be 'producer', 'consumer' or None, got {owner!r}")
@@ -77,6 +84,7 @@ class ProcessQueue(DataLoaderQueue):
         for sock in (producer, consumer):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
+        self._pool_bytes = pool_bytes
         self._setup(
             validate_capacity(capacity),
             owner,
@@ -151,7 +159,9 @@ class ProcessQueue(DataLoaderQueue):
             )
         end: Any
         if role == "producer":
-            self._producer = end = ProducerEnd(sock, self._ctl, self._capacity, self._wake_fd)
+            self._producer = end = ProducerEnd(
+                sock, self._ctl, self._capacity, self._wake_fd, self._pool_bytes
+            )
         else:
             self._consumer = end = ConsumerEnd(sock, self._ctl, self._capacity, self._wake_fd)
         end.on_peer = lambda peer_pid: self._drop_end(_OTHER[role])
@@ -286,6 +296,7 @@ class ProcessQueue(DataLoaderQueue):
         socks = {role: None if s is None else DupFd(s.fileno()) for role, s in self._socks.items()}
         return _rebuild, (
             self._capacity,
+            self._pool_bytes,
             self._owner,
             self._creator,
             socks["producer"],
@@ -295,9 +306,16 @@ class ProcessQueue(DataLoaderQueue):
 
 
 def _rebuild(
-    capacity: int, owner: str | None, creator: int, producer: Any, consumer: Any, ctl: Any
+    capacity: int,
+    pool_bytes: int | None,
+    owner: str | None,
+    creator: int,
+    producer: Any,
+    consumer: Any,
+    ctl: Any,
 ) -> ProcessQueue:
     queue = ProcessQueue.__new__(ProcessQueue)
+    queue._pool_bytes = pool_bytes
     socks: dict[Role, socket.socket | None] = {
         "producer": None if producer is None else socket.socket(fileno=producer.detach()),
         "consumer": None if consumer is None else socket.socket(fileno=consumer.detach()),

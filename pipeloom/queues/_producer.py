@@ -28,13 +28,20 @@ _ALIGN = 64
 class ProducerEnd:
     """Sends items, pools segments, waits for room; one per producer process."""
 
-    def __init__(self, sock: socket.socket, ctl: Control, capacity: int, wake_fd: int) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        ctl: Control,
+        capacity: int,
+        wake_fd: int,
+        pool_bytes: int | None = None,
+    ) -> None:
         self._sock = sock
         self._ctl = ctl
         self._capacity = capacity
         self._wake_fd = wake_fd
         self._returns = Inbox(64 * 1024)
-        self._pool = SegmentPool(max_free_per_class=capacity + 2)
+        self._pool = SegmentPool(max_free_per_class=capacity + 2, max_free_bytes=pool_bytes)
         self._consumer_pid: int | None = None
         self._consumer_pidfd: int | None = None
         self._problem: Exception | None = None

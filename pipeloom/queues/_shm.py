@@ -82,10 +82,14 @@ class SegmentPool:
 
     Args:
         max_free_per_class: free segments kept per size class; more are retired.
+        max_free_bytes: free bytes kept in all; a segment that would exceed it
+            is retired (None: no limit beyond ``max_free_per_class``).
     """
 
-    def __init__(self, max_free_per_class: int) -> None:
+    def __init__(self, max_free_per_class: int, max_free_bytes: int | None = None) -> None:
         self._max_free = max_free_per_class
+        self._max_free_bytes = max_free_bytes
+        self._free_bytes = 0
         self._ids = itertools.count(1)
         self._free: dict[int, collections.deque[Segment]] = {}
         self._lent: dict[int, Segment] = {}
@@ -98,6 +102,7 @@ class SegmentPool:
         free = self._free.get(size)
         if free:
             segment = free.pop()  # the most recently used one is warmest
+            self._free_bytes -= segment.size
             self.reused += 1
             new = False
         else:
@@ -118,8 +123,12 @@ class SegmentPool:
         if segment is None:
             return None
         free = self._free.setdefault(segment.size, collections.deque())
-        if len(free) < self._max_free:
+        budget = self._max_free_bytes
+        if len(free) < self._max_free and (
+            budget is None or self._free_bytes + segment.size <= budget
+        ):
             free.append(segment)
+            self._free_bytes += segment.size
             return None
         segment.close()
         return segment_id
@@ -138,6 +147,7 @@ class SegmentPool:
             segment.close()
         self._free.clear()
         self._lent.clear()
+        self._free_bytes = 0
 
 
 class MappingCache:

@@ -7,6 +7,7 @@ import multiprocessing.connection
 import os
 import signal
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -21,6 +22,8 @@ from ..events import FdReadiness, ReadinessSource
 from ..graph import Placement
 from ..queues import ProcessQueue
 from ._base import ReadingService
+from ._dispatch_plan import STRATEGIES
+from ._dispatch_runner import DispatchRunner
 from ._failure import Failure
 from ._in_process import InProcessReadingService, drain
 from ._merge import END, WorkerMerge, tail_state
@@ -66,6 +69,25 @@ class MultiProcessingReadingService(ReadingService):
         timeout: seconds to wait for the next output before raising
             ``TimeoutError`` (None: wait as long as the workers live).
         in_order: merge by source position (True) or by arrival (False).
+        strategy: how work is split (``docs/performance.md``):
+
+            * ``"classic"``: each worker runs a copy of the source, keeps its
+              shard and, when items map one-to-one, builds whole batches;
+              ``prefetch_factor`` outputs per worker.
+            * ``"economic"``: the main process reads the source and hands each
+              item to the least loaded of ``num_workers`` item workers; batch
+              workers assemble and collate; at most ``prefetch_factor``
+              batches are in flight in total, so memory does not grow with
+              ``num_workers``. Needs ``.batch()`` after the per-item blocks.
+            * ``"chunked"``: runs of ``chunk_size`` items of a batch go to
+              different workers and are reassembled in order in the main
+              process, so the first batch is built by many workers at once.
+
+            Every strategy yields the same items in the same order.
+        num_batch_workers: batch workers under ``"economic"`` (default:
+            ``prefetch_factor``; more cannot help).
+        chunk_size: items per chunk under ``"chunked"`` (default: the batch
+            spread evenly over the workers); at most the batch size.
 
     Example:
         >>> from pipeloom import DataLoader
@@ -86,9 +108,13 @@ class MultiProcessingReadingService(ReadingService):
         timeout: float | None = None,
         *,
         in_order: bool = True,
+        strategy: str = "classic",
+        num_batch_workers: int | None = None,
+        chunk_size: int | None = None,
     ) -> None:
         _check_int("num_workers", num_workers, 0, "use 0 to load in the calling thread")
         _check_int("prefetch_factor", prefetch_factor, 1, "it counts outputs per worker")
+        _check_strategy(strategy, prefetch_factor, num_batch_workers, chunk_size, in_order)
         if start_method is not None and start_method not in multiprocessing.get_all_start_methods():
             raise ValueError(
                 f"start_method must be one of {multiprocessing.get_all_start_methods()} or None, "
@@ -105,7 +131,23 @@ class MultiProcessingReadingService(ReadingService):
         self.persistent_workers = persistent_workers
         self.timeout = timeout
         self.in_order = in_order
+        self.strategy = strategy
+        self.num_batch_workers = prefetch_factor if num_batch_workers is None else num_batch_workers
+        self.chunk_size = chunk_size
         self._inline = InProcessReadingService() if num_workers == 0 else None
+        self._dispatch: DispatchRunner | None = None
+        if strategy != "classic" and num_workers > 0:
+            self._dispatch = DispatchRunner(
+                strategy=strategy,
+                num_workers=num_workers,
+                num_batch_workers=self.num_batch_workers,
+                prefetch_factor=prefetch_factor,
+                chunk_size=chunk_size,
+                start_method=start_method,
+                worker_init_fn=worker_init_fn,
+                persistent_workers=persistent_workers,
+                timeout=timeout,
+            )
         self._plan: WorkerPlan | None = None
         self._main: IterDataPipe | None = None
         self._merge: WorkerMerge | None = None
@@ -116,6 +158,9 @@ class MultiProcessingReadingService(ReadingService):
     def initialize(self, pipeline: IterDataPipe) -> None:
         if self._inline is not None:
             self._inline.initialize(pipeline)
+            return
+        if self._dispatch is not None:
+            self._dispatch.initialize(pipeline)
             return
         part = split_for_workers(
             pipeline,
@@ -135,6 +180,8 @@ class MultiProcessingReadingService(ReadingService):
     def start_epoch(self, epoch: int, state: dict[str, Any] | None = None) -> Iterator[Any]:
         if self._inline is not None:
             return self._inline.start_epoch(epoch, state)
+        if self._dispatch is not None:
+            return self._dispatch.start_epoch(epoch, state)
         assert self._plan is not None and self._main is not None and self._merge is not None
         self._finish_epoch(abandoned=self._epoch_open)
         resume = start_main_epoch(self._part, epoch, state)
@@ -152,16 +199,22 @@ class MultiProcessingReadingService(ReadingService):
     def state_dict(self) -> dict[str, Any]:
         if self._inline is not None:
             return self._inline.state_dict()
+        if self._dispatch is not None:
+            return self._dispatch.state_dict()
         assert self._main is not None
         return tail_state(self._main)
 
     def placement(self) -> Placement:
         if self._inline is not None:
             return self._inline.placement()
+        if self._dispatch is not None:
+            return self._dispatch.placement()
         assert self._plan is not None
         return self._plan.placement(f"worker processes x{self.num_workers}", "main process")
 
     def shutdown(self) -> None:
+        if self._dispatch is not None:
+            self._dispatch.shutdown()
         for reader in getattr(self, "_separate", ()):
             reader.stop()
         if self._workers is not None:
@@ -197,7 +250,46 @@ class MultiProcessingReadingService(ReadingService):
         return (
             f"MultiProcessingReadingService(num_workers={self.num_workers}, "
             f"prefetch_factor={self.prefetch_factor}, start_method={self.start_method!r}, "
-            f"persistent_workers={self.persistent_workers})"
+            f"persistent_workers={self.persistent_workers}, strategy={self.strategy!r})"
+        )
+
+
+def _check_strategy(
+    strategy: Any,
+    prefetch_factor: int,
+    num_batch_workers: Any,
+    chunk_size: Any,
+    in_order: bool,
+) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"strategy must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}"
+        )
+    if num_batch_workers is not None:
+        if strategy != "economic":
+            raise ValueError(
+                f"num_batch_workers only applies to strategy='economic', got it with "
+                f"strategy={strategy!r}; drop it or use strategy='economic'"
+            )
+        _check_int("num_batch_workers", num_batch_workers, 1, "batch workers collate batches")
+        if num_batch_workers > prefetch_factor:
+            warnings.warn(
+                f"num_batch_workers={num_batch_workers} > prefetch_factor={prefetch_factor}: "
+                f"at most prefetch_factor batches are in flight, so the extra batch workers "
+                f"stay idle; raise prefetch_factor or lower num_batch_workers",
+                stacklevel=4,
+            )
+    if chunk_size is not None:
+        if strategy != "chunked":
+            raise ValueError(
+                f"chunk_size only applies to strategy='chunked', got it with "
+                f"strategy={strategy!r}; drop it or use strategy='chunked'"
+            )
+        _check_int("chunk_size", chunk_size, 1, "it counts the items of a batch per worker task")
+    if strategy != "classic" and not in_order:
+        raise ValueError(
+            f"in_order=False only applies to strategy='classic'; strategy={strategy!r} "
+            f"delivers in order at no cost"
         )
 
 

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 
 from pipeloom import get_worker_info
-from pipeloom.datapipes import IterableWrapper, IterDataPipe, item_rng
+from pipeloom.datapipes import IterableWrapper, IterDataPipe, SequenceWrapper, item_rng
 
 
 def augmented(n: int = 40):
@@ -121,3 +121,25 @@ def logged_open(log_path, path, *args, **kwargs):
 def sample_and_worker(sample):
     info = get_worker_info()
     return (sample["__key__"], sample[".cls"], sample[".json"], None if info is None else info.id)
+
+
+def for_strategies(n: int = 23, batch: int = 4, drop_last: bool = False, map_style: bool = False):
+    """Shuffled (or indexed) source, a per-item random augmentation, batch + collate."""
+    from pipeloom.datapipes import SequenceWrapper
+
+    if map_style:
+        source = SequenceWrapper(list(range(n))).to_iter()
+    else:
+        source = IterableWrapper(range(n)).shuffle().sharding_filter()
+    return source.map(draw).batch(batch, drop_last=drop_last).collate()
+
+
+def kill_self_in_collate(batch):
+    os.kill(os.getpid(), 9)
+
+
+class PidOnRead(SequenceWrapper):
+    """A map-style source whose items are the PID of the process that read them."""
+
+    def __getitem__(self, index):
+        return os.getpid()

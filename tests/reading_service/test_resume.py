@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import pickle
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reading_service import pipelines
+from reading_service.resuming import resume_case
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
@@ -33,23 +32,6 @@ BUILDERS = {
     "draws": pipelines.draws_on_both_sides_of_the_merge,
     "batched-in-workers": pipelines.batched_in_workers,
 }
-
-
-def resume_case(build, make_service, stop: int, seed: int = 3):
-    with DataLoader(build(), make_service(), seed=seed) as loader:
-        list(loader)  # epoch 0
-        expected = list(loader)  # epoch 1, uninterrupted
-        following = list(loader)  # epoch 2
-    with DataLoader(build(), make_service(), seed=seed) as loader:
-        list(loader)
-        iterator = iter(loader)
-        head = [next(iterator) for _ in range(min(stop, len(expected)))]
-        state = pickle.loads(pickle.dumps(loader.state_dict()))
-    with DataLoader(build(), make_service(), seed=seed + 1) as resumed:
-        resumed.load_state_dict(state)
-        tail = list(resumed)
-        assert head + tail == expected
-        assert list(resumed) == following
 
 
 @pytest.mark.parametrize("service", sorted(services()))

@@ -1,0 +1,318 @@
+"""The economic and chunked strategies: same output as in-process, bounded work, failures."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reading_service import pipelines
+from reading_service.resuming import resume_case
+
+import pipeloom
+from pipeloom import DataLoader
+from pipeloom.datapipes import IterableWrapper
+from pipeloom.errors import WorkerError
+from pipeloom.reading_service import MultiProcessingReadingService
+from pipeloom.reading_service._dispatch_workers import MAIN
+from pipeloom.reading_service._dispatcher import Dispatcher
+
+
+def plain(value):
+    """Tensors as lists, so batches compare with ==."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def run(pipe, service, seed=5, epochs=1):
+    with DataLoader(pipe, service, seed=seed) as loader:
+        return [plain(list(loader)) for _ in range(epochs)]
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    n=st.integers(0, 30),
+    batch=st.integers(1, 6),
+    drop_last=st.booleans(),
+    map_style=st.booleans(),
+    workers=st.integers(1, 3),
+    strategy=st.sampled_from(["economic", "chunked"]),
+    chunk=st.integers(1, 6),
+)
+def test_every_strategy_yields_the_in_process_batches(
+    n, batch, drop_last, map_style, workers, strategy, chunk
+):
+    def build():
+        return pipelines.for_strategies(n, batch, drop_last, map_style)
+
+    extra = {"chunk_size": min(chunk, batch)} if strategy == "chunked" else {}
+    expected = run(build(), None, epochs=2)
+    service = MultiProcessingReadingService(workers, strategy=strategy, timeout=30, **extra)
+    assert run(build(), service, epochs=2) == expected
+
+
+@pytest.mark.parametrize("strategy", ["classic", "economic", "chunked"])
+@pytest.mark.parametrize("method", ["spawn"])
+def test_the_three_strategies_agree_under_spawn(strategy, method):
+    expected = run(pipelines.for_strategies(), None)
+    service = MultiProcessingReadingService(2, start_method=method, strategy=strategy, timeout=60)
+    assert run(pipelines.for_strategies(), service) == expected
+
+
+@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+def test_persistent_workers_drop_the_work_of_an_abandoned_epoch(strategy):
+    expected = run(pipelines.for_strategies(40), None, epochs=3)
+    service = MultiProcessingReadingService(
+        3, strategy=strategy, persistent_workers=True, timeout=30
+    )
+    with DataLoader(pipelines.for_strategies(40), service, seed=5) as loader:
+        got = []
+        for epoch in range(3):
+            iterator = iter(loader)
+            next(iterator)  # abandon after one batch, with work in flight
+            loader.set_epoch(epoch)
+            got.append(plain(list(loader)))
+    assert got == expected
+
+
+def test_get_worker_info_in_item_workers():
+    pipe = IterableWrapper(range(12)).sharding_filter().map(pipelines.pid_of_worker).batch(3)
+    service = MultiProcessingReadingService(3, strategy="economic", timeout=30)
+    with DataLoader(pipe, service, seed=0) as loader:
+        batches = list(loader)
+    assert len({pid for batch in batches for pid in batch}) >= 2  # spread over item workers
+
+
+@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+def test_a_worker_exception_surfaces_in_order_naming_the_worker_block_and_item(strategy):
+    pipe = IterableWrapper(range(20)).sharding_filter().map(pipelines.explode_at_seven).batch(2)
+    service = MultiProcessingReadingService(2, strategy=strategy, timeout=30)
+    delivered = []
+    with DataLoader(pipe, service, seed=0) as loader:
+        with pytest.raises(KeyError, match="bad sample") as info:
+            for batch in loader:
+                delivered.append(batch)
+    assert delivered == [[0, 1], [2, 3], [4, 5]]  # everything before the failing batch
+    message = str(info.value)
+    assert "item worker" in message and "explode_at_seven" in message
+    assert "position 7" in message
+    assert isinstance(info.value.__cause__, WorkerError)
+
+
+@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+def test_a_killed_item_worker_raises_naming_it(strategy):
+    pipe = IterableWrapper(range(50)).sharding_filter().map(pipelines.kill_self_at).batch(2)
+    service = MultiProcessingReadingService(2, strategy=strategy, timeout=30)
+    with DataLoader(pipe, service, seed=0) as loader:
+        with pytest.raises(WorkerError, match=r"item worker \d \(pid \d+\) was killed by signal"):
+            list(loader)
+
+
+def test_a_killed_batch_worker_raises_naming_it():
+    pipe = (
+        IterableWrapper(range(50))
+        .sharding_filter()
+        .batch(2)
+        .collate(pipelines.kill_self_in_collate)
+    )
+    service = MultiProcessingReadingService(2, strategy="economic", timeout=30)
+    with DataLoader(pipe, service, seed=0) as loader:
+        with pytest.raises(WorkerError, match=r"batch worker \d \(pid \d+\) was killed by signal"):
+            list(loader)
+
+
+@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+def test_break_and_shutdown_leave_no_process(strategy):
+    service = MultiProcessingReadingService(2, strategy=strategy, timeout=30)
+    with DataLoader(pipelines.for_strategies(200), service, seed=0) as loader:
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+        assert len(list(loader)) == 50
+    assert multiprocessing.active_children() == []
+
+
+def test_placement_names_item_and_batch_workers():
+    pipe = IterableWrapper(range(8)).shuffle().sharding_filter().map(abs).batch(2).collate()
+    service = MultiProcessingReadingService(2, strategy="economic")
+    with DataLoader(pipe, service, seed=0) as loader:
+        where = {type(b).__name__: place for b, place in loader.placement().locations}
+    assert where["ShardingFilter"] == "main process" and where["Shuffler"] == "main process"
+    assert where["Mapper"].startswith("item worker processes x2")
+    assert where["Batcher"] == where["Collator"] == "batch workers x2"
+
+
+# -- bad input ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"strategy": "fast"}, ValueError, "strategy must be one of 'classic', 'economic'"),
+        ({"chunk_size": 0, "strategy": "chunked"}, ValueError, "chunk_size must be an int >= 1"),
+        ({"chunk_size": 2}, ValueError, "chunk_size only applies to strategy='chunked'"),
+        ({"num_batch_workers": 2}, ValueError, "num_batch_workers only applies to strategy="),
+        ({"num_batch_workers": 0, "strategy": "economic"}, ValueError, "must be an int >= 1"),
+        ({"strategy": "economic", "in_order": False}, ValueError, "in_order=False only"),
+    ],
+)
+def test_bad_strategy_arguments_are_explained(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        MultiProcessingReadingService(2, **kwargs)
+
+
+def test_more_batch_workers_than_prefetch_factor_warns_that_they_cannot_help():
+    with pytest.warns(UserWarning, match="extra batch workers stay idle"):
+        MultiProcessingReadingService(
+            2, prefetch_factor=2, strategy="economic", num_batch_workers=3
+        )
+
+
+@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+def test_no_batching_point_says_what_is_missing(strategy):
+    pipe = IterableWrapper(range(8)).sharding_filter().map(abs)
+    with DataLoader(pipe, MultiProcessingReadingService(2, strategy=strategy)) as loader:
+        with pytest.raises(ValueError, match=r"needs \.batch\(n\) right after the per-item"):
+            list(loader)
+
+
+def test_economic_refuses_a_filter_before_the_batch_and_names_it():
+    pipe = IterableWrapper(range(8)).sharding_filter().filter(bool).batch(2)
+    with DataLoader(pipe, MultiProcessingReadingService(2, strategy="economic")) as loader:
+        with pytest.raises(ValueError, match=r"exactly one output per input, but Filter"):
+            list(loader)
+
+
+def test_chunked_handles_a_filter_before_the_batch():
+    def build():
+        return IterableWrapper(range(30)).sharding_filter().filter(lambda x: x % 3 != 0).batch(4)
+
+    expected = run(build(), None)
+    service = MultiProcessingReadingService(3, strategy="chunked", chunk_size=2, timeout=30)
+    assert run(build(), service) == expected
+
+
+def test_chunk_size_larger_than_the_batch_is_refused():
+    pipe = IterableWrapper(range(8)).sharding_filter().batch(2)
+    service = MultiProcessingReadingService(2, strategy="chunked", chunk_size=3)
+    with DataLoader(pipe, service) as loader:
+        with pytest.raises(ValueError, match=r"chunk_size must be at most the batch size \(2\)"):
+            list(loader)
+
+
+# -- the dispatcher's book-keeping, without processes ---------------------------------
+
+
+class FakePool:
+    """Records what the dispatcher hands out; workers answer when told to."""
+
+    def __init__(self, item_workers: int, batch_workers: int) -> None:
+        self.num_item_workers = item_workers
+        self.num_batch_workers = batch_workers
+        self.tasks: list[tuple[int, tuple]] = []
+        self.controls: list[tuple[int, tuple]] = []
+        self.outbox: list[tuple] = []
+
+    def send_task(self, worker, message):
+        self.tasks.append((worker, message))
+
+    def send_control(self, worker, message):
+        self.controls.append((worker, message))
+
+    def receive(self):
+        out, self.outbox = self.outbox, []
+        return out
+
+    def check_alive(self):
+        pass
+
+    def readiness(self):
+        return []
+
+    def finish_batches(self):
+        """Batch workers answer every batch announced so far (one batch per unit)."""
+        items = {}
+        for _, (_, _gen, unit, _dest, entries) in self.tasks:
+            items.setdefault(unit, []).extend(entries)
+        for _, (_, gen, unit, _size) in self.controls:
+            entries = sorted(items[unit])
+            self.outbox.append((gen, unit, [(entries[0][0], 0, [v for _, v in entries])]))
+        self.controls = []
+
+
+def test_economic_keeps_at_most_prefetch_batches_in_flight_and_balances_items():
+    pool = FakePool(item_workers=4, batch_workers=2)
+    dispatcher = Dispatcher(unit_size=4, max_units=2, per_item_tasks=True)
+    dispatcher.attach(IterableWrapper(range(40)), pool, gen=1, seed=None, epoch=0)
+    with pytest.raises(pipeloom.errors.NotAvailable):
+        dispatcher.async_next()
+    assert len(pool.tasks) == 8  # 2 batches x 4 items, no more
+    first_batch_workers = [worker for worker, message in pool.tasks[:4]]
+    assert sorted(first_batch_workers) == [0, 1, 2, 3]  # built by every item worker at once
+    assert sorted(worker for worker, _ in pool.controls) == [0, 1]  # one batch per batch worker
+    pool.finish_batches()
+    assert dispatcher.async_next() == [0, 1, 2, 3]
+    assert dispatcher.async_next() == [4, 5, 6, 7]
+    with pytest.raises(pipeloom.errors.NotAvailable):
+        dispatcher.async_next()
+    assert len(pool.tasks) == 16  # the two delivered batches made room for two more
+
+
+def test_chunked_hands_whole_chunks_to_the_least_loaded_worker():
+    pool = FakePool(item_workers=3, batch_workers=0)
+    dispatcher = Dispatcher(unit_size=2, max_units=4, per_item_tasks=False)
+    dispatcher.attach(IterableWrapper(range(9)), pool, gen=1, seed=None, epoch=0)
+    with pytest.raises(pipeloom.errors.NotAvailable):
+        dispatcher.async_next()
+    assert [(w, m[2], m[3], m[4]) for w, m in pool.tasks] == [
+        (0, 0, MAIN, [(0, 0), (1, 1)]),
+        (1, 1, MAIN, [(2, 2), (3, 3)]),
+        (2, 2, MAIN, [(4, 4), (5, 5)]),
+        (0, 3, MAIN, [(6, 6), (7, 7)]),
+    ]
+
+
+def test_map_style_sources_send_indices_not_items():
+    pipe = pipelines.PidOnRead(list(range(6))).to_iter().batch(3)
+    service = MultiProcessingReadingService(2, strategy="economic", timeout=30)
+    pids = {pid for batch in run(pipe, service)[0] for pid in batch}
+    assert os.getpid() not in pids and len(pids) >= 1  # read in item workers only
+
+
+# -- checkpoints -----------------------------------------------------------------------
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    stop=st.integers(0, 8),
+    workers=st.integers(1, 3),
+    strategy=st.sampled_from(["economic", "chunked"]),
+    map_style=st.booleans(),
+    chunk=st.integers(1, 4),
+)
+def test_resume_at_any_step_equals_the_uninterrupted_epoch(
+    stop, workers, strategy, map_style, chunk
+):
+    extra = {"chunk_size": chunk} if strategy == "chunked" else {}
+
+    def build():
+        return pipelines.for_strategies(29, 4, map_style=map_style)
+
+    def service():
+        return MultiProcessingReadingService(workers, strategy=strategy, timeout=30, **extra)
+
+    resume_case(build, service, stop, compare=plain)
+
+
+@pytest.mark.parametrize("stop", [0, 3, 7])
+def test_chunked_resumes_inside_a_chunk_with_filters_and_flatmaps(stop):
+    def service():
+        return MultiProcessingReadingService(2, strategy="chunked", chunk_size=3, timeout=30)
+
+    resume_case(pipelines.augmented, service, stop)
