@@ -6,8 +6,9 @@ to, so output of an abandoned epoch is recognised and dropped):
 * main -> item worker ``tasks``: ``("epoch", gen, epoch, stamp_seed)``, then
   ``("task", gen, unit, dest, [(position, value), ...])``; ``("stop",)``.
 * item worker -> ``dest`` (a batch worker, or the main process when ``dest``
-  is -1): ``(gen, unit, outputs)`` with ``outputs`` a list of
-  ``(position, draws, item)``, or a ``Failure`` instead of the list.
+  is -1): ``(gen, unit, outputs, count)`` with ``outputs`` a list of
+  ``(position, draws, item)``, or a ``Failure`` instead of the list, and
+  ``count`` the number of items the task had.
 * main -> batch worker ``control``: ``("epoch", gen, epoch, stamp_seed)``,
   ``("batch", gen, unit, n)`` once the ``n`` items of ``unit`` are assigned;
   ``("stop",)``.
@@ -193,7 +194,7 @@ def item_worker_main(
             continue  # a task of an abandoned epoch
         result = chain.run(gen, entries, label)
         try:
-            (to_main if dest == MAIN else to_batch[dest]).put((gen, unit, result))
+            (to_main if dest == MAIN else to_batch[dest]).put((gen, unit, result, len(entries)))
         except QueueError:
             if dest == MAIN:
                 return
@@ -242,14 +243,14 @@ def batch_worker_main(
         for queue in list(inputs):
             while True:
                 try:
-                    gen, unit, result = queue.get(block=False)
+                    gen, unit, result, count = queue.get(block=False)
                 except NotAvailable:
                     break
                 except QueueError:  # that item worker died; the main process raises
                     inputs.remove(queue)
                     break
                 progressed = True
-                assembler.add(gen, unit, result)
+                assembler.add(gen, unit, result, count)
         for gen, unit, entries in assembler.complete():
             result = entries if isinstance(entries, Failure) else chain.run(gen, entries, label)
             try:
@@ -266,13 +267,14 @@ class _BatchAssembler:
     def __init__(self) -> None:
         self._gen = -1
         self._parts: dict[tuple[int, int], list] = {}
+        self._counts: dict[tuple[int, int], int] = {}  # items received per batch
         self._sizes: dict[tuple[int, int], int] = {}
         self._failures: dict[tuple[int, int], Failure] = {}
         self._ready: list[tuple[int, int]] = []
 
     def start_epoch(self, gen: int) -> None:
         self._gen = gen
-        for book in (self._parts, self._sizes, self._failures):
+        for book in (self._parts, self._counts, self._sizes, self._failures):
             for key in [k for k in book if k[0] < gen]:
                 del book[key]
         self._ready = [k for k in self._ready if k[0] >= gen]
@@ -282,19 +284,21 @@ class _BatchAssembler:
             self._sizes[gen, unit] = size
             self._check((gen, unit))
 
-    def add(self, gen: int, unit: int, result: list | Failure) -> None:
+    def add(self, gen: int, unit: int, result: list | Failure, count: int) -> None:
+        """``result`` of a task of ``count`` items of batch ``unit``."""
         if gen < self._gen:
-            return  # an abandoned epoch's item
+            return  # an abandoned epoch's items
         key = (gen, unit)
         if isinstance(result, Failure):
             self._failures.setdefault(key, result)
             result = []
         self._parts.setdefault(key, []).append(result)
+        self._counts[key] = self._counts.get(key, 0) + count
         self._check(key)
 
     def _check(self, key: tuple[int, int]) -> None:
         size = self._sizes.get(key)
-        if size is not None and len(self._parts.get(key, ())) == size:
+        if size is not None and self._counts.get(key, 0) == size:
             self._ready.append(key)
 
     def complete(self) -> list[tuple[int, int, Any]]:
@@ -302,6 +306,7 @@ class _BatchAssembler:
         done: list[tuple[int, int, Any]] = []
         for key in self._ready:
             parts = self._parts.pop(key, [])
+            self._counts.pop(key, None)
             del self._sizes[key]
             failure = self._failures.pop(key, None)
             if failure is not None:

@@ -88,6 +88,7 @@ class Dispatcher(IterDataPipe):
         self._units: deque[_Unit] = deque()
         self._open: _Unit | None = None
         self._pending_chunk: list[tuple[int, Any]] = []
+        self._assigned: dict[int, list[tuple[int, Any]]] = {}  # worker -> open unit's items
         self._results: dict[int, Any] = {}
         self._outputs: deque[tuple[int, int, Any]] = deque()
         self._next_id = 0
@@ -169,7 +170,7 @@ class Dispatcher(IterDataPipe):
 
     def _receive(self) -> None:
         assert self._pool is not None
-        for gen, unit, result in self._pool.receive():
+        for gen, unit, result, *_ in self._pool.receive():
             if gen != self._gen:
                 continue  # an abandoned epoch's output
             if unit is None:  # worker_init_fn failed
@@ -179,6 +180,13 @@ class Dispatcher(IterDataPipe):
     # -- handing out ------------------------------------------------------------
     def _fill(self) -> None:
         """Give workers items while fewer than ``max_units`` units are in flight."""
+        try:
+            self._read_source()
+        finally:
+            if self._open is not None:  # what was assigned goes out now: workers start at once
+                self._flush(self._open)
+
+    def _read_source(self) -> None:
         source = self._source
         assert source is not None
         while not self._source_done:
@@ -223,9 +231,14 @@ class Dispatcher(IterDataPipe):
         worker = _least_loaded(self._item_load, position)
         self._item_load[worker] += 1
         unit.item_workers.append(worker)
-        self._pool.send_task(
-            worker, ("task", self._gen, unit.id, unit.batch_worker, [(position, value)])
-        )
+        self._assigned.setdefault(worker, []).append((position, value))
+
+    def _flush(self, unit: _Unit) -> None:
+        """Send each item worker the items of ``unit`` assigned to it, as one task."""
+        assert self._pool is not None
+        for worker, entries in self._assigned.items():
+            self._pool.send_task(worker, ("task", self._gen, unit.id, unit.batch_worker, entries))
+        self._assigned = {}
 
     def _close(self, unit: _Unit) -> None:
         assert self._pool is not None
@@ -237,6 +250,7 @@ class Dispatcher(IterDataPipe):
             return
         unit.closed = True
         if self.per_item_tasks:
+            self._flush(unit)
             self._pool.send_control(
                 unit.batch_worker, ("batch", self._gen, unit.id, len(unit.positions))
             )

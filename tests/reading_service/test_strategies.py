@@ -252,8 +252,9 @@ def test_economic_keeps_at_most_prefetch_batches_in_flight_and_balances_items():
     dispatcher.attach(IterableWrapper(range(40)), pool, gen=1, seed=None, epoch=0)
     with pytest.raises(pipeloom.errors.NotAvailable):
         dispatcher.async_next()
-    assert len(pool.tasks) == 8  # 2 batches x 4 items, no more
-    first_batch_workers = [worker for worker, message in pool.tasks[:4]]
+    entries = [(worker, entry) for worker, message in pool.tasks for entry in message[4]]
+    assert len(entries) == 8  # 2 batches x 4 items, no more
+    first_batch_workers = [worker for worker, _ in entries[:4]]
     assert sorted(first_batch_workers) == [0, 1, 2, 3]  # built by every item worker at once
     assert sorted(worker for worker, _ in pool.controls) == [0, 1]  # one batch per batch worker
     pool.finish_batches()
@@ -261,7 +262,7 @@ def test_economic_keeps_at_most_prefetch_batches_in_flight_and_balances_items():
     assert dispatcher.async_next() == [4, 5, 6, 7]
     with pytest.raises(pipeloom.errors.NotAvailable):
         dispatcher.async_next()
-    assert len(pool.tasks) == 16  # the two delivered batches made room for two more
+    assert sum(len(message[4]) for _, message in pool.tasks) == 16  # room for two more
 
 
 def test_chunked_hands_whole_chunks_to_the_least_loaded_worker():
