@@ -100,7 +100,7 @@ class DispatchRunner:
             self._batch_payload = batch_chain if forked else dumps_pipeline(batch_chain)
 
     def start_epoch(self, epoch: int, state: dict[str, Any] | None) -> Iterator[Any]:
-        self._finish_epoch(abandoned=self._epoch_open)
+        self._finish_epoch()
         set_pipeline_epoch(self._main, epoch)
         reset_pipeline(self._main)
         if state is not None:
@@ -163,16 +163,15 @@ class DispatchRunner:
         self._epoch_open = False
 
     def _on_epoch_closed(self, finished: bool) -> None:
-        self._finish_epoch(abandoned=not finished)
+        self._finish_epoch()
 
-    def _finish_epoch(self, *, abandoned: bool) -> None:
+    def _finish_epoch(self) -> None:
+        """End the open epoch; persistent workers drop its leftovers by generation."""
         if not self._epoch_open:
             return
         self._epoch_open = False
-        # Persistent workers drop an abandoned epoch's work by its generation.
         if not self.persistent_workers:
             self._stop_pool()
-        del abandoned
 
     def _stop_pool(self) -> None:
         if self._pool is not None:

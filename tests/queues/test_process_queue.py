@@ -94,6 +94,19 @@ def test_received_tensor_stays_valid_after_close_and_segments_are_reused():
     assert stats.bytes_via_shm >= 30 * 200_000
 
 
+@pytest.mark.parametrize("pool_bytes, reused", [(0, False), (1 << 20, True)])
+def test_pool_bytes_bounds_the_free_shared_memory_kept_for_reuse(pool_bytes, reused):
+    with ProcessQueue(capacity=2, pool_bytes=pool_bytes) as q:
+        for i in range(10):
+            q.put(torch.full((50_000,), float(i)))  # 200 kB: a 256 KiB segment
+            assert float(q.get(timeout=10)[0]) == i
+        stats = q.statistics()
+    if reused:
+        assert stats.segments_created <= 3 and stats.segments_reused >= 7
+    else:  # nothing kept: every message gets a fresh segment, freed when read
+        assert stats.segments_created == 10 and stats.segments_reused == 0
+
+
 def test_big_pickles_travel_through_shared_memory():
     with ProcessQueue() as q:
         big = list(range(100_000))

@@ -1,0 +1,378 @@
+"""Peak shared memory and process-tree memory vs num_workers: pipeloom vs torch.utils.data.
+
+    python benchmarks/bench_memory.py [--quick] [--plot PATH]
+
+A map-style dataset whose item ``i`` is an 8 MiB float32 tensor filled with
+``i`` (the only cost is the allocation), in batches of 16, so one batch is
+128 MiB. A consumer slower than the loader (it sleeps ``--train`` seconds per
+batch, then drops it) lets every loader fill its prefetch buffers, and each
+run yields enough batches to exceed ``num_workers x prefetch_factor`` so the
+peak is a steady-state one. Loaders, all with prefetch_factor 2:
+
+- torch: ``torch.utils.data.DataLoader(dataset, batch_size=16, num_workers=w)``;
+- pipeloom ``strategy="classic"`` (each worker builds whole batches, like torch),
+  ``"economic"`` (items go to the least-loaded item worker, batch workers
+  collate, at most prefetch_factor batches in flight whatever w is) and
+  ``"chunked"``, over ``SequenceWrapper(range(n)).to_iter().map(make_item).batch(16).collate()``.
+
+A thread samples every ``--interval`` seconds, relative to a baseline taken
+just before the loader is built:
+
+- ``Shmem:`` of /proc/meminfo, system-wide shared memory. It includes
+  pipeloom's memfd segments (anonymous, never in /dev/shm) and torch's
+  /dev/shm-backed storages alike, so it is the figure to compare;
+- the bytes used in /dev/shm (``os.statvfs``): torch's storages only;
+- the loader's process tree (this process and all its descendants, via
+  psutil): sum of USS (private memory), sum of PSS (shared pages split among
+  their users, so it adds up) and sum of RSS (shared pages counted once per
+  process that maps them; an absolute figure, not a delta).
+
+Shmem is system-wide: other programs on the machine can add to it, so with
+``--repeats`` > 1 the smallest peak over the repeats is reported. Each run's
+batches are checked against the expected ``batch[:, 0]`` (the item indices)
+so every loader yields identical batches. Throughput is batches per second of
+wall time (start-up included); "vs torch" is torch's wall time over the
+loader's at the same num_workers (> 1: faster than torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils.data
+from _common import print_table
+
+import pipeloom
+from pipeloom.datapipes import SequenceWrapper
+from pipeloom.reading_service import MultiProcessingReadingService
+
+try:
+    import psutil
+except ImportError:  # psutil comes with the test extra; without it only Shmem and /dev/shm
+    psutil = None
+
+MIB = 1 << 20
+ITEM_NUMEL = 2 * 1024 * 1024  # float32: 8 MiB per item
+BATCH = 16
+BATCH_BYTES = ITEM_NUMEL * 4 * BATCH  # 128 MiB
+PREFETCH = 2
+STRATEGIES = ("classic", "economic", "chunked")
+
+
+def make_item(index: int) -> torch.Tensor:
+    return torch.full((ITEM_NUMEL,), float(index))
+
+
+class Items(torch.utils.data.Dataset):
+    """The torch side: ``dataset[i] == make_item(i)``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return make_item(index)
+
+
+def makers(n: int, workers: int, strategies: Iterable[str]):
+    yield (
+        "torch",
+        lambda: torch.utils.data.DataLoader(
+            Items(n), batch_size=BATCH, num_workers=workers, prefetch_factor=PREFETCH
+        ),
+    )
+    for strategy in strategies:
+
+        def make(strategy: str = strategy) -> pipeloom.DataLoader:
+            pipe = SequenceWrapper(range(n)).to_iter().map(make_item).batch(BATCH).collate()
+            service = MultiProcessingReadingService(
+                workers, prefetch_factor=PREFETCH, strategy=strategy
+            )
+            return pipeloom.DataLoader(pipe, service, seed=0)
+
+        yield f"pipeloom {strategy}", make
+
+
+# --- sampling -----------------------------------------------------------------------------
+
+
+def shmem_bytes() -> int:
+    """System-wide ``Shmem:`` of /proc/meminfo (tmpfs, /dev/shm, memfd, SysV), in bytes."""
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no Shmem: line in /proc/meminfo")
+
+
+def dev_shm_bytes() -> int:
+    stat = os.statvfs("/dev/shm")
+    return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+
+
+def tree_memory() -> tuple[int, int, int | None] | None:
+    """(sum of USS, sum of RSS, sum of PSS or None) over this process and its descendants."""
+    if psutil is None:
+        return None
+    me = psutil.Process()
+    uss = rss = pss = 0
+    has_pss = True
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            info = process.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue  # a worker that just exited
+        uss += info.uss
+        rss += info.rss
+        if hasattr(info, "pss"):
+            pss += info.pss
+        else:
+            has_pss = False
+    return uss, rss, pss if has_pss else None
+
+
+@dataclass
+class Peaks:
+    shmem: int = 0
+    dev_shm: int = 0
+    uss: int = 0
+    pss: int | None = None
+    rss: int = 0
+    samples: int = 0
+
+
+class Sampler:
+    """Samples memory in a thread until stopped; keeps the peaks above the baseline."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.stop_event = threading.Event()
+        self.base_shmem = shmem_bytes()
+        self.base_dev_shm = dev_shm_bytes()
+        tree = tree_memory()
+        self.base_uss = tree[0] if tree else 0
+        self.base_pss = tree[2] if tree and tree[2] is not None else 0
+        self.peaks = Peaks()
+        self.thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop_event.set()
+        self.thread.join()
+
+    def sample(self) -> None:
+        p = self.peaks
+        p.shmem = max(p.shmem, shmem_bytes() - self.base_shmem)
+        p.dev_shm = max(p.dev_shm, dev_shm_bytes() - self.base_dev_shm)
+        tree = tree_memory()
+        if tree is not None:
+            uss, rss, pss = tree
+            p.uss = max(p.uss, uss - self.base_uss)
+            p.rss = max(p.rss, rss)
+            if pss is not None:
+                p.pss = max(p.pss or 0, pss - self.base_pss)
+        p.samples += 1
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            if self.stop_event.wait(self.interval):
+                break
+
+
+# --- one run ------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    wall: float
+    batches: int
+    peaks: Peaks
+    leftover_shmem: int  # Shmem above the baseline after the loader is shut down and collected
+    checksums: list[list[float]] = field(default_factory=list)
+
+
+def run_once(make_loader: Callable[[], Any], train: float, interval: float) -> Result:
+    gc.collect()
+    time.sleep(0.2)  # let the previous run's segments and /dev/shm files go
+    checksums = []
+    with Sampler(interval) as sampler:
+        start = time.perf_counter()
+        loader = make_loader()
+        iterator = iter(loader)
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            checksums.append(batch[:, 0].tolist())
+            time.sleep(train)  # "train" on the batch, holding it
+            del batch  # drop it before asking for the next one, for every loader alike
+        wall = time.perf_counter() - start
+        sampler.sample()
+    shutdown = getattr(loader, "shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    del iterator, loader
+    gc.collect()
+    time.sleep(0.2)
+    leftover = shmem_bytes() - sampler.base_shmem
+    return Result(wall, len(checksums), sampler.peaks, leftover, checksums)
+
+
+def check(name: str, workers: int, result: Result, n: int) -> None:
+    expected = [
+        [float(i) for i in range(start, min(start + BATCH, n))] for start in range(0, n, BATCH)
+    ]
+    if result.checksums != expected:
+        raise AssertionError(f"{name} with {workers} workers yields different batches than torch")
+
+
+def best(results: list[Result]) -> Result:
+    """The repeat with the smallest Shmem peak (Shmem is system-wide: others only add)."""
+    return min(results, key=lambda r: r.peaks.shmem)
+
+
+def mib(nbytes: int | None) -> str:
+    return "n/a" if nbytes is None else f"{nbytes / MIB:.0f}"
+
+
+# --- plot ---------------------------------------------------------------------------------
+
+
+def plot(path: str, series: dict[str, dict[int, float]], title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"\nmatplotlib is not installed (pip install matplotlib): no plot written to {path}")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, points in series.items():
+        xs = sorted(points)
+        ax.plot(xs, [points[x] for x in xs], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    workers = sorted({x for points in series.values() for x in points})
+    ax.set_xticks(workers)
+    ax.set_xticklabels([str(x) for x in workers])
+    ax.set_xlabel("num_workers")
+    ax.set_ylabel("peak shared memory (MiB, Shmem delta)")
+    ax.set_title(title, fontsize=10)
+    secondary = ax.secondary_yaxis(
+        "right", functions=(lambda m: m * MIB / BATCH_BYTES, lambda b: b * BATCH_BYTES / MIB)
+    )
+    secondary.set_ylabel(f"in batches of {BATCH_BYTES // MIB} MiB")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"\nplot written to {path}")
+
+
+# --- main ---------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> list[list[Any]]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer workers and batches (< 1 min)")
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG of peak Shmem vs num_workers")
+    parser.add_argument("--train", type=float, default=0.15, help="consumer seconds per batch")
+    parser.add_argument("--interval", type=float, default=0.01, help="sampling period, seconds")
+    parser.add_argument("--repeats", type=int, help="runs per case; the smallest peak is kept")
+    parser.add_argument("--no-chunked", action="store_true", help="skip strategy='chunked'")
+    args = parser.parse_args(argv)
+    # torch warns when num_workers exceeds the CPU count; the comparison is deliberate.
+    warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+    if args.quick:
+        worker_counts, repeats = (1, 4), 1
+    else:
+        worker_counts, repeats = (1, 2, 4, 8), 2
+    repeats = args.repeats or repeats
+    strategies = [s for s in STRATEGIES if not (args.no_chunked and s == "chunked")]
+    if psutil is None:
+        print("note: psutil is not installed (pip install psutil): no process-tree columns")
+
+    rows = []
+    series: dict[str, dict[int, float]] = {}
+    for workers in worker_counts:
+        # Enough batches to fill every loader's buffers (w x prefetch) and then some.
+        n_batches = max(12, workers * PREFETCH + 8)
+        n = n_batches * BATCH
+        loaders = dict(makers(n, workers, strategies))
+        runs: dict[str, list[Result]] = {name: [] for name in loaders}
+        for _ in range(repeats):  # round-robin, so drift in machine load hits every loader alike
+            for name, make in loaders.items():
+                result = run_once(make, args.train, args.interval)
+                check(name, workers, result, n)
+                result.checksums = []
+                runs[name].append(result)
+        torch_wall = min(r.wall for r in runs["torch"])
+        for name, results in runs.items():
+            r = best(results)
+            wall = min(x.wall for x in results)
+            p = r.peaks
+            series.setdefault(name, {})[workers] = p.shmem / MIB
+            row = [
+                name,
+                workers,
+                n_batches,
+                mib(p.shmem),
+                f"{p.shmem / BATCH_BYTES:.1f}",
+                mib(p.dev_shm),
+            ]
+            if psutil is not None:
+                row += [mib(p.uss), mib(p.pss), mib(p.rss)]
+            row += [
+                mib(r.leftover_shmem),
+                f"{wall:.2f}",
+                f"{n_batches / wall:.2f}",
+                "" if name == "torch" else f"{torch_wall / wall:.2f}x",
+            ]
+            rows.append(row)
+    header = ["loader", "workers", "batches", "peak Shmem MiB", "= batches", "peak /dev/shm MiB"]
+    if psutil is not None:
+        header += ["peak tree USS MiB", "peak tree PSS MiB", "peak tree RSS MiB"]
+    header += ["Shmem after MiB", "wall s", "batches/s", "vs torch"]
+    title = (
+        f"peak memory above baseline: items of {ITEM_NUMEL * 4 // MIB} MiB, batch {BATCH} "
+        f"(= {BATCH_BYTES // MIB} MiB), prefetch_factor {PREFETCH}, consumer {args.train} s per "
+        f"batch, sampled every {args.interval * 1e3:g} ms, least Shmem peak of {repeats} run(s)"
+    )
+    print_table(title, header, rows)
+    print(
+        "\n(USS and PSS: sum over the process tree above the pre-loader baseline; RSS: absolute sum,"
+        " counting a shared page once per process mapping it. 'Shmem after': Shmem above the"
+        " baseline once the loader is shut down and collected.)"
+    )
+    if args.plot:
+        plot(
+            args.plot,
+            series,
+            f"peak shared memory vs num_workers (batch = {BATCH_BYTES // MIB} MiB, "
+            f"prefetch_factor {PREFETCH})",
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    main()
