@@ -143,3 +143,8 @@ class PidOnRead(SequenceWrapper):
 
     def __getitem__(self, index):
         return os.getpid()
+
+
+def member_name(member):
+    path, _stream = member
+    return os.path.basename(str(path))

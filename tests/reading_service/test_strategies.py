@@ -317,3 +317,51 @@ def test_chunked_resumes_inside_a_chunk_with_filters_and_flatmaps(stop):
         return MultiProcessingReadingService(2, strategy="chunked", chunk_size=3, timeout=30)
 
     resume_case(pipelines.augmented, service, stop)
+
+
+# -- a streaming source with an on_error="skip" policy -----------------------------------
+
+
+def tar_pipeline(root):
+    from pipeloom.datapipes import FileLister
+
+    return (
+        FileLister(str(root), "*.tar")
+        .sharding_filter()
+        .open_files("rb")
+        .load_from_tar(on_error="skip")
+        .map(pipelines.member_name)
+        .batch(3)
+    )
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("strategy", ["classic", "chunked"])
+def test_a_skipped_corrupt_shard_loses_or_duplicates_no_batch(tmp_path, strategy):
+    import io
+    import tarfile
+
+    for shard in range(5):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for i in range(4):
+                data = bytes([shard, i]) * (i * 300)
+                info = tarfile.TarInfo(f"s{shard}-{i}.bin")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        payload = buffer.getvalue()
+        if shard == 2:
+            payload = payload[:1500]  # keeps two members, then corrupt
+        (tmp_path / f"shard-{shard}.tar").write_bytes(payload)
+    expected = run(tar_pipeline(tmp_path), None)[0]
+    names = [name for batch in expected for name in batch]
+    assert len(names) == len(set(names)) == 17  # 4 whole shards x 4 + 1 before the cut
+    service = MultiProcessingReadingService(3, strategy=strategy, timeout=30)
+    assert run(tar_pipeline(tmp_path), service) == [expected]
+
+
+def test_economic_says_a_tar_reader_before_the_batch_needs_chunked(tmp_path):
+    service = MultiProcessingReadingService(2, strategy="economic")
+    with DataLoader(tar_pipeline(tmp_path), service) as loader:
+        with pytest.raises(ValueError, match=r"TarArchiveLoader.*strategy='chunked'"):
+            list(loader)
