@@ -20,14 +20,16 @@ process: only its index crosses to the worker, which reads the item itself.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from ..datapipes import DataPipe, IterDataPipe, traverse_roots
 from ..datapipes._batch import Batcher
 from ..graph import Placement, traverse
 from ._plan import plan_workers
 
-__all__ = ["STRATEGIES", "DispatchPlan", "plan_dispatch"]
+__all__ = ["STRATEGIES", "DispatchPlan", "check_strategy_args", "plan_dispatch"]
 
 STRATEGIES = ("classic", "economic", "chunked")
 
@@ -127,3 +129,39 @@ def _check_one_to_one(item_blocks: tuple[DataPipe, ...]) -> None:
                 f"exactly one output per input, but {block!r} may not; move it before "
                 f".sharding_filter() or after .batch(), or use strategy='chunked' or 'classic'"
             )
+
+
+def check_strategy_args(
+    strategy: Any, prefetch_factor: int, num_batch_workers: Any, chunk_size: Any, in_order: bool
+) -> None:
+    """Explain strategy arguments that cannot work (see ``MultiProcessingReadingService``)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"strategy must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}"
+        )
+    _check_option("num_batch_workers", num_batch_workers, strategy, "economic")
+    _check_option("chunk_size", chunk_size, strategy, "chunked")
+    if num_batch_workers is not None and num_batch_workers > prefetch_factor:
+        warnings.warn(
+            f"num_batch_workers={num_batch_workers} > prefetch_factor={prefetch_factor}: "
+            f"at most prefetch_factor batches are in flight, so the extra batch workers "
+            f"stay idle; raise prefetch_factor or lower num_batch_workers",
+            stacklevel=4,
+        )
+    if strategy != "classic" and not in_order:
+        raise ValueError(
+            f"in_order=False only applies to strategy='classic'; strategy={strategy!r} "
+            f"delivers in order at no cost"
+        )
+
+
+def _check_option(name: str, value: Any, strategy: str, owner: str) -> None:
+    if value is None:
+        return
+    if strategy != owner:
+        raise ValueError(
+            f"{name} only applies to strategy={owner!r}, got it with strategy={strategy!r}; "
+            f"drop it or use strategy={owner!r}"
+        )
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")

@@ -7,7 +7,6 @@ import multiprocessing.connection
 import os
 import signal
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -22,7 +21,7 @@ from ..events import FdReadiness, ReadinessSource
 from ..graph import Placement
 from ..queues import ProcessQueue
 from ._base import ReadingService
-from ._dispatch_plan import STRATEGIES
+from ._dispatch_plan import check_strategy_args
 from ._dispatch_runner import DispatchRunner
 from ._failure import Failure
 from ._in_process import InProcessReadingService, drain
@@ -114,7 +113,7 @@ class MultiProcessingReadingService(ReadingService):
     ) -> None:
         _check_int("num_workers", num_workers, 0, "use 0 to load in the calling thread")
         _check_int("prefetch_factor", prefetch_factor, 1, "it counts outputs per worker")
-        _check_strategy(strategy, prefetch_factor, num_batch_workers, chunk_size, in_order)
+        check_strategy_args(strategy, prefetch_factor, num_batch_workers, chunk_size, in_order)
         if start_method is not None and start_method not in multiprocessing.get_all_start_methods():
             raise ValueError(
                 f"start_method must be one of {multiprocessing.get_all_start_methods()} or None, "
@@ -251,45 +250,6 @@ class MultiProcessingReadingService(ReadingService):
             f"MultiProcessingReadingService(num_workers={self.num_workers}, "
             f"prefetch_factor={self.prefetch_factor}, start_method={self.start_method!r}, "
             f"persistent_workers={self.persistent_workers}, strategy={self.strategy!r})"
-        )
-
-
-def _check_strategy(
-    strategy: Any,
-    prefetch_factor: int,
-    num_batch_workers: Any,
-    chunk_size: Any,
-    in_order: bool,
-) -> None:
-    if strategy not in STRATEGIES:
-        raise ValueError(
-            f"strategy must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}"
-        )
-    if num_batch_workers is not None:
-        if strategy != "economic":
-            raise ValueError(
-                f"num_batch_workers only applies to strategy='economic', got it with "
-                f"strategy={strategy!r}; drop it or use strategy='economic'"
-            )
-        _check_int("num_batch_workers", num_batch_workers, 1, "batch workers collate batches")
-        if num_batch_workers > prefetch_factor:
-            warnings.warn(
-                f"num_batch_workers={num_batch_workers} > prefetch_factor={prefetch_factor}: "
-                f"at most prefetch_factor batches are in flight, so the extra batch workers "
-                f"stay idle; raise prefetch_factor or lower num_batch_workers",
-                stacklevel=4,
-            )
-    if chunk_size is not None:
-        if strategy != "chunked":
-            raise ValueError(
-                f"chunk_size only applies to strategy='chunked', got it with "
-                f"strategy={strategy!r}; drop it or use strategy='chunked'"
-            )
-        _check_int("chunk_size", chunk_size, 1, "it counts the items of a batch per worker task")
-    if strategy != "classic" and not in_order:
-        raise ValueError(
-            f"in_order=False only applies to strategy='classic'; strategy={strategy!r} "
-            f"delivers in order at no cost"
         )
 
 
