@@ -6,8 +6,9 @@ A map-style dataset whose item ``i`` is an 8 MiB float32 tensor filled with
 ``i`` (the only cost is the allocation), in batches of 16, so one batch is
 128 MiB. A consumer slower than the loader (it sleeps ``--train`` seconds per
 batch, then drops it) lets every loader fill its prefetch buffers, and each
-run yields enough batches to exceed ``num_workers x prefetch_factor`` so the
-peak is a steady-state one. Loaders, all with prefetch_factor 2:
+run yields ``max(10, 2 x num_workers + 6)`` batches (``--quick``: 8 and +4), more than the
+``num_workers x prefetch_factor`` torch keeps in flight, so the peak is a
+steady-state one. Loaders, all with prefetch_factor 2:
 
 - torch: ``torch.utils.data.DataLoader(dataset, batch_size=16, num_workers=w)``;
 - pipeloom ``strategy="classic"`` (each worker builds whole batches, like torch),
@@ -294,9 +295,11 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="fewer workers and batches (< 1 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="workers 1 and 4, fewer batches, no chunked (< 1 min)"
+    )
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of peak Shmem vs num_workers")
-    parser.add_argument("--train", type=float, default=0.15, help="consumer seconds per batch")
+    parser.add_argument("--train", type=float, help="consumer seconds per batch (0.4; quick 0.25)")
     parser.add_argument("--interval", type=float, default=0.01, help="sampling period, seconds")
     parser.add_argument("--repeats", type=int, help="runs per case; the smallest peak is kept")
     parser.add_argument("--no-chunked", action="store_true", help="skip strategy='chunked'")
@@ -304,10 +307,14 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
     # torch warns when num_workers exceeds the CPU count; the comparison is deliberate.
     warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
     if args.quick:
-        worker_counts, repeats = (1, 4), 1
+        worker_counts, repeats, train = (1, 4), 1, 0.25
+        args.no_chunked = True  # keeps --quick under a minute on a busy 2-core machine
     else:
-        worker_counts, repeats = (1, 2, 4, 8), 2
+        worker_counts, repeats, train = (1, 2, 4, 8), 2, 0.4
     repeats = args.repeats or repeats
+    # An 8 MiB item costs ~6 ms to allocate, a batch ~0.1 s to stack and as much again to move
+    # through shared memory: the consumer must be slower than that, on a busy 2-core machine too.
+    args.train = train if args.train is None else args.train
     strategies = [s for s in STRATEGIES if not (args.no_chunked and s == "chunked")]
     if psutil is None:
         print("note: psutil is not installed (pip install psutil): no process-tree columns")
@@ -316,7 +323,8 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
     series: dict[str, dict[int, float]] = {}
     for workers in worker_counts:
         # Enough batches to fill every loader's buffers (w x prefetch) and then some.
-        n_batches = max(12, workers * PREFETCH + 8)
+        extra, least = (4, 8) if args.quick else (6, 10)
+        n_batches = max(least, workers * PREFETCH + extra)
         n = n_batches * BATCH
         loaders = dict(makers(n, workers, strategies))
         runs: dict[str, list[Result]] = {name: [] for name in loaders}
@@ -360,8 +368,8 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
     )
     print_table(title, header, rows)
     print(
-        "\n(USS and PSS: sum over the process tree above the pre-loader baseline; RSS: absolute sum,"
-        " counting a shared page once per process mapping it. 'Shmem after': Shmem above the"
+        "\n(USS and PSS: sum over the process tree above the pre-loader baseline; RSS: absolute"
+        " sum, counting a shared page once per process mapping it. 'Shmem after': Shmem above the"
         " baseline once the loader is shut down and collected.)"
     )
     if args.plot:

@@ -209,6 +209,20 @@ class ProcessQueue(DataLoaderQueue):
             raise NotAvailable("ProcessQueue is empty")
         return item
 
+    def reclaim(self) -> None:
+        """Take back the shared memory the consumer is done with (``put`` does it too).
+
+        A producer with nothing to send calls it when :meth:`space_readiness`
+        fires, so freed segments are retired (or pooled) at once instead of at
+        the next ``put``. Does nothing in a process that has not put yet.
+        """
+        if self._fork_generation != _forks[0]:
+            self._after_fork()
+        producer = self._producer
+        if producer is not None and self._closed_here is None:
+            with self._put_lock:
+                producer.drain_returns()
+
     def readiness(self) -> ReadinessSource:
         """Readable fds (socket, close wake-up, producer pidfd); binds the consumer end."""
         return self._end("consumer").readiness

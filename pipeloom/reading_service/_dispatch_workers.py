@@ -145,6 +145,8 @@ class _Chain:
                 outputs.append((current_position(), current_draws(), item))
         except Exception as error:  # noqa: BLE001 - surfaced in the main process, in order
             return capture_failure(error, label)
+        finally:
+            self.feed.load([], stamp_seed)  # hold no item past its task
 
 
 def _start_worker(name: str) -> str:
@@ -168,9 +170,10 @@ def item_worker_main(
     label = _start_worker(f"item worker {index}")
     chain = _Chain(payload)
     initialized = False
+    next_task = _TaskWaiter(tasks, to_batch)
     while True:
         try:
-            message = tasks.get()
+            message = next_task()
         except QueueError:  # the main process is gone
             return
         if message[0] == "stop":
@@ -199,6 +202,34 @@ def item_worker_main(
             if dest == MAIN:
                 return
             # the batch worker died; the main process sees it and raises
+
+
+class _TaskWaiter:
+    """Waits for an item worker's next task, giving back freed memory meanwhile.
+
+    A batch worker frees an item's shared memory once the batch is collated;
+    the item worker hears of it on its link. Reclaiming while idle (not only
+    at the next put on that link, maybe batches later) keeps memory flat.
+    """
+
+    def __init__(self, tasks: ProcessQueue, links: list[ProcessQueue]) -> None:
+        self.tasks = tasks
+        self.links = links
+        self.waiter = Waiter()
+        tasks.readiness().attach(self.waiter)
+        for link in links:
+            link.space_readiness().attach(self.waiter)
+
+    def __call__(self) -> Any:
+        while True:
+            seen = self.waiter.generation
+            try:
+                return self.tasks.get(block=False)
+            except NotAvailable:
+                pass
+            for link in self.links:
+                link.reclaim()
+            self.waiter.wait(seen)
 
 
 def batch_worker_main(
@@ -253,10 +284,12 @@ def batch_worker_main(
                 assembler.add(gen, unit, result, count)
         for gen, unit, entries in assembler.complete():
             result = entries if isinstance(entries, Failure) else chain.run(gen, entries, label)
+            del entries  # the items' shared memory goes back as soon as the batch is built
             try:
                 to_main.put((gen, unit, result))
             except QueueError:
                 return
+            del result
         if not progressed:
             waiter.wait(seen)
 
