@@ -22,6 +22,8 @@ BENCHMARKS = [
     "bench_tar",
     "bench_checkpoint",
     "bench_memory",
+    "bench_strategies",
+    "bench_distributed",
 ]
 
 

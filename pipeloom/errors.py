@@ -7,7 +7,8 @@ The tree::
     └── PipeloomError
         ├── QueueError        the queue is closed or its peer is gone
         ├── WorkerError       a block failed in a worker; carries its origin
-        └── StateError        a state_dict cannot be taken or loaded
+        ├── StateError        a state_dict cannot be taken or loaded
+        └── DistributedError  another rank failed, crashed or timed out in a collective
 
 End of stream is the builtin ``StopIteration``; bad arguments raise the builtin
 ``TypeError``/``ValueError``; lifecycle misuse raises ``RuntimeError``.
@@ -15,7 +16,14 @@ End of stream is the builtin ``StopIteration``; bad arguments raise the builtin
 
 from __future__ import annotations
 
-__all__ = ["NotAvailable", "PipeloomError", "QueueError", "StateError", "WorkerError"]
+__all__ = [
+    "DistributedError",
+    "NotAvailable",
+    "PipeloomError",
+    "QueueError",
+    "StateError",
+    "WorkerError",
+]
 
 
 class NotAvailable(Exception):
@@ -36,6 +44,14 @@ class QueueError(PipeloomError):
 
 class StateError(PipeloomError):
     """A pipeline state could not be saved or restored."""
+
+
+class DistributedError(PipeloomError):
+    """The ranks of a distributed job could not agree: one failed, crashed or is stuck.
+
+    Raised on the surviving ranks, within the process group's timeout; the
+    failing rank's own output has the first error.
+    """
 
 
 class WorkerError(PipeloomError):

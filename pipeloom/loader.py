@@ -78,6 +78,7 @@ class DataLoader:
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
         elif isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+        seed = reading_service.agree_seed(seed)  # e.g. every rank takes rank 0's seed
         seed_pipeline(pipeline, seed)
         self.datapipe: IterDataPipe = pipeline
         self.reading_service = reading_service
@@ -158,7 +159,7 @@ class DataLoader:
                 f"expected a DataLoader state of version {_STATE_VERSION}, got {got!r}; "
                 f"pass what DataLoader.state_dict() returned"
             )
-        self.seed = state["seed"]
+        self.seed = self.reading_service.agree_seed(state["seed"])
         seed_pipeline(self.datapipe, self.seed)
         self._next_epoch = state["epoch"]
         self._resume = state["service"]

@@ -9,15 +9,19 @@ Example:
 """
 
 from ._base import ReadingService
+from ._distributed import DistributedReadingService
 from ._in_process import InProcessReadingService
 from ._processes import MultiProcessingReadingService
+from ._sequential import SequentialReadingService
 from ._threads import ThreadReadingService
 from ._worker_info import WorkerInfo, get_worker_info
 
 __all__ = [
+    "DistributedReadingService",
     "InProcessReadingService",
     "MultiProcessingReadingService",
     "ReadingService",
+    "SequentialReadingService",
     "ThreadReadingService",
     "WorkerInfo",
     "get_worker_info",

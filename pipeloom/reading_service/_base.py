@@ -41,3 +41,24 @@ class ReadingService(abc.ABC):
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook, nothing to stop by default
         """Stop every thread and process the service started; idempotent."""
+
+    def agree_seed(self, seed: int) -> int:
+        """The seed every participant uses; ``DataLoader`` calls it before seeding.
+
+        One process needs no agreement (the default returns ``seed``); a
+        distributed service returns rank 0's seed on every rank.
+        """
+        return seed
+
+    def set_outer_sharding(self, total: int, index: int) -> None:
+        """Run only outer shard ``index`` of ``total`` (e.g. this rank's); before ``initialize``.
+
+        Workers then split that shard further: with ``n`` workers, worker ``i``
+        keeps shard ``i * total + index`` of ``total * n``, so the service's
+        items are those of shard ``index`` of ``total`` whatever ``n``.
+        """
+        raise TypeError(
+            f"{type(self).__name__} cannot run one shard of a sharded pipeline; use "
+            f"InProcessReadingService, ThreadReadingService or MultiProcessingReadingService "
+            f"inside a DistributedReadingService"
+        )

@@ -16,6 +16,8 @@ from ..datapipes import (
 from ..errors import StateError
 from ..graph import Placement
 from ._base import ReadingService
+from ._plan import plan_workers
+from ._worker_loop import apply_sharding
 
 __all__ = ["InProcessReadingService"]
 
@@ -35,10 +37,19 @@ class InProcessReadingService(ReadingService):
 
     def __init__(self) -> None:
         self._pipeline: IterDataPipe | None = None
+        self._outer = (1, 0)
+
+    def set_outer_sharding(self, total: int, index: int) -> None:
+        self._outer = (total, index)
 
     def initialize(self, pipeline: IterDataPipe) -> None:
         if not isinstance(pipeline, IterDataPipe):
             raise TypeError(f"expected an IterDataPipe, got {type(pipeline).__name__}")
+        if self._outer != (1, 0):  # keep one shard, in place: this thread runs the pipeline
+            # Cut as the worker services do (runs of batch_size positions when batches
+            # would be built in workers), so a rank's items do not depend on its service.
+            plan = plan_workers(pipeline)
+            apply_sharding(plan.exit, plan.root_indices, 1, 0, plan.group_size, self._outer)
         self._pipeline = pipeline
 
     def start_epoch(self, epoch: int, state: dict[str, Any] | None = None) -> Iterator[Any]:

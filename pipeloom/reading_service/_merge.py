@@ -8,6 +8,13 @@ the current position, so the result is the in-process order whatever the
 timing; a worker whose next output is past ``p`` has dropped ``p`` (e.g. a
 ``filter``), and several outputs at ``p`` (a ``flatmap``) come out together.
 With ``in_order=False`` outputs are taken from whichever worker has one ready.
+
+Under *outer sharding* (this process is shard ``r`` of ``R``, e.g. a rank)
+worker ``i`` of ``n`` holds shard ``i * R + r`` of ``R * n``: group ``q = p //
+group_size`` belongs here iff ``q % R == r`` (as when one process keeps shard
+``r`` of ``R``, whatever ``n``), its owner is worker ``(q // R) % n``, and the
+merge jumps over the other processes' groups arithmetically
+(:func:`next_owned_group`).
 """
 
 from __future__ import annotations
@@ -21,7 +28,14 @@ from ..errors import NotAvailable, StateError
 from ..events import ReadinessSource
 from ._failure import Failure
 
-__all__ = ["END", "WorkerChannel", "WorkerMerge", "load_tail_state", "tail_state"]
+__all__ = [
+    "END",
+    "WorkerChannel",
+    "WorkerMerge",
+    "load_tail_state",
+    "next_owned_group",
+    "tail_state",
+]
 
 
 class _End:
@@ -35,6 +49,17 @@ class _End:
 
 
 END = _End()
+
+
+def next_owned_group(group: int, outer: tuple[int, int] = (1, 0)) -> int:
+    """The first group number ``>= group`` of outer shard ``outer = (R, r)``: ``q % R == r``.
+
+    Example:
+        >>> [next_owned_group(q, (3, 1)) for q in range(7)]
+        [1, 1, 4, 4, 4, 7, 7]
+    """
+    total, index = outer
+    return group + (index - group) % total
 
 
 class WorkerChannel(Protocol):
@@ -51,11 +76,17 @@ class WorkerMerge(IterDataPipe):
     """The workers' outputs as one stream, in source-position order."""
 
     def __init__(
-        self, *, group_size: int = 1, in_order: bool = True, single_output: bool = False
+        self,
+        *,
+        group_size: int = 1,
+        in_order: bool = True,
+        single_output: bool = False,
+        outer: tuple[int, int] = (1, 0),
     ) -> None:
         self.group_size = group_size
         self.in_order = in_order
         self.single_output = single_output
+        self.outer = outer  # (total, index): this process's shard (see the module docstring)
         self.channels: list[WorkerChannel] = []
         self._stamp_seed: int | None = None
         self._stamp_epoch = 0
@@ -105,7 +136,15 @@ class WorkerMerge(IterDataPipe):
             if all(self._ended) and all(h is END or h is None for h in self._heads):
                 raise StopIteration
             position = self._position
-            owner = (position // self.group_size) % workers
+            group = position // self.group_size
+            total = self.outer[0]
+            if total != 1:
+                owned = next_owned_group(group, self.outer)
+                if owned != group:  # another process's group: jump over
+                    group, position = owned, owned * self.group_size
+                    self._advance_to(position)
+                group //= total  # the owner counts this process's groups only
+            owner = group % workers
             head = self._head(owner)
             if head is END or head[0] > position:  # the owner has nothing (more) here
                 self._advance_to(position + 1)

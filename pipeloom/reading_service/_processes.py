@@ -152,6 +152,12 @@ class MultiProcessingReadingService(ReadingService):
         self._merge: WorkerMerge | None = None
         self._workers: _WorkerPool | None = None
         self._epoch_open = False
+        self._outer = (1, 0)
+
+    def set_outer_sharding(self, total: int, index: int) -> None:
+        if self._inline is not None:
+            self._inline.set_outer_sharding(total, index)
+        self._outer = (total, index)
 
     # -- ReadingService ------------------------------------------------------
     def initialize(self, pipeline: IterDataPipe) -> None:
@@ -166,6 +172,7 @@ class MultiProcessingReadingService(ReadingService):
             in_order=self.in_order,
             start_method=self.start_method,
             prefetch=self.prefetch_factor,
+            outer=self._outer,
         )
         plan = part.plan
         self._part = part
@@ -346,6 +353,7 @@ class _WorkerPool:
                     plan.root_indices,
                     plan.group_size,
                     service.worker_init_fn,
+                    service._outer,
                 ),
                 name=f"pipeloom-worker-{index}",
                 daemon=True,
@@ -411,6 +419,7 @@ def _worker_main(
     root_indices: tuple[int, ...],
     group_size: int,
     worker_init_fn: Callable[[int], None] | None,
+    outer: tuple[int, int] = (1, 0),
 ) -> None:
     """A worker process: wait for an epoch, produce it, repeat until told to stop."""
     label = f"worker process {index} (pid {os.getpid()})"
@@ -425,7 +434,7 @@ def _worker_main(
         pipe = payload
         for block in upstream_blocks(pipe):
             block._pl_initialized = False
-    apply_sharding(pipe, root_indices, count, index, group_size)
+    apply_sharding(pipe, root_indices, count, index, group_size, outer)
     initialized = False
     parent = _parent_watch()
     while True:

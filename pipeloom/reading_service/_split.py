@@ -17,6 +17,7 @@ from ..datapipes import IterDataPipe, reset_pipeline, set_pipeline_epoch
 from ._merge import WorkerMerge, load_tail_state
 from ._plan import WorkerPlan, plan_workers
 from ._separate import SeparateProcessReader, split_separate_processes
+from ._worker_loop import apply_sharding
 
 __all__ = ["MainPart", "split_for_workers", "start_main_epoch"]
 
@@ -32,12 +33,27 @@ class MainPart:
 
 
 def split_for_workers(
-    pipeline: IterDataPipe, *, in_order: bool, start_method: str | None, prefetch: int
+    pipeline: IterDataPipe,
+    *,
+    in_order: bool,
+    start_method: str | None,
+    prefetch: int,
+    outer: tuple[int, int] = (1, 0),
 ) -> MainPart:
+    """Plan ``pipeline`` and build the main part; ``outer``: this process's shard (a rank's).
+
+    Under outer sharding the roots of ``pipeline`` itself keep the outer shard
+    too, so ``len(pipeline)`` counts this process's items; workers refine it.
+    """
     plan = plan_workers(pipeline)
     merge = WorkerMerge(
-        group_size=plan.group_size, in_order=in_order, single_output=plan.single_output
+        group_size=plan.group_size,
+        in_order=in_order,
+        single_output=plan.single_output,
+        outer=outer,
     )
+    if outer != (1, 0):
+        apply_sharding(plan.exit, plan.root_indices, 1, 0, plan.group_size, outer)
     main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
     main, separate = split_separate_processes(
         main, start_method=start_method, prefetch=prefetch, forbidden=merge

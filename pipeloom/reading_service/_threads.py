@@ -67,20 +67,37 @@ class ThreadReadingService(ReadingService):
         self._worker_pipes: list[IterDataPipe] = []
         self._epoch: _ThreadEpoch | None = None
         self._seed = 0
+        self._outer = (1, 0)
+
+    def set_outer_sharding(self, total: int, index: int) -> None:
+        if self._inline is not None:
+            self._inline.set_outer_sharding(total, index)
+        self._outer = (total, index)
 
     def initialize(self, pipeline: IterDataPipe) -> None:
         if self._inline is not None:
             self._inline.initialize(pipeline)
             return
         part = split_for_workers(
-            pipeline, in_order=self.in_order, start_method=None, prefetch=self.prefetch_factor
+            pipeline,
+            in_order=self.in_order,
+            start_method=None,
+            prefetch=self.prefetch_factor,
+            outer=self._outer,
         )
         plan = part.plan
         self._part = part
         self._main, self._merge, self._separate = part.pipeline, part.merge, part.separate
         self._worker_pipes = [copy.deepcopy(plan.exit) for _ in range(self.num_threads)]
         for index, worker_pipe in enumerate(self._worker_pipes):
-            apply_sharding(worker_pipe, plan.root_indices, self.num_threads, index, plan.group_size)
+            apply_sharding(
+                worker_pipe,
+                plan.root_indices,
+                self.num_threads,
+                index,
+                plan.group_size,
+                self._outer,
+            )
         self._plan = plan
         self._seed = plan.exit._pl_seed or 0
 

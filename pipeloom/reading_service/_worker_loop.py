@@ -46,11 +46,22 @@ def seed_worker_rngs(seed: int) -> None:
 
 
 def apply_sharding(
-    worker_pipe: DataPipe, root_indices: tuple[int, ...], total: int, index: int, group_size: int
+    worker_pipe: DataPipe,
+    root_indices: tuple[int, ...],
+    total: int,
+    index: int,
+    group_size: int,
+    outer: tuple[int, int] = (1, 0),
 ) -> None:
-    """Tell the sharding roots of a worker's copy which shard is theirs."""
+    """Tell the sharding roots of a worker's copy which shard is theirs.
+
+    Worker ``index`` of ``total`` in outer shard ``outer = (R, r)`` (e.g. a
+    rank) keeps shard ``index * R + r`` of ``R * total``: the process's share
+    is shard ``r`` of ``R`` whatever its number of workers.
+    """
+    outer_total, outer_index = outer
     for root in traverse_roots(worker_pipe, root_indices):
-        root.sharding_settings(total, index)
+        root.sharding_settings(outer_total * total, index * outer_total + outer_index)
         if group_size != 1:
             root.set_shard_group_size(group_size)  # type: ignore[attr-defined]
 
