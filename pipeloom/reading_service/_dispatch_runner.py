@@ -24,6 +24,7 @@ from ._dispatcher import Dispatcher
 from ._in_process import drain
 from ._merge import load_tail_state, tail_state
 from ._pickling import dumps_pipeline
+from ._plan import plan_workers
 from ._separate import split_separate_processes
 
 __all__ = ["DispatchRunner"]
@@ -61,6 +62,9 @@ class DispatchRunner:
 
     def initialize(self, pipeline: IterDataPipe) -> None:
         plan = plan_dispatch(pipeline, self.strategy)
+        # Under outer sharding (a rank's share) cut as the classic plan does, so a
+        # rank gets the same items whatever the strategy.
+        self._outer_group = plan_workers(pipeline).group_size
         batch_size = plan.batch_size
         if self.strategy == "chunked":
             if self.chunk_size is None:
@@ -124,8 +128,10 @@ class DispatchRunner:
     def _epoch_source(self, epoch: int) -> IterDataPipe:
         """The sharding root (and its upstream) as the main process reads it this epoch."""
         root = self._plan.root
-        if self.outer_sharding is not None:
+        if self.outer_sharding is not None and self.outer_sharding != (1, 0):
             root.sharding_settings(*self.outer_sharding)
+            if self._outer_group != 1:
+                root.set_shard_group_size(self._outer_group)  # type: ignore[attr-defined]
         set_pipeline_epoch(root, epoch)
         reset_pipeline(root)
         if isinstance(root, MapToIter):  # hand out indices; workers read the items

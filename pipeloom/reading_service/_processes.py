@@ -157,6 +157,8 @@ class MultiProcessingReadingService(ReadingService):
     def set_outer_sharding(self, total: int, index: int) -> None:
         if self._inline is not None:
             self._inline.set_outer_sharding(total, index)
+        if self._dispatch is not None:
+            self._dispatch.outer_sharding = (total, index)
         self._outer = (total, index)
 
     # -- ReadingService ------------------------------------------------------

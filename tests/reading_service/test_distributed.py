@@ -98,6 +98,24 @@ def test_processes_under_outer_sharding_give_the_in_process_shard():
             assert len(loader) == len(expected) == 4
 
 
+@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+def test_economic_and_chunked_under_outer_sharding_give_the_in_process_shard(strategy):
+    def build():
+        return IterableWrapper(range(30)).shuffle().sharding_filter().map(str).batch(4)
+
+    for rank in range(2):
+        expected = list(DataLoader(build(), _outer(InProcessReadingService(), 2, rank), seed=1))
+        service = MultiProcessingReadingService(2, strategy=strategy, timeout=30)
+        with DataLoader(build(), _outer(service, 2, rank), seed=1) as loader:
+            assert list(loader) == expected
+    for stop in (0, 2):
+        resume_case(
+            build,
+            lambda: _outer(MultiProcessingReadingService(3, strategy=strategy, timeout=30), 2, 1),
+            stop=stop,
+        )
+
+
 @pytest.mark.parametrize("workers", [1, 3])
 def test_outer_sharding_resumes_mid_epoch(workers):
     for stop in (0, 3):
