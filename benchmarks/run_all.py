@@ -15,7 +15,14 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-BENCHMARKS = ["bench_overhead", "bench_workers", "bench_queues", "bench_tar", "bench_checkpoint"]
+BENCHMARKS = [
+    "bench_overhead",
+    "bench_workers",
+    "bench_queues",
+    "bench_tar",
+    "bench_checkpoint",
+    "bench_compat",
+]
 
 
 def main(argv: list[str] | None = None) -> None:

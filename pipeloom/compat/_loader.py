@@ -264,9 +264,7 @@ class DataLoader:
             length = len(self.dataset)
             if self.batch_size is not None:
                 length = (
-                    length // self.batch_size
-                    if self.drop_last
-                    else -(-length // self.batch_size)
+                    length // self.batch_size if self.drop_last else -(-length // self.batch_size)
                 )
             return length
         index_sampler = self.batch_sampler if self._auto_collation else self.sampler

@@ -98,15 +98,15 @@ def same(a: Any, b: Any) -> bool:
     """Deep equality with tensors compared by dtype, shape and value."""
     if isinstance(a, torch.Tensor):
         return (
-            isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+            isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
             and torch.equal(a, b)
         )
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return (
-            type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-        )
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     return type(a) is type(b) and a == b
 
 

@@ -83,7 +83,9 @@ def test_frozen_attributes_cannot_be_set_after_construction_as_in_torch():
 def test_a_context_object_is_accepted_like_a_start_method_name():
     import multiprocessing
 
-    loader = DataLoader(Items(4), num_workers=1, multiprocessing_context=multiprocessing.get_context("fork"))
+    loader = DataLoader(
+        Items(4), num_workers=1, multiprocessing_context=multiprocessing.get_context("fork")
+    )
     assert [b[0].tolist() for b in loader] == [[0], [1], [2], [3]]
     loader.shutdown()
     assert torch.initial_seed() is not None

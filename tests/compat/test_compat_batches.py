@@ -6,7 +6,6 @@ import functools
 
 import pytest
 import torch
-import torch.utils.data as tud
 from compat.compat_cases import (
     BatchedItems,
     Items,
@@ -41,9 +40,7 @@ def test_in_process_batches_equal_torchs_for_every_sampler(n, case, custom_colla
 @given(n=st.integers(1, 14), case=st.data())
 def test_worker_process_batches_equal_torchs(strategy, n, case):
     name, make = case.draw(sampling(n), label="sampling")
-    theirs, ours = run_both(
-        Items(n), make, common={"num_workers": 2}, ours={"strategy": strategy}
-    )
+    theirs, ours = run_both(Items(n), make, common={"num_workers": 2}, ours={"strategy": strategy})
     assert same(theirs, ours), name
 
 
@@ -85,7 +82,9 @@ def test_worker_info_is_none_in_process_as_in_torch():
 
 
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
-@pytest.mark.parametrize("batch_size, drop_last", [(None, False), (1, False), (4, False), (4, True)])
+@pytest.mark.parametrize(
+    "batch_size, drop_last", [(None, False), (1, False), (4, False), (4, True)]
+)
 def test_iterable_dataset_sharded_by_get_worker_info_matches_torch(
     num_workers, batch_size, drop_last
 ):

@@ -71,8 +71,9 @@ def test_an_iterable_dataset_resumes_by_re_reading_the_epoch(num_workers):
 
 def test_a_state_between_epochs_resumes_at_the_next_epoch():
     def build():
-        return DataLoader(Items(7), batch_size=2, shuffle=True,
-                          generator=torch.Generator().manual_seed(1))
+        return DataLoader(
+            Items(7), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(1)
+        )
 
     loader = build()
     first = list(loader)

@@ -53,7 +53,10 @@ def test_iterating_twice_gives_two_epochs_like_torch(num_workers, persistent):
     def two_epochs(cls):
         torch.manual_seed(3)  # shuffle draws from torch's global RNG, as users do
         loader = cls(
-            Items(8), batch_size=3, shuffle=True, num_workers=num_workers,
+            Items(8),
+            batch_size=3,
+            shuffle=True,
+            num_workers=num_workers,
             persistent_workers=persistent,
         )
         return [list(loader), list(loader)]
@@ -103,7 +106,10 @@ def test_the_per_item_pipeline_shape_batches_as_the_batch_sampler(service):
     board.publish(EpochPlan(entries, base_seed=0))
     expected = [torch.utils.data.default_collate([Items(11)[i] for i in b]) for b in entries]
     pipe = build_map_pipeline(
-        board, Items(11), torch.utils.data.default_collate, auto_collation=True,
+        board,
+        Items(11),
+        torch.utils.data.default_collate,
+        auto_collation=True,
         per_item_batch=(3, True),
     )
     with Engine(pipe, services[service](), seed=0) as engine:
