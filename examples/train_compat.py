@@ -65,7 +65,6 @@ def train(
         batch_size=32,
         shuffle=True,
         num_workers=num_workers,
-        persistent_workers=num_workers > 0,
     )
     losses = []
     start = time.perf_counter()

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import functools
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -105,18 +109,30 @@ def test_iterable_dataset_sharded_by_worker_init_fn_matches_torch():
     assert items == list(range(17))
 
 
-def test_spawned_workers_yield_torchs_batches():
-    def make():
-        return {
-            "batch_size": 2,
-            "shuffle": True,
-            "num_workers": 2,
-            "multiprocessing_context": "spawn",
-            "timeout": 60,
-        }
+SPAWN_CHECK = """
+import sys
+sys.path.insert(0, {tests!r})
+from compat.compat_cases import WorkerAware, run_both, same
 
+def make():
+    return dict(batch_size=2, shuffle=True, num_workers=2,
+                multiprocessing_context="spawn", timeout=60)
+
+if __name__ == "__main__":
     theirs, ours = run_both(WorkerAware(7), make, count=1)
-    assert same(theirs, ours)
+    sys.exit(0 if same(theirs, ours) else 1)
+"""
+
+
+def test_spawned_workers_yield_torchs_batches(tmp_path):
+    # In a fresh interpreter: spawn-context semaphores of either loader may outlive
+    # the test in /dev/shm, which the lifecycle tests check is left clean.
+    script = tmp_path / "spawn_check.py"
+    script.write_text(SPAWN_CHECK.format(tests=str(pathlib.Path(__file__).parents[1])))
+    root = str(pathlib.Path(__file__).parents[2])
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, str(script)], env=env, timeout=120, cwd=root)
+    assert done.returncode == 0
 
 
 def test_pin_memory_passes_batches_through_without_an_accelerator():
