@@ -24,6 +24,7 @@ BENCHMARKS = [
     "bench_memory",
     "bench_strategies",
     "bench_distributed",
+    "bench_compat",
 ]
 
 

@@ -1,0 +1,210 @@
+"""torch's ``DataLoader`` argument checks, with messages that say expected / got / fix."""
+
+from __future__ import annotations
+
+import inspect
+import multiprocessing
+import multiprocessing.context
+from typing import Any
+
+import torch
+import torch.utils.data
+
+from ..reading_service import MultiProcessingReadingService
+
+__all__ = [
+    "STRATEGIES",
+    "WORKER_TYPES",
+    "check_dataset_args",
+    "check_worker_args",
+    "service_strategy_kwargs",
+    "start_method_of",
+]
+
+STRATEGIES = ("classic", "economic", "chunked")
+WORKER_TYPES = ("process", "thread")
+
+
+def check_worker_args(
+    *,
+    num_workers: Any,
+    timeout: Any,
+    prefetch_factor: Any,
+    persistent_workers: bool,
+    worker_init_fn: Any,
+    multiprocessing_context: Any,
+    worker_type: Any,
+    generator: Any,
+) -> None:
+    """Validate the arguments about workers (torch's checks, plus ours)."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(
+            f"num_workers must be an int >= 0, got {num_workers!r}; use num_workers=0 to "
+            f"load in the calling thread"
+        )
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise ValueError(
+            f"timeout must be a number of seconds >= 0, got {timeout!r}; 0 waits as long "
+            f"as the workers live"
+        )
+    if timeout > 0 and num_workers == 0:
+        raise ValueError(
+            f"timeout={timeout!r} bounds the wait for a worker, but num_workers=0 loads in "
+            f"the calling thread; pass timeout=0 or num_workers > 0"
+        )
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError(
+            f"prefetch_factor={prefetch_factor!r} counts batches each worker prepares ahead, "
+            f"but num_workers=0 starts no worker; set num_workers > 0 or prefetch_factor=None"
+        )
+    if prefetch_factor is not None and (
+        isinstance(prefetch_factor, bool)
+        or not isinstance(prefetch_factor, int)
+        or prefetch_factor < 1
+    ):
+        raise ValueError(
+            f"prefetch_factor must be an int >= 1 (batches each worker prepares ahead) or "
+            f"None for the default 2, got {prefetch_factor!r}"
+        )
+    if persistent_workers and num_workers == 0:
+        raise ValueError(
+            "persistent_workers=True keeps worker processes alive between epochs, but "
+            "num_workers=0 starts none; set num_workers > 0 or persistent_workers=False"
+        )
+    if worker_init_fn is not None and not callable(worker_init_fn):
+        raise TypeError(
+            f"worker_init_fn must be a callable taking the worker id, got "
+            f"{type(worker_init_fn).__name__} {worker_init_fn!r}"
+        )
+    if worker_type not in WORKER_TYPES:
+        raise ValueError(f"worker_type must be one of {WORKER_TYPES}, got {worker_type!r}")
+    if multiprocessing_context is not None:
+        if num_workers == 0:
+            raise ValueError(
+                f"multiprocessing_context={multiprocessing_context!r} picks how worker "
+                f"processes start, but num_workers=0 starts none; set num_workers > 0 or "
+                f"multiprocessing_context=None"
+            )
+        start_method_of(multiprocessing_context)  # raises on a bad value
+    if worker_type == "thread" and num_workers > 0:
+        for name, value in (
+            ("worker_init_fn", worker_init_fn),
+            ("multiprocessing_context", multiprocessing_context),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"{name} applies to worker processes, but worker_type='thread' runs "
+                    f"the workers as threads of this process; drop {name} or use "
+                    f"worker_type='process'"
+                )
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be a torch.Generator or None, got {type(generator).__name__}; "
+            f"pass e.g. torch.Generator().manual_seed(0)"
+        )
+
+
+def start_method_of(context: Any) -> str | None:
+    """The start method a ``multiprocessing_context`` (a name or a context) names."""
+    if context is None:
+        return None
+    if isinstance(context, str):
+        valid = multiprocessing.get_all_start_methods()
+        if context not in valid:
+            raise ValueError(
+                f"multiprocessing_context must be a start method in {valid} or a "
+                f"multiprocessing context, got {context!r}"
+            )
+        return context
+    if isinstance(context, multiprocessing.context.BaseContext):
+        return context.get_start_method()
+    raise TypeError(
+        f"multiprocessing_context must be a start method name such as 'spawn' or a "
+        f"context from multiprocessing.get_context(), got {type(context).__name__} {context!r}"
+    )
+
+
+def check_dataset_args(
+    *,
+    iterable: bool,
+    batch_size: Any,
+    shuffle: Any,
+    sampler: Any,
+    batch_sampler: Any,
+    drop_last: bool,
+) -> None:
+    """torch's checks of the sampling arguments, in torch's order."""
+    if iterable:
+        if shuffle not in (False, None):
+            raise ValueError(
+                f"shuffle={shuffle!r} cannot reorder an IterableDataset: its __iter__ decides "
+                f"the order. Shuffle inside the dataset, or leave shuffle unset"
+            )
+        for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+            if value is not None:
+                raise ValueError(
+                    f"{name}={value!r} cannot pick items of an IterableDataset, which has no "
+                    f"indices; leave {name} unset, or use a map-style Dataset"
+                )
+    if sampler is not None and shuffle:
+        raise ValueError(
+            "sampler and shuffle=True both decide the order; pass one of them (e.g. "
+            "sampler=RandomSampler(dataset) instead of shuffle=True)"
+        )
+    if batch_sampler is not None:
+        clashing = [
+            name
+            for name, clash in (
+                ("batch_size", batch_size != 1),
+                ("shuffle", bool(shuffle)),
+                ("sampler", sampler is not None),
+                ("drop_last", bool(drop_last)),
+            )
+            if clash
+        ]
+        if clashing:
+            raise ValueError(
+                f"batch_sampler decides the batches, so it is mutually exclusive with "
+                f"batch_size, shuffle, sampler and drop_last; got "
+                f"{', '.join(clashing)} too. Drop them, or build the batch sampler with them"
+            )
+    elif batch_size is None and drop_last:
+        raise ValueError(
+            "batch_size=None turns off batching, so there is no last batch to drop; pass "
+            "drop_last=False or a batch_size"
+        )
+
+
+def service_strategy_kwargs(
+    strategy: str, num_batch_workers: int | None, chunk_size: int | None, *, explicit: bool
+) -> dict[str, Any]:
+    """The strategy arguments to pass to ``MultiProcessingReadingService``.
+
+    Only what differs from the service's defaults (or what the user asked for)
+    is passed, so this works before and after a service gains an argument.
+    """
+    params = inspect.signature(MultiProcessingReadingService).parameters
+    wanted: dict[str, Any] = {}
+    if explicit or strategy != "classic":
+        wanted["strategy"] = strategy
+    if num_batch_workers is not None:
+        wanted["num_batch_workers"] = num_batch_workers
+    if chunk_size is not None:
+        wanted["chunk_size"] = chunk_size
+    kwargs = {}
+    for name, value in wanted.items():
+        if name in params:
+            kwargs[name] = value
+        elif not (name == "strategy" and value == "classic"):
+            raise ValueError(
+                f"{name}={value!r} needs a MultiProcessingReadingService with a {name} "
+                f"argument, which this version of pipeloom does not have yet; use "
+                f"strategy='classic' (torch's design) and drop {name}"
+            )
+    return kwargs
+
+
+def available_strategies() -> tuple[str, ...]:
+    """The strategies this version's ``MultiProcessingReadingService`` runs."""
+    params = inspect.signature(MultiProcessingReadingService).parameters
+    return STRATEGIES if "strategy" in params else ("classic",)

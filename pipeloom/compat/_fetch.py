@@ -1,0 +1,155 @@
+"""Reading a torch dataset exactly as torch's fetchers do (``torch/utils/data/_utils/fetch.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..datapipes import IterDataPipe
+from ..datapipes._context import stamp_item
+from ._rng import WorkerStreams
+
+__all__ = ["Fetch", "GetItem", "IterableDatasetSource"]
+
+
+class Fetch:
+    """One sampler output -> one collated batch (or converted item), like ``_MapDatasetFetcher``.
+
+    With ``auto_collation`` the entry is a list of indices, read with
+    ``dataset.__getitems__`` when the dataset has one, else item by item.
+
+    Example:
+        >>> Fetch(["a", "b", "c"], collate_fn=list, auto_collation=True)([2, 0])
+        ['c', 'a']
+    """
+
+    def __init__(self, dataset: Any, collate_fn: Callable[[Any], Any], auto_collation: bool):
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.auto_collation = auto_collation
+
+    def __call__(self, entry: Any) -> Any:
+        dataset = self.dataset
+        if self.auto_collation:
+            if getattr(dataset, "__getitems__", None):
+                data = dataset.__getitems__(entry)
+            else:
+                data = [dataset[index] for index in entry]
+        else:
+            data = dataset[entry]
+        return self.collate_fn(data)
+
+    def __repr__(self) -> str:
+        return f"Fetch({type(self.dataset).__name__})"
+
+
+class GetItem:
+    """``index -> dataset[index]``: the per-item half of :class:`Fetch`.
+
+    Example:
+        >>> GetItem("xyz")(1)
+        'y'
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __call__(self, index: Any) -> Any:
+        return self.dataset[index]
+
+    def __repr__(self) -> str:
+        return f"GetItem({type(self.dataset).__name__})"
+
+
+class IterableDatasetSource(IterDataPipe):
+    """Read a torch ``IterableDataset`` the way each of torch's workers does.
+
+    Each copy (one per worker) iterates the whole dataset -- the dataset
+    shards itself with ``torch.utils.data.get_worker_info()`` or a
+    ``worker_init_fn``, as with torch -- and, like ``_IterableDatasetFetcher``,
+    groups ``batch_size`` items and collates them (or converts single items
+    when ``batch_size`` is None). Worker ``i`` of ``n`` stamps its ``k``-th
+    output with position ``k * n + i``: the merge then interleaves the workers
+    round-robin and skips a finished one, which is torch's output order.
+
+    Example:
+        >>> source = IterableDatasetSource(range(5), batch_size=2, collate_fn=list)
+        >>> list(source)
+        [[0, 1], [2, 3], [4]]
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        batch_size: int | None,
+        collate_fn: Callable[[Any], Any],
+        drop_last: bool = False,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.collate_fn = collate_fn
+        self.drop_last = drop_last
+        self.total = 1
+        self.index = 0
+        self._iterator: Any = None
+        self._ended = False
+        self._count = 0
+        self._streams = WorkerStreams()
+
+    def is_shardable(self) -> bool:
+        return True
+
+    def sharding_settings(self, total: int, index: int) -> None:
+        self.total, self.index = total, index
+
+    def reset(self) -> None:
+        self._iterator = None
+        self._ended = False
+        self._count = 0
+        self._streams.restore()
+
+    def async_next(self) -> Any:
+        if self._ended:
+            self._streams.save()
+            raise StopIteration
+        if self._iterator is None:  # here, after worker_init_fn, as torch's fetcher
+            self._iterator = iter(self.dataset)
+        if self.batch_size is None:
+            try:
+                data = next(self._iterator)
+            except StopIteration:
+                self._ended = True
+                self._streams.save()
+                raise
+        else:
+            data = []
+            for _ in range(self.batch_size):
+                try:
+                    data.append(next(self._iterator))
+                except StopIteration:
+                    self._ended = True
+                    break
+            if not data or (self.drop_last and len(data) < self.batch_size):
+                self._ended = True
+                self._streams.save()
+                raise StopIteration
+        output = self.collate_fn(data)
+        position = self._count * self.total + self.index
+        self._count += 1
+        stamp_item(self.epoch_seed(), self._pl_epoch, position)
+        return output
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self._count}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_iterator"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"IterableDatasetSource({type(self.dataset).__name__}, "
+            f"batch_size={self.batch_size}, drop_last={self.drop_last})"
+        )

@@ -1,0 +1,492 @@
+"""``pipeloom.compat.DataLoader``: torch's ``DataLoader`` signature on pipeloom's engine."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.utils.data
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data.dataloader import _InfiniteConstantSampler
+
+from .. import loader as pipeloom_loader
+from ..datapipes import IterDataPipe
+from ..datapipes._collate import default_collate
+from ..errors import StateError
+from ..reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ReadingService,
+    ThreadReadingService,
+)
+from ._args import (
+    STRATEGIES,
+    check_dataset_args,
+    check_worker_args,
+    service_strategy_kwargs,
+    start_method_of,
+)
+from ._fetch import Fetch, GetItem, IterableDatasetSource
+from ._plan import EpochPlan, PlanBoard, PlanEntries, PlanSource
+from ._worker import WorkerSetup
+
+__all__ = ["DataLoader", "MAP_STYLE_STRATEGY", "ITERABLE_STRATEGY", "build_map_pipeline"]
+
+#: The strategy map-style datasets run under when ``strategy`` is not given.
+MAP_STYLE_STRATEGY = "classic"  # TODO: economic once merged
+#: Iterable datasets are read by a copy in each worker, as torch does.
+ITERABLE_STRATEGY = "classic"
+
+_STATE_VERSION = 1
+_FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+
+
+def build_map_pipeline(
+    board: PlanBoard,
+    dataset: Any,
+    collate_fn: Callable[[Any], Any],
+    *,
+    auto_collation: bool,
+    per_item_batch: tuple[int, bool] | None = None,
+) -> IterDataPipe:
+    """The pipeline for a map-style dataset: the epoch's sampler output, fetched.
+
+    By default each sampler output (an index list, or one index without
+    auto-collation) becomes one batch through :class:`Fetch` -- torch's
+    fetcher, ``__getitems__`` included. With ``per_item_batch=(batch_size,
+    drop_last)`` the indices are fetched one by one and batched after, so a
+    strategy with item workers and batch workers can split the work.
+
+    Example:
+        >>> from pipeloom.compat._plan import EpochPlan, PlanEntries
+        >>> board = PlanBoard()
+        >>> _ = board.publish(EpochPlan(PlanEntries.from_outputs([[2, 0], [1]]), 0))
+        >>> list(build_map_pipeline(board, "abc", list, auto_collation=True))
+        [['c', 'a'], ['b']]
+    """
+    if per_item_batch is None:
+        return PlanSource(board).map(Fetch(dataset, collate_fn, auto_collation))
+    batch_size, drop_last = per_item_batch
+    return (
+        PlanSource(board, flatten=True)
+        .map(GetItem(dataset))
+        .batch(batch_size, drop_last=drop_last)
+        .collate(collate_fn)
+    )
+
+
+class DataLoader:
+    """A drop-in ``torch.utils.data.DataLoader`` that runs on pipeloom's reading services.
+
+    Takes torch's arguments and yields the batches torch yields: the sampler
+    is iterated once per epoch in the main process, drawing from ``generator``
+    (or torch's global RNG) in torch's order, so with the same seeds the
+    batches -- indices, order and collated values -- are torch's.
+
+    Extra arguments (keyword only):
+        strategy: ``"classic"`` (each worker builds whole batches, torch's
+            design), ``"economic"`` or ``"chunked"`` where this pipeloom's
+            ``MultiProcessingReadingService`` has them. Default: see
+            ``MAP_STYLE_STRATEGY``; iterable datasets use ``"classic"``.
+        num_batch_workers, chunk_size: passed to the service's strategy.
+        worker_type: ``"process"`` (default) or ``"thread"`` workers.
+
+    Extras torch's loader has not: ``state_dict()`` / ``load_state_dict()``
+    (resume mid-epoch), ``shutdown()`` and ``with``.
+
+    Example:
+        >>> import torch
+        >>> from pipeloom.compat import DataLoader
+        >>> loader = DataLoader(list(range(10)), batch_size=4, shuffle=True,
+        ...                     generator=torch.Generator().manual_seed(0))
+        >>> theirs = torch.utils.data.DataLoader(list(range(10)), batch_size=4, shuffle=True,
+        ...                                      generator=torch.Generator().manual_seed(0))
+        >>> all(torch.equal(a, b) for a, b in zip(loader, theirs)), len(loader)
+        (True, 3)
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        strategy: str | None = None,
+        num_batch_workers: int | None = None,
+        chunk_size: int | None = None,
+        worker_type: str = "process",
+    ) -> None:
+        check_worker_args(
+            num_workers=num_workers,
+            timeout=timeout,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            worker_type=worker_type,
+            generator=generator,
+        )
+        iterable = isinstance(dataset, IterableDataset)
+        check_dataset_args(
+            iterable=iterable,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            drop_last=drop_last,
+        )
+        if iterable and num_workers > 0 and worker_type == "thread":
+            raise ValueError(
+                "an IterableDataset shards itself with torch.utils.data.get_worker_info(), "
+                "which is per process, so worker threads would each read the whole dataset; "
+                "use worker_type='process' or num_workers=0"
+            )
+        resolved_strategy = self._resolve_strategy(strategy, iterable, worker_type, num_workers)
+        own_batch_sampler = batch_sampler is None and batch_size is not None
+        if sampler is None:
+            if iterable:
+                sampler = _InfiniteConstantSampler()
+            elif shuffle:
+                sampler = RandomSampler(dataset, generator=generator)
+            else:
+                sampler = SequentialSampler(dataset)
+        if batch_sampler is not None:
+            batch_size, drop_last = None, False
+        elif batch_size is not None:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+        auto_collation = batch_sampler is not None
+        if collate_fn is None:
+            collate_fn = default_collate if auto_collation else torch.utils.data.default_convert
+        if num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        start_method_of(multiprocessing_context)
+
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator = generator
+        self.collate_fn = collate_fn
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.persistent_workers = persistent_workers
+        self.in_order = in_order
+        self.strategy = resolved_strategy
+        self.num_batch_workers = num_batch_workers
+        self.chunk_size = chunk_size
+        self.worker_type = worker_type
+        self._iterable = iterable
+        self._auto_collation = auto_collation
+        self._own_batch_sampler = own_batch_sampler
+        self._strategy_kwargs: dict[str, Any] = (
+            service_strategy_kwargs(
+                resolved_strategy, num_batch_workers, chunk_size, explicit=strategy is not None
+            )
+            if num_workers > 0 and worker_type == "process"
+            else {}
+        )
+        self._board = PlanBoard()
+        if num_workers > 0 and worker_type == "process":
+            self._board.share()  # before the first plan is published
+        self._setup = WorkerSetup(self._board, dataset, worker_init_fn)
+        self._engine: pipeloom_loader.DataLoader | None = None
+        self._current: weakref.ref[_CompatIterator] | None = None
+        self._base_seed: int | None = None  # persistent workers keep their first one
+        self._resume: dict[str, Any] | None = None
+        self._initialized = True
+
+    @staticmethod
+    def _resolve_strategy(
+        strategy: str | None, iterable: bool, worker_type: str, num_workers: int
+    ) -> str:
+        if strategy is not None and strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES} or None, got {strategy!r}")
+        if iterable:
+            if strategy not in (None, ITERABLE_STRATEGY):
+                raise ValueError(
+                    f"strategy={strategy!r} splits the work of a map-style dataset by index, "
+                    f"but an IterableDataset is read whole by each worker (torch's design); "
+                    f"use strategy='classic' or leave it unset"
+                )
+            return ITERABLE_STRATEGY
+        if strategy not in (None, "classic") and (worker_type == "thread" or num_workers == 0):
+            raise ValueError(
+                f"strategy={strategy!r} is a way to split work across worker processes; "
+                f"with {'num_workers=0' if num_workers == 0 else 'worker_type=thread'} "
+                f"leave strategy unset"
+            )
+        return strategy or MAP_STYLE_STRATEGY
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FROZEN and self.__dict__.get("_initialized", False):
+            raise ValueError(
+                f"{name} cannot be changed after the DataLoader was built (as in torch); "
+                f"build a new DataLoader with {name}={value!r}"
+            )
+        super().__setattr__(name, value)
+
+    # -- torch's API --------------------------------------------------------------
+    def __iter__(self) -> _CompatIterator:
+        self._close_current()  # the workers go idle before the next plan is published
+        plan, delivered = self._next_plan()
+        self._setup.base_seed = plan.base_seed
+        if self._board.publish(plan) and self._engine is not None and self.persistent_workers:
+            self._stop_engine()  # the plan outgrew the shared buffer the workers hold
+        engine = self._ensure_engine()
+        iterator = _CompatIterator(self, iter(engine), plan, delivered)
+        self._current = weakref.ref(iterator)
+        return iterator
+
+    def __len__(self) -> int:
+        if self._iterable:
+            length = len(self.dataset)
+            if self.batch_size is not None:
+                length = (
+                    length // self.batch_size if self.drop_last else -(-length // self.batch_size)
+                )
+            return length
+        index_sampler = self.batch_sampler if self._auto_collation else self.sampler
+        return len(index_sampler)
+
+    # -- checkpoints (an extra) ---------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """A snapshot to resume from: the epoch's remaining batches and the RNG states.
+
+        Resuming (``load_state_dict`` on a loader built the same way, then
+        ``iter()``) yields the rest of the interrupted epoch, then the same
+        epochs the uninterrupted loader would. The sampler's random generators
+        -- ``generator``, or torch's global RNG when it is None, and any
+        ``generator`` a sampler holds -- are saved at their current state.
+        """
+        current = self._current() if self._current is not None else None
+        epoch: dict[str, Any] | None = None
+        if current is not None and not current.finished:
+            epoch = {
+                "entries": None if self._iterable else current.plan.entries.to_state(),
+                "base_seed": current.plan.base_seed,
+                "delivered": current.delivered,
+            }
+        return {
+            "version": _STATE_VERSION,
+            "kind": "iterable" if self._iterable else "map",
+            "epoch": epoch,
+            "workers_base_seed": self._base_seed,
+            "generators": [g.get_state() for g in self._generators()],
+            "global_rng": torch.get_rng_state() if self.generator is None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next ``iter()`` continues that epoch."""
+        kind = "iterable" if self._iterable else "map"
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            got = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise StateError(
+                f"expected a compat DataLoader state of version {_STATE_VERSION}, got {got!r}; "
+                f"pass what pipeloom.compat.DataLoader.state_dict() returned"
+            )
+        if state["kind"] != kind:
+            raise StateError(
+                f"this state was saved by a loader over a {state['kind']}-style dataset, but "
+                f"this loader reads a {kind}-style one; build the loader as it was built"
+            )
+        generators = self._generators()
+        if len(state["generators"]) != len(generators):
+            raise StateError(
+                f"the state holds {len(state['generators'])} sampler generator(s) but this "
+                f"loader has {len(generators)}; pass the same generator/sampler arguments"
+            )
+        for generator, saved in zip(generators, state["generators"]):
+            generator.set_state(saved)
+        if state["global_rng"] is not None:
+            torch.set_rng_state(state["global_rng"])
+        self._base_seed = state["workers_base_seed"]
+        self._resume = state["epoch"]
+        self._close_current()
+
+    # -- lifecycle ----------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop the workers now (also done by ``with`` and garbage collection)."""
+        self._close_current()
+        self._stop_engine()
+
+    def __enter__(self) -> DataLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # interpreter shutdown: modules may be gone
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"pipeloom.compat.DataLoader({type(self.dataset).__name__}, "
+            f"batch_size={self.batch_size}, num_workers={self.num_workers}, "
+            f"strategy={self.strategy!r}, worker_type={self.worker_type!r})"
+        )
+
+    # -- internals ------------------------------------------------------------------
+    def _close_current(self) -> None:
+        current = self._current() if self._current is not None else None
+        if current is not None:
+            current.close()
+        self._current = None
+
+    def _next_plan(self) -> tuple[EpochPlan, int]:
+        """Draw the epoch as torch's iterator does: ``iter(sampler)``, base seed, indices."""
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            entries = None if self._iterable else PlanEntries.from_state(resume["entries"])
+            delivered = int(resume["delivered"])
+            if entries is not None:
+                entries, delivered = entries.tail(delivered), 0
+            return EpochPlan(entries or PlanEntries(objects=[]), resume["base_seed"]), delivered
+        index_sampler = self.batch_sampler if self._auto_collation else self.sampler
+        reuse_workers = self.num_workers > 0 and self.persistent_workers
+        if reuse_workers and self._base_seed is not None:
+            iterator = iter(index_sampler)  # torch's _reset(): no new base seed
+        else:
+            iterator = iter(index_sampler)
+            self._base_seed = _draw_seed(self.generator)
+            if self.num_workers > 0:  # _MultiProcessingDataLoaderIter._reset(first_iter=True)
+                iterator = iter(index_sampler)
+        base_seed = self._base_seed
+        if self._iterable:
+            return EpochPlan(PlanEntries(objects=[]), base_seed), 0
+        return EpochPlan(PlanEntries.from_outputs(list(iterator)), base_seed), 0
+
+    def _generators(self) -> list[torch.Generator]:
+        found: list[torch.Generator] = []
+        batch_sampler = self.batch_sampler
+        candidates = [self.generator, self.sampler, batch_sampler]
+        candidates.append(getattr(batch_sampler, "sampler", None))
+        for candidate in candidates:
+            generator = (
+                candidate
+                if isinstance(candidate, torch.Generator)
+                else getattr(candidate, "generator", None)
+            )
+            if isinstance(generator, torch.Generator) and all(g is not generator for g in found):
+                found.append(generator)
+        return found
+
+    def _ensure_engine(self) -> pipeloom_loader.DataLoader:
+        if self._engine is None:
+            pipeline = self._build_pipeline()
+            self._engine = pipeloom_loader.DataLoader(pipeline, self._build_service(), seed=0)
+        return self._engine
+
+    def _stop_engine(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+    def _build_pipeline(self) -> IterDataPipe:
+        pipeline: IterDataPipe
+        if self._iterable:
+            pipeline = IterableDatasetSource(
+                self.dataset,
+                batch_size=self.batch_size,
+                collate_fn=self.collate_fn,
+                drop_last=self.drop_last,
+            )
+        else:
+            per_item = (
+                self.strategy in ("economic", "chunked")
+                and self._own_batch_sampler
+                and not getattr(self.dataset, "__getitems__", None)
+            )
+            assert self.batch_size is not None or not per_item
+            pipeline = build_map_pipeline(
+                self._board,
+                self.dataset,
+                self.collate_fn,
+                auto_collation=self._auto_collation,
+                per_item_batch=(self.batch_size, self.drop_last) if per_item else None,  # type: ignore[arg-type]
+            )
+        if self.pin_memory:
+            pipeline = pipeline.pin_memory()
+        return pipeline
+
+    def _build_service(self) -> ReadingService:
+        if self.num_workers == 0:
+            return InProcessReadingService()
+        assert self.prefetch_factor is not None
+        if self.worker_type == "thread":
+            return ThreadReadingService(
+                self.num_workers, prefetch_factor=self.prefetch_factor, in_order=self.in_order
+            )
+        return MultiProcessingReadingService(
+            self.num_workers,
+            prefetch_factor=self.prefetch_factor,
+            start_method=start_method_of(self.multiprocessing_context),
+            worker_init_fn=self._setup,
+            persistent_workers=self.persistent_workers,
+            timeout=self.timeout or None,
+            in_order=self.in_order,
+            **self._strategy_kwargs,
+        )
+
+
+def _draw_seed(generator: torch.Generator | None) -> int:
+    """torch's ``_base_seed``: one int64 drawn from ``generator`` (or the global RNG)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+class _CompatIterator(Iterator[Any]):
+    """One epoch of batches; ``len()`` as torch's iterator."""
+
+    def __init__(
+        self, loader: DataLoader, items: Iterator[Any], plan: EpochPlan, skip: int
+    ) -> None:
+        self._loader = loader  # the loader refers to its iterator weakly: no cycle
+        self._items = items
+        self.plan = plan
+        self.delivered = 0
+        self.finished = False
+        for _ in range(skip):  # an iterable dataset resumes by re-reading: drop what was seen
+            next(self._items, None)
+            self.delivered += 1
+
+    def __next__(self) -> Any:
+        try:
+            item = next(self._items)
+        except StopIteration:
+            self.finished = True
+            raise
+        self.delivered += 1
+        return item
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def close(self) -> None:
+        """Abandon the epoch: stop its work (the workers stay if persistent)."""
+        invalidate = getattr(self._items, "invalidate", None)
+        if invalidate is not None and not self.finished:
+            invalidate()

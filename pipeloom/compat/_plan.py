@@ -1,0 +1,322 @@
+"""An epoch's sampler output, drawn once in the main process, and where workers read it.
+
+torch's ``DataLoader`` iterates its sampler in the main process and sends
+indices to the workers. The compat loader does the same: at ``iter()`` it
+draws the epoch's whole sampler output into an :class:`EpochPlan` and
+*publishes* it on a :class:`PlanBoard`. The pipeline's source block
+(:class:`PlanSource`) reads the board at the start of each epoch, wherever
+the reading service runs it: in the calling thread, in worker threads (the
+same object), or in worker processes (a shared-memory copy, so persistent
+workers see each new epoch without being restarted).
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..datapipes import IterDataPipe
+from ..datapipes._context import stamp_item
+from ._rng import WorkerStreams
+
+__all__ = ["EpochPlan", "PlanBoard", "PlanEntries", "PlanSource"]
+
+_HEADER = struct.Struct("<q")
+_MIN_CAPACITY = 64 * 1024
+
+
+class PlanEntries(Sequence[Any]):
+    """The sampler's outputs for one epoch, compact when they are ints.
+
+    An entry is one index (``batch_size=None``) or one batch of indices.
+    Python ints (and lists of them) are kept in an int64 array and handed out
+    again as Python ints and lists; anything else (numpy ints, tensors,
+    tuples, keys) is kept as is, so the dataset receives exactly what the
+    sampler yielded.
+
+    Example:
+        >>> entries = PlanEntries.from_outputs([[3, 1], [2]])
+        >>> entries[0], entries[1], len(entries)
+        ([3, 1], [2], 2)
+    """
+
+    def __init__(
+        self,
+        objects: list[Any] | None = None,
+        flat: np.ndarray | None = None,
+        offsets: np.ndarray | None = None,
+    ) -> None:
+        self._objects = objects
+        self._flat = flat
+        self._offsets = offsets
+
+    @classmethod
+    def from_outputs(cls, outputs: list[Any]) -> PlanEntries:
+        """Pack what a sampler (or batch sampler) yielded for one epoch."""
+        if all(type(x) is int for x in outputs):
+            return cls(flat=_int64(outputs))
+        if all(type(b) is list for b in outputs):
+            flat = [x for batch in outputs for x in batch]
+            if all(type(x) is int for x in flat):
+                offsets = np.zeros(len(outputs) + 1, dtype=np.int64)
+                np.cumsum([len(b) for b in outputs], out=offsets[1:])
+                return cls(flat=_int64(flat), offsets=offsets)
+        return cls(objects=list(outputs))
+
+    def __len__(self) -> int:
+        if self._objects is not None:
+            return len(self._objects)
+        assert self._flat is not None
+        return len(self._flat) if self._offsets is None else len(self._offsets) - 1
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            raise TypeError("PlanEntries takes one int index; use tail(start) for a suffix")
+        if self._objects is not None:
+            return self._objects[index]
+        assert self._flat is not None
+        if self._offsets is None:
+            return int(self._flat[index])
+        return self._flat[self._offsets[index] : self._offsets[index + 1]].tolist()
+
+    def flattened(self) -> PlanEntries:
+        """One entry per index (for a pipeline that batches the indices itself)."""
+        if self._objects is not None:
+            return PlanEntries(objects=[x for batch in self._objects for x in batch])
+        return PlanEntries(flat=self._flat)
+
+    def tail(self, start: int) -> PlanEntries:
+        """The entries from ``start`` on (what is left after a checkpoint)."""
+        if self._objects is not None:
+            return PlanEntries(objects=self._objects[start:])
+        assert self._flat is not None
+        if self._offsets is None:
+            return PlanEntries(flat=self._flat[start:])
+        offsets = self._offsets[start:]
+        return PlanEntries(flat=self._flat[offsets[0] :], offsets=offsets - offsets[0])
+
+    def to_state(self) -> dict[str, Any]:
+        """A ``torch.save``-able dict (tensors, not numpy arrays, for ``weights_only``)."""
+        if self._objects is not None:
+            return {"objects": list(self._objects)}
+        assert self._flat is not None
+        state: dict[str, Any] = {"flat": torch.from_numpy(self._flat.copy())}
+        if self._offsets is not None:
+            state["offsets"] = torch.from_numpy(self._offsets.copy())
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> PlanEntries:
+        if "objects" in state:
+            return cls(objects=list(state["objects"]))
+        offsets = state.get("offsets")
+        return cls(
+            flat=state["flat"].numpy().astype(np.int64),
+            offsets=None if offsets is None else offsets.numpy().astype(np.int64),
+        )
+
+    def __repr__(self) -> str:
+        return f"PlanEntries({len(self)} entries)"
+
+
+def _int64(values: list[int]) -> np.ndarray:
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        raise ValueError(
+            "the sampler yielded an index outside the int64 range; a dataset index must "
+            "fit in 64 bits"
+        ) from None
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """What the main process decided for one epoch.
+
+    Attributes:
+        entries: the sampler's outputs, in order.
+        base_seed: torch's ``_base_seed`` for the epoch; worker ``i`` is seeded
+            with ``base_seed + i``, as in torch.
+    """
+
+    entries: PlanEntries
+    base_seed: int
+
+
+class PlanBoard:
+    """Where the main process publishes each epoch's plan for the blocks that read it.
+
+    Readers in the main process and in worker threads read the published
+    object. Readers in worker processes read a shared-memory copy: call
+    :meth:`share` before the workers start, and :meth:`attach` in each worker.
+    The board travels by reference: ``deepcopy`` returns the board itself and
+    pickling drops its contents (a worker attaches the shared buffer instead).
+
+    Example:
+        >>> board = PlanBoard()
+        >>> _ = board.publish(EpochPlan(PlanEntries.from_outputs([0, 1]), base_seed=7))
+        >>> board.read().base_seed
+        7
+    """
+
+    def __init__(self) -> None:
+        self._plan: EpochPlan | None = None
+        self._buffer: torch.Tensor | None = None  # shared memory, set by share()
+        self._shared = False
+        self._attached = False  # True in a worker process: read the buffer
+
+    def share(self) -> None:
+        """Also keep a shared-memory copy of each plan, for worker processes."""
+        self._shared = True
+
+    @property
+    def buffer(self) -> torch.Tensor | None:
+        """The shared-memory copy (None until a plan is published on a shared board)."""
+        return self._buffer
+
+    def publish(self, plan: EpochPlan) -> bool:
+        """Make ``plan`` the current one; True when the shared buffer was replaced.
+
+        A replaced buffer is invisible to worker processes already running:
+        the caller restarts them.
+        """
+        self._plan = plan
+        if not self._shared:
+            return False
+        payload = pickle.dumps(
+            (plan.entries._objects, plan.entries._flat, plan.entries._offsets, plan.base_seed),
+            protocol=5,
+        )
+        needed = _HEADER.size + len(payload)
+        replaced = self._buffer is None or self._buffer.numel() < needed
+        if replaced:
+            capacity = max(_MIN_CAPACITY, 2 * needed)
+            self._buffer = torch.empty(capacity, dtype=torch.uint8).share_memory_()
+        assert self._buffer is not None
+        view = self._buffer.numpy()
+        view[: _HEADER.size] = np.frombuffer(_HEADER.pack(len(payload)), dtype=np.uint8)
+        view[_HEADER.size : needed] = np.frombuffer(payload, dtype=np.uint8)
+        return replaced
+
+    def attach(self, buffer: torch.Tensor | None) -> None:
+        """In a worker process: read plans from the shared ``buffer`` from now on."""
+        self._buffer = buffer
+        self._attached = True
+        self._plan = None
+
+    def read(self) -> EpochPlan:
+        """The current plan."""
+        if self._attached:
+            if self._buffer is None:
+                raise RuntimeError("no epoch plan was published before the workers started")
+            view = self._buffer.numpy()
+            (size,) = _HEADER.unpack(view[: _HEADER.size].tobytes())
+            objects, flat, offsets, base_seed = pickle.loads(
+                view[_HEADER.size : _HEADER.size + size].tobytes()
+            )
+            return EpochPlan(PlanEntries(objects, flat, offsets), base_seed)
+        if self._plan is None:
+            raise RuntimeError(
+                "the epoch plan was not published or did not reach this process; a compat "
+                "pipeline must be run by pipeloom.compat.DataLoader"
+            )
+        return self._plan
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PlanBoard:
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_plan": None, "_buffer": None, "_shared": self._shared, "_attached": False}
+
+    def __repr__(self) -> str:
+        return f"PlanBoard(shared={self._shared})"
+
+
+class PlanSource(IterDataPipe):
+    """Yield the current epoch's plan entries: the sampler's indices or index lists.
+
+    It is the sharding point: shard ``index`` of ``total`` yields the entries
+    whose position ``p`` has ``(p // group_size) % total == index``, stamped
+    with ``p``, so the workers' merge restores the sampler's order.
+
+    Example:
+        >>> board = PlanBoard()
+        >>> _ = board.publish(EpochPlan(PlanEntries.from_outputs([5, 3, 9]), base_seed=0))
+        >>> list(PlanSource(board))
+        [5, 3, 9]
+    """
+
+    def __init__(self, board: PlanBoard, *, flatten: bool = False) -> None:
+        self.board = board
+        self.flatten = flatten
+        self.total = 1
+        self.index = 0
+        self.group_size = 1
+        self._entries: PlanEntries | None = None
+        self._next = 0
+        self._streams = WorkerStreams()
+
+    def is_shardable(self) -> bool:
+        return True
+
+    def sharding_settings(self, total: int, index: int) -> None:
+        self.total, self.index = total, index
+
+    def set_shard_group_size(self, group_size: int) -> None:
+        self.group_size = group_size
+
+    def resume_at(self, position: int) -> None:
+        self._next = self._first_from(position)
+
+    def reset(self) -> None:
+        self._entries = None
+        self._next = self._first_from(0)
+        self._streams.restore()
+
+    def _first_from(self, position: int) -> int:
+        if self.total == 1:
+            return position
+        group = position // self.group_size
+        ahead = (self.index - group % self.total) % self.total
+        return position if ahead == 0 else (group + ahead) * self.group_size
+
+    def _load(self) -> PlanEntries:
+        entries = self.board.read().entries
+        self._entries = entries.flattened() if self.flatten else entries
+        return self._entries
+
+    def async_next(self) -> Any:
+        entries = self._entries if self._entries is not None else self._load()
+        position = self._next
+        if position >= len(entries):
+            self._streams.save()
+            raise StopIteration
+        entry = entries[position]
+        self._next = self._first_from(position + 1)
+        stamp_item(self.epoch_seed(), self._pl_epoch, position)
+        return entry
+
+    def __len__(self) -> int:
+        entries = self._entries if self._entries is not None else self._load()
+        return len(entries)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next": self._next}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._next = int(state["next"])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_entries"] = None
+        return state
+
+    def __repr__(self) -> str:
+        shard = f", shard={self.index}/{self.total}" if self.total > 1 else ""
+        return f"PlanSource(flatten={self.flatten}{shard})"

@@ -1,0 +1,93 @@
+"""state_dict()/load_state_dict(): resume mid-epoch, then the same next epochs (#9)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from compat.compat_cases import Items, Range, epochs, same, sampling
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeloom.compat import DataLoader
+from pipeloom.errors import StateError
+
+
+def roundtrip(state):
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def check_resume(dataset, make, stop, **extra):
+    torch.manual_seed(0)
+    expected = epochs(DataLoader(dataset, **make(), **extra), 2)
+    torch.manual_seed(0)
+    interrupted = DataLoader(dataset, **make(), **extra)
+    set_epoch = getattr(interrupted.sampler, "set_epoch", None)
+    if set_epoch is not None:
+        set_epoch(0)
+    iterator = iter(interrupted)
+    seen = [batch for _, batch in zip(range(stop), iterator)]
+    state = roundtrip(interrupted.state_dict())
+    interrupted.shutdown()
+
+    torch.manual_seed(12345)  # a new process: other seeds until the state is loaded
+    resumed = DataLoader(dataset, **make(), **extra)
+    resumed.load_state_dict(state)
+    with resumed:
+        rest = list(resumed) if state["epoch"] is not None else []  # else: epoch complete
+        set_epoch = getattr(resumed.sampler, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(1)
+        assert same(seen + rest, expected[0])
+        assert same(list(resumed), expected[1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 16), case=st.data(), stop=st.integers(0, 8))
+def test_resume_mid_epoch_yields_the_remaining_batches_then_the_same_epochs(n, case, stop):
+    name, make = case.draw(sampling(n), label="sampling")
+    check_resume(Items(n), make, stop)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_resume_with_worker_processes(persistent):
+    def make():
+        return {"batch_size": 2, "shuffle": True}
+
+    check_resume(Items(11), make, 3, num_workers=2, persistent_workers=persistent)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_iterable_dataset_resumes_by_re_reading_the_epoch(num_workers):
+    def make():
+        return {"batch_size": 3}
+
+    check_resume(Range(0, 20), make, 2, num_workers=num_workers)
+
+
+def test_a_state_between_epochs_resumes_at_the_next_epoch():
+    def build():
+        return DataLoader(
+            Items(7), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(1)
+        )
+
+    loader = build()
+    first = list(loader)
+    state = loader.state_dict()
+    assert state["epoch"] is None
+    second = list(loader)
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert same(list(resumed), second) and not same(first, second)
+
+
+def test_a_state_from_another_kind_of_loader_is_refused():
+    state = DataLoader(Range(0, 3)).state_dict()
+    with pytest.raises(StateError, match="over a iterable-style dataset, but this loader reads"):
+        DataLoader(Items(3)).load_state_dict(state)
+    with pytest.raises(StateError, match="expected a compat DataLoader state of version 1"):
+        DataLoader(Items(3)).load_state_dict({"version": 99})
