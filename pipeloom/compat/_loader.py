@@ -35,7 +35,7 @@ from ._worker import WorkerSetup
 __all__ = ["DataLoader", "MAP_STYLE_STRATEGY", "ITERABLE_STRATEGY", "build_map_pipeline"]
 
 #: The strategy map-style datasets run under when ``strategy`` is not given.
-MAP_STYLE_STRATEGY = "classic"  # TODO: economic once merged
+MAP_STYLE_STRATEGY = "economic"
 #: Iterable datasets are read by a copy in each worker, as torch does.
 ITERABLE_STRATEGY = "classic"
 
@@ -159,6 +159,15 @@ class DataLoader:
             )
         resolved_strategy = self._resolve_strategy(strategy, iterable, worker_type, num_workers)
         own_batch_sampler = batch_sampler is None and batch_size is not None
+        if not iterable and resolved_strategy in ("economic", "chunked"):
+            why_not = _why_not_per_item(dataset, own_batch_sampler, in_order)
+            if why_not and strategy is None:
+                resolved_strategy = "classic"  # the default falls back to torch's design
+            elif why_not:
+                raise ValueError(
+                    f"strategy={strategy!r} fetches items one by one and batches them after, "
+                    f"but {why_not}; use strategy='classic' (or leave it unset)"
+                )
         if sampler is None:
             if iterable:
                 sampler = _InfiniteConstantSampler()
@@ -451,6 +460,17 @@ class DataLoader:
             in_order=self.in_order,
             **self._strategy_kwargs,
         )
+
+
+def _why_not_per_item(dataset: Any, own_batch_sampler: bool, in_order: bool) -> str:
+    """Why a map-style dataset cannot be fetched item by item ('' when it can)."""
+    if not own_batch_sampler:
+        return "batch_sampler (or batch_size=None) fixes each batch's indices in the sampler"
+    if getattr(dataset, "__getitems__", None) is not None:
+        return "the dataset fetches whole batches with __getitems__"
+    if not in_order:
+        return "in_order=False asks for arrival order, which only 'classic' offers"
+    return ""
 
 
 def _draw_seed(generator: torch.Generator | None) -> int:

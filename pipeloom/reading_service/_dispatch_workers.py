@@ -41,11 +41,12 @@ from ..queues import ProcessQueue
 from ._failure import Failure, capture_failure
 from ._pickling import loads_pipeline
 from ._worker_info import WorkerInfo, set_process_worker_info
-from ._worker_loop import seed_worker_rngs, worker_seed
+from ._worker_loop import seed_item_rngs, seed_worker_rngs, worker_seed
 
 __all__ = ["BatchFeed", "TaskFeed", "batch_worker_main", "item_worker_main"]
 
 MAIN = -1  # the ``dest`` of outputs that go straight to the main process
+_GLOBAL_RNG_TAG = 0x610B
 
 
 class TaskFeed(IterDataPipe):
@@ -73,6 +74,8 @@ class TaskFeed(IterDataPipe):
             raise StopIteration
         position, value = self._entries[self._next]
         stamp_item(self._seed, self._pl_epoch, position)  # before the read: errors name it
+        if self._seed is not None:  # global RNG draws depend on the item, not the worker
+            seed_item_rngs(derive_seed(self._seed, position, _GLOBAL_RNG_TAG))
         if self.source is None:
             item = value
         else:
@@ -101,6 +104,8 @@ class BatchFeed(IterDataPipe):
         if self._next >= len(self._entries):
             raise StopIteration
         position, draws, item = self._entries[self._next]
+        if self._next == 0 and self._seed is not None:  # as for items: per batch, not worker
+            seed_item_rngs(derive_seed(self._seed, position, _GLOBAL_RNG_TAG + 1))
         self._next += 1
         restore_stamp((self._seed, self._pl_epoch, position, draws))
         return item

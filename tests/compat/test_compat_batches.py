@@ -44,8 +44,25 @@ def test_in_process_batches_equal_torchs_for_every_sampler(n, case, custom_colla
 @given(n=st.integers(1, 14), case=st.data())
 def test_worker_process_batches_equal_torchs(strategy, n, case):
     name, make = case.draw(sampling(n), label="sampling")
-    theirs, ours = run_both(Items(n), make, common={"num_workers": 2}, ours={"strategy": strategy})
+    per_item = "batch_size=None" not in name and not name.startswith("batch_sampler")
+    # economic and chunked fetch item by item, so they need batch_size (not a batch_sampler);
+    # the default strategy falls back to classic there, as checked below.
+    extra = {"strategy": strategy} if per_item or strategy == "classic" else {}
+    theirs, ours = run_both(Items(n), make, common={"num_workers": 2}, ours=extra)
     assert same(theirs, ours), name
+
+
+@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+def test_item_by_item_strategies_refuse_a_batch_sampler_and_say_why(strategy):
+    sampler = torch.utils.data.BatchSampler(range(6), 2, False)
+    with pytest.raises(ValueError, match=r"batch_sampler .* fixes each batch's indices"):
+        DataLoader(Items(6), batch_sampler=sampler, num_workers=2, strategy=strategy)
+
+
+def test_map_style_datasets_default_to_economic_and_fall_back_to_classic():
+    assert DataLoader(Items(6), batch_size=2, num_workers=2).strategy == "economic"
+    sampler = torch.utils.data.BatchSampler(range(6), 2, False)
+    assert DataLoader(Items(6), batch_sampler=sampler, num_workers=2).strategy == "classic"
 
 
 @settings(max_examples=5, deadline=None)
@@ -73,7 +90,12 @@ def test_worker_info_seeds_and_global_rng_in_workers_match_torchs(persistent):
     def make():
         return {"batch_size": 2, "shuffle": True, "num_workers": 2}
 
-    theirs, ours = run_both(WorkerAware(9), make, common={"persistent_workers": persistent})
+    theirs, ours = run_both(
+        WorkerAware(9),
+        make,
+        common={"persistent_workers": persistent},
+        ours={"strategy": "classic"},  # torch's batch-per-worker placement
+    )
     assert same(theirs, ours)
     first_batch = ours[0][0][0]
     assert first_batch["worker"].tolist() == [0, 0] and first_batch["workers"].tolist() == [2, 2]
@@ -119,7 +141,7 @@ def make():
                 multiprocessing_context="spawn", timeout=60)
 
 if __name__ == "__main__":
-    theirs, ours = run_both(WorkerAware(7), make, count=1)
+    theirs, ours = run_both(WorkerAware(7), make, count=1, ours=dict(strategy="classic"))
     sys.exit(0 if same(theirs, ours) else 1)
 """
 

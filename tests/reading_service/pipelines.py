@@ -148,3 +148,12 @@ class PidOnRead(SequenceWrapper):
 def member_name(member):
     path, _stream = member
     return os.path.basename(str(path))
+
+
+def global_draws(x):
+    """Draws from the three global RNGs (what random transforms do)."""
+    import random
+
+    import torch
+
+    return (random.random(), float(np.random.rand()), float(torch.rand(())))

@@ -365,3 +365,20 @@ def test_economic_says_a_tar_reader_before_the_batch_needs_chunked(tmp_path):
     with DataLoader(tar_pipeline(tmp_path), service) as loader:
         with pytest.raises(ValueError, match=r"TarArchiveLoader.*strategy='chunked'"):
             list(loader)
+
+
+@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+def test_global_rng_draws_depend_on_the_item_not_on_the_worker_or_timing(strategy):
+    def build():
+        return IterableWrapper(range(24)).sharding_filter().map(pipelines.global_draws).batch(4)
+
+    runs = []
+    for workers in (1, 3):
+        extra = {"chunk_size": 2} if strategy == "chunked" else {}
+        service = MultiProcessingReadingService(workers, strategy=strategy, timeout=30, **extra)
+        runs.append(run(build(), service, seed=9, epochs=2))
+    assert runs[0] == runs[1]
+    epoch0, epoch1 = runs[0]
+    assert epoch0 != epoch1  # fresh draws each epoch
+    draws = [tuple(d) for batch in epoch0 for d in batch]
+    assert len(set(draws)) == len(draws)  # and for each item
