@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.connection
 import signal
 import time
 import weakref
@@ -154,11 +155,13 @@ class DispatchPool:
         return messages
 
     def check_alive(self, wait: float = 0.0) -> None:
-        """Raise ``WorkerError`` naming a worker that exited (they never exit on their own)."""
+        """Raise ``WorkerError`` naming a worker that exited (they never exit on their own).
+
+        ``wait``: seconds to give a worker whose queue just broke to be reaped.
+        """
+        if wait:
+            multiprocessing.connection.wait([p.sentinel for _, p in self._processes], wait)
         for name, process in self._processes:
-            if wait:
-                process.join(timeout=wait)
-                wait = 0.0
             if process.exitcode is not None:
                 label = f"{name} (pid {process.pid})"
                 raise WorkerError(
