@@ -16,10 +16,10 @@ from ._dispatch_workers import batch_worker_main, item_worker_main
 
 __all__ = ["DispatchPool", "describe_exit"]
 
-# Free shared memory an item worker keeps per batch worker for reuse: small
-# items recycle their segments, large ones are returned to the system at once,
-# so idle memory does not grow with num_workers x num_batch_workers.
-_LINK_POOL_BYTES = 2 << 20
+# Items in flight on one item worker -> batch worker link. The link's producer
+# keeps freed segments for reuse (a fresh segment costs a page fault per 4 KiB,
+# ~120 ms per 128 MiB here, more than the copy itself); what it keeps is bounded
+# by the items in flight, which the main process bounds by prefetch_factor.
 _LINK_CAPACITY = 4
 _STOP_GRACE = 1.0  # seconds workers get to exit after "stop" before they are killed
 
@@ -64,7 +64,7 @@ class DispatchPool:
         ]
         links = [
             [
-                ProcessQueue(_LINK_CAPACITY, pool_bytes=_LINK_POOL_BYTES)
+                ProcessQueue(_LINK_CAPACITY)
                 for _ in range(self.num_batch_workers)
             ]
             for _ in range(num_item_workers)
