@@ -70,3 +70,14 @@ recipes = st.tuples(
     st.lists(st.sampled_from(PER_ITEM), max_size=3).map(tuple),
     st.lists(st.sampled_from(TAIL), max_size=2).map(tuple),
 )
+
+
+def batched(recipe, one_to_one: bool):
+    """``recipe`` with a batch right after the per-item steps (what economic/chunked need).
+
+    ``one_to_one`` keeps only per-item steps that yield one output per input.
+    """
+    size, prefix, per_item, tail = recipe
+    if one_to_one:
+        per_item = tuple(step for step in per_item if step in ("jitter", "square"))
+    return size, prefix, per_item, ("batch", *tail)

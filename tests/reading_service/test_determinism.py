@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reading_service.random_pipelines import build, recipes
+from reading_service.random_pipelines import batched, build, recipes
 
 from pipeloom import DataLoader
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
@@ -51,3 +51,32 @@ def test_resume_from_a_random_step_of_a_random_pipeline(recipe, threads, stop, s
     with DataLoader(build(recipe), ThreadReadingService(threads), seed=seed) as resumed:
         resumed.load_state_dict(state)
         assert head + list(resumed) == expected
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    recipe=recipes,
+    strategy=st.sampled_from(["economic", "chunked"]),
+    workers=st.integers(1, 3),
+    stop=st.integers(0, 10),
+    seed=st.integers(0, 99),
+)
+def test_economic_and_chunked_give_and_resume_the_in_process_output(
+    recipe, strategy, workers, stop, seed
+):
+    recipe = batched(recipe, one_to_one=strategy == "economic")
+    expected = reference(recipe, seed)
+
+    def service():
+        return MultiProcessingReadingService(workers, strategy=strategy, persistent_workers=True)
+
+    with DataLoader(build(recipe), service(), seed=seed) as loader:
+        assert list(loader) == expected
+        iterator = iter(loader)
+        loader_epoch = loader.epoch
+        head = [next(iterator) for _ in range(min(stop, len(expected)))]
+        state = loader.state_dict()
+    assert loader_epoch == 1
+    with DataLoader(build(recipe), service(), seed=seed) as resumed:
+        resumed.load_state_dict(state)
+        assert head + list(resumed) == reference(recipe, seed, epoch=1)

@@ -135,8 +135,17 @@ def test_a_slow_consumer_keeps_memory_flat(make_service, workers, leftovers):
 # -- (b) Ctrl-C ---------------------------------------------------------------------------
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own SIGINT handler, even when the test run started with SIGINT ignored
+    (a shell starts background jobs that way, and Python then keeps it ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.timeout(20)
-def test_keyboard_interrupt_in_the_consumer_loop_stops_every_worker(leftovers):
+def test_keyboard_interrupt_in_the_consumer_loop_stops_every_worker(leftovers, ctrl_c_raises):
     loader = DataLoader(
         IterableWrapper(range(10_000)).sharding_filter().map(pipelines.big_array),
         MultiProcessingReadingService(2),
@@ -151,7 +160,9 @@ def test_keyboard_interrupt_in_the_consumer_loop_stops_every_worker(leftovers):
 
 
 @pytest.mark.timeout(20)
-def test_keyboard_interrupt_while_blocked_waiting_for_a_worker_stops_every_worker(leftovers):
+def test_keyboard_interrupt_while_blocked_waiting_for_a_worker_stops_every_worker(
+    leftovers, ctrl_c_raises
+):
     release = Release()
     stuck = functools.partial(pipelines.stuck_at, at=0, release_fd=release.fd)
     loader = DataLoader(
