@@ -33,6 +33,7 @@ from ._worker_info import WorkerInfo, set_process_worker_info
 from ._worker_loop import (
     EpochCancelled,
     apply_sharding,
+    keep_freed_memory_for_reuse,
     produce_epoch,
     seed_worker_rngs,
     worker_seed,
@@ -430,6 +431,7 @@ def _worker_main(
     # One intra-op thread per worker, as torch does; a forked child must not use the
     # OpenMP pool it inherited from a parent that already ran parallel torch ops.
     torch.set_num_threads(1)
+    keep_freed_memory_for_reuse()  # batches reuse warm memory instead of fresh pages
     if isinstance(payload, bytes):
         pipe = loads_pipeline(payload)
     else:  # forked: drop what lazy_init did in the parent; it runs again here

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import random
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +29,7 @@ from ._merge import END
 __all__ = [
     "EpochCancelled",
     "apply_sharding",
+    "keep_freed_memory_for_reuse",
     "produce_epoch",
     "seed_item_rngs",
     "seed_worker_rngs",
@@ -44,6 +47,31 @@ def seed_worker_rngs(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+_MALLOC_KEEP = 1 << 30  # M_MMAP_THRESHOLD and M_TRIM_THRESHOLD for worker processes
+
+
+def keep_freed_memory_for_reuse() -> bool:
+    """Make glibc's malloc reuse freed large blocks in this (worker) process.
+
+    By default glibc gives every block over 32 MiB its own ``mmap`` and
+    returns it on ``free``, so a worker that collates a 128 MiB batch touches
+    128 MiB of fresh pages each time (a page fault per 4 KiB: ~130 ms on the
+    reference VM, more than the work). Raising the thresholds keeps such blocks
+    in the heap for the next batch: 2-4x the throughput on 128 MiB batches, for
+    about one batch of items and one collated batch of private memory kept per
+    worker between batches. Returns False where there is no glibc.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, _MALLOC_KEEP)) and bool(
+        mallopt(m_trim_threshold, _MALLOC_KEEP)
+    )
 
 
 def seed_item_rngs(seed: int) -> None:
