@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ._shutdown import ShutsDown
 from .datapipes import (
     IterDataPipe,
     MapDataPipe,
@@ -24,7 +25,7 @@ __all__ = ["DataLoader"]
 _STATE_VERSION = 1
 
 
-class DataLoader:
+class DataLoader(ShutsDown):
     """Iterate a pipeline epoch after epoch, wherever its reading service runs it.
 
     Args:
@@ -177,18 +178,6 @@ class DataLoader:
             self._current.invalidate()
             self._current = None
         self.reading_service.shutdown()
-
-    def __enter__(self) -> DataLoader:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.shutdown()
-
-    def __del__(self) -> None:
-        try:
-            self.shutdown()
-        except Exception:  # interpreter shutdown: modules may be gone
-            pass
 
     def _ensure_initialized(self) -> None:
         if not self._initialized:

@@ -12,6 +12,7 @@ from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, Seque
 from torch.utils.data.dataloader import _InfiniteConstantSampler
 
 from .. import loader as pipeloom_loader
+from .._shutdown import ShutsDown
 from ..datapipes import IterDataPipe
 from ..datapipes._collate import default_collate
 from ..errors import StateError
@@ -77,7 +78,7 @@ def build_map_pipeline(
     )
 
 
-class DataLoader:
+class DataLoader(ShutsDown):
     """A drop-in ``torch.utils.data.DataLoader`` that runs on pipeloom's reading services.
 
     Takes torch's arguments and yields the batches torch yields: the sampler
@@ -339,18 +340,6 @@ class DataLoader:
         """Stop the workers now (also done by ``with`` and garbage collection)."""
         self._close_current()
         self._stop_engine()
-
-    def __enter__(self) -> DataLoader:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.shutdown()
-
-    def __del__(self) -> None:
-        try:
-            self.shutdown()
-        except Exception:  # interpreter shutdown: modules may be gone
-            pass
 
     def __repr__(self) -> str:
         return (

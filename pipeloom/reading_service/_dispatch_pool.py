@@ -63,10 +63,7 @@ class DispatchPool:
             ProcessQueue(max_results + 2, owner="consumer") for _ in range(self.num_batch_workers)
         ]
         links = [
-            [
-                ProcessQueue(_LINK_CAPACITY)
-                for _ in range(self.num_batch_workers)
-            ]
+            [ProcessQueue(_LINK_CAPACITY) for _ in range(self.num_batch_workers)]
             for _ in range(num_item_workers)
         ]
         self._processes: list[tuple[str, Any]] = []
