@@ -14,7 +14,7 @@ Example:
     [[0, 1], [2, 3], [4]]
 """
 
-from ._args import STRATEGIES, available_strategies
+from ._args import STRATEGIES
 from ._loader import ITERABLE_STRATEGY, MAP_STYLE_STRATEGY, DataLoader, build_map_pipeline
 
 __all__ = [
@@ -22,6 +22,5 @@ __all__ = [
     "ITERABLE_STRATEGY",
     "MAP_STYLE_STRATEGY",
     "STRATEGIES",
-    "available_strategies",
     "build_map_pipeline",
 ]

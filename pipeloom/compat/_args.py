@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 import multiprocessing
 import multiprocessing.context
 from typing import Any
 
 import torch
 import torch.utils.data
-
-from ..reading_service import MultiProcessingReadingService
 
 __all__ = [
     "STRATEGIES",
@@ -176,35 +173,17 @@ def check_dataset_args(
 
 
 def service_strategy_kwargs(
-    strategy: str, num_batch_workers: int | None, chunk_size: int | None, *, explicit: bool
+    strategy: str, num_batch_workers: int | None, chunk_size: int | None
 ) -> dict[str, Any]:
     """The strategy arguments to pass to ``MultiProcessingReadingService``.
 
-    Only what differs from the service's defaults (or what the user asked for)
-    is passed, so this works before and after a service gains an argument.
+    Example:
+        >>> service_strategy_kwargs("chunked", None, 4)
+        {'strategy': 'chunked', 'chunk_size': 4}
     """
-    params = inspect.signature(MultiProcessingReadingService).parameters
-    wanted: dict[str, Any] = {}
-    if explicit or strategy != "classic":
-        wanted["strategy"] = strategy
+    kwargs: dict[str, Any] = {"strategy": strategy}
     if num_batch_workers is not None:
-        wanted["num_batch_workers"] = num_batch_workers
+        kwargs["num_batch_workers"] = num_batch_workers
     if chunk_size is not None:
-        wanted["chunk_size"] = chunk_size
-    kwargs = {}
-    for name, value in wanted.items():
-        if name in params:
-            kwargs[name] = value
-        elif not (name == "strategy" and value == "classic"):
-            raise ValueError(
-                f"{name}={value!r} needs a MultiProcessingReadingService with a {name} "
-                f"argument, which this version of pipeloom does not have yet; use "
-                f"strategy='classic' (torch's design) and drop {name}"
-            )
+        kwargs["chunk_size"] = chunk_size
     return kwargs
-
-
-def available_strategies() -> tuple[str, ...]:
-    """The strategies this version's ``MultiProcessingReadingService`` runs."""
-    params = inspect.signature(MultiProcessingReadingService).parameters
-    return STRATEGIES if "strategy" in params else ("classic",)

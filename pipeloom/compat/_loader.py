@@ -211,9 +211,7 @@ class DataLoader(ShutsDown):
         self._auto_collation = auto_collation
         self._own_batch_sampler = own_batch_sampler
         self._strategy_kwargs: dict[str, Any] = (
-            service_strategy_kwargs(
-                resolved_strategy, num_batch_workers, chunk_size, explicit=strategy is not None
-            )
+            service_strategy_kwargs(resolved_strategy, num_batch_workers, chunk_size)
             if num_workers > 0 and worker_type == "process"
             else {}
         )

@@ -25,9 +25,7 @@ from compat.compat_cases import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom.compat import DataLoader, available_strategies
-
-STRATEGIES = available_strategies()
+from pipeloom.compat import STRATEGIES, DataLoader
 
 
 @settings(max_examples=60, deadline=None)

@@ -81,13 +81,12 @@ def test_map_style_default_strategy_is_one_constant():
     assert DataLoader(Range(0, 2), num_workers=1).strategy == "classic"
 
 
-def test_strategy_is_passed_to_the_service_only_when_it_has_the_argument():
-    params = inspect.signature(MultiProcessingReadingService).parameters
-    if "strategy" in params:
-        pytest.skip("this service has strategies; the parametrized batch tests cover them")
-    with pytest.raises(ValueError, match="does not have yet; use strategy='classic'"):
-        DataLoader(Items(2), num_workers=1, strategy="economic")
-    assert DataLoader(Items(2), num_workers=1, strategy="classic")._strategy_kwargs == {}
+def test_strategy_arguments_reach_the_service():
+    loader = DataLoader(Items(8), batch_size=4, num_workers=2, strategy="chunked", chunk_size=2)
+    assert loader._strategy_kwargs == {"strategy": "chunked", "chunk_size": 2}
+    service = loader._build_service()
+    assert (service.strategy, service.chunk_size) == ("chunked", 2)
+    assert len(list(loader)) == 2
 
 
 @pytest.mark.parametrize("service", ["in-process", "threads", "processes"])
