@@ -88,9 +88,9 @@ class DataLoader(ShutsDown):
 
     Extra arguments (keyword only):
         strategy: ``"classic"`` (each worker builds whole batches, torch's
-            design), ``"economic"`` or ``"chunked"`` where this pipeloom's
-            ``MultiProcessingReadingService`` has them. Default: see
-            ``MAP_STYLE_STRATEGY``; iterable datasets use ``"classic"``.
+            design), ``"economic"`` or ``"chunked"`` (see
+            ``MultiProcessingReadingService``). Default: ``"economic"`` for
+            map-style datasets with ``batch_size``, else ``"classic"``.
         num_batch_workers, chunk_size: passed to the service's strategy.
         worker_type: ``"process"`` (default) or ``"thread"`` workers.
 
