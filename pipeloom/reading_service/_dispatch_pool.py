@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing.connection
-import signal
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,15 +11,15 @@ from ..errors import NotAvailable, QueueError, WorkerError
 from ..events import FdReadiness, ReadinessSource
 from ..queues import ProcessQueue
 from ._dispatch_workers import batch_worker_main, item_worker_main
+from ._process_exit import describe_exit, join_or_kill
 
-__all__ = ["DispatchPool", "describe_exit"]
+__all__ = ["DispatchPool"]
 
 # Items in flight on one item worker -> batch worker link. The link's producer
 # keeps freed segments for reuse (a fresh segment costs a page fault per 4 KiB,
 # ~120 ms per 128 MiB here, more than the copy itself); what it keeps is bounded
 # by the items in flight, which the main process bounds by prefetch_factor.
 _LINK_CAPACITY = 4
-_STOP_GRACE = 1.0  # seconds workers get to exit after "stop" before they are killed
 
 
 class DispatchPool:
@@ -176,16 +174,6 @@ class DispatchPool:
         self._finalizer()
 
 
-def describe_exit(code: int) -> str:
-    """``"was killed by signal SIGKILL"`` or ``"exited with code 1"``."""
-    if code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 def _stop(
     processes: list[tuple[str, Any]], senders: list[ProcessQueue], receivers: list[ProcessQueue]
 ) -> None:
@@ -196,10 +184,4 @@ def _stop(
             pass  # full or broken: the worker is killed below if it does not exit
     for queue in senders + receivers:
         queue.close()
-    deadline = time.monotonic() + _STOP_GRACE
-    for _, process in processes:  # one shared grace period
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-    for _, process in processes:
-        if process.exitcode is None:
-            process.kill()
-            process.join(timeout=5)
+    join_or_kill([process for _, process in processes])

@@ -51,7 +51,6 @@ class _Unit:
     batch_worker: int
     positions: list[int] = field(default_factory=list)
     item_workers: list[int] = field(default_factory=list)
-    closed: bool = False
 
 
 class Dispatcher(IterDataPipe):
@@ -248,7 +247,6 @@ class Dispatcher(IterDataPipe):
             if unit.batch_worker != MAIN:
                 self._batch_load[unit.batch_worker] -= 1
             return
-        unit.closed = True
         if self.per_item_tasks:
             self._flush(unit)
             self._pool.send_control(

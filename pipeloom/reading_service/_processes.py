@@ -6,7 +6,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ from ._in_process import InProcessReadingService, drain
 from ._merge import END, WorkerMerge, tail_state
 from ._pickling import dumps_pipeline, loads_pipeline
 from ._plan import WorkerPlan, root_epoch_seed
+from ._process_exit import describe_exit, join_or_kill
 from ._split import split_for_workers, start_main_epoch
 from ._worker_info import WorkerInfo, set_process_worker_info
 from ._worker_loop import (
@@ -311,15 +311,7 @@ class _ProcessChannel:
 
     def _raise_died(self, cause: BaseException | None = None) -> None:
         code = self.process.exitcode
-        if code is not None and code < 0:
-            try:
-                how = f"was killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-        elif code is not None:
-            how = f"exited with code {code}"
-        else:
-            how = "closed its queue"
+        how = "closed its queue" if code is None else describe_exit(code)
         raise WorkerError(
             f"{self.label} {how} before finishing its epoch; if it ran out of memory, "
             f"lower prefetch_factor or num_workers",
@@ -390,9 +382,6 @@ class _WorkerPool:
         self._finalizer()
 
 
-_STOP_GRACE = 1.0  # seconds a worker gets to finish after "stop" before it is killed
-
-
 def _stop_processes(channels: list[_ProcessChannel], controls: list[Any]) -> None:
     for control in controls:
         try:
@@ -402,13 +391,7 @@ def _stop_processes(channels: list[_ProcessChannel], controls: list[Any]) -> Non
         control.close()
     for channel in channels:
         channel.queue.close()
-    deadline = time.monotonic() + _STOP_GRACE
-    for channel in channels:  # one shared grace period, not one per worker
-        channel.process.join(timeout=max(0.0, deadline - time.monotonic()))
-    for channel in channels:
-        if channel.process.exitcode is None:  # stuck in user code: it cannot hear "stop"
-            channel.process.kill()
-            channel.process.join(timeout=5)
+    join_or_kill([channel.process for channel in channels])
 
 
 def _worker_main(
