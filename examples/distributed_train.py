@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 
     service = SequentialReadingService(
         DistributedReadingService(timeout=60),
-        MultiProcessingReadingService(args.workers),
+        # forkserver: never fork a process that runs gloo's threads (see docs/distributed.md)
+        MultiProcessingReadingService(args.workers, start_method="forkserver"),
     )
     loader = pipeloom.DataLoader(build_pipeline(args.samples, args.batch_size), service)
     model = DistributedDataParallel(torch.nn.Linear(FEATURES, 1))

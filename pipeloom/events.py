@@ -4,7 +4,10 @@ A consumer that got ``NotAvailable`` sleeps on a :class:`Waiter` until one of
 the readiness sources it is attached to reports progress. Nothing here polls:
 threads wake a waiter through a :class:`Signal`; file descriptors (pipes,
 sockets, eventfds of other processes) are watched with a selector through
-:class:`FdReadiness`.
+:class:`FdReadiness`. On Linux the selector is edge-triggered: an fd wakes the
+waiter when it *becomes* readable (new data, a hang-up), so data a consumer
+chose to leave unread for now (e.g. a worker that is ahead of the one whose
+item comes next) does not wake it again and again.
 
 Example:
     >>> signal, waiter = Signal(), Waiter()
@@ -18,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import threading
 import weakref
@@ -38,7 +42,7 @@ class Waiter:
         self._cond = threading.Condition(threading.Lock())
         self._generation = 0
         self._fd_refs: dict[int, int] = {}
-        self._selector: selectors.BaseSelector | None = None
+        self._selector: _Selector | None = None
         self._wake_fds: tuple[int, int] | None = None
         self._selecting = 0
         self._finalizer: weakref.finalize | None = None
@@ -57,9 +61,10 @@ class Waiter:
                 os.write(self._wake_fds[1], b"\x00\x00\x00\x00\x00\x00\x00\x01")
 
     def wait(self, seen_generation: int, timeout: float | None = None) -> bool:
-        """Sleep until woken after ``seen_generation`` or an fd is readable.
+        """Sleep until woken after ``seen_generation`` or a watched fd became readable.
 
-        Returns False only when ``timeout`` (seconds) expired first.
+        Returns False only when ``timeout`` (seconds) expired first. A wake-up
+        means "try again", never "an item is there": callers loop.
         """
         if not self._fd_refs:
             with self._cond:
@@ -73,14 +78,13 @@ class Waiter:
             self._selecting += 1
         assert self._selector is not None and self._wake_fds is not None
         try:
-            events = self._selector.select(timeout)
+            ready = self._selector.select(timeout)
         finally:
             with self._cond:
                 self._selecting -= 1
-        for key, _ in events:
-            if key.fd == self._wake_fds[0]:
-                _drain(key.fd)
-        return bool(events) or self._generation != seen_generation
+        if self._wake_fds[0] in ready:
+            _drain(self._wake_fds[0])
+        return bool(ready) or self._generation != seen_generation
 
     def watch_fd(self, fd: int) -> None:
         """Also return from :meth:`wait` when ``fd`` becomes readable."""
@@ -89,13 +93,13 @@ class Waiter:
                 self._fd_refs[fd] += 1
                 return
             if self._selector is None:
-                self._selector = selectors.DefaultSelector()
+                self._selector = _Selector()
                 self._wake_fds = _make_wake_fds()
-                self._selector.register(self._wake_fds[0], selectors.EVENT_READ)
+                self._selector.register(self._wake_fds[0])
                 self._finalizer = weakref.finalize(
                     self, _close_selector, self._selector, self._wake_fds
                 )
-            self._selector.register(fd, selectors.EVENT_READ)
+            self._selector.register(fd)
             self._fd_refs[fd] = 1
 
     def unwatch_fd(self, fd: int) -> None:
@@ -107,15 +111,60 @@ class Waiter:
             elif count == 1:
                 del self._fd_refs[fd]
                 assert self._selector is not None
-                try:
-                    self._selector.unregister(fd)
-                except (KeyError, ValueError):
-                    pass
+                self._selector.unregister(fd)
 
     def close(self) -> None:
         """Release the file descriptors this waiter opened."""
         if self._finalizer is not None:
             self._finalizer()
+
+
+class _Selector:
+    """Watches fds for readability: edge-triggered epoll on Linux, else a selector.
+
+    Edge-triggered, an fd is reported once each time it becomes readable
+    (each arrival on a socket, each write to an eventfd, a peer's exit), and
+    at registration if it already is; a level-triggered selector would report
+    unread data on every call, a busy loop for a consumer that leaves it.
+    """
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._fallback = selectors.DefaultSelector() if self._epoll is None else None
+
+    def register(self, fd: int) -> None:
+        if self._epoll is not None:
+            self._epoll.register(fd, select.EPOLLIN | select.EPOLLET)
+        else:  # pragma: no cover - non-Linux
+            assert self._fallback is not None
+            self._fallback.register(fd, selectors.EVENT_READ)
+
+    def unregister(self, fd: int) -> None:
+        try:
+            if self._epoll is not None:
+                self._epoll.unregister(fd)
+            else:  # pragma: no cover - non-Linux
+                assert self._fallback is not None
+                self._fallback.unregister(fd)
+        except (KeyError, ValueError, OSError):  # already closed (epoll dropped it)
+            pass
+
+    def select(self, timeout: float | None) -> set[int]:
+        """The fds that became readable, waiting up to ``timeout`` seconds."""
+        if self._epoll is not None:
+            try:
+                wait = -1 if timeout is None else max(0.0, timeout)
+                return {fd for fd, _ in self._epoll.poll(wait)}
+            except InterruptedError:  # pragma: no cover - PEP 475 retries; be safe
+                return set()
+        assert self._fallback is not None  # pragma: no cover - non-Linux
+        return {key.fd for key, _ in self._fallback.select(timeout)}  # pragma: no cover
+
+    def close(self) -> None:
+        if self._epoll is not None:
+            self._epoll.close()
+        elif self._fallback is not None:  # pragma: no cover - non-Linux
+            self._fallback.close()
 
 
 def _make_wake_fds() -> tuple[int, int]:
@@ -135,7 +184,7 @@ def _drain(fd: int) -> None:
         pass
 
 
-def _close_selector(selector: selectors.BaseSelector, wake_fds: tuple[int, int]) -> None:
+def _close_selector(selector: _Selector, wake_fds: tuple[int, int]) -> None:
     selector.close()
     for fd in set(wake_fds):
         os.close(fd)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -407,12 +408,14 @@ class BlockingReader:
         except NotAvailable:
             pass
         waiter = self._attach()
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             seen = waiter.generation
             try:
                 return fn(*args)
             except NotAvailable:
-                if not waiter.wait(seen, timeout):
+                left = None if deadline is None else deadline - time.monotonic()
+                if (left is not None and left <= 0) or not waiter.wait(seen, left):
                     raise TimeoutError(f"no item from {self.pipe!r} within {timeout} s") from None
 
     def _attach(self) -> Waiter:

@@ -58,11 +58,11 @@ class ConsumerEnd:
                 return item
             if not block:
                 return EMPTY
-            ready = wait_readable(self._fds, deadline.remaining())
-            if not ready and deadline.expired():
+            if deadline.expired():  # checked after each try: a wake-up is not an item
                 raise TimeoutError(
                     f"ProcessQueue.get() timed out after {deadline.timeout}s: no item arrived"
                 )
+            ready = wait_readable(self._fds, deadline.remaining())
 
     def try_get(self, check_peer: bool = True) -> Any:
         """The next item, or EMPTY; raises QueueError once closed/broken and drained.

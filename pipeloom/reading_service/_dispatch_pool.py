@@ -11,7 +11,7 @@ from ..errors import NotAvailable, QueueError, WorkerError
 from ..events import FdReadiness, ReadinessSource
 from ..queues import ProcessQueue
 from ._dispatch_workers import batch_worker_main, item_worker_main
-from ._process_exit import describe_exit, join_or_kill
+from ._process_exit import describe_exit, exit_code, join_or_kill
 
 __all__ = ["DispatchPool"]
 
@@ -157,7 +157,7 @@ class DispatchPool:
         if wait:
             multiprocessing.connection.wait([p.sentinel for _, p in self._processes], wait)
         for name, process in self._processes:
-            if process.exitcode is not None:
+            if exit_code(process) is not None:
                 label = f"{name} (pid {process.pid})"
                 raise WorkerError(
                     f"{label} {describe_exit(process.exitcode)} before finishing its epoch; "

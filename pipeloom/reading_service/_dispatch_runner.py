@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import math
-import multiprocessing
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +25,7 @@ from ._merge import load_tail_state, tail_state
 from ._pickling import dumps_pipeline
 from ._plan import plan_workers
 from ._separate import split_separate_processes
+from ._start import worker_context
 
 __all__ = ["DispatchRunner"]
 
@@ -96,7 +96,7 @@ class DispatchRunner:
         )
         self._max_units = max_units
         self._max_tasks = max_units * (unit_size if self.strategy == "economic" else 1)
-        forked = multiprocessing.get_context(self.start_method).get_start_method() == "fork"
+        forked = worker_context(self.start_method).get_start_method() == "fork"
         item_chain, batch_chain = _worker_chains(plan)
         self._item_payload = item_chain if forked else dumps_pipeline(item_chain)
         self._batch_payload: Any = None
@@ -144,7 +144,7 @@ class DispatchRunner:
     def _start_pool(self) -> DispatchPool:
         plan = self._plan
         return DispatchPool(
-            multiprocessing.get_context(self.start_method),
+            worker_context(self.start_method),
             item_payload=self._item_payload,
             batch_payload=self._batch_payload,
             num_item_workers=self.num_workers,

@@ -7,9 +7,27 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["STOP_GRACE", "describe_exit", "join_or_kill"]
+from ..queues._peer import is_readable
+
+__all__ = ["STOP_GRACE", "describe_exit", "exit_code", "join_or_kill"]
 
 STOP_GRACE = 1.0  # seconds workers get to exit after "stop" before they are killed
+EXIT_GRACE = 5.0  # seconds an exiting process (its sentinel fired) gets to be reaped
+
+
+def exit_code(process: Any) -> int | None:
+    """``process.exitcode``, waiting for it once the process's sentinel has fired.
+
+    The sentinel becomes readable as the exiting process's files close, a
+    moment before its exit status is published. Its edge wakes a waiter once:
+    reading ``exitcode`` right then could say "running", and the waiter would
+    sleep on a sentinel that never fires again.
+    """
+    code = process.exitcode
+    if code is None and is_readable(process.sentinel):
+        process.join(EXIT_GRACE)
+        code = process.exitcode
+    return code
 
 
 def describe_exit(code: int) -> str:

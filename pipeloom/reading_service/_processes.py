@@ -27,8 +27,9 @@ from ._in_process import InProcessReadingService, drain
 from ._merge import END, WorkerMerge, tail_state
 from ._pickling import dumps_pipeline, loads_pipeline
 from ._plan import WorkerPlan, root_epoch_seed
-from ._process_exit import describe_exit, join_or_kill
+from ._process_exit import describe_exit, exit_code, join_or_kill
 from ._split import split_for_workers, start_main_epoch
+from ._start import worker_context
 from ._worker_info import WorkerInfo, set_process_worker_info
 from ._worker_loop import (
     EpochCancelled,
@@ -181,7 +182,7 @@ class MultiProcessingReadingService(ReadingService):
         self._part = part
         self._main, self._merge, self._separate = part.pipeline, part.merge, part.separate
         self._plan = plan
-        context = multiprocessing.get_context(self.start_method)
+        context = worker_context(self.start_method)
         self._payload: Any = plan.exit
         if context.get_start_method() != "fork":
             self._payload = dumps_pipeline(plan.exit)
@@ -287,7 +288,7 @@ class _ProcessChannel:
         try:
             return self.queue.get(block=False)
         except NotAvailable:
-            if self.process.exitcode is not None:
+            if exit_code(self.process) is not None:
                 self._raise_died()
             self._check_others()
             raise
@@ -296,14 +297,13 @@ class _ProcessChannel:
             self._raise_died(error)
 
     def _check_others(self) -> None:
-        """Raise if another worker was killed: its sentinel, readable from now on, wakes the
-        merge (which asks only this worker, the owner of the next position) at once on every
-        wait, so without this the main process would spin until this worker sends an item.
+        """Raise if another worker was killed: its sentinel wakes the merge once, but the
+        merge asks only this worker (the owner of the next position), so without this it
+        would wait for this worker's next item before noticing the death.
         A clean exit (code 0, e.g. after sending a worker_init_fn failure) is left to the merge.
         """
         for other in self.pool:
-            code = other.process.exitcode
-            if other is not self and code is not None and code != 0:
+            if other is not self and exit_code(other.process) not in (None, 0):
                 other._raise_died()
 
     def readiness(self) -> Sequence[ReadinessSource]:
@@ -325,7 +325,7 @@ class _WorkerPool:
     def __init__(self, service: MultiProcessingReadingService) -> None:
         plan = service._plan
         assert plan is not None
-        context: Any = multiprocessing.get_context(service.start_method)
+        context: Any = worker_context(service.start_method)
         count = service.num_workers
         seed = plan.exit._pl_seed or 0
         self.channels: list[_ProcessChannel] = []

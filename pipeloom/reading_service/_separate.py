@@ -8,7 +8,6 @@ queue, so item stamps (and ``item_rng()``) are the same as in-process.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import weakref
@@ -26,6 +25,8 @@ from ..queues import ProcessQueue
 from ._failure import Failure
 from ._merge import END
 from ._pickling import dumps_pipeline, loads_pipeline
+from ._process_exit import exit_code
+from ._start import worker_context
 from ._worker_loop import produce_epoch
 
 __all__ = ["SeparateProcessReader", "split_separate_processes"]
@@ -66,7 +67,7 @@ class SeparateProcessReader(IterDataPipe):
 
     def __init__(self, block: IterDataPipe, *, start_method: str | None, prefetch: int) -> None:
         self.block_repr = repr(block)
-        context: Any = multiprocessing.get_context(start_method)
+        context: Any = worker_context(start_method)
         self._context = context
         self._payload: Any = (
             block if context.get_start_method() == "fork" else dumps_pipeline(block)
@@ -107,7 +108,7 @@ class SeparateProcessReader(IterDataPipe):
         try:
             message = self._queue.get(block=False)
         except NotAvailable:
-            if self._process.exitcode is not None:
+            if exit_code(self._process) is not None:
                 self._raise_died(None)
             raise
         except QueueError as error:

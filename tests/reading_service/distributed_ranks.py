@@ -141,9 +141,11 @@ def partition(rank: int, world: int, event: Any) -> dict[str, Any]:
 
 
 def _mp(workers: int) -> MultiProcessingReadingService:
-    # A spawned rank's default start method is spawn (slow: each worker imports torch);
-    # torchrun's ranks are plain processes whose default, on Linux, is fork.
-    return MultiProcessingReadingService(workers, start_method="fork", timeout=20)
+    # Not fork: a rank runs gloo's threads, and a child forked from a multithreaded
+    # process can deadlock before it runs any Python (seen here, rarely, under load).
+    # The fork server is started once per rank with pipeloom preloaded, so each
+    # worker starts in a fraction of a second (spawn would import torch in each).
+    return MultiProcessingReadingService(workers, start_method="forkserver", timeout=20)
 
 
 def _batched():

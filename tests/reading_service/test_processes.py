@@ -190,3 +190,42 @@ def test_persistent_workers_survive_a_tail_that_stops_early():
     with DataLoader(pipe(), service, seed=0) as loader:
         assert list(loader) == list(range(7))
         assert list(loader) == list(range(7))  # no leftovers of the abandoned epoch
+
+
+def _slow_first(x):
+    if x == 0:
+        threading.Event().wait(0.5)  # worker 0 owns position 0; worker 1 runs ahead
+    return x
+
+
+def test_the_merge_sleeps_while_a_worker_that_is_ahead_has_unread_items(monkeypatch):
+    from pipeloom.reading_service import _processes
+
+    calls = [0]
+    get_nowait = _processes._ProcessChannel.get_nowait
+
+    def counting(self):
+        calls[0] += 1
+        return get_nowait(self)
+
+    monkeypatch.setattr(_processes._ProcessChannel, "get_nowait", counting)
+    pipe = IterableWrapper(range(8)).sharding_filter().map(_slow_first)
+    with DataLoader(pipe, MultiProcessingReadingService(2, start_method="fork"), seed=0) as loader:
+        assert list(loader) == list(range(8))
+    # Worker 1's items sit unread for 0.5 s: a merge that woke on unread data
+    # would ask worker 0 thousands of times; one that sleeps asks a few times
+    # per item sent.
+    assert calls[0] < 60, calls[0]
+
+
+def test_a_fork_server_is_asked_to_preload_pipeloom():
+    from multiprocessing import forkserver
+
+    from pipeloom.reading_service._start import PRELOAD, worker_context
+
+    context = worker_context("forkserver")
+    assert context.get_start_method() == "forkserver"
+    modules = forkserver._forkserver._preload_modules
+    assert PRELOAD in modules and "__main__" in modules  # the default stays
+    worker_context("forkserver")
+    assert forkserver._forkserver._preload_modules.count(PRELOAD) == 1
