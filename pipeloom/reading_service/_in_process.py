@@ -48,7 +48,7 @@ class InProcessReadingService(ReadingService):
         if self._outer != (1, 0):  # keep one shard, in place: this thread runs the pipeline
             # Cut as the worker services do (runs of batch_size positions when batches
             # would be built in workers), so a rank's items do not depend on its service.
-            plan = plan_workers(pipeline)
+            plan = plan_workers(pipeline, refuse_separate=False)  # the marks are ignored here
             apply_sharding(plan.exit, plan.root_indices, 1, 0, plan.group_size, self._outer)
         self._pipeline = pipeline
 

@@ -65,12 +65,18 @@ class WorkerPlan:
         )
 
 
-def plan_workers(pipeline: IterDataPipe, *, batches_in_workers: bool = True) -> WorkerPlan:
+def plan_workers(
+    pipeline: IterDataPipe, *, batches_in_workers: bool = True, refuse_separate: bool = True
+) -> WorkerPlan:
     """Find the worker part of ``pipeline`` (see the module docstring).
+
+    ``refuse_separate=False`` lets blocks marked ``is_separate_process()`` be in
+    the worker part: for a caller that runs everything in one thread anyway.
 
     Raises:
         ValueError: no sharding point, several sharding points on separate
-            branches, or a worker part with several exits.
+            branches, a worker part with several exits, or (``refuse_separate``)
+            a block marked ``is_separate_process()`` in the worker part.
     """
     graph = traverse(pipeline)
     nodes = graph.nodes
@@ -81,11 +87,12 @@ def plan_workers(pipeline: IterDataPipe, *, batches_in_workers: bool = True) -> 
         if runs_on_a_shard and block.parents and all(id(p) in in_workers for p in block.parents):
             in_workers.add(id(block))
     marked = [n for n in nodes if id(n) in in_workers and n.is_separate_process()]
-    if marked:
+    if marked and refuse_separate:
         raise ValueError(
             f"{marked[0]!r} asks for a separate process, but it is in the part of the pipeline "
             f"that every worker replicates; a separate process can only serve one consumer. "
-            f"Drop the mark, or move the block after the per-item work"
+            f"Drop the mark, or mark a block on a branch that the workers neither run nor "
+            f"feed (e.g. a side stream zipped with their output)"
         )
     exit_block = _single_exit(graph, in_workers)
     group_size = 1

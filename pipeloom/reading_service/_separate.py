@@ -25,7 +25,7 @@ from ..queues import ProcessQueue
 from ._failure import Failure
 from ._merge import END
 from ._pickling import dumps_pipeline, loads_pipeline
-from ._process_exit import exit_code
+from ._process_exit import describe_exit, exit_code
 from ._start import worker_context
 from ._worker_loop import produce_epoch
 
@@ -53,8 +53,9 @@ def split_separate_processes(
         if forbidden is not None and any(b is forbidden for b in upstream):
             raise ValueError(
                 f"{block!r} asks for a separate process, but it reads the workers' output, "
-                f"which only the main process can receive; mark a block upstream of the "
-                f"sharding point, or drop the mark and let the workers run it"
+                f"which only the main process can receive. Drop the mark, or mark a block on a "
+                f"branch that the workers neither run nor feed (e.g. a side stream zipped with "
+                f"their output)"
             )
         reader = SeparateProcessReader(block, start_method=start_method, prefetch=prefetch)
         main = replace(main, block, reader)  # type: ignore[assignment]
@@ -125,9 +126,9 @@ class SeparateProcessReader(IterDataPipe):
     def _raise_died(self, cause: BaseException | None) -> None:
         self._process.join(timeout=5)
         code = self._process.exitcode
+        how = "closed its queue" if code is None else describe_exit(code)
         raise WorkerError(
-            f"the separate process of {self.block_repr} (pid {self._process.pid}) exited with "
-            f"{'signal ' + signal.Signals(-code).name if code and code < 0 else f'code {code}'}",
+            f"the separate process of {self.block_repr} (pid {self._process.pid}) {how}",
             worker=f"separate process {self._process.pid}",
             block=self.block_repr,
         ) from cause
