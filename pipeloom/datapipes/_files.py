@@ -32,6 +32,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
+from .._validate import check_index, check_int
 from ._base import IterDataPipe
 from ._compact import CompactStringList
 from ._context import stamp_item
@@ -235,10 +236,8 @@ class StreamOpener(IterDataPipe):
         return True
 
     def sharding_settings(self, total: int, index: int) -> None:
-        if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-            raise ValueError(f"total must be an int >= 1, got {total!r}")
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
-            raise ValueError(f"index must be an int in [0, {total}), got {index!r}")
+        check_int("total", total, minimum=1)
+        check_index("index", index, total)
         self._total, self._index = total, index
 
     def async_next(self) -> tuple[str, IO[Any]]:

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from typing import IO, Any
 
+from .._validate import check_int, check_seconds
 from ._base import IterDataPipe
 from ._files import StreamOpener
 
@@ -56,14 +57,9 @@ class HttpReader(StreamOpener):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(source)
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-        ):
-            raise ValueError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries must be an int >= 0, got {retries!r}; use 0 for no retry")
-        if isinstance(backoff, bool) or not isinstance(backoff, (int, float)) or backoff < 0:
-            raise ValueError(f"backoff must be a number of seconds >= 0, got {backoff!r}")
+        check_seconds("timeout", timeout, allow_none=True)
+        check_int("retries", retries, minimum=0, hint="use 0 for no retry")
+        check_seconds("backoff", backoff, zero_ok=True)
         if headers is not None and not (
             isinstance(headers, dict)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())

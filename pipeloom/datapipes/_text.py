@@ -20,16 +20,11 @@ import itertools
 from collections.abc import Iterator
 from typing import IO, Any
 
+from .._validate import check_bool, check_int
 from ._base import IterDataPipe
 from ._files import StreamReader
 
 __all__ = ["CSVParser", "LineReader"]
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
 
 
 class LineReader(StreamReader):
@@ -51,8 +46,8 @@ class LineReader(StreamReader):
         self, source: IterDataPipe, *, strip_newline: bool = True, return_path: bool = True
     ) -> None:
         super().__init__(source)
-        self.strip_newline = _check_bool("strip_newline", strip_newline)
-        self.return_path = _check_bool("return_path", return_path)
+        self.strip_newline = check_bool("strip_newline", strip_newline)
+        self.return_path = check_bool("return_path", return_path)
 
     def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[Any]:
         lines = itertools.islice(stream, skip, None)
@@ -95,12 +90,11 @@ class CSVParser(StreamReader):
         super().__init__(source)
         if not isinstance(delimiter, str) or len(delimiter) != 1:
             raise ValueError(f"delimiter must be a 1-character string, got {delimiter!r}")
-        if isinstance(skip_lines, bool) or not isinstance(skip_lines, int) or skip_lines < 0:
-            raise ValueError(f"skip_lines must be an int >= 0, got {skip_lines!r}")
+        check_int("skip_lines", skip_lines, minimum=0)
         self.delimiter = delimiter
         self.skip_lines = skip_lines
-        self.as_dict = _check_bool("as_dict", as_dict)
-        self.return_path = _check_bool("return_path", return_path)
+        self.as_dict = check_bool("as_dict", as_dict)
+        self.return_path = check_bool("return_path", return_path)
 
     def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[Any]:
         text = (

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch.utils.data
 
+from .._validate import check_index, check_int
 from ._base import DataPipe, IterDataPipe, MapDataPipe
 from ._context import stamp_item
 
@@ -186,9 +187,7 @@ class MapToIter(IterDataPipe):
 
     def set_shard_group_size(self, group_size: int) -> None:
         """Give runs of ``group_size`` consecutive indices to the same shard."""
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-            raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
-        self.group_size = group_size
+        self.group_size = check_int("group_size", group_size, minimum=1)
 
     def reset(self) -> None:
         self._index = self._first_index_from(0)
@@ -256,10 +255,8 @@ class MapToIter(IterDataPipe):
 
 
 def _check_shard(total: int, index: int) -> None:
-    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-        raise ValueError(f"the number of shards must be an int >= 1, got {total!r}")
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
-        raise ValueError(f"the shard index must be an int in [0, {total}), got {index!r}")
+    check_int("the number of shards", total, minimum=1)
+    check_index("the shard index", index, total)
 
 
 def as_datapipe(source: Any) -> DataPipe:

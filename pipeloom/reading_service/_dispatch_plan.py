@@ -24,6 +24,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from .._validate import check_choice, check_int
 from ..datapipes import DataPipe, IterDataPipe, traverse_roots
 from ..datapipes._batch import Batcher
 from ..graph import Placement, traverse
@@ -135,10 +136,7 @@ def check_strategy_args(
     strategy: Any, prefetch_factor: int, num_batch_workers: Any, chunk_size: Any, in_order: bool
 ) -> None:
     """Explain strategy arguments that cannot work (see ``MultiProcessingReadingService``)."""
-    if strategy not in STRATEGIES:
-        raise ValueError(
-            f"strategy must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}"
-        )
+    check_choice("strategy", strategy, STRATEGIES)
     _check_option("num_batch_workers", num_batch_workers, strategy, "economic")
     _check_option("chunk_size", chunk_size, strategy, "chunked")
     if num_batch_workers is not None and num_batch_workers > prefetch_factor:
@@ -163,5 +161,4 @@ def _check_option(name: str, value: Any, strategy: str, owner: str) -> None:
             f"{name} only applies to strategy={owner!r}, got it with strategy={strategy!r}; "
             f"drop it or use strategy={owner!r}"
         )
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    check_int(name, value, minimum=1)

@@ -6,6 +6,7 @@ import datetime
 from collections.abc import Iterator
 from typing import Any
 
+from .._validate import check_choice, check_seconds
 from ..datapipes import IterDataPipe
 from ..errors import StateError
 from ..graph import Placement
@@ -63,16 +64,11 @@ class DistributedReadingService(ReadingService):
         timeout: float | datetime.timedelta = 300.0,
         group: Any = None,
     ) -> None:
-        if uneven not in _UNEVEN:
-            raise ValueError(f"uneven must be one of {_UNEVEN}, got {uneven!r}")
-        if end_check not in _END_CHECKS:
-            raise ValueError(f"end_check must be one of {_END_CHECKS}, got {end_check!r}")
+        check_choice("uneven", uneven, _UNEVEN)
+        check_choice("end_check", end_check, _END_CHECKS)
         if isinstance(timeout, datetime.timedelta):
             timeout = timeout.total_seconds()
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise ValueError(
-                f"timeout must be a number of seconds > 0 or a datetime.timedelta, got {timeout!r}"
-            )
+        check_seconds("timeout", timeout, also="a datetime.timedelta")
         self.uneven = uneven
         self.end_check = end_check
         self.timeout = timeout

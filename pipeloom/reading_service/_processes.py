@@ -13,6 +13,7 @@ from typing import Any
 import numpy.random  # noqa: F401 - see _PREIMPORTED below
 import torch
 
+from .._validate import check_bool, check_callable, check_choice, check_int, check_seconds
 from ..datapipes import IterDataPipe, upstream_blocks
 from ..datapipes._context import restore_stamp
 from ..errors import NotAvailable, QueueError, WorkerError
@@ -113,18 +114,17 @@ class MultiProcessingReadingService(ReadingService):
         num_batch_workers: int | None = None,
         chunk_size: int | None = None,
     ) -> None:
-        _check_int("num_workers", num_workers, 0, "use 0 to load in the calling thread")
-        _check_int("prefetch_factor", prefetch_factor, 1, "it counts outputs per worker")
+        check_int("num_workers", num_workers, minimum=0, hint="use 0 to load in the calling thread")
+        check_int(
+            "prefetch_factor", prefetch_factor, minimum=1, hint="it counts outputs per worker"
+        )
+        check_bool("persistent_workers", persistent_workers)
+        check_bool("in_order", in_order)
         check_strategy_args(strategy, prefetch_factor, num_batch_workers, chunk_size, in_order)
-        if start_method is not None and start_method not in multiprocessing.get_all_start_methods():
-            raise ValueError(
-                f"start_method must be one of {multiprocessing.get_all_start_methods()} or None, "
-                f"got {start_method!r}"
-            )
-        if worker_init_fn is not None and not callable(worker_init_fn):
-            raise TypeError(f"worker_init_fn must be callable, got {type(worker_init_fn).__name__}")
-        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
+        choices = multiprocessing.get_all_start_methods()
+        check_choice("start_method", start_method, choices, allow_none=True)
+        check_callable("worker_init_fn", worker_init_fn, allow_none=True)
+        check_seconds("timeout", timeout, allow_none=True)
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
         self.start_method = start_method
@@ -262,11 +262,6 @@ class MultiProcessingReadingService(ReadingService):
             f"prefetch_factor={self.prefetch_factor}, start_method={self.start_method!r}, "
             f"persistent_workers={self.persistent_workers}, strategy={self.strategy!r})"
         )
-
-
-def _check_int(name: str, value: Any, minimum: int, hint: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}; {hint}")
 
 
 class _ProcessChannel:

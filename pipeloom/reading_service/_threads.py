@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .._validate import check_bool, check_int
 from ..datapipes import IterDataPipe
 from ..events import ReadinessSource
 from ..graph import Placement
@@ -46,17 +47,11 @@ class ThreadReadingService(ReadingService):
     def __init__(
         self, num_threads: int, *, prefetch_factor: int = 2, in_order: bool = True
     ) -> None:
-        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 0:
-            raise ValueError(
-                f"num_threads must be an int >= 0, got {num_threads!r}; use 0 to load in "
-                f"the calling thread"
-            )
-        if (
-            isinstance(prefetch_factor, bool)
-            or not isinstance(prefetch_factor, int)
-            or prefetch_factor < 1
-        ):
-            raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
+        check_int("num_threads", num_threads, minimum=0, hint="use 0 to load in the calling thread")
+        check_int(
+            "prefetch_factor", prefetch_factor, minimum=1, hint="it counts outputs per worker"
+        )
+        check_bool("in_order", in_order)
         self.num_threads = num_threads
         self.prefetch_factor = prefetch_factor
         self.in_order = in_order

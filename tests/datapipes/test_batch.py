@@ -65,7 +65,9 @@ def test_bad_batch_size_is_a_value_error(bad):
 
 
 def test_bad_drop_last_and_wrapper_class_are_type_errors():
-    with pytest.raises(TypeError, match="drop_last to be True or False, got 'yes'"):
+    with pytest.raises(
+        TypeError, match="drop_last must be a bool, got str 'yes'; pass True or False"
+    ):
         IterableWrapper([1]).batch(2, drop_last="yes")
     with pytest.raises(TypeError, match="wrapper_class to be a callable"):
         IterableWrapper([1]).batch(2, wrapper_class=3)

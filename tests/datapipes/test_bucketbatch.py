@@ -90,7 +90,7 @@ def test_sort_key_returning_the_wrong_number_of_items_is_a_value_error():
         (
             {"batch_size": 2, "use_in_batch_shuffle": 1},
             TypeError,
-            "use_in_batch_shuffle to be True or False",
+            "use_in_batch_shuffle must be a bool, got int 1; pass True or False",
         ),
     ],
 )

@@ -47,7 +47,9 @@ def test_count_zero_yields_nothing_and_stop_repeats():
 
 @pytest.mark.parametrize("count", [-1, 1.5, True])
 def test_invalid_count_is_rejected(count):
-    with pytest.raises(ValueError, match=r"count must be None \(repeat forever\) or an int >= 0"):
+    with pytest.raises(
+        ValueError, match=r"count must be an int >= 0 or None, got .*; use None to repeat forever"
+    ):
         IterableWrapper([1]).cycle(count)
 
 

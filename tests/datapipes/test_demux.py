@@ -69,7 +69,11 @@ def test_interleaved_children_need_little_buffer():
     [
         ((0, mod3), ValueError, r"num_instances must be an int >= 1, got 0"),
         ((2, 3), TypeError, r"classifier_fn must be callable .* got int"),
-        ((2, mod3, False, 0), ValueError, r"buffer_size must be an int >= 1, or -1 .* got 0"),
+        (
+            (2, mod3, False, 0),
+            ValueError,
+            r"buffer_size must be an int >= 1, got 0; use -1 for an unbounded buffer",
+        ),
         ((2, mod3, "yes"), TypeError, r"drop_none must be a bool, got str"),
     ],
 )

@@ -101,7 +101,11 @@ def test_unbounded_buffer():
     ("kwargs", "error", "match"),
     [
         ({"num_instances": 0}, ValueError, r"num_instances must be an int >= 1, got 0"),
-        ({"num_instances": 2, "buffer_size": 0}, ValueError, r"must be an int >= 1, or -1"),
+        (
+            {"num_instances": 2, "buffer_size": 0},
+            ValueError,
+            r"must be an int >= 1, got 0; use -1 for an unbounded",
+        ),
         ({"num_instances": 2, "buffer_size": -2}, ValueError, r"got -2"),
     ],
 )

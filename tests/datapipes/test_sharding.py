@@ -80,7 +80,7 @@ def test_kept_items_are_stamped_with_their_global_position():
     ("total", "index", "match"),
     [
         (0, 0, r"total must be an int >= 1, got 0"),
-        (2, 2, r"index must be an int with 0 <= index < total=2, got 2"),
+        (2, 2, r"index must be an int in \[0, 2\), got 2; shards are numbered 0 .. 1"),
         (2, -1, r"index must be an int .* got -1"),
         (True, 0, r"total must be an int >= 1, got True"),
         (2, 1.0, r"got 1.0"),

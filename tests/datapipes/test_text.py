@@ -93,7 +93,7 @@ def test_bad_arguments_are_rejected():
         CSVParser(source, delimiter=";;")
     with pytest.raises(ValueError, match="skip_lines must be an int >= 0, got -1"):
         CSVParser(source, skip_lines=-1)
-    with pytest.raises(TypeError, match="return_path must be True or False, got 'yes'"):
+    with pytest.raises(TypeError, match="return_path must be a bool, got str 'yes'"):
         LineReader(source, return_path="yes")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"expects \(path, stream\) items, got str"):
         list(LineReader(IterableWrapper(["a.txt"])))

@@ -187,7 +187,7 @@ def test_world_size_one_is_a_no_op(no_job):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"uneven": "drop"}, r"uneven must be one of \('shortest', 'pad'\), got 'drop'"),
+        ({"uneven": "drop"}, r"uneven must be one of 'shortest', 'pad', got 'drop'"),
         ({"end_check": "never"}, r"end_check must be one of .*got 'never'"),
         ({"timeout": 0}, r"timeout must be a number of seconds > 0 .*got 0"),
     ],

@@ -174,6 +174,21 @@ def test_bad_arguments_are_explained(kwargs, message):
         MultiProcessingReadingService(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"persistent_workers": "no"}, "persistent_workers must be a bool, got str 'no'"),
+        ({"in_order": "yes"}, "in_order must be a bool, got str 'yes'"),
+        ({"persistent_workers": 1}, "persistent_workers must be a bool, got int 1"),
+        ({"worker_init_fn": 3}, "worker_init_fn must be callable or None, got int"),
+    ],
+)
+def test_options_of_the_wrong_type_are_refused(kwargs, message):
+    # "no" is truthy: accepted, it would have turned persistent workers on
+    with pytest.raises(TypeError, match=message):
+        MultiProcessingReadingService(2, **kwargs)
+
+
 def test_item_rng_draws_continue_across_the_process_merge():
     expected = list(DataLoader(pipelines.draws_on_both_sides_of_the_merge(), seed=4))
     with DataLoader(
