@@ -14,9 +14,9 @@ from .datapipes import (
     MapDataPipe,
     MapToIter,
     as_datapipe,
-    check_declared_inputs,
     seed_pipeline,
 )
+from .datapipes.runtime import check_declared_inputs
 from .errors import StateError
 from .graph import Placement
 from .reading_service import InProcessReadingService, ReadingService

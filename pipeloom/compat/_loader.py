@@ -13,8 +13,7 @@ from torch.utils.data.dataloader import _InfiniteConstantSampler
 
 from .. import loader as pipeloom_loader
 from .._shutdown import ShutsDown
-from ..datapipes import IterDataPipe
-from ..datapipes._collate import default_collate
+from ..datapipes import IterDataPipe, default_collate
 from ..errors import StateError
 from ..reading_service import (
     InProcessReadingService,

@@ -6,6 +6,18 @@ either the non-blocking protocol (``async_next`` / ``async_get``) or the simple
 one (a plain ``__iter__`` generator / ``__getitem__``). The base class adapts
 each to the other, so both kinds mix in one pipeline.
 
+A block whose class declares no ``inputs`` at all (a torchdata-style block:
+``self.source = source`` and an ``__iter__`` over it) has its block-valued
+attributes taken as its inputs: a one-level look at its attributes when the
+graph is walked, counting a block, and a list, tuple or dict whose first
+element is a block. A class that declares ``inputs`` (even ``()``) is taken at
+its word, and may not keep another block in an undeclared attribute: the walk
+would miss it, so restarting the pipeline would not restart it.
+
+Framework state (seeds, epoch, lazy init) lives in ``_pl_*`` attributes that
+only this module touches; the rest of pipeloom goes through the methods below
+and ``pipeloom.datapipes.runtime``.
+
 The only thing the base class adds to a subclass's methods: when the class
 defines ``lazy_init``, its ``__iter__``, ``__len__``, ``__getitem__``,
 ``async_next`` and ``async_get`` first make sure ``lazy_init`` ran (once).
@@ -28,18 +40,20 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from .._validate import check_int
+from .._walk import walk_upstream
 from ..errors import NotAvailable
-from ..events import ReadinessSource, Waiter
-from ._context import derive_seed
+from ..events import ReadinessSource
+from ._context import _ITEM, derive_seed
 from ._functional import IterFunctional, MapFunctional
+from ._reader import BlockingReader
 
-__all__ = ["DataPipe", "IterDataPipe", "MapDataPipe", "BlockingReader"]
+__all__ = ["DataPipe", "IterDataPipe", "MapDataPipe"]
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -51,6 +65,8 @@ class _Nesting(threading.local):
 
 
 _NESTING = _Nesting()
+# Classes whose ``inputs`` is the framework's default, not a block's declaration.
+_FRAMEWORK_MODULES = frozenset({__name__, IterFunctional.__module__, "builtins"})
 
 
 def _guard_lazy_init(method):
@@ -85,7 +101,8 @@ class DataPipe:
     at_most_one: ClassVar[bool] = False
 
     # Framework-owned per-instance state, kept out of __init__ so subclasses
-    # need not call super().__init__().
+    # need not call super().__init__(). Only this module reads or writes it.
+    _pl_declares_inputs: ClassVar[bool] = False
     _pl_initialized: bool = False
     _pl_seed: int | None = None
     _pl_seed_fixed: bool = False
@@ -101,6 +118,11 @@ class DataPipe:
                 f"{cls.__name__}.inputs must be a tuple of attribute names, got "
                 f"{cls.__dict__['inputs']!r}; write e.g. inputs = ('source',)"
             )
+        cls._pl_declares_inputs = any(
+            "inputs" in klass.__dict__
+            for klass in cls.__mro__
+            if klass.__module__ not in _FRAMEWORK_MODULES
+        )
         if cls.lazy_init is not DataPipe.lazy_init:
             for name in _GUARDED:
                 method = cls.__dict__.get(name)
@@ -110,23 +132,30 @@ class DataPipe:
     # -- graph ---------------------------------------------------------------
     @property
     def parents(self) -> tuple[DataPipe, ...]:
-        """The upstream blocks, in the order of ``inputs``."""
+        """The upstream blocks, in the order of ``inputs`` (see the module docstring)."""
         found: list[DataPipe] = []
-        for name in self.inputs:
-            value = getattr(self, name)
-            if isinstance(value, DataPipe):
-                found.append(value)
-            elif isinstance(value, (list, tuple)):
-                found.extend(v for v in value if isinstance(v, DataPipe))
+        for name in self.input_names():
+            found.extend(_blocks_in(getattr(self, name)))
         return tuple(found)
+
+    def input_names(self) -> tuple[str, ...]:
+        """The attributes holding this block's inputs: ``inputs``, or those found by a look."""
+        if type(self)._pl_declares_inputs:
+            return self.inputs
+        return tuple(name for name, value in vars(self).items() if _blocks_in(value))
 
     def replace_parent(self, old: DataPipe, new: DataPipe) -> None:
         """Swap the upstream block ``old`` for ``new`` (used by ``pipeloom.graph``)."""
         replaced = False
-        for name in self.inputs:
+        for name in self.input_names():
             value = getattr(self, name)
             if value is old:
                 setattr(self, name, new)
+                replaced = True
+            elif isinstance(value, dict) and any(v is old for v in value.values()):
+                setattr(
+                    self, name, type(value)({k: new if v is old else v for k, v in value.items()})
+                )
                 replaced = True
             elif isinstance(value, (list, tuple)) and any(v is old for v in value):
                 swapped = [new if v is old else v for v in value]
@@ -134,6 +163,17 @@ class DataPipe:
                 replaced = True
         if not replaced:
             raise ValueError(f"{self!r} has no input {old!r}; its inputs are {self.parents!r}")
+
+    def hidden_inputs(self) -> list[str]:
+        """Attributes holding a block that a declared ``inputs`` leaves out (should be empty)."""
+        if not type(self)._pl_declares_inputs:
+            return []
+        declared = {id(p) for p in self.parents}
+        return [
+            name
+            for name, value in vars(self).items()
+            if isinstance(value, DataPipe) and id(value) not in declared
+        ]
 
     # -- hooks a block may override ----------------------------------------
     def lazy_init(self) -> None:
@@ -145,6 +185,31 @@ class DataPipe:
 
     def sharding_settings(self, total: int, index: int) -> None:
         """Keep only shard ``index`` of ``total`` (called only on shardable blocks)."""
+
+    def set_shard_group_size(self, group_size: int) -> None:
+        """Give runs of ``group_size`` consecutive positions to the same shard.
+
+        Optional for a sharding point. One that implements it lets a reading
+        service give each worker runs of ``batch_size`` positions, so workers
+        build whole batches (see :meth:`can_shard_in_groups`).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot shard in groups of positions; implement "
+            f"set_shard_group_size(group_size) on it"
+        )
+
+    def can_shard_in_groups(self) -> bool:
+        """True when this block implements :meth:`set_shard_group_size`."""
+        return _overrides(type(self), "set_shard_group_size", DataPipe)
+
+    def batches_of(self) -> int | None:
+        """``n`` when each output is made of a run of ``n`` consecutive inputs (a batch).
+
+        A placement trait: a reading service may then build whole outputs in
+        workers that each receive runs of ``n`` positions, or find the batch
+        that ends the per-item part. None (the default) for other blocks.
+        """
+        return None
 
     def resume_at(self, position: int) -> None:
         """Skip, without producing them, the positions before ``position`` this epoch.
@@ -208,16 +273,56 @@ class DataPipe:
                 self._pl_epoch_seed = derive_seed(self._pl_seed, self._pl_epoch)
         return self._pl_epoch_seed
 
-    def _pl_fix_seed(self, seed: int | None) -> None:
-        """Give this block its own seed, which pipeline seeding will not replace."""
-        if seed is None:
+    def _fix_seed(self, seed: int | None) -> None:
+        """Give this block its own seed (its ``seed=`` argument), which pipeline seeding keeps."""
+        if check_int("seed", seed, allow_none=True) is None:
             return
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
         self._pl_seed = seed
         self._pl_seed_fixed = True
 
-    # -- framework internals ---------------------------------------------------
+    def _stamp_item(self, position: int) -> None:
+        """Mark the item the current thread now holds as this block's output at ``position``.
+
+        For blocks where items originate or are sharded (sources, sharding
+        points): ``item_rng()`` downstream draws from (epoch seed, epoch, position).
+        """
+        seed = self._pl_epoch_seed
+        if seed is None:
+            seed = self.epoch_seed()
+        _ITEM.stamp = (seed, self._pl_epoch, position, 0)
+
+    # -- framework internals: called by _pipeline and the runtime seam ----------
+    def _block_seed(self) -> int | None:
+        """The seed this block's randomness derives from (None: no pipeline seed)."""
+        return self._pl_seed
+
+    def _assign_seed(self, key: int, pipeline_seed: int | None) -> None:
+        """Seed this block from ``pipeline_seed`` and its place ``key`` in the pipeline.
+
+        The key is the block's place in the pipeline first seeded, so a copy
+        of a part (a worker's) re-seeded later gets the same seeds.
+        """
+        if self._pl_seed_key is None:
+            self._pl_seed_key = key
+        if not self._pl_seed_fixed:
+            seed = None if pipeline_seed is None else derive_seed(pipeline_seed, self._pl_seed_key)
+            self._pl_seed = seed
+        self._pl_epoch_seed = None
+
+    def _enter_epoch(self, epoch: int) -> None:
+        self._pl_epoch = epoch
+        self._pl_round = 0
+        self._pl_epoch_seed = None
+        self.set_epoch(epoch)
+
+    def _enter_round(self, round_number: int) -> None:
+        self._pl_round = round_number
+        self._pl_epoch_seed = None
+
+    def _forget_lazy_init(self) -> None:
+        """This object now lives in a new process (forked): ``lazy_init`` runs again there."""
+        self._pl_initialized = False
+
     def _pl_ensure_init(self) -> None:
         if self._pl_initialized:
             return
@@ -228,7 +333,7 @@ class DataPipe:
             self._pl_initialized = False
             raise
 
-    def _pl_reset(self) -> None:
+    def _restart(self) -> None:
         """Reset framework state, then the block's own (``reset`` hook)."""
         self._pl_ensure_init()
         self._pl_epoch_seed = None
@@ -294,11 +399,17 @@ class IterDataPipe(IterFunctional, DataPipe):
         return items
 
     def __iter__(self) -> Iterator[Any]:
-        """Iterate synchronously; at top level this restarts the pipeline."""
-        if _NESTING.depth == 0:
-            from ._pipeline import reset_pipeline
+        """Iterate synchronously; at top level this restarts the pipeline.
 
-            reset_pipeline(self)
+        Inside a running pipeline (a block's ``__iter__`` reading its source)
+        ``iter()`` does not restart anything: the top-level call restarted
+        every block upstream already, through the graph.
+        """
+        if _NESTING.depth == 0:
+            blocks = walk_upstream(self)
+            refuse_hidden_inputs(blocks)
+            for block in blocks:
+                block._restart()
         return _BlockingIterator(self)
 
     def __len__(self) -> int:
@@ -307,10 +418,10 @@ class IterDataPipe(IterFunctional, DataPipe):
             f"by iterating it"
         )
 
-    def _pl_reset(self) -> None:
+    def _restart(self) -> None:
         self._pl_gen = None
         self._pl_iter_token += 1
-        super()._pl_reset()
+        super()._restart()
 
 
 class MapDataPipe(MapFunctional, DataPipe):
@@ -366,6 +477,44 @@ def _overrides(cls: type, name: str, base: type) -> bool:
     return False
 
 
+def _blocks_in(value: Any) -> list[DataPipe]:
+    """The blocks an input attribute holds: a block, or a list/tuple/dict of them.
+
+    A container counts when its first element is a block (a look at one
+    element, so a long list of file names costs nothing).
+    """
+    if isinstance(value, DataPipe):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        if value and isinstance(value[0], DataPipe):
+            return [v for v in value if isinstance(v, DataPipe)]
+    elif isinstance(value, dict) and value:
+        values = list(value.values())
+        if isinstance(values[0], DataPipe):
+            return [v for v in values if isinstance(v, DataPipe)]
+    return []
+
+
+def refuse_hidden_inputs(blocks: Sequence[DataPipe]) -> None:
+    """Raise if a block declares ``inputs`` but keeps another block outside them.
+
+    The walk follows the declared inputs only: the hidden block would not be
+    restarted with the pipeline (a second epoch would read it exhausted), nor
+    seeded, sharded or placed.
+    """
+    for block in blocks:
+        hidden = block.hidden_inputs()
+        if hidden:
+            name, value = hidden[0], getattr(block, hidden[0])
+            kind = type(block).__name__
+            raise TypeError(
+                f"{kind} keeps the block {type(value).__name__} in attribute {name!r} but "
+                f"its inputs = {block.inputs!r} leave it out; add {name!r} to {kind}.inputs, "
+                f"or remove the inputs declaration to have every block-valued attribute "
+                f"taken as an input"
+            )
+
+
 def _nested_call(fn, arg):
     """Call ``fn(arg)`` marked as running inside a pipeline (inner ``iter()`` won't reset)."""
     nesting = _NESTING
@@ -374,81 +523,6 @@ def _nested_call(fn, arg):
         return fn(arg)
     finally:
         nesting.depth -= 1
-
-
-class BlockingReader:
-    """Waits for a block's items on its readiness events (never polls).
-
-    Example:
-        >>> from pipeloom.datapipes import IterableWrapper
-        >>> BlockingReader(IterableWrapper([7])).next()
-        7
-    """
-
-    def __init__(self, pipe: DataPipe) -> None:
-        self.pipe = pipe
-        self._waiter: Waiter | None = None
-        self._sources: list[ReadinessSource] = []
-
-    def next(self, timeout: float | None = None) -> Any:
-        """The next item of an iterable block; ``StopIteration`` at the end."""
-        pipe = self.pipe
-        assert isinstance(pipe, IterDataPipe)
-        return self._call(pipe.async_next, (), timeout)
-
-    def get(self, index: int, timeout: float | None = None) -> Any:
-        """Item ``index`` of a map-style block."""
-        pipe = self.pipe
-        assert isinstance(pipe, MapDataPipe)
-        return self._call(pipe.async_get, (index,), timeout)
-
-    def _call(self, fn, args, timeout: float | None) -> Any:
-        try:
-            return fn(*args)
-        except NotAvailable:
-            pass
-        waiter = self._attach()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            seen = waiter.generation
-            try:
-                return fn(*args)
-            except NotAvailable:
-                left = None if deadline is None else deadline - time.monotonic()
-                if (left is not None and left <= 0) or not waiter.wait(seen, left):
-                    raise TimeoutError(f"no item from {self.pipe!r} within {timeout} s") from None
-
-    def _attach(self) -> Waiter:
-        if self._waiter is not None:
-            return self._waiter
-        from ._pipeline import upstream_blocks
-
-        sources = [s for block in upstream_blocks(self.pipe) for s in block.readiness_sources()]
-        if not sources:
-            raise RuntimeError(
-                f"{self.pipe!r} raised NotAvailable, but no block upstream of it offers "
-                f"a readiness source to wait on; a block that can raise NotAvailable must "
-                f"return its Signal/FdReadiness from readiness_sources()"
-            )
-        waiter = Waiter()
-        for source in sources:
-            source.attach(waiter)
-        self._waiter, self._sources = waiter, sources
-        return waiter
-
-    def close(self) -> None:
-        """Detach from the readiness sources."""
-        if self._waiter is not None:
-            for source in self._sources:
-                source.detach(self._waiter)
-            self._waiter.close()
-            self._waiter, self._sources = None, []
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
 
 
 class _BlockingIterator(Iterator[Any]):

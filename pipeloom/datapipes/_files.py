@@ -35,7 +35,6 @@ from typing import IO, Any
 from .._validate import check_index, check_int
 from ._base import IterDataPipe
 from ._compact import CompactStringList
-from ._context import stamp_item
 from ._pipeline import is_sharding_root
 
 __all__ = ["FileLister", "FileOpener", "StreamOpener", "StreamReader"]
@@ -97,7 +96,7 @@ class Lister(IterDataPipe):
         if position >= len(paths):
             raise StopIteration
         self._position = position + 1
-        stamp_item(self.epoch_seed(), self._pl_epoch, position)
+        self._stamp_item(position)
         return paths[position]
 
     def __len__(self) -> int:
@@ -258,7 +257,7 @@ class StreamOpener(IterDataPipe):
         if self._root is None:
             self._root = is_sharding_root(self)
         if self._root:  # below a sharding_filter: keep its positions
-            stamp_item(self.epoch_seed(), self._pl_epoch, position)
+            self._stamp_item(position)
         return path, stream
 
     def _track(self, position: int, path: str, stream: IO[Any]) -> None:

@@ -6,7 +6,6 @@ from typing import Any
 
 from .._validate import check_index, check_int
 from ._base import IterDataPipe
-from ._context import stamp_item
 from ._pipeline import is_sharding_root
 
 __all__ = ["ShardingFilter"]
@@ -86,7 +85,7 @@ class ShardingFilter(IterDataPipe):
                 if self._root is None:
                     self._root = is_sharding_root(self)
                 if self._root:  # below another sharding point: keep its positions
-                    stamp_item(self.epoch_seed(), self._pl_epoch, position)
+                    self._stamp_item(position)
                 return item
 
     def __len__(self) -> int:

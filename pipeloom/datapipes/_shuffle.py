@@ -50,7 +50,7 @@ class Shuffler(IterDataPipe):
         self.source = source
         self.buffer_size = buffer_size
         self.seed = seed
-        self._pl_fix_seed(seed)
+        self._fix_seed(seed)
         self.reset()
 
     def reset(self) -> None:
@@ -142,7 +142,7 @@ class MapShuffler(IterDataPipe):
             )
         self.source = source
         self.seed = seed
-        self._pl_fix_seed(seed)
+        self._fix_seed(seed)
         self.reset()
 
     def reset(self) -> None:

@@ -11,7 +11,17 @@ Example:
 """
 
 from ._dot import to_dot
-from ._graph import Graph, find, remove, replace, traverse
+from ._graph import Graph, copy, find, remove, replace, traverse, upstream
 from ._placement import Placement
 
-__all__ = ["Graph", "Placement", "find", "remove", "replace", "to_dot", "traverse"]
+__all__ = [
+    "Graph",
+    "Placement",
+    "copy",
+    "find",
+    "remove",
+    "replace",
+    "to_dot",
+    "traverse",
+    "upstream",
+]

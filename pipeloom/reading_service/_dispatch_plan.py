@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._validate import check_choice, check_int
-from ..datapipes import DataPipe, IterDataPipe, traverse_roots
-from ..datapipes._batch import Batcher
+from ..datapipes import Batcher, DataPipe, IterDataPipe
 from ..graph import Placement, traverse
 from ._plan import plan_workers
 
@@ -86,7 +85,7 @@ def plan_dispatch(pipeline: IterDataPipe, strategy: str) -> DispatchPlan:
             batch that does not yield exactly one output per item.
     """
     base = plan_workers(pipeline, batches_in_workers=False)
-    root = traverse_roots(base.exit, base.root_indices)[0]
+    root = base.roots()[0]
     assert isinstance(root, IterDataPipe)
     graph = traverse(pipeline)
     item_exit = base.exit

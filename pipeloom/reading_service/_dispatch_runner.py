@@ -10,12 +10,13 @@ from typing import Any
 from ..datapipes import (
     IterDataPipe,
     MapDataPipe,
-    derive_seed,
+    MapToIter,
     reset_pipeline,
     set_pipeline_epoch,
 )
-from ..datapipes._wrappers import MapToIter
+from ..datapipes.runtime import block_seed, derive_seed
 from ..graph import Placement
+from ..graph import copy as copy_pipeline
 from ._dispatch_plan import DispatchPlan, plan_dispatch
 from ._dispatch_pool import DispatchPool
 from ._dispatch_workers import BatchFeed, TaskFeed
@@ -86,7 +87,7 @@ class DispatchRunner:
         main = (
             self._dispatcher
             if plan.exit is pipeline
-            else copy.deepcopy(pipeline, {id(plan.exit): self._dispatcher})
+            else copy_pipeline(pipeline, replace={plan.exit: self._dispatcher})
         )
         self._main, self._separate = split_separate_processes(
             main,
@@ -114,7 +115,8 @@ class DispatchRunner:
         if state is not None and position:
             source.resume_at(position)
         root = self._plan.root
-        stamp_seed = None if root._pl_seed is None else derive_seed(root._pl_seed, epoch)
+        root_seed = block_seed(root)
+        stamp_seed = None if root_seed is None else derive_seed(root_seed, epoch)
         if self._pool is None:
             self._pool = self._start_pool()
         self._gen += 1
@@ -151,7 +153,7 @@ class DispatchRunner:
             num_batch_workers=self.num_batch_workers,
             max_tasks=self._max_tasks,
             max_results=self._max_units,
-            seed=plan.item_exit._pl_seed or 0,
+            seed=block_seed(plan.item_exit) or 0,
             worker_init_fn=self.worker_init_fn,
         )
 
@@ -189,15 +191,17 @@ def _worker_chains(plan: DispatchPlan) -> tuple[IterDataPipe, IterDataPipe | Non
     """Copies of the item workers' and batch workers' parts, fed by a feed block."""
     root = plan.root
     feed = TaskFeed(root.source if isinstance(root, MapToIter) else None)
-    item_chain = copy.deepcopy(plan.item_exit, {id(root): feed})
+    item_chain = copy_pipeline(plan.item_exit, replace={root: feed})
     if plan.batch_exit is None:
         return item_chain, None
-    batch_chain = copy.deepcopy(plan.batch_exit, {id(plan.item_exit): BatchFeed()})
+    batch_chain = copy_pipeline(plan.batch_exit, replace={plan.item_exit: BatchFeed()})
     return item_chain, batch_chain
 
 
 class _IndexSpace(MapDataPipe):
     """``index -> index`` over the indices of a map-style block (its length only)."""
+
+    inputs = ()  # the map-style block is read only for its length, in the main process
 
     def __init__(self, of: MapDataPipe) -> None:
         self._of = [of]  # not an input: only its length is read, in the main process

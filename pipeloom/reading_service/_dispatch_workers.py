@@ -30,13 +30,18 @@ from ..datapipes import (
     IterDataPipe,
     MapDataPipe,
     current_position,
-    derive_seed,
     set_pipeline_epoch,
-    upstream_blocks,
 )
-from ..datapipes._context import current_draws, restore_stamp, stamp_item
+from ..datapipes.runtime import (
+    current_draws,
+    derive_seed,
+    forget_lazy_init,
+    restart_blocks,
+    restore_stamp,
+)
 from ..errors import NotAvailable, QueueError
 from ..events import Waiter
+from ..graph import upstream as upstream_blocks
 from ..queues import ProcessQueue
 from ._failure import Failure, capture_failure
 from ._pickling import loads_pipeline
@@ -64,6 +69,7 @@ class TaskFeed(IterDataPipe):
         self._entries: list[tuple[int, Any]] = []
         self._next = 0
         self._seed: int | None = None
+        self.epoch = 0
 
     def load(self, entries: list[tuple[int, Any]], seed: int | None) -> None:
         """Yield ``entries`` (``(position, value)`` pairs) next, stamped with ``seed``."""
@@ -73,14 +79,14 @@ class TaskFeed(IterDataPipe):
         if self._next >= len(self._entries):
             raise StopIteration
         position, value = self._entries[self._next]
-        stamp_item(self._seed, self._pl_epoch, position)  # before the read: errors name it
+        restore_stamp((self._seed, self.epoch, position, 0))  # before the read: errors name it
         if self._seed is not None:  # global RNG draws depend on the item, not the worker
             seed_item_rngs(derive_seed(self._seed, position, _GLOBAL_RNG_TAG))
         if self.source is None:
             item = value
         else:
             item = self.source.async_get(value)
-            stamp_item(self._seed, self._pl_epoch, position)  # a source may stamp its own
+            restore_stamp((self._seed, self.epoch, position, 0))  # a source may stamp its own
         self._next += 1
         return item
 
@@ -91,10 +97,13 @@ class TaskFeed(IterDataPipe):
 class BatchFeed(IterDataPipe):
     """Stands in for the item workers in a batch worker: yields one batch's items."""
 
+    inputs = ()
+
     def __init__(self) -> None:
         self._entries: list[tuple[int, int, Any]] = []
         self._next = 0
         self._seed: int | None = None
+        self.epoch = 0
 
     def load(self, entries: list[tuple[int, int, Any]], seed: int | None) -> None:
         """Yield ``entries`` (``(position, draws, item)``) next, restoring their stamps."""
@@ -107,7 +116,7 @@ class BatchFeed(IterDataPipe):
         if self._next == 0 and self._seed is not None:  # as for items: per batch, not worker
             seed_item_rngs(derive_seed(self._seed, position, _GLOBAL_RNG_TAG + 1))
         self._next += 1
-        restore_stamp((self._seed, self._pl_epoch, position, draws))
+        restore_stamp((self._seed, self.epoch, position, draws))
         return item
 
     def __repr__(self) -> str:
@@ -122,8 +131,7 @@ class _Chain:
             self.pipe = loads_pipeline(payload)
         else:  # forked: drop what lazy_init did in the parent; it runs again here
             self.pipe = payload
-            for block in upstream_blocks(self.pipe):
-                block._pl_initialized = False
+            forget_lazy_init(self.pipe)
         self._blocks: list[DataPipe] = upstream_blocks(self.pipe)
         self.feed = next(b for b in self._blocks if isinstance(b, (TaskFeed, BatchFeed)))
         self._reader = BlockingReader(self.pipe)
@@ -132,13 +140,13 @@ class _Chain:
     def start_epoch(self, gen: int, epoch: int, stamp_seed: int | None) -> None:
         self.epochs = {gen: (epoch, stamp_seed)}
         set_pipeline_epoch(self.pipe, epoch)
+        self.feed.epoch = epoch
 
     def run(self, gen: int, entries: list, label: str) -> list | Failure:
         """Every output of the chain for ``entries``, or the failure it raised."""
         _, stamp_seed = self.epochs[gen]
         try:
-            for block in self._blocks:
-                block._pl_reset()
+            restart_blocks(self._blocks)
             self.feed.load(entries, stamp_seed)
             outputs: list[tuple[int | None, int, Any]] = []
             reader = self._reader

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..datapipes import IterDataPipe, current_position, upstream_blocks
-from ..datapipes._context import restore_stamp
+from ..datapipes import IterDataPipe, current_position
+from ..datapipes.runtime import restore_stamp
 from ..errors import NotAvailable
 from ..events import ReadinessSource
+from ..graph import upstream as upstream_blocks
 from ._dispatch_workers import MAIN
 from ._failure import Failure
 
@@ -62,6 +63,8 @@ class Dispatcher(IterDataPipe):
         per_item_tasks: send each item as its own task to the least loaded
             item worker (economic); otherwise a whole unit is one task.
     """
+
+    inputs = ()  # the source is attached per epoch: it runs beside the main part, not in it
 
     def __init__(self, *, unit_size: int, max_units: int, per_item_tasks: bool) -> None:
         self.unit_size = unit_size

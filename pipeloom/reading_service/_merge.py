@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ..datapipes import IterDataPipe, load_pipeline_state_dict, pipeline_state_dict
-from ..datapipes._context import restore_stamp
+from ..datapipes.runtime import restore_stamp
 from ..errors import NotAvailable, StateError
 from ..events import ReadinessSource
 from ._failure import Failure
@@ -74,6 +74,8 @@ class WorkerChannel(Protocol):
 
 class WorkerMerge(IterDataPipe):
     """The workers' outputs as one stream, in source-position order."""
+
+    inputs = ()
 
     def __init__(
         self,

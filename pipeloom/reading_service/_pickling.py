@@ -8,7 +8,8 @@ from typing import Any
 
 import cloudpickle
 
-from ..datapipes import DataPipe, upstream_blocks
+from ..datapipes import DataPipe
+from ..graph import upstream as upstream_blocks
 
 __all__ = ["dumps_pipeline", "loads_pipeline"]
 

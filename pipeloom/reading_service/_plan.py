@@ -21,9 +21,8 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-from ..datapipes import DataPipe, IterDataPipe, derive_seed, traverse_roots
-from ..datapipes._batch import Batcher
-from ..datapipes._sharding import ShardingFilter
+from ..datapipes import Batcher, DataPipe, IterDataPipe, ShardingFilter
+from ..datapipes.runtime import block_seed, derive_seed
 from ..graph import Placement, traverse
 
 __all__ = ["WorkerPlan", "plan_workers", "root_epoch_seed"]
@@ -52,6 +51,11 @@ class WorkerPlan:
     group_size: int
     worker_blocks: tuple[DataPipe, ...]
     single_output: bool = False
+
+    def roots(self, exit_copy: DataPipe | None = None) -> list[DataPipe]:
+        """The sharding roots in ``exit_copy`` (a copy of ``exit``; default: ``exit``)."""
+        nodes = traverse(self.exit if exit_copy is None else exit_copy).nodes
+        return [nodes[i] for i in self.root_indices]
 
     def placement(self, worker_label: str, main_label: str = "main process") -> Placement:
         """Which blocks run in the workers and which after the merge."""
@@ -198,5 +202,5 @@ def _index_in(nodes, block) -> int:
 
 def root_epoch_seed(plan: WorkerPlan, epoch: int) -> int | None:
     """The seed the sharding root stamps on its items in ``epoch`` (as in-process)."""
-    root = traverse_roots(plan.exit, plan.root_indices)[0]
-    return None if root._pl_seed is None else derive_seed(root._pl_seed, epoch)
+    seed = block_seed(plan.roots()[0])
+    return None if seed is None else derive_seed(seed, epoch)

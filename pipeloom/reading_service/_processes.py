@@ -14,8 +14,8 @@ import numpy.random  # noqa: F401 - see _PREIMPORTED below
 import torch
 
 from .._validate import check_bool, check_callable, check_choice, check_int, check_seconds
-from ..datapipes import IterDataPipe, upstream_blocks
-from ..datapipes._context import restore_stamp
+from ..datapipes import IterDataPipe
+from ..datapipes.runtime import block_seed, forget_lazy_init, restore_stamp
 from ..errors import NotAvailable, QueueError, WorkerError
 from ..events import FdReadiness, ReadinessSource
 from ..graph import Placement
@@ -322,7 +322,7 @@ class _WorkerPool:
         assert plan is not None
         context: Any = worker_context(service.start_method)
         count = service.num_workers
-        seed = plan.exit._pl_seed or 0
+        seed = block_seed(plan.exit) or 0
         self.channels: list[_ProcessChannel] = []
         self.controls = []
         self.cancels = []
@@ -414,8 +414,7 @@ def _worker_main(
         pipe = loads_pipeline(payload)
     else:  # forked: drop what lazy_init did in the parent; it runs again here
         pipe = payload
-        for block in upstream_blocks(pipe):
-            block._pl_initialized = False
+        forget_lazy_init(pipe)
     apply_sharding(pipe, root_indices, count, index, group_size, outer)
     initialized = False
     parent = _parent_watch()

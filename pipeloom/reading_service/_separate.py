@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from ..datapipes import DataPipe, IterDataPipe, upstream_blocks
-from ..datapipes._context import restore_stamp
+from ..datapipes import DataPipe, IterDataPipe
+from ..datapipes.runtime import forget_lazy_init, restore_stamp
 from ..errors import NotAvailable, QueueError, WorkerError
 from ..events import FdReadiness, ReadinessSource
-from ..graph import find, replace
+from ..graph import find, replace, upstream
 from ..queues import ProcessQueue
 from ._failure import Failure
 from ._merge import END
@@ -49,8 +49,7 @@ def split_separate_processes(
     for block in marked:
         if not isinstance(block, IterDataPipe):
             raise TypeError(f"only iterable blocks can run in a separate process, got {block!r}")
-        upstream = upstream_blocks(block)
-        if forbidden is not None and any(b is forbidden for b in upstream):
+        if forbidden is not None and any(b is forbidden for b in upstream(block)):
             raise ValueError(
                 f"{block!r} asks for a separate process, but it reads the workers' output, "
                 f"which only the main process can receive. Drop the mark, or mark a block on a "
@@ -65,6 +64,8 @@ def split_separate_processes(
 
 class SeparateProcessReader(IterDataPipe):
     """Reads a block that runs in a process of its own."""
+
+    inputs = ()  # the block runs in the other process
 
     def __init__(self, block: IterDataPipe, *, start_method: str | None, prefetch: int) -> None:
         self.block_repr = repr(block)
@@ -158,8 +159,7 @@ def _separate_main(payload: Any, queue: ProcessQueue, epoch: int, label: str) ->
         pipe = loads_pipeline(payload)
     else:
         pipe = payload
-        for block in upstream_blocks(pipe):
-            block._pl_initialized = False
+        forget_lazy_init(pipe)
     produce_epoch(
         pipe,
         queue.put,

@@ -9,11 +9,11 @@ must start.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
 from ..datapipes import IterDataPipe, reset_pipeline, set_pipeline_epoch
+from ..graph import copy as copy_pipeline
 from ._merge import WorkerMerge, load_tail_state
 from ._plan import WorkerPlan, plan_workers
 from ._separate import SeparateProcessReader, split_separate_processes
@@ -54,7 +54,7 @@ def split_for_workers(
     )
     if outer != (1, 0):
         apply_sharding(plan.exit, plan.root_indices, 1, 0, plan.group_size, outer)
-    main = merge if plan.exit is pipeline else copy.deepcopy(pipeline, {id(plan.exit): merge})
+    main = merge if plan.exit is pipeline else copy_pipeline(pipeline, replace={plan.exit: merge})
     main, separate = split_separate_processes(
         main, start_method=start_method, prefetch=prefetch, forbidden=merge
     )

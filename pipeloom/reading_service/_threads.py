@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .._validate import check_bool, check_int
 from ..datapipes import IterDataPipe
+from ..datapipes.runtime import block_seed
 from ..events import ReadinessSource
 from ..graph import Placement
+from ..graph import copy as copy_pipeline
 from ..queues import ThreadQueue
 from ._base import ReadingService
 from ._in_process import InProcessReadingService, drain
@@ -83,7 +84,7 @@ class ThreadReadingService(ReadingService):
         plan = part.plan
         self._part = part
         self._main, self._merge, self._separate = part.pipeline, part.merge, part.separate
-        self._worker_pipes = [copy.deepcopy(plan.exit) for _ in range(self.num_threads)]
+        self._worker_pipes = [copy_pipeline(plan.exit) for _ in range(self.num_threads)]
         for index, worker_pipe in enumerate(self._worker_pipes):
             apply_sharding(
                 worker_pipe,
@@ -94,7 +95,7 @@ class ThreadReadingService(ReadingService):
                 self._outer,
             )
         self._plan = plan
-        self._seed = plan.exit._pl_seed or 0
+        self._seed = block_seed(plan.exit) or 0
 
     def start_epoch(self, epoch: int, state: dict[str, Any] | None = None) -> Iterator[Any]:
         if self._inline is not None:

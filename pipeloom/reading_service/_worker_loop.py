@@ -16,13 +16,12 @@ from ..datapipes import (
     DataPipe,
     IterDataPipe,
     current_position,
-    derive_seed,
     reset_pipeline,
     set_pipeline_epoch,
-    traverse_roots,
 )
-from ..datapipes._context import current_draws, current_stamp, restore_stamp
+from ..datapipes.runtime import current_draws, current_stamp, derive_seed, restore_stamp
 from ..errors import QueueError
+from ..graph import traverse
 from ._failure import capture_failure
 from ._merge import END
 
@@ -101,7 +100,7 @@ def apply_sharding(
     is shard ``r`` of ``R`` whatever its number of workers.
     """
     outer_total, outer_index = outer
-    for root in traverse_roots(worker_pipe, root_indices):
+    for root in _roots(worker_pipe, root_indices):
         root.sharding_settings(outer_total * total, index * outer_total + outer_index)
         if group_size != 1:
             root.set_shard_group_size(group_size)  # type: ignore[attr-defined]
@@ -136,7 +135,7 @@ def produce_epoch(
             load_pipeline_state_dict(pipe, state)
         if resume is not None:  # fast-forward the sharding roots (only the prefix replays)
             root_indices, position = resume
-            for root in traverse_roots(pipe, root_indices):
+            for root in _roots(pipe, root_indices):
                 root.resume_at(position)
         reader = BlockingReader(pipe)
         while True:
@@ -164,6 +163,11 @@ def produce_epoch(
     except QueueError as error:
         return isinstance(error, EpochCancelled)
     return True
+
+
+def _roots(pipe: DataPipe, indices: tuple[int, ...]) -> list[DataPipe]:
+    nodes = traverse(pipe).nodes
+    return [nodes[i] for i in indices]
 
 
 class EpochCancelled(QueueError):

@@ -14,9 +14,9 @@ from pipeloom.datapipes import (
     SequenceWrapper,
     current_position,
     reset_pipeline,
-    upstream_blocks,
 )
 from pipeloom.datapipes._fork import Forker, _ForkHub, fork
+from pipeloom.graph import upstream
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 
 
@@ -69,7 +69,7 @@ def test_source_is_read_once_and_reset_once_per_epoch():
     assert list(dp) == [(i, i, i) for i in range(6)]
     assert source.resets == before + 1
     assert source.reads == 6
-    hubs = [blk for blk in upstream_blocks(dp) if isinstance(blk, _ForkHub)]
+    hubs = [blk for blk in upstream(dp) if isinstance(blk, _ForkHub)]
     assert len(hubs) == 1
 
 
