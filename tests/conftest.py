@@ -1,4 +1,1 @@
-import pathlib
-import sys
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
+"""Shared by every test: nothing yet (helpers are modules of the tests package)."""

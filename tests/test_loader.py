@@ -159,7 +159,7 @@ def test_an_attribute_hiding_a_chaining_method_is_caught_at_construction():
 
 
 def test_a_block_without_state_support_is_named_unless_replay_is_allowed():
-    from datapipes.helpers import OldStyleDouble
+    from tests.datapipes.helpers import OldStyleDouble
 
     def pipe():
         return OldStyleDouble(IterableWrapper(range(10)))

@@ -6,17 +6,10 @@ either the non-blocking protocol (``async_next`` / ``async_get``) or the simple
 one (a plain ``__iter__`` generator / ``__getitem__``). The base class adapts
 each to the other, so both kinds mix in one pipeline.
 
-A block whose class declares no ``inputs`` at all (a torchdata-style block:
-``self.source = source`` and an ``__iter__`` over it) has its block-valued
-attributes taken as its inputs: a one-level look at its attributes when the
-graph is walked, counting a block, and a list, tuple or dict whose first
-element is a block. A class that declares ``inputs`` (even ``()``) is taken at
-its word, and may not keep another block in an undeclared attribute: the walk
-would miss it, so restarting the pipeline would not restart it.
-
+A class that declares no ``inputs`` (a torchdata-style block) has its
+block-valued attributes taken as inputs (see :meth:`DataPipe.input_names`).
 Framework state (seeds, epoch, lazy init) lives in ``_pl_*`` attributes that
-only this module touches; the rest of pipeloom goes through the methods below
-and ``pipeloom.datapipes.runtime``.
+only this module touches; the rest of pipeloom uses the methods below.
 
 The only thing the base class adds to a subclass's methods: when the class
 defines ``lazy_init``, its ``__iter__``, ``__len__``, ``__getitem__``,
@@ -39,18 +32,17 @@ Example:
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from .._validate import check_int
-from .._walk import walk_upstream
 from ..errors import NotAvailable
 from ..events import ReadinessSource
 from ._context import _ITEM, derive_seed
 from ._functional import IterFunctional, MapFunctional
+from ._nesting import NESTING, nested_call
 from ._reader import BlockingReader
 
 __all__ = ["DataPipe", "IterDataPipe", "MapDataPipe"]
@@ -60,11 +52,6 @@ T_co = TypeVar("T_co", covariant=True)
 _GUARDED = ("__iter__", "__len__", "__getitem__", "async_next", "async_get")
 
 
-class _Nesting(threading.local):
-    depth = 0
-
-
-_NESTING = _Nesting()
 # Classes whose ``inputs`` is the framework's default, not a block's declaration.
 _FRAMEWORK_MODULES = frozenset({__name__, IterFunctional.__module__, "builtins"})
 
@@ -139,7 +126,14 @@ class DataPipe:
         return tuple(found)
 
     def input_names(self) -> tuple[str, ...]:
-        """The attributes holding this block's inputs: ``inputs``, or those found by a look."""
+        """The attributes holding this block's inputs.
+
+        A class that declares ``inputs`` (even ``()``) is taken at its word. One
+        that declares none (``self.source = source`` and an ``__iter__`` over it,
+        as for torchdata) has its block-valued attributes taken: a one-level look
+        at walk time, counting a block, and a list, tuple or dict whose first
+        element is a block.
+        """
         if type(self)._pl_declares_inputs:
             return self.inputs
         return tuple(name for name, value in vars(self).items() if _blocks_in(value))
@@ -164,16 +158,10 @@ class DataPipe:
         if not replaced:
             raise ValueError(f"{self!r} has no input {old!r}; its inputs are {self.parents!r}")
 
-    def hidden_inputs(self) -> list[str]:
-        """Attributes holding a block that a declared ``inputs`` leaves out (should be empty)."""
-        if not type(self)._pl_declares_inputs:
-            return []
-        declared = {id(p) for p in self.parents}
-        return [
-            name
-            for name, value in vars(self).items()
-            if isinstance(value, DataPipe) and id(value) not in declared
-        ]
+    @classmethod
+    def declares_inputs(cls) -> bool:
+        """True when the class (not the framework) sets ``inputs``, even to ``()``."""
+        return cls._pl_declares_inputs
 
     # -- hooks a block may override ----------------------------------------
     def lazy_init(self) -> None:
@@ -187,16 +175,8 @@ class DataPipe:
         """Keep only shard ``index`` of ``total`` (called only on shardable blocks)."""
 
     def set_shard_group_size(self, group_size: int) -> None:
-        """Give runs of ``group_size`` consecutive positions to the same shard.
-
-        Optional for a sharding point. One that implements it lets a reading
-        service give each worker runs of ``batch_size`` positions, so workers
-        build whole batches (see :meth:`can_shard_in_groups`).
-        """
-        raise NotImplementedError(
-            f"{type(self).__name__} cannot shard in groups of positions; implement "
-            f"set_shard_group_size(group_size) on it"
-        )
+        """Optional: give runs of ``group_size`` positions to one shard (batches in workers)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot shard in groups of positions")
 
     def can_shard_in_groups(self) -> bool:
         """True when this block implements :meth:`set_shard_group_size`."""
@@ -379,8 +359,8 @@ class IterDataPipe(IterFunctional, DataPipe):
                     f"{type(self).__name__} defines neither async_next() nor __iter__(); "
                     f"implement one of them"
                 )
-            gen = self._pl_gen = _nested_call(type(self).__iter__, self)
-        return _nested_call(next, gen)
+            gen = self._pl_gen = nested_call(type(self).__iter__, self)
+        return nested_call(next, gen)
 
     def async_next_many(self, limit: int) -> list[Any]:
         """Between 1 and ``limit`` next items, for consumers that take many at once.
@@ -405,11 +385,10 @@ class IterDataPipe(IterFunctional, DataPipe):
         ``iter()`` does not restart anything: the top-level call restarted
         every block upstream already, through the graph.
         """
-        if _NESTING.depth == 0:
-            blocks = walk_upstream(self)
-            refuse_hidden_inputs(blocks)
-            for block in blocks:
-                block._restart()
+        if NESTING.depth == 0:
+            from ._pipeline import start_iteration
+
+            start_iteration(self)
         return _BlockingIterator(self)
 
     def __len__(self) -> int:
@@ -493,36 +472,6 @@ def _blocks_in(value: Any) -> list[DataPipe]:
         if isinstance(values[0], DataPipe):
             return [v for v in values if isinstance(v, DataPipe)]
     return []
-
-
-def refuse_hidden_inputs(blocks: Sequence[DataPipe]) -> None:
-    """Raise if a block declares ``inputs`` but keeps another block outside them.
-
-    The walk follows the declared inputs only: the hidden block would not be
-    restarted with the pipeline (a second epoch would read it exhausted), nor
-    seeded, sharded or placed.
-    """
-    for block in blocks:
-        hidden = block.hidden_inputs()
-        if hidden:
-            name, value = hidden[0], getattr(block, hidden[0])
-            kind = type(block).__name__
-            raise TypeError(
-                f"{kind} keeps the block {type(value).__name__} in attribute {name!r} but "
-                f"its inputs = {block.inputs!r} leave it out; add {name!r} to {kind}.inputs, "
-                f"or remove the inputs declaration to have every block-valued attribute "
-                f"taken as an input"
-            )
-
-
-def _nested_call(fn, arg):
-    """Call ``fn(arg)`` marked as running inside a pipeline (inner ``iter()`` won't reset)."""
-    nesting = _NESTING
-    nesting.depth += 1
-    try:
-        return fn(arg)
-    finally:
-        nesting.depth -= 1
 
 
 class _BlockingIterator(Iterator[Any]):

@@ -49,6 +49,10 @@ class Batcher(IterDataPipe):
         self._batch: list[Any] = []
         self._first_stamp: tuple = (None, 0, None, 0)
 
+    def batches_of(self) -> int:
+        """Each batch is a run of ``batch_size`` consecutive items (a placement trait)."""
+        return self.batch_size
+
     def reset(self) -> None:
         self._batch = []
 

@@ -6,20 +6,24 @@ per-block framework state is changed through the block base's methods.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .._validate import check_int
 from .._walk import not_a_block, walk_upstream
 from ..errors import StateError
-from ._base import DataPipe, refuse_hidden_inputs
+from ._base import DataPipe
 
 __all__ = [
     "check_declared_inputs",
     "is_sharding_root",
+    "refuse_hidden_inputs",
     "load_pipeline_state_dict",
     "pipeline_state_dict",
     "reset_pipeline",
     "seed_pipeline",
     "set_pipeline_epoch",
     "set_pipeline_round",
+    "start_iteration",
     "upstream_blocks",
 ]
 
@@ -37,6 +41,41 @@ def upstream_blocks(output: DataPipe) -> list[DataPipe]:
     if not isinstance(output, DataPipe):
         raise not_a_block(output)
     return walk_upstream(output)
+
+
+def refuse_hidden_inputs(blocks: Sequence[DataPipe]) -> None:
+    """Raise if a block declares ``inputs`` but keeps another block outside them.
+
+    The walk follows the declared inputs only: the hidden block would not be
+    restarted with the pipeline (a second epoch would read it exhausted), nor
+    seeded, sharded or placed.
+    """
+    for block in blocks:
+        if not block.declares_inputs():
+            continue  # every block-valued attribute is an input already
+        declared = {id(p) for p in block.parents}
+        hidden = [
+            name
+            for name, value in vars(block).items()
+            if isinstance(value, DataPipe) and id(value) not in declared
+        ]
+        if hidden:
+            name, value = hidden[0], getattr(block, hidden[0])
+            kind = type(block).__name__
+            raise TypeError(
+                f"{kind} keeps the block {type(value).__name__} in attribute {name!r} but "
+                f"its inputs = {block.inputs!r} leave it out; add {name!r} to {kind}.inputs, "
+                f"or remove the inputs declaration to have every block-valued attribute "
+                f"taken as an input"
+            )
+
+
+def start_iteration(output: DataPipe) -> None:
+    """What a top-level ``iter(block)`` does first: check the inputs, restart every block."""
+    blocks = walk_upstream(output)
+    refuse_hidden_inputs(blocks)
+    for block in blocks:
+        block._restart()
 
 
 def reset_pipeline(output: DataPipe) -> None:

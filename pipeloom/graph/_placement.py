@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..datapipes import DataPipe
-from ._dot import to_dot
 from ._graph import traverse
 
 __all__ = ["Placement"]
@@ -48,8 +47,10 @@ class Placement:
         return {id(block): location for block, location in self.locations}
 
     def to_dot(self) -> str:
-        """DOT source with one cluster per location."""
-        return to_dot(self.output, self.by_block_id())
+        """DOT source with one cluster per location (see ``pipeloom.graph.to_dot``)."""
+        from ._dot import to_dot
+
+        return to_dot(self.output, self)
 
     def __str__(self) -> str:
         groups: dict[str, list[str]] = {}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.utils.data as tud
-from compat.compat_cases import Items, Range
 
 from pipeloom.compat import DataLoader
+from tests.compat.compat_cases import Items, Range
 
 SAMPLER = tud.SequentialSampler(range(4))
 BATCHES = tud.BatchSampler(SAMPLER, 2, False)

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Stutter, drive
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import item_lists, positive_sizes
 
 from pipeloom.datapipes import (
+    Batcher,
     IterableWrapper,
     IterDataPipe,
+    MapBatcher,
     MapDataPipe,
     NotAvailable,
     SequenceWrapper,
+    Unbatcher,
     reset_pipeline,
 )
-from pipeloom.datapipes._batch import Batcher, MapBatcher, Unbatcher
 from pipeloom.events import Signal
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Stutter, drive
+from tests.strategies import item_lists, positive_sizes
 
 
 class OldStyleSource(IterDataPipe):

@@ -5,14 +5,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import item_lists
 
-from pipeloom.datapipes import IterableWrapper, reset_pipeline
-from pipeloom.datapipes._cycle import Cycler
+from pipeloom.datapipes import Cycler, IterableWrapper, reset_pipeline
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, drain_retrying
+from tests.strategies import item_lists
 
 
 @settings(max_examples=50, deadline=None)

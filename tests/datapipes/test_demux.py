@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import item_lists
 
-from pipeloom.datapipes import IterableWrapper, SequenceWrapper, reset_pipeline
-from pipeloom.datapipes._demux import Demultiplexer, demux
+from pipeloom.datapipes import Demultiplexer, IterableWrapper, SequenceWrapper, reset_pipeline
+from pipeloom.datapipes._demux import demux
 from pipeloom.testing import check_resume_from_every_step, collect_async
+from tests.datapipes.helpers import Flaky, drain_retrying
+from tests.strategies import item_lists
 
 
 def mod3(x):

@@ -8,11 +8,12 @@ import os
 import random
 
 import pytest
-from datapipes.helpers import drain_retrying
 from hypothesis import given, settings
-from strategies import shard_counts
 
 from pipeloom.datapipes import (
+    CompactStringList,
+    FileLister,
+    FileOpener,
     IterableWrapper,
     IterDataPipe,
     NotAvailable,
@@ -20,9 +21,9 @@ from pipeloom.datapipes import (
     reset_pipeline,
 )
 from pipeloom.datapipes import _files as files_module
-from pipeloom.datapipes._compact import CompactStringList
-from pipeloom.datapipes._files import FileLister, FileOpener
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import drain_retrying
+from tests.strategies import shard_counts
 
 
 def _fds() -> int:

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import item_lists
 
 from pipeloom.datapipes import (
+    Forker,
     IterableWrapper,
     IterDataPipe,
     SequenceWrapper,
     current_position,
     reset_pipeline,
 )
-from pipeloom.datapipes._fork import Forker, _ForkHub, fork
+from pipeloom.datapipes._fork import _ForkHub, fork
 from pipeloom.graph import upstream
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, drain_retrying
+from tests.strategies import item_lists
 
 
 class CountingSource(IterDataPipe):

@@ -11,9 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pipeloom.datapipes import IterableWrapper, reset_pipeline
-from pipeloom.datapipes._http import HttpReader
-from pipeloom.datapipes._tar import TarArchiveLoader
+from pipeloom.datapipes import HttpReader, IterableWrapper, TarArchiveLoader, reset_pipeline
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 
 

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import item_lists
 
 from pipeloom.datapipes import (
     IterableWrapper,
     IterDataPipe,
+    Multiplexer,
     SequenceWrapper,
     current_position,
     reset_pipeline,
 )
-from pipeloom.datapipes._mux import Multiplexer
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, drain_retrying
+from tests.strategies import item_lists
 
 
 class WithPosition(IterDataPipe):

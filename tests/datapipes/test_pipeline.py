@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Flaky, OldStyleDouble
 
 from pipeloom.datapipes import (
     IterableWrapper,
@@ -17,6 +16,7 @@ from pipeloom.datapipes import (
 )
 from pipeloom.errors import StateError
 from pipeloom.graph import upstream
+from tests.datapipes.helpers import Flaky, OldStyleDouble
 
 
 class Join(IterDataPipe):

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import item_lists, shard_counts
 
 from pipeloom.datapipes import (
     IterableWrapper,
     IterDataPipe,
+    ShardingFilter,
     current_position,
 )
-from pipeloom.datapipes._sharding import ShardingFilter
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, drain_retrying
+from tests.strategies import item_lists, shard_counts
 
 
 class WithPosition(IterDataPipe):

@@ -8,9 +8,15 @@ import random
 
 import pytest
 
-from pipeloom.datapipes import IterableWrapper, IterDataPipe, NotAvailable, reset_pipeline
-from pipeloom.datapipes._files import FileLister
-from pipeloom.datapipes._text import CSVParser, LineReader
+from pipeloom.datapipes import (
+    CSVParser,
+    FileLister,
+    IterableWrapper,
+    IterDataPipe,
+    LineReader,
+    NotAvailable,
+    reset_pipeline,
+)
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 
 

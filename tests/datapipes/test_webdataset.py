@@ -10,9 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper, IterDataPipe, NotAvailable, reset_pipeline
-from pipeloom.datapipes._files import FileLister
-from pipeloom.datapipes._webdataset import WebDataset, split_key
+from pipeloom.datapipes import (
+    FileLister,
+    IterableWrapper,
+    IterDataPipe,
+    NotAvailable,
+    WebDataset,
+    reset_pipeline,
+)
+from pipeloom.datapipes._webdataset import split_key
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 
 

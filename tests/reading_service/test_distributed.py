@@ -13,8 +13,6 @@ import pytest
 import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reading_service import distributed_ranks
-from reading_service.test_resume import resume_case
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
@@ -26,9 +24,11 @@ from pipeloom.reading_service import (
     SequentialReadingService,
     ThreadReadingService,
 )
-from pipeloom.reading_service._merge import next_owned_group
-from pipeloom.reading_service._rank_epoch import check_start
-from pipeloom.reading_service._worker_loop import apply_sharding
+from pipeloom.reading_service.distributed.rank_epoch import check_start
+from pipeloom.reading_service.planning.sharding import keep_shard
+from pipeloom.reading_service.strategies.classic.merge import next_owned_group
+from tests.reading_service import distributed_ranks
+from tests.reading_service.test_resume import resume_case
 
 # -- sharding arithmetic (no processes) ------------------------------------------
 
@@ -42,7 +42,7 @@ def test_next_owned_group_is_the_first_group_of_the_shard(group, total, data):
 
 def _kept(length: int, total: int, index: int, group: int, outer=(1, 0)) -> list[int]:
     pipe = IterableWrapper(range(length)).sharding_filter()
-    apply_sharding(pipe, (0,), total, index, group, outer)
+    keep_shard(pipe, workers=total, index=index, group_size=group, outer=outer)
     return list(pipe)
 
 

@@ -107,7 +107,7 @@ def test_in_order_must_be_a_bool():
 
 
 def test_item_rng_draws_continue_across_the_merge():
-    from reading_service.pipelines import draws_on_both_sides_of_the_merge as build
+    from tests.reading_service.pipelines import draws_on_both_sides_of_the_merge as build
 
     expected = list(DataLoader(build(), seed=4))
     for threads in (1, 3):
