@@ -6,10 +6,9 @@ either the non-blocking protocol (``async_next`` / ``async_get``) or the simple
 one (a plain ``__iter__`` generator / ``__getitem__``). The base class adapts
 each to the other, so both kinds mix in one pipeline.
 
-A class that declares no ``inputs`` (a torchdata-style block) has its
-block-valued attributes taken as inputs (see :meth:`DataPipe.input_names`).
-Framework state (seeds, epoch, lazy init) lives in ``_pl_*`` attributes that
-only this module touches; the rest of pipeloom uses the methods below.
+A class that declares no ``inputs`` has its block-valued attributes taken as
+inputs (:meth:`DataPipe.input_names`). Framework state (seeds, epoch, lazy
+init) lives in ``_pl_*`` attributes only this module touches.
 
 The only thing the base class adds to a subclass's methods: when the class
 defines ``lazy_init``, its ``__iter__``, ``__len__``, ``__getitem__``,
@@ -40,6 +39,7 @@ import torch
 from .._validate import check_int
 from ..errors import NotAvailable
 from ..events import ReadinessSource
+from ._attributes import attribute_values
 from ._context import _ITEM, derive_seed
 from ._functional import IterFunctional, MapFunctional
 from ._nesting import NESTING, nested_call
@@ -119,21 +119,20 @@ class DataPipe:
     # -- graph ---------------------------------------------------------------
     @property
     def parents(self) -> tuple[DataPipe, ...]:
-        """The upstream blocks, in the order of ``inputs`` (see the module docstring)."""
+        """The upstream blocks, in the order of :meth:`input_names`."""
         found: list[DataPipe] = []
-        for name in self.input_names():
-            found.extend(_blocks_in(getattr(self, name)))
+        if type(self)._pl_declares_inputs:
+            for name in self.inputs:
+                found.extend(_blocks_in(getattr(self, name)))
+        else:  # read the values, not vars(self): see _attributes.py
+            for value in attribute_values(self):
+                found.extend(_blocks_in(value))
         return tuple(found)
 
     def input_names(self) -> tuple[str, ...]:
-        """The attributes holding this block's inputs.
-
-        A class that declares ``inputs`` (even ``()``) is taken at its word. One
-        that declares none (``self.source = source`` and an ``__iter__`` over it,
-        as for torchdata) has its block-valued attributes taken: a one-level look
-        at walk time, counting a block, and a list, tuple or dict whose first
-        element is a block.
-        """
+        """The attributes holding this block's inputs: ``inputs`` when the class declares it
+        (even ``()``); else, as for a torchdata block, every attribute holding a block, or a
+        list, tuple or dict whose first element is one (a one-level look at walk time)."""
         if type(self)._pl_declares_inputs:
             return self.inputs
         return tuple(name for name, value in vars(self).items() if _blocks_in(value))

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from .._validate import check_int
 from .._walk import not_a_block, walk_upstream
 from ..errors import StateError
+from ._attributes import attribute_values
 from ._base import DataPipe
 
 __all__ = [
@@ -55,12 +56,13 @@ def refuse_hidden_inputs(blocks: Sequence[DataPipe]) -> None:
             continue  # every block-valued attribute is an input already
         declared = {id(p) for p in block.parents}
         hidden = [
-            name
-            for name, value in vars(block).items()
+            value
+            for value in attribute_values(block)
             if isinstance(value, DataPipe) and id(value) not in declared
         ]
         if hidden:
-            name, value = hidden[0], getattr(block, hidden[0])
+            value = hidden[0]
+            name = next(n for n, v in vars(block).items() if v is value)  # raising: may be slow
             kind = type(block).__name__
             raise TypeError(
                 f"{kind} keeps the block {type(value).__name__} in attribute {name!r} but "
@@ -129,12 +131,12 @@ def check_declared_inputs(output: DataPipe) -> None:
     """
     from ._functional import IterFunctional, MapFunctional
 
-    chaining = set(vars(IterFunctional)) | set(vars(MapFunctional))
+    chaining = sorted(
+        name for name in {*vars(IterFunctional), *vars(MapFunctional)} if not name.startswith("_")
+    )
     blocks = upstream_blocks(output)
     for block in blocks:
-        shadowing = sorted(
-            name for name in vars(block) if name in chaining and not name.startswith("_")
-        )
+        shadowing = _shadowed(block, chaining)
         if shadowing:
             raise TypeError(
                 f"{type(block).__name__} sets the attribute {shadowing[0]!r}, which hides the "
@@ -144,6 +146,25 @@ def check_declared_inputs(output: DataPipe) -> None:
     refuse_hidden_inputs(blocks)
 
 
+def _shadowed(block: DataPipe, names: list[str]) -> list[str]:
+    """Which ``names`` (chaining methods) an instance attribute of ``block`` hides.
+
+    Asked through ``getattr`` rather than ``vars(block)``, which would slow the
+    block down for good (see ``_attributes.py``).
+    """
+    cls = type(block)
+    found = []
+    for name in names:
+        value = getattr(block, name, _MISSING)
+        if value is _MISSING:
+            continue
+        method = getattr(cls, name, _MISSING)
+        if method is _MISSING or getattr(value, "__func__", value) is not method:
+            found.append(name)
+    return found
+
+
+_MISSING = object()
 STATE_VERSION = 1
 
 

@@ -5,7 +5,8 @@ loader and ``pipeloom.testing``:
 
 * the *item stamp* ``(seed, epoch, position, draws)`` of the item a thread
   works on, which a worker sends along with each output and the consumer
-  restores, so ``item_rng()`` continues identically in every process;
+  restores, so ``item_rng()`` continues identically in every process
+  (``stamp_item`` starts one, for a block that stands in for a sharding point);
 * per-block framework state, changed through the block base's methods:
   restarting a part of a pipeline, forgetting ``lazy_init`` in a forked
   copy, reading the seed a block derives its randomness from.
@@ -32,6 +33,7 @@ from ._context import (
     current_stamp,
     derive_seed,
     restore_stamp,
+    stamp_item,
 )
 from ._pipeline import check_declared_inputs, upstream_blocks
 
@@ -47,6 +49,7 @@ __all__ = [
     "forget_lazy_init",
     "restart_blocks",
     "restore_stamp",
+    "stamp_item",
 ]
 
 

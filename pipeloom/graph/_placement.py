@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..datapipes import DataPipe
+from ._dot import to_dot
 from ._graph import traverse
 
 __all__ = ["Placement"]
@@ -48,8 +49,6 @@ class Placement:
 
     def to_dot(self) -> str:
         """DOT source with one cluster per location (see ``pipeloom.graph.to_dot``)."""
-        from ._dot import to_dot
-
         return to_dot(self.output, self)
 
     def __str__(self) -> str:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import pytest
 
 from pipeloom import DataLoader, graph
@@ -167,3 +172,46 @@ def test_an_explicit_empty_inputs_is_taken_at_its_word():
 
     pipe = Index(IterableWrapper([7, 8]))
     assert pipe.parents == () and list(pipe) == [0, 1]
+
+
+_KEEPS_BLOCKS_FAST = """
+import gc
+
+from pipeloom import DataLoader, graph
+from pipeloom.datapipes import IterableWrapper
+from tests.datapipes.test_inputs import Double, plus_one
+
+
+def has_dict_object(block):
+    referents = [r for r in gc.get_referents(block) if r is not type(block)]
+    return len(referents) == 1 and type(referents[0]) is dict
+
+
+pipe = Double(IterableWrapper(range(4))).map(plus_one).batch(2)
+assert list(pipe) == [[1, 3], [5, 7]]
+with DataLoader(pipe, seed=0) as loader:
+    assert len(list(loader)) == 2
+graph.traverse(pipe)
+print([type(b).__name__ for b in graph.traverse(pipe).nodes if has_dict_object(b)])
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="inline attribute values are CPython 3.11+")
+def test_walking_and_checking_a_pipeline_keeps_its_blocks_fast():
+    # vars(block) would turn a block's inline attributes into a dict object for
+    # good, and every later self.x in its per-item code would get slower. In a
+    # fresh interpreter: once instances of a class set their attributes in
+    # different orders, CPython gives new ones a dict object anyway.
+    root = str(pathlib.Path(__file__).parents[2])
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run(
+        [sys.executable, "-c", _KEEPS_BLOCKS_FAST],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -108,6 +108,7 @@ def test_economic_and_chunked_under_outer_sharding_give_the_in_process_shard(str
         service = MultiProcessingReadingService(2, strategy=strategy, timeout=30)
         with DataLoader(build(), _outer(service, 2, rank), seed=1) as loader:
             assert list(loader) == expected
+            assert len(loader) == len(expected)  # the rank's share, also before an epoch
     for stop in (0, 2):
         resume_case(
             build,

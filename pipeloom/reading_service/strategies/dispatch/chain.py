@@ -19,7 +19,13 @@ from ....datapipes import (
     current_position,
     set_pipeline_epoch,
 )
-from ....datapipes.runtime import current_draws, derive_seed, restart_blocks, restore_stamp
+from ....datapipes.runtime import (
+    current_draws,
+    derive_seed,
+    restart_blocks,
+    restore_stamp,
+    stamp_item,
+)
 from ....graph import upstream
 from ...workers.failure import Failure, capture_failure
 from ...workers.messages import Output
@@ -55,14 +61,14 @@ class TaskFeed(IterDataPipe):
         if self._next >= len(self._entries):
             raise StopIteration
         position, value = self._entries[self._next]
-        restore_stamp((self._seed, self.epoch, position, 0))  # before the read: errors name it
+        stamp_item(self._seed, self.epoch, position)  # before the read: errors name it
         if self._seed is not None:  # global RNG draws depend on the item, not the worker
             seed_item_rngs(derive_seed(self._seed, position, _GLOBAL_RNG_TAG))
         if self.source is None:
             item = value
         else:
             item = self.source.async_get(value)
-            restore_stamp((self._seed, self.epoch, position, 0))  # a source may stamp its own
+            stamp_item(self._seed, self.epoch, position)  # a source may stamp its own
         self._next += 1
         return item
 
