@@ -42,7 +42,7 @@ class ClassicRunner(Runner):
 
     Args:
         pipeline, plan: the pipeline and its plan (strategy ``"threads"`` or ``"classic"``).
-        make_pool: builds the workers from the workers' part of ``plan``.
+        pool: the workers, built from the plan's ``"workers"`` part.
         in_order: merge by source position (True) or by arrival (False).
         timeout: seconds to wait for the next output (None: as long as the workers live).
         start_method, prefetch: for separate processes.
