@@ -10,7 +10,7 @@ import tarfile
 import threading
 
 import pytest
-from hostile_http import HostileServer, Route
+from datapipes.hostile_http import HostileServer, Route
 
 from pipeloom.datapipes import IterableWrapper, reset_pipeline
 from pipeloom.datapipes._http import HttpReader
