@@ -81,16 +81,18 @@ class _Source:
 
     A failure of the stream itself is not a property of the data: it is
     raised whatever ``on_error`` says, so a network error never passes as a
-    corrupted record that may be skipped.
+    corrupted record that may be skipped. Decompressors raise ``OSError`` for
+    damaged data too, so they read through this; a plain tar is read from the
+    stream directly (its damage is always a ``tarfile.TarError``).
     """
 
     def __init__(self, stream: IO[bytes]) -> None:
-        self._stream = stream
+        self.stream = stream
         self.failed = False
 
     def read(self, size: int = -1) -> bytes:
         try:
-            return self._stream.read(size)
+            return self.stream.read(size)
         except BaseException:
             self.failed = True
             raise
@@ -111,7 +113,7 @@ def _open(source: _Source, mode: str, limit: int | None) -> tuple[TarStream, IO[
         inner = _decompressed(source, _COMPRESSION[compression])
         return TarStream(inner, max_member_size=limit), inner
     if mode in ("r|", "r:"):
-        return TarStream(source, max_member_size=limit), None  # type: ignore[arg-type]
+        return TarStream(source.stream, max_member_size=limit), None
     head = b""  # "r", "r|*", "r:*": a tar header, or compressed data?
     while len(head) < tarfile.BLOCKSIZE and (more := source.read(tarfile.BLOCKSIZE - len(head))):
         head += more
@@ -119,7 +121,7 @@ def _open(source: _Source, mode: str, limit: int | None) -> tuple[TarStream, IO[
         if head.startswith(magic) and not _is_header(head):
             inner = _decompressed(ChainedReader(head, source.read), module)
             return TarStream(inner, max_member_size=limit), inner
-    return TarStream(source, head, max_member_size=limit), None  # type: ignore[arg-type]
+    return TarStream(source.stream, head, max_member_size=limit), None
 
 
 def _is_header(block: bytes) -> bool:
@@ -203,8 +205,8 @@ class TarArchiveLoader(StreamReader):
             for member, data in reader.members(skip):
                 yield TarMemberPath(path, member), data
         except _ERRORS as error:
-            if source.failed:  # the stream itself failed: not a corrupted record
-                raise
+            if source.failed or (inner is None and not isinstance(error, tarfile.TarError)):
+                raise  # the stream itself failed: not a corrupted record
             self._failed(path, error, reader, compressed=inner is not None)
         finally:
             if inner is not None:

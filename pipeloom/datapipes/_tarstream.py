@@ -177,7 +177,7 @@ class TarStream:
 
     def members(self, skip: int = 0) -> Iterator[tuple[str, bytes]]:
         """Yield ``(name, data)`` per regular file, after the first ``skip`` of them."""
-        read = self._read
+        read, limit = self._read, self._limit
         header, self._head = self._head, b""
         header = header if len(header) == _BLOCK else self._exact(_BLOCK, header)
         while header != _ZERO:  # else the end-of-archive marker
@@ -191,7 +191,8 @@ class TarStream:
                     yield from self._with_tarfile(raw, skip)
                     return
             if regular:
-                self._check_size(name, size, self.offset - _BLOCK)
+                if limit is not None and size > limit:
+                    self._too_large(name, size, self.offset - _BLOCK)
                 data = read(size) if size <= _CHUNK else b""
                 if len(data) != size:
                     data = self._exact(size, data)
@@ -211,14 +212,13 @@ class TarStream:
                 header = header[pad:]
         self._after_end(self._read)
 
-    def _check_size(self, name: str, size: int, header_at: int) -> None:
-        if self._limit is not None and size > self._limit:
-            self.offset = header_at
-            raise tarfile.ReadError(
-                f"invalid member header (member {name[:200]!r} claims a size of {size} bytes, "
-                f"more than max_member_size={self._limit}; if the member is really that "
-                f"large, pass a larger max_member_size)"
-            )
+    def _too_large(self, name: str, size: int, header_at: int) -> None:
+        self.offset = header_at
+        raise tarfile.ReadError(
+            f"invalid member header (member {name[:200]!r} claims a size of {size} bytes, "
+            f"more than max_member_size={self._limit}; if the member is really that "
+            f"large, pass a larger max_member_size)"
+        )
 
     def _after_end(self, read: Any) -> None:
         """Read past the first zero block at ``offset``: only zeros may follow.
@@ -361,7 +361,8 @@ class TarStream:
                 self.offset = base + tar.offset
                 if not member.isfile():
                     continue
-                self._check_size(member.name, member.size, self.offset)
+                if self._limit is not None and member.size > self._limit:
+                    self._too_large(member.name, member.size, self.offset)
                 handle = tar.extractfile(member)
                 data = handle.read() if handle else b""
                 self.count += 1
