@@ -338,7 +338,7 @@ def test_webdataset_tarwriter_style_shards_are_read():
     assert load(data) == loaded_like_tarfile(data) and len(load(data)) == 4
 
 
-def test_sparse_members_are_handed_to_tarfile_and_reading_goes_on():
+def sparse_archive():
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, payload, pax in [
@@ -359,10 +359,25 @@ def test_sparse_members_are_handed_to_tarfile_and_reading_goes_on():
             info = tarfile.TarInfo(name)
             info.size, info.pax_headers = len(payload), pax
             tar.addfile(info, io.BytesIO(payload))
-    data = buffer.getvalue()
+    return buffer.getvalue()
+
+
+def test_sparse_members_are_handed_to_tarfile_and_reading_goes_on():
+    data = sparse_archive()
     assert load(data) == loaded_like_tarfile(data)
     assert load(data)[1] == ("h.tar/holes.bin", b"\0" * 4 + b"abc" + b"\0" * 3)
     assert collect_resumed(data, 3) == loaded_like_tarfile(data)[3:]
+
+
+def test_after_a_sparse_member_the_end_is_checked_and_sizes_bounded_too():
+    data = sparse_archive()
+    with pytest.raises(tarfile.ReadError, match=r"data after the end-of-archive marker.*after 4"):
+        load(data + data)
+    with pytest.raises(tarfile.ReadError, match=r"'after.txt' claims a size of 700 bytes"):
+        load(data, max_member_size=500)
+    cut = data[: data.index(b"a" * 700) + 100]
+    with pytest.raises(tarfile.ReadError, match=r"h.tar' is corrupted or truncated"):
+        load(cut)
 
 
 def collect_resumed(data, skip):
