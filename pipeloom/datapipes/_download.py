@@ -286,7 +286,7 @@ class Download(io.RawIOBase):
         )
 
     def _status_message(self, error: urllib.error.HTTPError) -> str:
-        return f"GET {self.url} failed with HTTP status {error.code} {error.reason}"
+        return f"GET {self.url} failed with HTTP status {error.code} {error.reason}{self._where()}"
 
     def _where(self) -> str:
         if not self._opened:

@@ -138,6 +138,18 @@ def test_a_retry_after_past_the_deadline_fails_at_once_naming_the_url(server):
     assert len(server.requests("/f.bin")) == 1
 
 
+def test_an_error_status_while_resuming_names_the_url_status_and_offset(server):
+    server.routes["/f.bin"] = Route(BODY, cut=[0.4])
+    reader = HttpReader(IterableWrapper([server.url("/f.bin")]), **FAST)
+    _, stream = next(iter(reader))
+    stream.read(100)  # the first response is open; now the file goes away
+    server.routes["/f.bin"] = Route(statuses=[404] * 5)
+    with pytest.raises(
+        OSError, match=r"f.bin failed with HTTP status 404 .* at byte 4000 of 10000"
+    ):
+        stream.read()
+
+
 def test_not_found_fails_at_once_naming_url_and_status(server):
     with pytest.raises(
         OSError, match=r"GET http://127.0.0.1:\d+/missing.tar failed with HTTP status 404"
