@@ -196,11 +196,19 @@ class IterFunctional:
 
         return FileOpener(self, mode=mode, encoding=encoding)
 
-    def load_from_tar(self, mode: str = "r|", on_error: str = "raise") -> IterDataPipe:
+    def load_from_tar(
+        self,
+        mode: str = "r|*",
+        length: int = -1,
+        on_error: str = "raise",
+        max_member_size: int | None = 1 << 32,
+    ) -> IterDataPipe:
         """Read tar members from ``(path, stream)`` items. See :class:`TarArchiveLoader`."""
         from ._tar import TarArchiveLoader
 
-        return TarArchiveLoader(self, mode=mode, on_error=on_error)
+        return TarArchiveLoader(
+            self, mode=mode, length=length, on_error=on_error, max_member_size=max_member_size
+        )
 
     def webdataset(self) -> IterDataPipe:
         """Group consecutive tar members by key into samples. See :class:`WebDataset`."""
