@@ -132,16 +132,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--interval", type=float, default=0.01, help="sampling period, seconds")
     args = parser.parse_args(argv)
     quiet_torch_warnings()
-    if args.quick:
-        memory_workers, speed_workers, repeats, stall, n_speed = (1, 2), (2,), 1, 1.0, 48
+    if args.quick:  # a smoke run
+        memory_workers, speed_workers, n_speed, repeats, stall = (2,), (2,), 32, 1, 1.0
     else:
-        memory_workers, speed_workers, repeats, stall, n_speed = (
-            (1, 2, 4, 8),
-            (2, 4, 8),
-            2,
-            5.0,
-            192,
-        )
+        memory_workers, speed_workers, n_speed, repeats = (1, 2, 4, 8), (2, 4, 8), 192, 2
+        stall = 5.0
     repeats = args.repeats or repeats
     stall = stall if args.stall is None else args.stall
     if psutil is None:
@@ -154,6 +149,9 @@ def main(argv: list[str] | None = None) -> None:
         repeats,
         args.interval,
         quick=args.quick,
+        # the stall lets every loader fill its buffers (w x prefetch batches at most): a few
+        # batches more are enough to see the peak
+        batches_for=lambda workers: workers * PREFETCH + (4 if args.quick else 6),
     )
     print_table(
         f"big batches, peak memory above baseline: items of {ITEM_NUMEL * 4 // MIB} MiB, batch "

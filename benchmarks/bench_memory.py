@@ -327,10 +327,12 @@ def memory_rows(
     repeats: int,
     interval: float,
     quick: bool,
+    batches_for: Callable[[int], int] | None = None,
 ) -> tuple[list[list[Any]], dict[str, dict[int, float]]]:
     """Rows of :func:`memory_header` and the Shmem peaks per loader and num_workers.
 
-    ``loaders_for(n, workers)`` gives (name, make) pairs, torch's first and named "torch".
+    ``loaders_for(n, workers)`` gives (name, make) pairs, torch's first and named "torch";
+    ``batches_for(workers)`` the batches per run (default: enough for a steady state).
     """
     rows = []
     series: dict[str, dict[int, float]] = {}
@@ -338,6 +340,8 @@ def memory_rows(
         # Enough batches to fill every loader's buffers (w x prefetch) and then some.
         extra, least = (4, 8) if quick else (6, 10)
         n_batches = max(least, workers * PREFETCH + extra)
+        if batches_for is not None:
+            n_batches = batches_for(workers)
         n = n_batches * BATCH
         loaders = dict(loaders_for(n, workers))
         runs: dict[str, list[Result]] = {name: [] for name in loaders}
