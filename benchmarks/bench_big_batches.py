@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         repeats,
         args.interval,
         quick=args.quick,
-        # the stall lets every loader fill its buffers (w x prefetch batches at most): a few
-        # batches more are enough to see the peak
+        # the stall lets every loader fill its buffers (about w x prefetch batches, classic
+        # a few more): that many batches and a few to spare show the peak
         batches_for=lambda workers: workers * PREFETCH + (4 if args.quick else 6),
     )
     print_table(
