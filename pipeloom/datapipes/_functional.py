@@ -163,11 +163,24 @@ class IterFunctional:
 
         return Concater(self, *others)
 
-    def mux(self, *others: IterDataPipe) -> IterDataPipe:
-        """Interleave streams one item at a time. See :class:`Multiplexer`."""
+    def mux(
+        self,
+        *others: IterDataPipe,
+        weights: Sequence[float] | None = None,
+        stop: str = "first",
+        sampling: str = "smooth",
+        seed: int | None = None,
+    ) -> IterDataPipe:
+        """Interleave streams, round-robin or at ``weights``. See :class:`Multiplexer`."""
         from ._mux import Multiplexer
 
-        return Multiplexer(self, *others)
+        return Multiplexer(self, *others, weights=weights, stop=stop, sampling=sampling, seed=seed)
+
+    def mux_longest(self, *others: IterDataPipe) -> IterDataPipe:
+        """Round-robin until every stream is exhausted. See :class:`Multiplexer`."""
+        from ._mux import Multiplexer
+
+        return Multiplexer(self, *others, stop="all")
 
     def fork(self, num_instances: int, buffer_size: int = 1000) -> list[IterDataPipe]:
         """Copy the stream to ``num_instances`` consumers. See :class:`Forker`."""
