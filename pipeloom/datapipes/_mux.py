@@ -299,8 +299,10 @@ def _integer_weights(weights: tuple[Any, ...] | None, count: int) -> list[int]:
         value = float(weight)
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"mux() weights must be finite and >= 0, got {weight!r}")
-        integral = isinstance(weight, numbers.Integral)
-        exact.append(Fraction(operator.index(weight)) if integral else Fraction(repr(value)))
+        if isinstance(weight, numbers.Integral):
+            exact.append(Fraction(operator.index(weight)))
+        else:
+            exact.append(Fraction(repr(value)))
     if not any(exact):
         raise ValueError(f"mux() needs at least one positive weight, got {list(weights)!r}")
     scale = math.lcm(*(f.denominator for f in exact))
