@@ -7,7 +7,7 @@ Custom blocks add a method with :func:`functional_datapipe`.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -101,6 +101,34 @@ class IterFunctional:
         from ._collate import Collator
 
         return Collator(self, collate_fn)
+
+    def pack(
+        self,
+        max_length: int,
+        strategy: str = "best_fit",
+        buffer_size: int = 32,
+        *,
+        pad_value: float | Mapping[str, float] = 0,
+        oversized: str = "split",
+    ) -> IterDataPipe:
+        """Pack sequences into rows of ``max_length`` with segment ids. See :class:`Packer`."""
+        from ._pack import Packer
+
+        return Packer(
+            self, max_length, strategy, buffer_size, pad_value=pad_value, oversized=oversized
+        )
+
+    def concat_then_split(
+        self,
+        max_length: int,
+        *,
+        pad_value: float | Mapping[str, float] = 0,
+        drop_remainder: bool = False,
+    ) -> IterDataPipe:
+        """Concatenate sequences, cut rows of ``max_length``. See :class:`ConcatSplitter`."""
+        from ._concat_then_split import ConcatSplitter
+
+        return ConcatSplitter(self, max_length, pad_value=pad_value, drop_remainder=drop_remainder)
 
     def in_batch_shuffle(self, *, seed: int | None = None) -> IterDataPipe:
         """Shuffle the items inside each batch. See :class:`InBatchShuffler`."""
