@@ -68,6 +68,32 @@ class IterFunctional:
 
         return Batcher(self, batch_size, drop_last=drop_last, wrapper_class=wrapper_class)
 
+    def padded_batch(
+        self,
+        batch_size: int,
+        drop_last: bool = False,
+        pad_value: float | Mapping[str, float] = 0,
+        pad_to_multiple_of: int | None = None,
+        *,
+        length_key: str | None = None,
+        mask_key: str | None = "attention_mask",
+        lengths_key: str | None = "lengths",
+    ) -> IterDataPipe:
+        """Batch sequences padded to the longest: ``batch`` + ``collate(PadCollate(...))``.
+
+        See :class:`PadCollate` for the output.
+        """
+        from ._padded_batch import PadCollate
+
+        pad = PadCollate(
+            pad_value,
+            pad_to_multiple_of,
+            length_key=length_key,
+            mask_key=mask_key,
+            lengths_key=lengths_key,
+        )
+        return self.batch(batch_size, drop_last=drop_last).collate(pad)
+
     def unbatch(self, unbatch_level: int = 1) -> IterDataPipe:
         """Undo ``batch``: yield the elements of each batch. See :class:`Unbatcher`."""
         from ._batch import Unbatcher

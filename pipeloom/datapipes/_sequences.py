@@ -26,6 +26,7 @@ import torch
 __all__ = [
     "PadValue",
     "check_pad_value",
+    "is_sequence",
     "item_length",
     "pack_segments",
     "pad_for",

@@ -14,6 +14,8 @@ def plain(value: Any) -> Any:
         return value.tolist()
     if isinstance(value, dict):
         return {key: plain(v) for key, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(plain(v) for v in value))
     if isinstance(value, (list, tuple)):
         return type(value)(plain(v) for v in value)
     return value
