@@ -122,6 +122,31 @@ class IterFunctional:
             use_in_batch_shuffle=use_in_batch_shuffle,
         )
 
+    def bucket_by_length(
+        self,
+        length_fn: Callable[[Any], int],
+        *,
+        boundaries: Sequence[int] | None = None,
+        num_buckets: int | None = None,
+        batch_sizes: int | Sequence[int] | None = None,
+        max_tokens: int | None = None,
+        buffer_size: int = 1000,
+        drop_last: bool = False,
+    ) -> IterDataPipe:
+        """Batch items of similar ``length_fn`` together. See :class:`LengthBucketer`."""
+        from ._bucket_by_length import LengthBucketer
+
+        return LengthBucketer(
+            self,
+            length_fn,
+            boundaries=boundaries,
+            num_buckets=num_buckets,
+            batch_sizes=batch_sizes,
+            max_tokens=max_tokens,
+            buffer_size=buffer_size,
+            drop_last=drop_last,
+        )
+
     def collate(self, collate_fn: Callable[[Any], Any] | None = None) -> IterDataPipe:
         """Turn each batch into tensors (default) or apply ``collate_fn``. See :class:`Collator`."""
         from ._collate import Collator
