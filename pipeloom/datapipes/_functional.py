@@ -147,6 +147,22 @@ class IterFunctional:
             drop_last=drop_last,
         )
 
+    def max_token_bucketize(
+        self,
+        max_token_count: int,
+        len_fn: Callable[[Any], int] = len,
+        min_len: int = 0,
+        max_len: int | None = None,
+        buffer_size: int = 1000,
+        include_padding: bool = False,
+    ) -> IterDataPipe:
+        """Batches within a token budget, torchdata 0.9's. See :class:`MaxTokenBucketizer`."""
+        from ._max_token_bucketize import MaxTokenBucketizer
+
+        return MaxTokenBucketizer(
+            self, max_token_count, len_fn, min_len, max_len, buffer_size, include_padding
+        )
+
     def collate(self, collate_fn: Callable[[Any], Any] | None = None) -> IterDataPipe:
         """Turn each batch into tensors (default) or apply ``collate_fn``. See :class:`Collator`."""
         from ._collate import Collator

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import pathlib
 import pickle
 from fractions import Fraction
 
@@ -112,6 +114,18 @@ def test_mux_longest_matches_torchdata_example():
     assert list(dp) == [0, 10, 20, 1, 11, 21, 2, 12, 22, 3, 13, 23, 4, 14, 24]
     assert len(dp) == 15
     assert repr(dp) == "Multiplexer(stop='all', sampling='smooth')"
+
+
+MUX_LONGEST_CASES = json.loads(
+    (pathlib.Path(__file__).parent / "fixtures" / "torchdata_mixing.json").read_text()
+)["mux_longest"]
+
+
+@pytest.mark.parametrize("case", MUX_LONGEST_CASES)
+def test_mux_longest_gives_torchdata_0_9_recorded_output(case):
+    lists = case["lists"]
+    dp = IterableWrapper(lists[0]).mux_longest(*(IterableWrapper(x) for x in lists[1:]))
+    assert collect(dp) == case["expected"]
 
 
 @settings(max_examples=50, deadline=None)
