@@ -38,6 +38,7 @@ from ._zip import check_inputs
 __all__ = ["Multiplexer"]
 
 STOPS = ("first", "all", "cycle")
+_NO_STAMP: tuple = (None, 0, None, 0)
 SAMPLINGS = ("smooth", "random")
 
 
@@ -134,6 +135,9 @@ class Multiplexer(IterDataPipe):
         self._ran_out = [False] * count  # exhausted at least once
         self._rounds = [0] * count
         self._yielded = [False] * count  # whether the source's current round gave an item
+        # Each source's item stamp as it left it: a source that emits several items per
+        # position (a tar shard) goes on from its own stamp, as it would alone in a worker.
+        self._contexts: list[tuple] = [_NO_STAMP] * count
         self._done = False
 
     # -- iteration --------------------------------------------------------------
@@ -145,7 +149,7 @@ class Multiplexer(IterDataPipe):
                 raise StopIteration
             index = self._choose()
             try:
-                item = self.datapipes[index].async_next()  # NotAvailable: same choice next
+                item = self._pull(index)  # NotAvailable: the same choice next time
             except StopIteration:
                 self._exhausted(index)
                 continue
@@ -153,6 +157,13 @@ class Multiplexer(IterDataPipe):
             self._drawn += 1
             self._yielded[index] = True
             return item
+
+    def _pull(self, index: int) -> Any:
+        restore_stamp(self._contexts[index])
+        try:
+            return self.datapipes[index].async_next()
+        finally:
+            self._contexts[index] = current_stamp()
 
     def _choose(self) -> int:
         weights, gone = self._int_weights, self._gone
@@ -194,6 +205,7 @@ class Multiplexer(IterDataPipe):
             self._rounds[index] += 1
             set_pipeline_round(self.datapipes[index], self._rounds[index])
             reset_pipeline(self.datapipes[index])
+            self._contexts[index] = _NO_STAMP
         self._yielded[index] = False
 
     def _next_of_round(self) -> Any:
@@ -210,8 +222,8 @@ class Multiplexer(IterDataPipe):
             raise StopIteration
         filling = self._filling
         try:
-            for dp in self.datapipes[len(filling) :]:
-                filling.append((dp.async_next(), current_stamp()))
+            for index in range(len(filling), len(self.datapipes)):
+                filling.append((self._pull(index), current_stamp()))
         except StopIteration:
             self._done = True
             filling.clear()
@@ -237,6 +249,7 @@ class Multiplexer(IterDataPipe):
                 "ready": list(self._ready),
                 "emitted": self._emitted,
                 "done": self._done,
+                "contexts": list(self._contexts),
             }
         return {
             "weights": list(self._int_weights),
@@ -246,6 +259,7 @@ class Multiplexer(IterDataPipe):
             "ran_out": list(self._ran_out),
             "rounds": list(self._rounds),
             "yielded": list(self._yielded),
+            "contexts": list(self._contexts),
             "done": self._done,
         }
 
@@ -255,6 +269,7 @@ class Multiplexer(IterDataPipe):
             self._ready = [tuple(x) for x in state["ready"]]
             self._emitted = int(state["emitted"])
             self._done = bool(state["done"])
+            self._load_contexts(state)
             return
         if "counts" not in state or len(state["counts"]) != len(self.datapipes):
             raise StateError(
@@ -271,9 +286,15 @@ class Multiplexer(IterDataPipe):
         self._rounds = [int(r) for r in state["rounds"]]
         self._yielded = [bool(y) for y in state["yielded"]]
         self._done = bool(state["done"])
+        self._load_contexts(state)
         for dp, round_number in zip(self.datapipes, self._rounds):
             if round_number:
                 set_pipeline_round(dp, round_number)
+
+    def _load_contexts(self, state: dict[str, Any]) -> None:
+        contexts = state.get("contexts")  # absent from states saved before it was kept
+        count = len(self.datapipes)
+        self._contexts = [_NO_STAMP] * count if contexts is None else [tuple(c) for c in contexts]
 
     def __repr__(self) -> str:
         if self._rounds_mode:

@@ -318,3 +318,13 @@ def test_weighted_mux_has_no_length_and_a_readable_repr():
     assert repr(dp) == "Multiplexer(weights=[0.7, 0.3], stop='cycle', sampling='smooth')"
     with pytest.raises(TypeError, match="has no length"):
         len(dp)
+
+
+@pytest.mark.parametrize("weights", [None, [1, 1]])
+def test_a_source_with_several_outputs_per_position_keeps_its_own_stamp(weights):
+    """An unbatch (or tar reader) does not re-stamp its later outputs; mixing must not leak
+    another source's stamp into them, or item_rng() would differ from a worker's run."""
+    batches = WithPosition(IterableWrapper([[], [10, 11, 12]]).unbatch())
+    letters = WithPosition(IterableWrapper("wxyz"))
+    out = collect(Multiplexer(batches, letters, weights=weights))
+    assert out == [(10, 1), ("w", 0), (11, 1), ("x", 1), (12, 1), ("y", 2)]
