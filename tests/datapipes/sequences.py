@@ -37,3 +37,30 @@ def segments_of(values: list, segment_ids: list[int]) -> list[list]:
         if segment:
             found.setdefault(segment, []).append(value)
     return [found[k] for k in sorted(found)]
+
+
+def check_services_and_elastic_resume(build, *, seed: int = 0) -> None:
+    """``build()`` gives the in-process epochs under threads and processes, and a
+    checkpoint taken halfway with 2 workers resumes with 3 (threads and processes)."""
+    import pickle
+
+    from pipeloom import DataLoader
+    from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+
+    with DataLoader(build(), seed=seed) as loader:
+        expected = (plain(list(loader)), plain(list(loader)))
+    services = {
+        "threads": ThreadReadingService,
+        "processes": lambda n: MultiProcessingReadingService(n, timeout=60),
+    }
+    for name, make in services.items():
+        with DataLoader(build(), make(2), seed=seed) as loader:
+            assert (plain(list(loader)), plain(list(loader))) == expected, name
+            loader.set_epoch(0)
+            iterator = iter(loader)
+            head = [plain(next(iterator)) for _ in range(len(expected[0]) // 2)]
+            state = pickle.loads(pickle.dumps(loader.state_dict()))
+        with DataLoader(build(), make(3)) as resumed:
+            resumed.load_state_dict(state)
+            assert head + plain(list(resumed)) == expected[0], f"{name}: 2 -> 3 workers"
+            assert plain(list(resumed)) == expected[1], f"{name}: the next epoch"

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 from datapipes.helpers import Flaky, WithPosition
+from datapipes.sequences import check_services_and_elastic_resume
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -231,4 +232,21 @@ def test_repr():
     assert repr(pipe) == (
         "LengthBucketer(length_fn=len, num_buckets=4, max_tokens=4096, buffer_size=1000, "
         "drop_last=False)"
+    )
+
+
+def lengths_to_word(n):
+    return ("x" * (n % 13), n)
+
+
+@pytest.mark.timeout(120)
+def test_the_same_batches_under_threads_and_processes_and_after_a_resume_on_more_workers():
+    check_services_and_elastic_resume(
+        lambda: (
+            IterableWrapper(range(80))
+            .shuffle()
+            .sharding_filter()
+            .map(lengths_to_word)
+            .bucket_by_length(size, num_buckets=3, max_tokens=40, buffer_size=10)
+        )
     )

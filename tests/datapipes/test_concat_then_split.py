@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 from datapipes.helpers import Flaky, WithPosition
-from datapipes.sequences import numbered_sequences, plain
+from datapipes.sequences import check_services_and_elastic_resume, numbered_sequences, plain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -120,3 +120,22 @@ def test_bad_arguments_say_what_was_expected(args, kwargs, error, match):
 def test_repr():
     pipe = IterableWrapper([[1]]).concat_then_split(8, drop_remainder=True)
     assert repr(pipe) == "ConcatSplitter(max_length=8, drop_remainder=True)"
+
+
+def lengths_to_sequence(n):
+    return list(range(1, n % 11 + 2))
+
+
+@pytest.mark.timeout(120)
+def test_the_same_rows_under_threads_and_processes_and_after_a_resume_on_more_workers():
+    check_services_and_elastic_resume(
+        lambda: (
+            IterableWrapper(range(60))
+            .shuffle()
+            .sharding_filter()
+            .map(lengths_to_sequence)
+            .concat_then_split(16)
+            .batch(2)
+            .collate()
+        )
+    )

@@ -8,6 +8,7 @@ import pickle
 
 import pytest
 from datapipes.helpers import Flaky, WithPosition
+from datapipes.sequences import check_services_and_elastic_resume
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -130,4 +131,21 @@ def test_repr():
     assert repr(dp) == (
         "MaxTokenBucketizer(max_token_count=5, len_fn=len, min_len=0, max_len=5, "
         "buffer_size=1000, include_padding=False)"
+    )
+
+
+def lengths_to_word(n):
+    return "x" * (n % 9)
+
+
+@pytest.mark.timeout(120)
+def test_the_same_batches_under_threads_and_processes_and_after_a_resume_on_more_workers():
+    check_services_and_elastic_resume(
+        lambda: (
+            IterableWrapper(range(80))
+            .shuffle()
+            .sharding_filter()
+            .map(lengths_to_word)
+            .max_token_bucketize(20, buffer_size=7, include_padding=True)
+        )
     )

@@ -9,6 +9,7 @@ from fractions import Fraction
 
 import pytest
 from datapipes.helpers import Flaky, drain_retrying
+from datapipes.sequences import check_services_and_elastic_resume
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import item_lists
@@ -328,3 +329,28 @@ def test_a_source_with_several_outputs_per_position_keeps_its_own_stamp(weights)
     letters = WithPosition(IterableWrapper("wxyz"))
     out = collect(Multiplexer(batches, letters, weights=weights))
     assert out == [(10, 1), ("w", 0), (11, 1), ("x", 1), (12, 1), ("y", 2)]
+
+
+def tagged(x):
+    return ("sharded", x)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sampling", ["smooth", "random"])
+def test_a_mix_after_the_workers_is_the_same_under_threads_and_processes_and_resumes_elastically(
+    sampling,
+):
+    check_services_and_elastic_resume(
+        lambda: (
+            IterableWrapper(range(40))
+            .shuffle()
+            .sharding_filter()
+            .map(tagged)
+            .mux(
+                IterableWrapper(range(100, 120)).shuffle(),
+                weights=[3, 1],
+                stop="all",
+                sampling=sampling,
+            )
+        )
+    )

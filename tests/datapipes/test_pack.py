@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 import torch
 from datapipes.helpers import Flaky, WithPosition
-from datapipes.sequences import numbered_sequences, plain, segments_of
+from datapipes.sequences import (
+    check_services_and_elastic_resume,
+    numbered_sequences,
+    plain,
+    segments_of,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -208,3 +213,22 @@ def test_the_token_multiset_is_kept_for_random_lengths():
     rows = plain(collect(IterableWrapper(sequences).pack(32)))
     kept = Counter(x for values, _, _ in rows for x in values if x)
     assert kept == Counter(x for s in sequences for x in s)
+
+
+def lengths_to_sequence(n):
+    return list(range(1, n % 11 + 2))
+
+
+@pytest.mark.timeout(120)
+def test_the_same_rows_under_threads_and_processes_and_after_a_resume_on_more_workers():
+    check_services_and_elastic_resume(
+        lambda: (
+            IterableWrapper(range(60))
+            .shuffle()
+            .sharding_filter()
+            .map(lengths_to_sequence)
+            .pack(16, buffer_size=3)
+            .batch(2)
+            .collate()
+        )
+    )
