@@ -123,6 +123,9 @@ class Multiplexer(IterDataPipe):
         self.reset()
 
     def reset(self) -> None:
+        for dp, round_number in zip(self.datapipes, getattr(self, "_rounds", ())):
+            if round_number:  # a restarted source starts the next iteration at round 0
+                set_pipeline_round(dp, 0)
         count = len(self.datapipes)
         # torchdata's mux: the round being read, the complete round being emitted.
         self._filling: list[tuple[Any, Any]] = []

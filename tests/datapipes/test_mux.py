@@ -22,6 +22,7 @@ from pipeloom.datapipes import (
     load_pipeline_state_dict,
     pipeline_state_dict,
     reset_pipeline,
+    seed_pipeline,
 )
 from pipeloom.datapipes._mux import Multiplexer
 from pipeloom.errors import StateError
@@ -229,6 +230,15 @@ def test_stop_cycle_restarts_short_sources_with_new_seeds_until_each_ran_out_onc
     assert all(sorted(r) == [0, 1, 2, 3] for r in rounds)
     assert len({tuple(r) for r in rounds}) > 1  # each round reshuffled
     assert collect(Multiplexer(short, long, weights=[1, 1], stop="cycle"), seed=3) == out
+
+
+def test_iterating_the_same_epoch_again_gives_the_same_cycled_mix():
+    pipe = Multiplexer(
+        IterableWrapper(range(5)).shuffle(), IterableWrapper("abcdefghijklmn"), stop="cycle"
+    )
+    seed_pipeline(pipe, 1)
+    first = list(pipe)
+    assert list(pipe) == first  # restarted sources are back at round 0
 
 
 def test_stop_cycle_drops_a_source_that_yields_nothing_instead_of_spinning():
