@@ -242,14 +242,14 @@ def test_a_mix_before_the_sharding_point_runs_and_resumes_under_every_strategy(s
     with DataLoader(books_and_code(), seed=5) as loader:
         epoch, following = plain(list(loader)), plain(list(loader))
 
-    def service():
-        return MultiProcessingReadingService(2, strategy=strategy, timeout=60)
+    def service(workers):
+        return MultiProcessingReadingService(workers, strategy=strategy, timeout=60)
 
-    with DataLoader(books_and_code(), service(), seed=5) as loader:
+    with DataLoader(books_and_code(), service(2), seed=5) as loader:
         assert plain(list(loader)) == epoch
         loader.set_epoch(0)
         iterator = iter(loader)
         head = [plain(next(iterator)) for _ in range(len(epoch) // 2)]
         state = pickle.loads(pickle.dumps(loader.state_dict()))
-    rest, after = resume_in_a_fresh_thread(books_and_code(), service(), state)
+    rest, after = resume_in_a_fresh_thread(books_and_code(), service(3), state)  # 2 -> 3
     assert head + rest == epoch and after == following
