@@ -38,14 +38,15 @@ from ._zip import check_inputs
 __all__ = ["Multiplexer"]
 
 STOPS = ("first", "all", "cycle")
-_NO_STAMP: tuple = (None, 0, None, 0)
 SAMPLINGS = ("smooth", "random")
+_NO_STAMP: tuple = (None, 0, None, 0)
 
 
 class Multiplexer(IterDataPipe):
     """Interleave streams, round-robin or at chosen proportions (functional: ``mux``).
 
-    Without ``weights`` and with ``stop="first"`` this is torchdata's ``mux``:
+    Without ``weights``, with ``stop="first"`` and ``sampling="smooth"`` (the
+    defaults) this is torchdata's ``mux``:
     rounds of one item per stream, ending (and dropping the incomplete round)
     when any stream is exhausted. Otherwise each output is taken from one
     source chosen by ``sampling`` (unweighted means equal weights):
@@ -65,6 +66,8 @@ class Multiplexer(IterDataPipe):
     * ``"cycle"``: that source restarts (a new round: new seeds upstream, as
       ``cycle`` does), until every source with a positive weight has run out at
       least once. A source that yields nothing in a round leaves the mix.
+      Under thread or process workers, restart only sources read in the main
+      process or upstream of the sharding point, not one merged from workers.
 
     Resuming with other weights: the state holds the counts ``c`` and the
     weights they were taken with. Loaded into a block with different weights,
@@ -119,7 +122,7 @@ class Multiplexer(IterDataPipe):
         self.sampling = sampling
         self.seed = seed
         self._pl_fix_seed(seed)
-        self._rounds_mode = weights is None and stop == "first"
+        self._rounds_mode = weights is None and stop == "first" and sampling == "smooth"
         self.reset()
 
     def reset(self) -> None:

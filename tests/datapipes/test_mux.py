@@ -364,3 +364,9 @@ def test_a_mix_after_the_workers_is_the_same_under_threads_and_processes_and_res
             )
         )
     )
+
+
+def test_random_sampling_without_weights_draws_equally():
+    out = collect(Multiplexer(*sources_of([1, 1], 5000), sampling="random"), seed=2)
+    assert out[:12] != [0, 1] * 6
+    assert abs(out[:4000].count(0) / 4000 - 0.5) < 0.03
