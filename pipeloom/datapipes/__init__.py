@@ -16,6 +16,7 @@ from ._files import FileLister, FileOpener, StreamOpener, StreamReader
 from ._fsspec import FSSpecFileLister, FSSpecFileOpener
 from ._functional import functional_datapipe
 from ._http import HttpReader
+from ._padded_batch import PadCollate, PaddedBatch
 from ._pipeline import (
     check_declared_inputs,
     load_pipeline_state_dict,
@@ -57,6 +58,8 @@ __all__ = [
     "MapDataPipe",
     "MapToIter",
     "NotAvailable",
+    "PadCollate",
+    "PaddedBatch",
     "pipeline_state_dict",
     "PinMemory",
     "reset_pipeline",
