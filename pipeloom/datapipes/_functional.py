@@ -10,6 +10,8 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._functional_storage import StorageFunctional
+
 if TYPE_CHECKING:
     import torch
 
@@ -21,8 +23,8 @@ Col = int | str | Sequence[int | str] | None
 B = TypeVar("B", bound=type)
 
 
-class IterFunctional:
-    """The chaining methods of every ``IterDataPipe``."""
+class IterFunctional(StorageFunctional):
+    """The chaining methods of every ``IterDataPipe`` (storage ones in ``StorageFunctional``)."""
 
     # -- per item ------------------------------------------------------------
     def map(
@@ -216,29 +218,56 @@ class IterFunctional:
 
         return Decoder(self, strict=strict, decoders=decoders)
 
-    def readlines(self, *, strip_newline: bool = True, return_path: bool = True) -> IterDataPipe:
+    def readlines(
+        self,
+        *,
+        skip_lines: int = 0,
+        strip_newline: bool = True,
+        decode: bool = False,
+        encoding: str = "utf-8",
+        errors: str = "ignore",
+        return_path: bool = True,
+    ) -> IterDataPipe:
         """Yield the lines of each ``(path, stream)``. See :class:`LineReader`."""
         from ._text import LineReader
 
-        return LineReader(self, strip_newline=strip_newline, return_path=return_path)
+        return LineReader(
+            self,
+            skip_lines=skip_lines,
+            strip_newline=strip_newline,
+            decode=decode,
+            encoding=encoding,
+            errors=errors,
+            return_path=return_path,
+        )
 
     def parse_csv(
         self,
         *,
-        delimiter: str = ",",
         skip_lines: int = 0,
-        as_dict: bool = False,
+        decode: bool = True,
+        encoding: str = "utf-8",
+        errors: str = "ignore",
         return_path: bool = False,
+        as_tuple: bool = False,
+        as_dict: bool = False,
+        delimiter: str = ",",
+        **fmtparams: Any,
     ) -> IterDataPipe:
         """Yield the rows of each ``(path, stream)`` of CSV text. See :class:`CSVParser`."""
         from ._text import CSVParser
 
         return CSVParser(
             self,
-            delimiter=delimiter,
             skip_lines=skip_lines,
-            as_dict=as_dict,
+            decode=decode,
+            encoding=encoding,
+            errors=errors,
             return_path=return_path,
+            as_tuple=as_tuple,
+            as_dict=as_dict,
+            delimiter=delimiter,
+            **fmtparams,
         )
 
 

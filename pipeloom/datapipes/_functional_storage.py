@@ -1,0 +1,45 @@
+"""Chaining methods for storage and file formats (a mixin of ``IterFunctional``).
+
+Listing, opening, archives, compression, hashing, saving and the text and
+JSON formats torchdata 0.9 had, with its arguments. Each method builds the
+block it names with ``self`` as its input.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._base import IterDataPipe
+
+__all__ = ["StorageFunctional"]
+
+
+class StorageFunctional:
+    """Storage and format methods of every ``IterDataPipe``."""
+
+    def parse_csv_as_dict(
+        self,
+        *,
+        skip_lines: int = 0,
+        decode: bool = True,
+        encoding: str = "utf-8",
+        errors: str = "ignore",
+        return_path: bool = False,
+        delimiter: str = ",",
+        **fmtparams: Any,
+    ) -> IterDataPipe:
+        """Yield each CSV row as a dict keyed by its file's header. See :class:`CSVParser`."""
+        from ._text import CSVParser
+
+        return CSVParser(
+            self,
+            skip_lines=skip_lines,
+            decode=decode,
+            encoding=encoding,
+            errors=errors,
+            return_path=return_path,
+            as_dict=True,
+            delimiter=delimiter,
+            **fmtparams,
+        )
