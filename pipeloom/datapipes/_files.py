@@ -151,7 +151,7 @@ class FileLister(Lister):
         ):
             raise TypeError(
                 f"root must be a path or a non-empty list of paths, got {root!r}; "
-                f"for a stream of roots use .flatmap over FileLister"
+                f"for a stream of roots (e.g. an IterDataPipe) use roots.list_files(masks)"
             )
         super().__init__(masks)
         self.roots = tuple(os.fspath(r) for r in roots)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._functional_storage import StorageFunctional
+from ._functional_streams import StreamFunctional
 
 if TYPE_CHECKING:
     import torch
@@ -23,8 +24,12 @@ Col = int | str | Sequence[int | str] | None
 B = TypeVar("B", bound=type)
 
 
-class IterFunctional(StorageFunctional):
-    """The chaining methods of every ``IterDataPipe`` (storage ones in ``StorageFunctional``)."""
+class IterFunctional(StreamFunctional, StorageFunctional):
+    """The chaining methods of every ``IterDataPipe``.
+
+    The mixins hold the methods new with torchdata 0.9's names: item and stream
+    reshaping in ``StreamFunctional``, storage and formats in ``StorageFunctional``.
+    """
 
     # -- per item ------------------------------------------------------------
     def map(
@@ -192,11 +197,17 @@ class IterFunctional(StorageFunctional):
         )
 
     # -- storage -------------------------------------------------------------------
-    def open_files(self, mode: str = "r", encoding: str | None = None) -> IterDataPipe:
-        """Open each path; yield ``(path, stream)``. See :class:`FileOpener`."""
+    def open_files(
+        self, mode: str = "r", encoding: str | None = None, length: int = -1
+    ) -> IterDataPipe:
+        """Open each path; yield ``(path, stream)``. See :class:`FileOpener`.
+
+        ``length`` (torchdata's argument) declares ``len()`` with ``set_length``.
+        """
         from ._files import FileOpener
 
-        return FileOpener(self, mode=mode, encoding=encoding)
+        opener = FileOpener(self, mode=mode, encoding=encoding)
+        return opener if length == -1 else opener.set_length(length)
 
     def load_from_tar(self, mode: str = "r|", on_error: str = "raise") -> IterDataPipe:
         """Read tar members from ``(path, stream)`` items. See :class:`TarArchiveLoader`."""

@@ -7,6 +7,7 @@ block it names with ``self`` as its input.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,6 +18,30 @@ __all__ = ["StorageFunctional"]
 
 class StorageFunctional:
     """Storage and format methods of every ``IterDataPipe``."""
+
+    # -- listing -------------------------------------------------------------------
+    def list_files(
+        self,
+        masks: str | Sequence[str] = "",
+        *,
+        recursive: bool = False,
+        abspath: bool = False,
+        non_deterministic: bool = False,
+        length: int = -1,
+    ) -> IterDataPipe:
+        """List the files under each incoming root path. See :class:`RootLister`."""
+        from ._list_files import RootLister
+
+        return RootLister(
+            self,
+            masks,
+            recursive=recursive,
+            abspath=abspath,
+            non_deterministic=non_deterministic,
+            length=length,
+        )
+
+    # -- formats -------------------------------------------------------------------
 
     def parse_csv_as_dict(
         self,
