@@ -7,7 +7,7 @@ block it names with ``self`` as its input.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -42,6 +42,11 @@ class StorageFunctional:
         )
 
     # -- formats -------------------------------------------------------------------
+    def lines_to_paragraphs(self, joiner: Callable[[list[Any]], Any] | None = None) -> IterDataPipe:
+        """Join runs of non-empty ``(path, line)`` items. See :class:`ParagraphAggregator`."""
+        from ._paragraphs import ParagraphAggregator, join_lines
+
+        return ParagraphAggregator(self, join_lines if joiner is None else joiner)
 
     def parse_csv_as_dict(
         self,
@@ -68,3 +73,9 @@ class StorageFunctional:
             delimiter=delimiter,
             **fmtparams,
         )
+
+    def parse_json_files(self, **kwargs: Any) -> IterDataPipe:
+        """Parse each ``(path, stream)`` as one JSON document. See :class:`JsonParser`."""
+        from ._json import JsonParser
+
+        return JsonParser(self, **kwargs)

@@ -7,6 +7,7 @@ Each method builds the block it names with ``self`` as its input.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,3 +25,10 @@ class StreamFunctional:
         from ._set_length import LengthSetter
 
         return LengthSetter(self, length)
+
+    # -- columns ---------------------------------------------------------------------
+    def rows2columnar(self, column_names: Sequence[str] | None = None) -> IterDataPipe:
+        """Turn each batch of rows into a dict of columns. See :class:`Rows2Columnar`."""
+        from ._rows2columnar import Rows2Columnar
+
+        return Rows2Columnar(self, column_names)
