@@ -41,6 +41,125 @@ class StorageFunctional:
             length=length,
         )
 
+    def list_files_by_fsspec(
+        self, masks: str | Sequence[str] = "", *, recursive: bool = False, **kwargs: Any
+    ) -> IterDataPipe:
+        """List the files under each incoming fsspec URL. See :class:`FSSpecRootLister`."""
+        from ._list_files import FSSpecRootLister
+
+        return FSSpecRootLister(self, masks, recursive=recursive, **kwargs)
+
+    # -- opening and reading streams -------------------------------------------------
+    def open_files_by_fsspec(
+        self, mode: str = "r", *, kwargs_for_open: dict[str, Any] | None = None, **kwargs: Any
+    ) -> IterDataPipe:
+        """Open each fsspec URL; yield ``(url, stream)``. See :class:`FSSpecFileOpener`.
+
+        ``kwargs_for_open`` go to the file system's ``open`` (an ``encoding``
+        there sets the text encoding); ``kwargs`` are storage options.
+        """
+        from ._fsspec import FSSpecFileOpener
+
+        open_kwargs = dict(kwargs_for_open or {})
+        encoding = open_kwargs.pop("encoding", None)
+        return FSSpecFileOpener(
+            self, mode, encoding=encoding, kwargs_for_open=open_kwargs, **kwargs
+        )
+
+    def read_from_http(
+        self, timeout: float | None = None, skip_on_error: bool = False, **kwargs: Any
+    ) -> IterDataPipe:
+        """GET each URL; yield ``(url, stream)``. See :class:`HttpReader`.
+
+        torchdata's arguments: ``timeout`` (None waits forever) and, of the
+        ``requests`` keyword arguments, ``headers``. pipeloom retries failed
+        requests and raises the last error, so ``skip_on_error=True`` is
+        refused with how to port it.
+        """
+        from ._http import HttpReader
+
+        if skip_on_error:
+            raise ValueError(
+                "read_from_http(skip_on_error=True) is not supported: pipeloom retries a failed "
+                "request and then raises, so no URL is dropped silently. Check the URLs before "
+                "(e.g. .filter(...)), or catch the error around the loop"
+            )
+        headers = kwargs.pop("headers", None)
+        if kwargs:
+            raise TypeError(
+                f"read_from_http() takes timeout= and headers= only (pipeloom uses urllib, not "
+                f"requests), got {sorted(kwargs)}; authenticate with headers, e.g. "
+                f"headers={{'Authorization': 'Bearer ...'}}"
+            )
+        return HttpReader(self, timeout=timeout, headers=headers)
+
+    def read_from_stream(self, chunk: int | None = None) -> IterDataPipe:
+        """Yield ``(path, chunk)`` reads of each stream. See :class:`StreamChunkReader`."""
+        from ._read_stream import StreamChunkReader
+
+        return StreamChunkReader(self, chunk)
+
+    def check_hash(
+        self, hash_dict: dict[str, str], hash_type: str = "sha256", rewind: bool = True
+    ) -> IterDataPipe:
+        """Check each ``(path, data)``'s digest. See :class:`HashChecker`."""
+        from ._hash import HashChecker
+
+        return HashChecker(self, hash_dict, hash_type=hash_type, rewind=rewind)
+
+    # -- archives and compression ------------------------------------------------------
+    def load_from_zip(self, length: int = -1) -> IterDataPipe:
+        """Yield ``(path, stream)`` for each member of each zip. See :class:`ZipArchiveLoader`."""
+        from ._zip_archive import ZipArchiveLoader
+
+        return ZipArchiveLoader(self, length)
+
+    def load_from_bz2(self, length: int = -1) -> IterDataPipe:
+        """Decompress each bzip2 ``(path, stream)``. See :class:`Bz2FileLoader`."""
+        from ._decompress import Bz2FileLoader
+
+        return Bz2FileLoader(self, length)
+
+    def load_from_xz(self, length: int = -1) -> IterDataPipe:
+        """Decompress each xz ``(path, stream)``. See :class:`XzFileLoader`."""
+        from ._decompress import XzFileLoader
+
+        return XzFileLoader(self, length)
+
+    def decompress(self, file_type: str | None = None) -> IterDataPipe:
+        """Decompress each ``(path, stream)``. See :class:`Decompressor`."""
+        from ._decompress import Decompressor
+
+        return Decompressor(self, file_type)
+
+    def extract(self, file_type: str | None = None) -> IterDataPipe:
+        """The same as :meth:`decompress` (torchdata had both names)."""
+        from ._decompress import Decompressor
+
+        return Decompressor(self, file_type)
+
+    # -- saving ------------------------------------------------------------------------
+    def save_to_disk(
+        self, mode: str = "w", filepath_fn: Callable[[Any], Any] | None = None
+    ) -> IterDataPipe:
+        """Write each ``(path, data)`` to a local file; yield its path. See :class:`Saver`."""
+        from ._save import Saver
+
+        return Saver(self, mode, filepath_fn)
+
+    def save_by_fsspec(
+        self,
+        mode: str = "w",
+        filepath_fn: Callable[[Any], Any] | None = None,
+        *,
+        kwargs_for_open: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> IterDataPipe:
+        """Write each ``(path, data)`` to an fsspec URL; yield it. See :class:`FSSpecSaver`."""
+        from ._save import FSSpecSaver
+
+        return FSSpecSaver(self, mode, filepath_fn, kwargs_for_open=kwargs_for_open, **kwargs)
+
     # -- formats -------------------------------------------------------------------
     def lines_to_paragraphs(self, joiner: Callable[[list[Any]], Any] | None = None) -> IterDataPipe:
         """Join runs of non-empty ``(path, line)`` items. See :class:`ParagraphAggregator`."""

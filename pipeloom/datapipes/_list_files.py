@@ -1,4 +1,4 @@
-"""``list_files``: the files under each root path of a stream."""
+"""``list_files`` / ``list_files_by_fsspec``: the files under each root of a stream."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ._base import IterDataPipe
 from ._expand import Expander
 from ._files import FileLister
 
-__all__ = ["RootLister"]
+__all__ = ["FSSpecRootLister", "RootLister"]
 
 
 class RootLister(Expander):
@@ -91,3 +91,56 @@ class RootLister(Expander):
             f"RootLister(masks={list(self.masks)!r}, recursive={self.recursive}, "
             f"abspath={self.abspath}, non_deterministic={self.non_deterministic})"
         )
+
+
+class FSSpecRootLister(Expander):
+    """Yield the files under each incoming fsspec URL (functional: ``list_files_by_fsspec``).
+
+    Each root is listed when it arrives with the rules of
+    :class:`FSSpecFileLister`: files only (torchdata 0.9 also yielded
+    directories), sorted per root, as full URLs.
+
+    Args:
+        source: a block yielding root URLs such as ``"s3://bucket/dir"``.
+        masks: glob pattern(s) matched against file names.
+        recursive: also list subdirectories (pipeloom's addition).
+        **kwargs: storage options for the file system (credentials...).
+
+    Example:
+        >>> import fsspec
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> fsspec.filesystem("memory").pipe({"/roots/b/2.txt": b"", "/roots/a/1.txt": b""})
+        >>> list(IterableWrapper(["memory://roots/b", "memory://roots/a"]).list_files_by_fsspec())
+        ['memory:///roots/b/2.txt', 'memory:///roots/a/1.txt']
+    """
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        masks: str | Sequence[str] = "",
+        *,
+        recursive: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(source)
+        from ._fsspec import FSSpecFileLister
+
+        checked = FSSpecFileLister("memory://", masks, recursive=recursive)
+        self.masks, self.recursive = checked.masks, checked.recursive
+        self.storage_options = kwargs
+
+    def _expand(self, root: Any) -> list[str]:
+        from ._fsspec import FSSpecFileLister
+
+        if not isinstance(root, str):
+            raise TypeError(
+                f"list_files_by_fsspec() expects root URLs (str), got {type(root).__name__} "
+                f"{root!r}"
+            )
+        lister = FSSpecFileLister(
+            root, self.masks, recursive=self.recursive, **self.storage_options
+        )
+        return lister._list()
+
+    def __repr__(self) -> str:
+        return f"FSSpecRootLister(masks={list(self.masks)!r}, recursive={self.recursive})"

@@ -92,3 +92,41 @@ def test_open_files_takes_torchdata_length(roots):
     opened = IterableWrapper(roots).list_files("*.txt").open_files(length=3)
     assert len(opened) == 3
     assert [stream.read() for _, stream in opened] == ["a.txt", "b.txt", "z.txt"]
+
+
+# -- list_files_by_fsspec ---------------------------------------------------------------
+
+
+@pytest.fixture
+def memory_roots():
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe({"/lr/a/2.txt": b"", "/lr/a/1.txt": b"", "/lr/a/sub/3.txt": b"", "/lr/b/4.bin": b""})
+    yield ["memory://lr/a", "memory://lr/b"]
+    fs.rm("/lr", recursive=True)
+
+
+def test_list_files_by_fsspec_lists_each_root_sorted(memory_roots):
+    from pipeloom.datapipes._list_files import FSSpecRootLister
+
+    dp = IterableWrapper(memory_roots).list_files_by_fsspec()
+    assert isinstance(dp, FSSpecRootLister)
+    assert list(dp) == ["memory:///lr/a/1.txt", "memory:///lr/a/2.txt", "memory:///lr/b/4.bin"]
+    deep = IterableWrapper(memory_roots).list_files_by_fsspec("*.txt", recursive=True)
+    assert list(deep) == [
+        "memory:///lr/a/1.txt",
+        "memory:///lr/a/2.txt",
+        "memory:///lr/a/sub/3.txt",
+    ]
+    assert repr(deep) == "FSSpecRootLister(masks=['*.txt'], recursive=True)"
+    with pytest.raises(TypeError, match=r"expects root URLs \(str\), got int"):
+        list(IterableWrapper([1]).list_files_by_fsspec())
+
+
+def test_list_files_by_fsspec_resumes_and_runs_everywhere(memory_roots):
+    check_resume_from_every_step(lambda: IterableWrapper(memory_roots).list_files_by_fsspec())
+    epochs = check_same_output_everywhere(
+        lambda: IterableWrapper(memory_roots).sharding_filter().list_files_by_fsspec(recursive=True)
+    )
+    assert len(epochs[0]) == 4
