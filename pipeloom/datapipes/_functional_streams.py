@@ -7,7 +7,7 @@ Each method builds the block it names with ``self`` as its input.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -32,3 +32,42 @@ class StreamFunctional:
         from ._rows2columnar import Rows2Columnar
 
         return Rows2Columnar(self, column_names)
+
+    def drop(self, indices: Hashable | list[Hashable]) -> IterDataPipe:
+        """Remove columns from each item. See :class:`Dropper`."""
+        from ._columns import Dropper
+
+        return Dropper(self, indices)
+
+    def slice(
+        self, index: int | list[Hashable], stop: int | None = None, step: int | None = None
+    ) -> IterDataPipe:
+        """Keep a slice or a set of columns of each item. See :class:`Slicer`."""
+        from ._columns import Slicer
+
+        return Slicer(self, index, stop, step)
+
+    def flatten(self, indices: Hashable | list[Hashable] | None = None) -> IterDataPipe:
+        """Splice nested columns into their item. See :class:`Flattener`."""
+        from ._columns import Flattener
+
+        return Flattener(self, indices)
+
+    def add_index(self, index_name: str = "index") -> IterDataPipe:
+        """Number dict items in the field ``index_name``. See :class:`IndexAdder`."""
+        from ._add_index import IndexAdder
+
+        return IndexAdder(self, index_name)
+
+    # -- repetition and expansion ----------------------------------------------------
+    def repeat(self, times: int) -> IterDataPipe:
+        """Yield each item ``times`` times in a row. See :class:`Repeater`."""
+        from ._repeat import Repeater
+
+        return Repeater(self, times)
+
+    def shard_expand(self) -> IterDataPipe:
+        """Expand brace patterns like ``"ds-{00..99}.tar"``. See :class:`ShardExpander`."""
+        from ._shard_expand import ShardExpander
+
+        return ShardExpander(self)
