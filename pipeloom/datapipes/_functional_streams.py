@@ -7,11 +7,11 @@ Each method builds the block it names with ``self`` as its input.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._base import IterDataPipe
+    from ._base import IterDataPipe, MapDataPipe
 
 __all__ = ["StreamFunctional"]
 
@@ -71,3 +71,32 @@ class StreamFunctional:
         from ._shard_expand import ShardExpander
 
         return ShardExpander(self)
+
+    # -- joining by key --------------------------------------------------------------
+    def zip_with_iter(
+        self,
+        ref_datapipe: IterDataPipe,
+        key_fn: Callable[[Any], Any],
+        ref_key_fn: Callable[[Any], Any] | None = None,
+        keep_key: bool = False,
+        buffer_size: int | None = 10000,
+        merge_fn: Callable[[Any, Any], Any] | None = None,
+    ) -> IterDataPipe:
+        """Pair items with the same-key item of ``ref_datapipe``. See :class:`IterKeyZipper`."""
+        from ._key_zip import IterKeyZipper
+
+        return IterKeyZipper(
+            self, ref_datapipe, key_fn, ref_key_fn, keep_key, buffer_size, merge_fn
+        )
+
+    def zip_with_map(
+        self,
+        map_datapipe: MapDataPipe,
+        key_fn: Callable[[Any], Any],
+        merge_fn: Callable[[Any, Any], Any] | None = None,
+        keep_key: bool = False,
+    ) -> IterDataPipe:
+        """Pair each item with ``map_datapipe[key_fn(item)]``. See :class:`MapKeyZipper`."""
+        from ._key_zip import MapKeyZipper
+
+        return MapKeyZipper(self, map_datapipe, key_fn, merge_fn, keep_key)
