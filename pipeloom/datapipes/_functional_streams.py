@@ -7,7 +7,7 @@ Each method builds the block it names with ``self`` as its input.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -100,3 +100,43 @@ class StreamFunctional:
         from ._key_zip import MapKeyZipper
 
         return MapKeyZipper(self, map_datapipe, key_fn, merge_fn, keep_key)
+
+    # -- grouping and splitting --------------------------------------------------------
+    def groupby(
+        self,
+        group_key_fn: Callable[[Any], Any],
+        *,
+        keep_key: bool = False,
+        buffer_size: int | None = 10000,
+        group_size: int | None = None,
+        guaranteed_group_size: int | None = None,
+        drop_remaining: bool = False,
+    ) -> IterDataPipe:
+        """Collect items with the same key into lists. See :class:`Grouper`."""
+        from ._groupby import Grouper
+
+        return Grouper(
+            self,
+            group_key_fn,
+            keep_key=keep_key,
+            buffer_size=buffer_size,
+            group_size=group_size,
+            guaranteed_group_size=guaranteed_group_size,
+            drop_remaining=drop_remaining,
+        )
+
+    def random_split(
+        self,
+        weights: Mapping[Hashable, float],
+        seed: int,
+        total_length: int | None = None,
+        target: Hashable | None = None,
+    ) -> Any:
+        """Split the stream at random into named parts. See :func:`random_split`.
+
+        Returns a list of blocks (one per key of ``weights``), or the
+        ``target`` part alone.
+        """
+        from ._random_split import random_split
+
+        return random_split(self, weights, seed, total_length, target)
