@@ -116,11 +116,17 @@ class IterFunctional(StreamFunctional, StorageFunctional):
         return InBatchShuffler(self, seed=seed)
 
     # -- order and sharding ------------------------------------------------------
-    def shuffle(self, buffer_size: int = 10000, *, seed: int | None = None) -> IterDataPipe:
-        """Shuffle through a buffer of ``buffer_size`` items. See :class:`Shuffler`."""
+    def shuffle(
+        self, buffer_size: int = 10000, *, unbatch_level: int = 0, seed: int | None = None
+    ) -> IterDataPipe:
+        """Shuffle through a buffer of ``buffer_size`` items. See :class:`Shuffler`.
+
+        ``unbatch_level`` (torchdata's argument) unbatches that many levels first.
+        """
         from ._shuffle import Shuffler
 
-        return Shuffler(self, buffer_size=buffer_size, seed=seed)
+        source = self.unbatch(unbatch_level) if unbatch_level else self
+        return Shuffler(source, buffer_size=buffer_size, seed=seed)
 
     def sharding_filter(self) -> IterDataPipe:
         """Mark where a reading service splits the stream. See :class:`ShardingFilter`."""
@@ -301,11 +307,13 @@ class MapFunctional:
 
         return MapBatcher(self, batch_size, drop_last=drop_last, wrapper_class=wrapper_class)
 
-    def shuffle(self, *, seed: int | None = None) -> IterDataPipe:
+    def shuffle(
+        self, *, indices: Sequence[Any] | None = None, seed: int | None = None
+    ) -> IterDataPipe:
         """Iterate the items in a random order (an ``IterDataPipe``). See :class:`MapShuffler`."""
         from ._shuffle import MapShuffler
 
-        return MapShuffler(self, seed=seed)
+        return MapShuffler(self, indices=indices, seed=seed)
 
     def concat(self, *others: MapDataPipe) -> MapDataPipe:
         """Index past this pipe's end continues into ``others``. See :class:`MapConcater`."""
@@ -324,6 +332,34 @@ class MapFunctional:
         from ._wrappers import MapToIter
 
         return MapToIter(self)
+
+    def to_iter_datapipe(self, indices: Sequence[Any] | None = None) -> IterDataPipe:
+        """Iterate the items at ``indices`` (default: all, in order), torchdata's name.
+
+        Without ``indices`` this is :meth:`to_iter`; with them, the items
+        ``self[i]`` for ``i`` in ``indices`` (which may be keys).
+        """
+        from ._wrappers import IterableWrapper, MapToIter
+
+        if indices is None:
+            return MapToIter(self)
+        return IterableWrapper(list(indices)).zip_with_map(self, _same, merge_fn=_second)
+
+    def unzip(
+        self, sequence_length: int, columns_to_skip: Sequence[int] | None = None
+    ) -> list[MapDataPipe]:
+        """One map-style block per position of the items. See :func:`unzip_map`."""
+        from ._unzip import unzip_map
+
+        return unzip_map(self, sequence_length, columns_to_skip)
+
+
+def _same(index: Any) -> Any:
+    return index
+
+
+def _second(index: Any, value: Any) -> Any:
+    return value
 
 
 def functional_datapipe(name: str, *, replace: bool = False) -> Callable[[B], B]:

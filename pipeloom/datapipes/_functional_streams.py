@@ -140,3 +140,39 @@ class StreamFunctional:
         from ._random_split import random_split
 
         return random_split(self, weights, seed, total_length, target)
+
+    def unzip(
+        self,
+        sequence_length: int,
+        buffer_size: int = 1000,
+        columns_to_skip: Sequence[int] | None = None,
+    ) -> list[IterDataPipe]:
+        """Split a stream of sequences into one stream per position. See :func:`unzip`."""
+        from ._unzip import unzip
+
+        return unzip(self, sequence_length, buffer_size, columns_to_skip)
+
+    def round_robin_demux(self, num_instances: int, buffer_size: int = 1000) -> list[IterDataPipe]:
+        """Deal items out to ``num_instances`` streams in turn. See :func:`round_robin_demux`."""
+        from ._round_robin import round_robin_demux
+
+        return round_robin_demux(self, num_instances, buffer_size)
+
+    # -- functions over runs of items ---------------------------------------------------
+    def map_batches(
+        self,
+        fn: Callable[[list[Any]], Any],
+        batch_size: int,
+        input_col: int | str | Sequence[int | str] | None = None,
+    ) -> IterDataPipe:
+        """Call ``fn`` on runs of items; yield its results. See :class:`BatchMapper`."""
+        from ._map_batches import BatchMapper
+
+        return BatchMapper(self, fn, batch_size, input_col)
+
+    # -- ranks -------------------------------------------------------------------------
+    def fullsync(self, timeout: float = 1800) -> IterDataPipe:
+        """End the epoch on every ``torch.distributed`` rank together. See :class:`FullSync`."""
+        from ._fullsync import FullSync
+
+        return FullSync(self, timeout)
