@@ -103,11 +103,21 @@ class IterFunctional(StreamFunctional, StorageFunctional):
             use_in_batch_shuffle=use_in_batch_shuffle,
         )
 
-    def collate(self, collate_fn: Callable[[Any], Any] | None = None) -> IterDataPipe:
-        """Turn each batch into tensors (default) or apply ``collate_fn``. See :class:`Collator`."""
-        from ._collate import Collator
+    def collate(
+        self,
+        conversion: Callable[[Any], Any] | None = None,
+        collate_fn: Callable[[Any], Any] | None = None,
+    ) -> IterDataPipe:
+        """Turn each batch into tensors (default) or apply ``collate_fn``. See :class:`Collator`.
 
-        return Collator(self, collate_fn)
+        torchdata's two arguments: ``collate_fn`` wins; else a callable
+        ``conversion`` is the collate function.
+        """
+        from ._collate import Collator, check_conversion
+
+        return Collator(
+            self, collate_fn if collate_fn is not None else check_conversion(conversion)
+        )
 
     def in_batch_shuffle(self, *, seed: int | None = None) -> IterDataPipe:
         """Shuffle the items inside each batch. See :class:`InBatchShuffler`."""
@@ -128,10 +138,16 @@ class IterFunctional(StreamFunctional, StorageFunctional):
         source = self.unbatch(unbatch_level) if unbatch_level else self
         return Shuffler(source, buffer_size=buffer_size, seed=seed)
 
-    def sharding_filter(self) -> IterDataPipe:
-        """Mark where a reading service splits the stream. See :class:`ShardingFilter`."""
-        from ._sharding import ShardingFilter
+    def sharding_filter(self, sharding_group_filter: Any = None) -> IterDataPipe:
+        """Mark where a reading service splits the stream. See :class:`ShardingFilter`.
 
+        ``sharding_group_filter`` (torchdata's argument) may only be None or
+        ``SHARDING_PRIORITIES.DEFAULT``: one sharding point splits the data
+        across ranks and workers together.
+        """
+        from ._sharding import ShardingFilter, check_sharding_group
+
+        check_sharding_group(sharding_group_filter)
         return ShardingFilter(self)
 
     def cycle(self, count: int | None = None) -> IterDataPipe:
@@ -148,12 +164,16 @@ class IterFunctional(StreamFunctional, StorageFunctional):
 
     # -- devices ------------------------------------------------------------------
     def pin_memory(
-        self, device: str | torch.device | int | None = None, buffer_size: int = 2
+        self,
+        device: str | torch.device | int | None = None,
+        buffer_size: int = 2,
+        *,
+        pin_memory_fn: Callable[[Any, Any], Any] | None = None,
     ) -> IterDataPipe:
         """Pin tensors' host memory, one batch ahead in a thread. See :class:`PinMemory`."""
         from ._device import PinMemory
 
-        return PinMemory(self, device, buffer_size=buffer_size)
+        return PinMemory(self, device, buffer_size=buffer_size, pin_memory_fn=pin_memory_fn)
 
     def to_device(
         self, device: str | torch.device | int, non_blocking: bool = True, buffer_size: int = 2
@@ -182,11 +202,13 @@ class IterFunctional(StreamFunctional, StorageFunctional):
 
         return Multiplexer(self, *others)
 
-    def fork(self, num_instances: int, buffer_size: int = 1000) -> list[IterDataPipe]:
+    def fork(
+        self, num_instances: int, buffer_size: int = 1000, copy: str | None = None
+    ) -> list[IterDataPipe]:
         """Copy the stream to ``num_instances`` consumers. See :class:`Forker`."""
         from ._fork import fork
 
-        return fork(self, num_instances, buffer_size=buffer_size)
+        return fork(self, num_instances, buffer_size=buffer_size, copy=copy)
 
     def demux(
         self,
