@@ -198,3 +198,11 @@ class StorageFunctional:
         from ._json import JsonParser
 
         return JsonParser(self, **kwargs)
+
+    def routed_decode(
+        self, *handlers: Callable[[str, bytes], Any], key_fn: Callable[[str], str] | None = None
+    ) -> IterDataPipe:
+        """Decode ``(path, data)`` by handlers chosen by extension. See :class:`RoutedDecoder`."""
+        from ._routed_decode import RoutedDecoder, extension_of
+
+        return RoutedDecoder(self, *handlers, key_fn=extension_of if key_fn is None else key_fn)
