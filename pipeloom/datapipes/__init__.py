@@ -7,6 +7,8 @@ Example:
 """
 
 from ..errors import NotAvailable
+from . import iter as iter  # torchdata's class names: dp.iter.FileLister(...)
+from . import map as map  # and dp.map.SequenceWrapper(...)
 from ._add_index import IndexAdder
 from ._base import BlockingReader, DataPipe, IterDataPipe, MapDataPipe
 from ._columns import Dropper, Flattener, Slicer
