@@ -1,0 +1,128 @@
+"""The files the migration pipelines read, made the same way every time (no download).
+
+Used by the test and by ``scripts/record_torchdata_fixtures.py``, which ran
+the same pipelines under torchdata 0.9 to record the expected outputs.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+import lzma
+import pathlib
+import random
+import tarfile
+import zipfile
+
+
+def make_data(root: pathlib.Path) -> pathlib.Path:
+    """Write every data set under ``root``; return ``root``."""
+    _csv(root / "csv")
+    _json(root / "json")
+    _tar(root / "tar")
+    _zip(root / "zip")
+    _compressed(root / "compressed")
+    _text(root / "text")
+    _served(root / "served")
+    return root
+
+
+def _dir(path: pathlib.Path) -> pathlib.Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _csv(folder: pathlib.Path) -> None:
+    _dir(folder)
+    for label in range(3):
+        rng = random.Random(label)
+        lines = ["label,c0,c1,c2"]
+        for _ in range(10):
+            values = [f"{rng.random():.6f}" for _ in range(3)]
+            lines.append(",".join([str(rng.randint(0, 9)), *values]))
+        (folder / f"sample_data{label}.csv").write_text("\n".join(lines) + "\n")
+    (folder / "notes.txt").write_text("not a csv\n")
+    (folder / "quoted.tsv").write_bytes(
+        '# exported\nname\tnote\n"a\tb"\tcafé\nc\t"x ""y"""\n'.encode()
+    )
+
+
+def _json(folder: pathlib.Path) -> None:
+    _dir(folder)
+    for part in range(2):
+        rows = [
+            {"id": part * 10 + i, "label": (part + i) % 3, "text": f"sample {part}-{i}"}
+            for i in range(7)
+        ]
+        (folder / f"data_{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "1.json").write_text(json.dumps(["foo", {"bar": ["baz", None, 1.0, 2]}]))
+    (folder / "2.json").write_text(json.dumps({"__complex__": True, "real": 1, "imag": 2}))
+
+
+def _tar_bytes(members: list[tuple[str, bytes]], mode: str = "w") -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode=mode) as archive:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 0
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _samples(shard: int) -> list[tuple[str, bytes]]:
+    members = []
+    for index in range(3):
+        key = f"s{shard}_{index:02d}"
+        members.append((f"{key}.txt", f"line one of {key}\nline two\n".encode()))
+        members.append((f"{key}.json", json.dumps({"key": key, "n": index}).encode()))
+        members.append((f"{key}.cls", str(index % 2).encode()))
+    return members
+
+
+def _tar(folder: pathlib.Path) -> None:
+    _dir(folder)
+    for shard in range(2):
+        (folder / f"shard-{shard}.tar").write_bytes(_tar_bytes(_samples(shard)))
+    _dir(folder / "gz")
+    (folder / "gz" / "shard-2.tar.gz").write_bytes(_tar_bytes(_samples(2), mode="w:gz"))
+
+
+def _zip(folder: pathlib.Path) -> None:
+    _dir(folder)
+    for part in range(2):
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            archive.mkdir("data")
+            archive.writestr("data/rows.csv", f"k,v\nz{part},1\ny{part},2\n")
+            archive.writestr("data/readme.txt", f"archive {part}\nsecond line\n")
+        (folder / f"archive-{part}.zip").write_bytes(buffer.getvalue())
+
+
+def _compressed(folder: pathlib.Path) -> None:
+    _dir(folder)
+    text = [f"compressed {n}\nsecond\n".encode() for n in range(3)]
+    (folder / "notes-0.txt.bz2").write_bytes(bz2.compress(text[0]))
+    (folder / "notes-1.txt.xz").write_bytes(lzma.compress(text[1]))
+    (folder / "notes-2.txt.gz").write_bytes(gzip.compress(text[2], mtime=0))
+
+
+def _text(folder: pathlib.Path) -> None:
+    _dir(folder)
+    (folder / "corpus-0.txt").write_bytes(
+        b"First paragraph, line one.\nline two.\n\nSecond paragraph.\n\n\n\n"
+        b"Third,\r\nwith CRLF.\r\n"
+    )
+    (folder / "corpus-1.txt").write_text("A lone line\n\nB one\nB two\nB three\n")
+    rng = random.Random(7)
+    words = ["data", "loader", "token", "bucket", "batch", "shard", "epoch", "seed"]
+    sentences = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 9))) for _ in range(40)]
+    (folder / "sentences.txt").write_text("\n".join(sentences) + "\n")
+
+
+def _served(folder: pathlib.Path) -> None:
+    _dir(folder)
+    rows = ["id,value"] + [f"{i},{i * i}" for i in range(20)]
+    (folder / "dataset.csv").write_text("\n".join(rows) + "\n")
