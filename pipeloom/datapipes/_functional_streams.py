@@ -72,7 +72,13 @@ class StreamFunctional:
 
         return ShardExpander(self)
 
-    # -- joining by key --------------------------------------------------------------
+    # -- joining ---------------------------------------------------------------------
+    def zip_longest(self, *others: IterDataPipe, fill_value: Any = None) -> IterDataPipe:
+        """Zip until the longest stream ends. See :class:`ZipperLongest`."""
+        from ._zip_longest import ZipperLongest
+
+        return ZipperLongest(self, *others, fill_value=fill_value)
+
     def zip_with_iter(
         self,
         ref_datapipe: IterDataPipe,
