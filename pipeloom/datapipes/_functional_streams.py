@@ -182,3 +182,10 @@ class StreamFunctional:
         from ._fullsync import FullSync
 
         return FullSync(self, timeout)
+
+    # -- to map-style -------------------------------------------------------------------
+    def to_map_datapipe(self, key_value_fn: Callable[[Any], Any] | None = None) -> MapDataPipe:
+        """Read the stream into a map-style block by key. See :class:`IterToMapConverter`."""
+        from ._to_map import IterToMapConverter
+
+        return IterToMapConverter(self, key_value_fn)
