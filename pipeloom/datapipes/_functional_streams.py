@@ -165,6 +165,22 @@ class StreamFunctional:
         return round_robin_demux(self, num_instances, buffer_size)
 
     # -- functions over runs of items ---------------------------------------------------
+    def shuffled_flatmap(
+        self,
+        fn: Callable[[Any], Any] | None = None,
+        input_col: int | str | Sequence[int | str] | None = None,
+        buffer_size: int = 100,
+        *,
+        seed: int | None = None,
+    ) -> IterDataPipe:
+        """``flatmap`` with the expansions of several items interleaved at random.
+
+        See :class:`ShuffledFlatMapper`.
+        """
+        from ._shuffled_flatmap import ShuffledFlatMapper
+
+        return ShuffledFlatMapper(self, fn, input_col, buffer_size, seed=seed)
+
     def map_batches(
         self,
         fn: Callable[[list[Any]], Any],
