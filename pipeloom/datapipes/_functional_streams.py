@@ -165,6 +165,38 @@ class StreamFunctional:
         return round_robin_demux(self, num_instances, buffer_size)
 
     # -- functions over runs of items ---------------------------------------------------
+    def threadpool_map(
+        self,
+        fn: Callable[..., Any],
+        input_col: int | str | Sequence[int | str] | None = None,
+        output_col: int | str | Sequence[int | str] | None = None,
+        scheduled_tasks: int = 128,
+        max_workers: int | None = None,
+        **threadpool_kwargs: Any,
+    ) -> IterDataPipe:
+        """``map`` with the calls in a thread pool, order kept. See :class:`ThreadPoolMapper`."""
+        from ._threadpool_map import ThreadPoolMapper
+
+        return ThreadPoolMapper(
+            self, fn, input_col, output_col, scheduled_tasks, max_workers, **threadpool_kwargs
+        )
+
+    def async_map_batches(
+        self,
+        async_fn: Callable[..., Any],
+        batch_size: int,
+        input_col: int | str | Sequence[int | str] | None = None,
+        output_col: int | str | Sequence[int | str] | None = None,
+        max_concurrency: int = 32,
+        flatten: bool = True,
+    ) -> IterDataPipe:
+        """Await ``async_fn`` on a batch of items at once. See :func:`async_map_batches`."""
+        from ._async_map_batches import async_map_batches
+
+        return async_map_batches(
+            self, async_fn, batch_size, input_col, output_col, max_concurrency, flatten
+        )
+
     def shuffled_flatmap(
         self,
         fn: Callable[[Any], Any] | None = None,
