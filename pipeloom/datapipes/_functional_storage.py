@@ -93,6 +93,15 @@ class StorageFunctional:
             )
         return HttpReader(self, timeout=timeout, headers=headers)
 
+    def read_from_remote(self, *args: Any, **kwargs: Any) -> IterDataPipe:
+        """torchdata's ``OnlineReader`` (HTTP or Google Drive): refused; use ``read_from_http``."""
+        raise NotImplementedError(
+            "read_from_remote() read HTTP(S) URLs and Google Drive links; pipeloom reads HTTP(S) "
+            "URLs with .read_from_http(timeout=..., headers=...) and has no Google Drive reader "
+            "(download such files first, or open them through fsspec with "
+            ".open_files_by_fsspec())"
+        )
+
     def read_from_stream(self, chunk: int | None = None) -> IterDataPipe:
         """Yield ``(path, chunk)`` reads of each stream. See :class:`StreamChunkReader`."""
         from ._read_stream import StreamChunkReader

@@ -237,3 +237,14 @@ class StreamFunctional:
         from ._to_map import IterToMapConverter
 
         return IterToMapConverter(self, key_value_fn)
+
+    # -- torchdata names pipeloom answers differently -----------------------------------
+    def sharding_round_robin_dispatch(self, sharding_group_filter: Any = None) -> IterDataPipe:
+        """torchdata's dispatching process: refused, with how to port (see the message)."""
+        raise NotImplementedError(
+            "sharding_round_robin_dispatch() is not needed in pipeloom: use .sharding_filter() "
+            "at the same place. Workers replicate the cheap part before it deterministically and "
+            "keep their share of the items in order; to run a block that must not be replicated "
+            "(a stream that can be read once) in a process of its own, mark it with "
+            "is_separate_process() (see docs/reading_services.md)"
+        )
