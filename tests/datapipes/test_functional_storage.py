@@ -64,7 +64,9 @@ def test_open_files_by_fsspec_passes_open_kwargs_and_storage_options():
 
 def test_torchdata_names_answered_differently_say_how_to_port():
     urls = IterableWrapper([])
-    with pytest.raises(NotImplementedError, match=r"reads HTTP\(S\) URLs with \.read_from_http\(timeout="):
+    with pytest.raises(
+        NotImplementedError, match=r"reads HTTP\(S\) URLs with \.read_from_http\(timeout="
+    ):
         urls.read_from_remote(timeout=3)
     with pytest.raises(NotImplementedError, match=r"use \.sharding_filter\(\) at the same place"):
         urls.sharding_round_robin_dispatch()

@@ -85,3 +85,37 @@ def test_every_pipeline_has_a_fixture_and_only_imports_change():
     for name in PIPELINES:
         source = (HERE / "pipelines" / f"{name}.py").read_text()
         assert any(IMPORT.match(line) for line in source.splitlines()), name
+
+
+def _page_rows() -> dict[tuple[str, str], str]:
+    """``(kind, name) -> status`` from the tables of docs/migrating_from_torchdata.md."""
+    page = (HERE.parents[1] / "docs" / "migrating_from_torchdata.md").read_text()
+    rows: dict[tuple[str, str], str] = {}
+    kind = "iter"
+    for line in page.splitlines():
+        if line.startswith("### Map-style"):
+            kind = "map"
+        found = re.match(r"^\| `(\w+)` \| ([^|]+) \|", line)
+        if found:
+            rows[(kind, found.group(1))] = found.group(2).strip()
+    return rows
+
+
+def test_the_migration_page_lists_every_torchdata_name_truthfully():
+    from pipeloom.datapipes import MapDataPipe
+
+    registry = json.loads((HERE / "torchdata_names.json").read_text())
+    rows = _page_rows()
+    assert len(registry["iter"]) == 84 and len(registry["map"]) == 8
+    expected = {(kind, name) for kind in ("iter", "map") for name in registry[kind]}
+    assert set(rows) == expected
+    for (kind, name), status in rows.items():
+        base = IterDataPipe if kind == "iter" else MapDataPipe
+        exists = hasattr(base, name)
+        if status in ("yes", "refused, says how to port"):
+            assert exists, f"the page says {kind} {name!r} exists"
+        else:
+            assert not exists, (
+                f"{kind} {name!r} exists now: update its row in docs/migrating_from_torchdata.md "
+                f"(it says {status!r})"
+            )
