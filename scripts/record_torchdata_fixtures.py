@@ -3,9 +3,13 @@
 Run it where torchdata 0.9 is installed (it is not a pipeloom dependency), e.g.::
 
     python3 -m venv /tmp/tdvenv --system-site-packages
-    /tmp/tdvenv/bin/pip install --no-deps torchdata==0.9.0 && /tmp/tdvenv/bin/pip install requests
+    /tmp/tdvenv/bin/pip install --no-deps torchdata==0.9.0
+    /tmp/tdvenv/bin/pip install requests "portalocker>=2" "protobuf==3.20.3"
+    PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python \\
     PYTHONPATH=<a venv with torch 2.x, numpy, Pillow>/site-packages \\
         /tmp/tdvenv/bin/python scripts/record_torchdata_fixtures.py
+
+(torchdata's TFRecord reader was generated for protobuf 3.20.)
 
 It also writes ``tests/migration/torchdata_names.json``: every functional
 name torchdata 0.9 registered (iterable and map-style) with the class behind

@@ -10,6 +10,7 @@ from ..errors import NotAvailable
 from . import iter as iter  # torchdata's class names: dp.iter.FileLister(...)
 from . import map as map  # and dp.map.SequenceWrapper(...)
 from ._add_index import IndexAdder
+from ._async_map_batches import AsyncBatchMapper
 from ._base import BlockingReader, DataPipe, IterDataPipe, MapDataPipe
 from ._columns import Dropper, Flattener, Slicer
 from ._compact import CompactStringList
@@ -48,15 +49,21 @@ from ._rows2columnar import Rows2Columnar
 from ._save import FSSpecSaver, Saver
 from ._set_length import LengthSetter
 from ._shard_expand import ShardExpander
+from ._shuffled_flatmap import ShuffledFlatMapper
 from ._tar import TarArchiveLoader, TarMemberPath
 from ._text import CSVParser, LineReader
+from ._tfrecord import TFRecordLoader
+from ._threadpool_map import ThreadPoolMapper
+from ._to_map import IterToMapConverter
 from ._unzip import unzip, unzip_map
 from ._webdataset import WebDataset
 from ._wrappers import IterableWrapper, MapToIter, SequenceWrapper, as_datapipe
 from ._zip_archive import ZipArchiveLoader
+from ._zip_longest import ZipperLongest
 
 __all__ = [
     "as_datapipe",
+    "AsyncBatchMapper",
     "BatchMapper",
     "BlockingReader",
     "Bz2FileLoader",
@@ -89,6 +96,7 @@ __all__ = [
     "IterableWrapper",
     "IterDataPipe",
     "IterKeyZipper",
+    "IterToMapConverter",
     "JsonParser",
     "LengthSetter",
     "LineReader",
@@ -113,6 +121,7 @@ __all__ = [
     "SequenceWrapper",
     "set_pipeline_epoch",
     "ShardExpander",
+    "ShuffledFlatMapper",
     "Slicer",
     "SplitPart",
     "StreamChunkReader",
@@ -120,6 +129,8 @@ __all__ = [
     "StreamReader",
     "TarArchiveLoader",
     "TarMemberPath",
+    "TFRecordLoader",
+    "ThreadPoolMapper",
     "ToDevice",
     "traverse_roots",
     "unzip",
@@ -128,4 +139,5 @@ __all__ = [
     "WebDataset",
     "XzFileLoader",
     "ZipArchiveLoader",
+    "ZipperLongest",
 ]

@@ -147,6 +147,18 @@ class StorageFunctional:
 
         return Decompressor(self, file_type)
 
+    def load_from_tfrecord(
+        self,
+        spec: dict[str, tuple[Any, Any]] | None = None,
+        length: int = -1,
+        *,
+        verify_data: bool = False,
+    ) -> IterDataPipe:
+        """Yield each TFRecord record as a dict of features. See :class:`TFRecordLoader`."""
+        from ._tfrecord import TFRecordLoader
+
+        return TFRecordLoader(self, spec, length, verify_data=verify_data)
+
     # -- saving ------------------------------------------------------------------------
     def save_to_disk(
         self, mode: str = "w", filepath_fn: Callable[[Any], Any] | None = None

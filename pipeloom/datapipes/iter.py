@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ._async_map_batches import async_map_batches as BatchAsyncMapper
 from ._base import IterDataPipe
 from ._batch import Batcher, Unbatcher
 from ._bucketbatch import BucketBatcher
@@ -58,13 +59,17 @@ from ._save import FSSpecSaver, Saver
 from ._set_length import LengthSetter
 from ._shard_expand import ShardExpander
 from ._sharding import ShardingFilter
+from ._shuffled_flatmap import ShuffledFlatMapper
 from ._tar import TarArchiveLoader
 from ._text import CSVParser, LineReader
+from ._tfrecord import TFRecordLoader
+from ._threadpool_map import ThreadPoolMapper
 from ._unzip import unzip
 from ._webdataset import WebDataset
 from ._wrappers import IterableWrapper
 from ._zip import Zipper
 from ._zip_archive import ZipArchiveLoader
+from ._zip_longest import ZipperLongest
 
 __all__ = [
     "BatchMapper",
@@ -128,6 +133,11 @@ __all__ = [
     "XzFileLoader",
     "ZipArchiveLoader",
     "Zipper",
+    "ZipperLongest",
+    "ShuffledFlatMapper",
+    "ThreadPoolMapper",
+    "TFRecordLoader",
+    "BatchAsyncMapper",
 ]
 
 from ._add_index import IndexAdder  # noqa: E402

@@ -6,6 +6,7 @@ recording made in one temporary folder compares with a run in another.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -34,4 +35,6 @@ def encode(value: Any, root: str) -> Any:
         return {"numpy": [str(value.dtype), value.item()]}
     if hasattr(value, "read"):
         return {"stream": encode(value.read(), root)}
+    if isinstance(value, Sequence):  # e.g. protobuf's repeated fields, as torchdata gave them
+        return [encode(v, root) for v in value]
     raise TypeError(f"cannot encode a {type(value).__name__}: {value!r:.80}")

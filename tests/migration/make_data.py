@@ -13,6 +13,7 @@ import json
 import lzma
 import pathlib
 import random
+import struct
 import tarfile
 import zipfile
 
@@ -26,6 +27,7 @@ def make_data(root: pathlib.Path) -> pathlib.Path:
     _compressed(root / "compressed")
     _text(root / "text")
     _served(root / "served")
+    _tfrecord(root / "tfrecord")
     return root
 
 
@@ -126,3 +128,75 @@ def _served(folder: pathlib.Path) -> None:
     _dir(folder)
     rows = ["id,value"] + [f"{i},{i * i}" for i in range(20)]
     (folder / "dataset.csv").write_text("\n".join(rows) + "\n")
+
+
+# -- TFRecord: records framed with masked CRC-32C, Examples in protobuf's wire format ---------
+
+
+def _crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+    return crc ^ 0xFFFFFFFF
+
+
+def _masked(data: bytes) -> bytes:
+    crc = _crc32c(data)
+    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _feature(value: list) -> bytes:
+    if all(isinstance(v, bytes) for v in value):
+        return _field(1, b"".join(_field(1, v) for v in value))
+    if all(isinstance(v, float) for v in value):
+        return _field(2, _field(1, struct.pack(f"<{len(value)}f", *value)))
+    return _field(3, _field(1, b"".join(_varint(v) for v in value)))
+
+
+def _features(features: dict) -> bytes:
+    return b"".join(
+        _field(1, _field(1, key.encode()) + _field(2, _feature(value)))
+        for key, value in features.items()
+    )
+
+
+def _frame(record: bytes) -> bytes:
+    head = struct.pack("<Q", len(record))
+    return head + _masked(head) + record + _masked(record)
+
+
+def _tfrecord(folder: pathlib.Path) -> None:
+    _dir(folder)
+    examples = []
+    for index in range(4):
+        features = {
+            "label": [index % 2],
+            "pixels": [float(index) + k / 4 for k in range(6)],
+            "name": [f"img{index}".encode(), b"jpg"],
+            "offsets": [-index, 2**40 + index],
+        }
+        examples.append(_field(1, _features(features)))
+    (folder / "examples.tfrecord").write_bytes(b"".join(_frame(e) for e in examples))
+    sequences = []
+    for index in range(2):
+        context = _features({"length": [index + 2]})
+        steps = [_feature([float(index + step), 0.5]) for step in range(index + 2)]
+        lists = _field(1, _field(1, b"frames") + _field(2, b"".join(_field(1, s) for s in steps)))
+        sequences.append(_field(1, context) + _field(2, lists))
+    (folder / "sequences.tfrecord").write_bytes(b"".join(_frame(s) for s in sequences))
