@@ -314,12 +314,15 @@ class MapFunctional:
     """The chaining methods of every ``MapDataPipe``."""
 
     def map(
-        self, fn: Callable[..., Any], input_col: Col = None, output_col: Col = None
+        self, fn: Callable[..., Any] | None = None, input_col: Col = None, output_col: Col = None
     ) -> MapDataPipe:
-        """Apply ``fn`` to each item on access. See :class:`MapMapper`."""
+        """Apply ``fn`` to each item on access (None: the identity, as torchdata's). See
+        :class:`MapMapper`."""
         from ._map import MapMapper
 
-        return MapMapper(self, fn, input_col=input_col, output_col=output_col)
+        return MapMapper(
+            self, _same if fn is None else fn, input_col=input_col, output_col=output_col
+        )
 
     def batch(
         self, batch_size: int, drop_last: bool = False, wrapper_class: Callable[[list], Any] = list

@@ -15,7 +15,6 @@ from typing import Any
 from ._base import MapDataPipe
 from ._batch import MapBatcher
 from ._concat import MapConcater
-from ._map import MapMapper
 from ._unzip import unzip_map
 from ._wrappers import SequenceWrapper
 from ._zip import MapZipper
@@ -39,13 +38,9 @@ UnZipper = unzip_map
 
 def Mapper(datapipe: MapDataPipe, fn: Callable[[Any], Any] | None = None) -> MapDataPipe:  # noqa: N802
     """torchdata's map-style ``Mapper`` (``fn`` defaults to the identity)."""
-    return MapMapper(datapipe, _identity if fn is None else fn)
+    return datapipe.map(fn)
 
 
 def Shuffler(datapipe: MapDataPipe, *, indices: Sequence[Any] | None = None) -> Any:  # noqa: N802
     """torchdata's map-style ``Shuffler``: an ``IterDataPipe`` over the shuffled items."""
     return datapipe.shuffle(indices=indices)
-
-
-def _identity(item: Any) -> Any:
-    return item
