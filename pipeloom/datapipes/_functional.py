@@ -316,8 +316,7 @@ class MapFunctional:
     def map(
         self, fn: Callable[..., Any] | None = None, input_col: Col = None, output_col: Col = None
     ) -> MapDataPipe:
-        """Apply ``fn`` to each item on access (None: the identity, as torchdata's). See
-        :class:`MapMapper`."""
+        """Apply ``fn`` (None: the identity) to each item on access. See :class:`MapMapper`."""
         from ._map import MapMapper
 
         return MapMapper(
