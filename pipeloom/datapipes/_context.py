@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -57,6 +58,7 @@ class _ItemState(threading.local):
     """
 
     stamp: tuple[int | None, int, int | None, int] = _NO_STAMP
+    watchers: tuple[Callable[[int | None, int], None], ...] = ()
 
 
 _ITEM = _ItemState()
@@ -67,7 +69,28 @@ def stamp_item(seed: int | None, epoch: int, position: int) -> None:
 
     Called by blocks where items originate (sources, sharding points).
     """
-    _ITEM.stamp = (seed, epoch, position, 0)
+    item = _ITEM
+    item.stamp = (seed, epoch, position, 0)
+    if item.watchers:
+        for watcher in item.watchers:
+            watcher(seed, position)
+
+
+def watch_stamps(watcher: Callable[[int | None, int], None]) -> tuple:
+    """Call ``watcher(seed, position)`` at every :func:`stamp_item` in this thread.
+
+    Returns the previous watchers; pass them to :func:`unwatch_stamps` to stop.
+    A snapshot uses it to see every position its sharding point stamps, also
+    the ones a ``filter`` drops before they reach it.
+    """
+    previous = _ITEM.watchers
+    _ITEM.watchers = (*previous, watcher)
+    return previous
+
+
+def unwatch_stamps(previous: tuple) -> None:
+    """Restore the watchers :func:`watch_stamps` returned."""
+    _ITEM.watchers = previous
 
 
 def current_stamp() -> tuple[int | None, int, int | None, int]:
