@@ -13,9 +13,12 @@ from ._context import current_position, derive_seed, item_rng, item_seed
 from ._decode import Decoder, default_decoders
 from ._device import PinMemory, ToDevice
 from ._files import FileLister, FileOpener, StreamOpener, StreamReader
+from ._fingerprint import Fingerprint, UnfingerprintableError, fingerprint
 from ._fsspec import FSSpecFileLister, FSSpecFileOpener
 from ._functional import functional_datapipe
 from ._http import HttpReader
+from ._in_memory_cache import InMemoryCacheHolder
+from ._on_disk_cache import EndOnDiskCacheHolder, OnDiskCacheHolder
 from ._pipeline import (
     check_declared_inputs,
     load_pipeline_state_dict,
@@ -26,6 +29,7 @@ from ._pipeline import (
     traverse_roots,
     upstream_blocks,
 )
+from ._snapshot import Snapshot
 from ._tar import TarArchiveLoader, TarMemberPath
 from ._text import CSVParser, LineReader
 from ._webdataset import WebDataset
@@ -42,12 +46,16 @@ __all__ = [
     "Decoder",
     "default_decoders",
     "derive_seed",
+    "EndOnDiskCacheHolder",
     "FileLister",
     "FileOpener",
+    "fingerprint",
+    "Fingerprint",
     "FSSpecFileLister",
     "FSSpecFileOpener",
     "functional_datapipe",
     "HttpReader",
+    "InMemoryCacheHolder",
     "item_rng",
     "item_seed",
     "IterableWrapper",
@@ -57,17 +65,20 @@ __all__ = [
     "MapDataPipe",
     "MapToIter",
     "NotAvailable",
+    "OnDiskCacheHolder",
     "pipeline_state_dict",
     "PinMemory",
     "reset_pipeline",
     "seed_pipeline",
     "SequenceWrapper",
     "set_pipeline_epoch",
+    "Snapshot",
     "StreamOpener",
     "StreamReader",
     "TarArchiveLoader",
     "TarMemberPath",
     "ToDevice",
+    "UnfingerprintableError",
     "traverse_roots",
     "upstream_blocks",
     "WebDataset",
