@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -143,3 +144,28 @@ def item_rng() -> np.random.Generator:
     For torch: ``torch.Generator().manual_seed(item_seed())``.
     """
     return np.random.Generator(np.random.PCG64(item_seed()))
+
+
+class _WorkerSlot(threading.local):
+    info: Any = None
+
+
+_THREAD_WORKER = _WorkerSlot()
+_PROCESS_WORKER: list[Any] = [None]
+
+
+def worker_info() -> Any:
+    """The ``WorkerInfo`` of the worker running this code, or None outside workers.
+
+    Reading services set it (``pipeloom.get_worker_info()`` returns it); blocks
+    read it here, below the reading services, e.g. to name the shard a worker writes.
+    """
+    return _THREAD_WORKER.info or _PROCESS_WORKER[0]
+
+
+def set_worker_info(info: Any, *, thread: bool) -> None:
+    """Declare the calling thread (``thread=True``) or the whole process a worker."""
+    if thread:
+        _THREAD_WORKER.info = info
+    else:
+        _PROCESS_WORKER[0] = info

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ._base import IterDataPipe
-from ._context import current_stamp, restore_stamp
+from ._context import current_stamp, restore_stamp, worker_info
 from ._fingerprint import random_blocks
 from ._pipeline import upstream_blocks
 from ._positions import authority_index
@@ -113,9 +113,7 @@ class InMemoryCacheHolder(IterDataPipe):
         return self._bytes
 
     def reset(self) -> None:
-        from ..reading_service import get_worker_info
-
-        in_worker = get_worker_info() is not None
+        in_worker = worker_info() is not None
         self._resets += 1
         if in_worker and self._resets > 1:
             self._disabled = True  # restarted within an epoch: an item worker's task
