@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import NotAvailable
 from ._base import IterDataPipe
-from ._context import current_stamp, restore_stamp, unwatch_stamps, watch_stamps
+from ._context import current_stamp, restore_stamp, unwatch_stamps, watch_stamps, worker_info
 from ._fingerprint import fingerprint, random_blocks
 from ._pipeline import upstream_blocks
 from ._positions import authority_index, sharded_upstream
@@ -142,6 +142,7 @@ class Snapshot(IterDataPipe):
         self._emitted = 0  # outputs returned this pass
         self._pulled = 0  # outputs taken from the source this pass
         self._resumed = False
+        self._resume_group: tuple[int, int] | None = None  # (position, its records given)
 
     def async_next(self) -> Any:
         mode = self._mode
@@ -150,19 +151,23 @@ class Snapshot(IterDataPipe):
         return mode.next()
 
     def _choose(self) -> Any:
-        from ..reading_service import get_worker_info
-
         store = SnapshotStore(self.path, self.fingerprint.digest)
-        info = get_worker_info()
+        info = worker_info()
         if store.is_complete():
             reader = self._reader
             if reader is None or reader.directory != store.final:
                 reader = self._reader = RecordReader(store.final)
             manifest = store.manifest()
             authority = authority_index(self)
-            if info is not None and authority is not None and reader.is_sorted():
+            by_position = info is not None or sharded_upstream(self)
+            if by_position and authority is not None and reader.is_sorted():
                 return _PositionReader(self, reader, authority, manifest.get("positions"))
             return _OrderedReader(self, reader, authority if manifest["stamper"] else None)
+        if self._resume_group is not None:
+            raise RuntimeError(
+                f"{self!r}: the checkpoint was taken while reading the snapshot in "
+                f"{store.final}, which is gone; restore it, or resume from the epoch's start"
+            )
         if self._resumed:
             return _Passthrough(self)
         if sharded_upstream(self):
@@ -187,13 +192,16 @@ class Snapshot(IterDataPipe):
         return len(self.source)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"emitted": self._emitted, "pulled": self._pulled}
+        group = self._mode.group() if isinstance(self._mode, _PositionReader) else None
+        return {"emitted": self._emitted, "pulled": self._pulled, "group": group}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self._mode is not None:
             self._mode.abandon()
             self._mode = None
         self._emitted, self._pulled = int(state["emitted"]), int(state["pulled"])
+        group = state.get("group")
+        self._resume_group = None if group is None else (int(group[0]), int(group[1]))
         self._resumed = True
 
     def __getstate__(self) -> dict[str, Any]:
@@ -238,7 +246,9 @@ class _Writer:
         index = authority_index(block)
         self.authority = None if index is None else block._authority(index)
         self.observed: list[int] | None = [] if watch else None
-        self.root_seed = None if self.authority is None else self.authority.epoch_seed()
+        self.root_seed = None
+        if watch and self.authority is not None:
+            self.root_seed = self.authority.epoch_seed()
         self.stamper: bool | None = None
         self.monotonic = True
         self.last = -1
@@ -368,7 +378,12 @@ class _OrderedReader:
 
 
 class _PositionReader:
-    """In a worker: asks the position authority for each position, reads that position's records."""
+    """Asks the position authority for each position, reads that position's records.
+
+    Used where the stream is sharded (workers, ranks): the authority (the
+    sharding point) yields exactly this copy's positions, skips what a resume
+    skips, and stamps them for the epoch.
+    """
 
     def __init__(
         self, block: Snapshot, reader: RecordReader, authority: int, positions: int | None
@@ -376,7 +391,14 @@ class _PositionReader:
         self.block, self.reader, self.positions = block, reader, positions
         self.authority = block._authority(authority)
         self.pending: list[tuple[int | None, int, Any]] = []
+        self.position: int | None = None
+        self.given = 0  # records of ``position`` returned
         self.stamp: tuple[int | None, int] = (None, 0)
+        if block._resume_group is not None:  # finish the position the checkpoint was in
+            self.position, self.given = block._resume_group
+            self.stamp = (self.authority.epoch_seed(), block._pl_epoch)
+            start, stop = reader.lookup(self.position)
+            self.pending = reader.read_many(start + self.given, stop)[::-1]
 
     def next(self) -> Any:
         while not self.pending:
@@ -394,12 +416,17 @@ class _PositionReader:
                     f"upstream changed in a way the fingerprint did not see. Delete that "
                     f"directory (or change key=) to rebuild it"
                 )
-            self.stamp = (seed, epoch)
+            self.stamp, self.position, self.given = (seed, epoch), position, 0
             self.pending = self.reader.read_many(start, stop)[::-1] if stop > start else []
         position, draws, item = self.pending.pop()
         restore_stamp((self.stamp[0], self.stamp[1], position, draws))
+        self.given += 1
         self.block._emitted += 1
         return item
+
+    def group(self) -> tuple[int, int] | None:
+        """The position being given and how many of its records were (for a checkpoint)."""
+        return None if self.position is None or not self.pending else (self.position, self.given)
 
     def abandon(self) -> None:
         self.pending = []

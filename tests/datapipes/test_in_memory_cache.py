@@ -10,7 +10,11 @@ import torch
 import pipeloom
 from pipeloom.datapipes import InMemoryCacheHolder, IterableWrapper
 from pipeloom.datapipes._in_memory_cache import item_nbytes
-from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from pipeloom.reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ThreadReadingService,
+)
 from pipeloom.testing import check_resume_from_every_step, collect
 
 
@@ -79,6 +83,19 @@ SERVICE_IDS = ["in-process", "threads", "processes", "persistent-processes"]
 @pytest.mark.parametrize("service", SERVICES, ids=SERVICE_IDS)
 def test_every_epoch_equals_the_uncached_pipeline(service):
     assert epochs(cached(), service) == epochs(uncached())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["in-process", "processes"])
+def test_a_rank_caches_its_share(kind):
+    def service():
+        inner = (
+            InProcessReadingService() if kind == "in-process" else MultiProcessingReadingService(2)
+        )
+        inner.set_outer_sharding(3, 1)
+        return inner
+
+    assert epochs(cached(), service()) == epochs(uncached(), service())
 
 
 def test_in_process_later_epochs_do_no_upstream_work():

@@ -14,7 +14,11 @@ import torch
 
 import pipeloom
 from pipeloom.datapipes import FileLister, IterableWrapper, Snapshot, UnfingerprintableError
-from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from pipeloom.reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ThreadReadingService,
+)
 from pipeloom.testing import check_resume_from_every_step, collect
 
 
@@ -172,6 +176,47 @@ def test_a_resumed_writing_epoch_in_workers_does_not_commit(tmp_path):
         assert not build(tmp_path).is_complete()
         assert list(resumed) == collect(uncached_plain())
     assert build(tmp_path).is_complete()
+
+
+def twice(x):
+    return [x, -x]
+
+
+def test_resume_from_every_step_inside_a_position_with_several_items(tmp_path):
+    def make():
+        return (
+            IterableWrapper(range(6))
+            .sharding_filter()
+            .flatmap(twice)
+            .snapshot(tmp_path)
+            .map(jitter)
+        )
+
+    collect(make(), seed=1)
+    check_resume_from_every_step(make, seed=1, epoch=1)
+
+
+def rank_service(kind, rank):
+    service = (
+        InProcessReadingService() if kind == "in-process" else MultiProcessingReadingService(2)
+    )
+    service.set_outer_sharding(2, rank)
+    return service
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["in-process", "processes"])
+def test_each_rank_reads_its_share_and_one_rank_alone_does_not_write(tmp_path, kind):
+    for rank in (0, 1):
+        assert epochs(augmented(tmp_path), rank_service(kind, rank), count=1) == epochs(
+            uncached(), rank_service(kind, rank), count=1
+        )
+    assert not build(tmp_path).is_complete()  # each rank saw only half the positions
+    epochs(augmented(tmp_path), count=1)
+    for rank in (0, 1):
+        assert epochs(augmented(tmp_path), rank_service(kind, rank)) == epochs(
+            uncached(), rank_service(kind, rank)
+        )
 
 
 # -- invalidation -------------------------------------------------------------------
