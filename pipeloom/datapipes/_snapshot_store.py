@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -107,6 +108,18 @@ class SnapshotStore:
             if pid.isdigit() and not _alive(int(pid)):
                 shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
 
+    def start_writer(self, directory: str, name: str) -> None:
+        """Forget what writer ``name`` finished in an abandoned pass of the same tag.
+
+        Under the commit lock, so a committing writer never counts (and never
+        moves) files this writer is about to rewrite.
+        """
+        with _CommitLock(directory) as locked:
+            if locked:
+                for stale in (f"writer-{name}.json", f"observed-{name}.npy", f"index-{name}.npy"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(directory, stale))
+
     def finish_writer(
         self, directory: str, name: str, summary: dict[str, Any], *, expected: int
     ) -> bool:
@@ -115,15 +128,9 @@ class SnapshotStore:
         Returns True when this call committed the snapshot.
         """
         _write_json(os.path.join(directory, f"writer-{name}.json"), summary)
-        lock_path = os.path.join(directory, ".commit.lock")
-        try:
-            lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:  # another writer committed and moved the directory
-            return False
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not os.path.exists(os.path.join(directory, f"writer-{name}.json")):
-                return False  # committed meanwhile
+        with _CommitLock(directory) as locked:
+            if not locked or not os.path.exists(os.path.join(directory, f"writer-{name}.json")):
+                return False  # another writer committed and moved the directory meanwhile
             writers = sorted(
                 f[len("writer-") : -len(".json")]
                 for f in os.listdir(directory)
@@ -132,8 +139,6 @@ class SnapshotStore:
             if len(writers) < expected:
                 return False
             return self._commit(directory, writers)
-        finally:
-            os.close(lock)
 
     def _commit(self, directory: str, writers: list[str]) -> bool:
         summaries = []
@@ -183,6 +188,27 @@ class SnapshotStore:
         for name in os.listdir(self.root):
             if name.startswith(run + "-"):
                 shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+
+
+class _CommitLock:
+    """An exclusive ``flock`` on a pass directory's ``.commit.lock``; False if it is gone."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, ".commit.lock")
+        self.fd = -1
+
+    def __enter__(self) -> bool:
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            return False
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def _covered_positions(directory: str, writers: list[str]) -> int | None:

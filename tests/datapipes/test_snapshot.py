@@ -219,6 +219,17 @@ def test_each_rank_reads_its_share_and_one_rank_alone_does_not_write(tmp_path, k
         )
 
 
+@pytest.mark.timeout(120)
+def test_an_abandoned_writing_epoch_replayed_commits_only_fresh_shards(tmp_path):
+    with pipeloom.DataLoader(build(tmp_path), MultiProcessingReadingService(2), seed=0) as loader:
+        iterator = iter(loader)
+        [next(iterator) for _ in range(3)]
+        loader.set_epoch(0)  # the same epoch again: the same pass directory
+        assert list(loader) == collect(uncached_plain())
+    assert build(tmp_path).is_complete()
+    assert epochs(augmented(tmp_path), ThreadReadingService(3)) == epochs(uncached())
+
+
 # -- invalidation -------------------------------------------------------------------
 def test_a_changed_function_makes_a_new_snapshot_and_says_what_changed(tmp_path):
     collect(IterableWrapper(range(5)).map(lambda x: x + 1).snapshot(tmp_path))
