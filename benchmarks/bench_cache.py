@@ -88,7 +88,9 @@ def run_pipeloom(images, count, kind, workers, repeats):
     for _ in range(repeats):
         cache = tempfile.mkdtemp(prefix="pipeloom-bench-cache-")
         try:
-            service = MultiProcessingReadingService(workers, persistent_workers=True) if workers else None
+            service = None
+            if workers:
+                service = MultiProcessingReadingService(workers, persistent_workers=True)
             with pipeloom.DataLoader(pipeline(images, cache, kind), service, seed=0) as loader:
                 first, batches_first = timed_epoch(loader)
                 second, batches_second = timed_epoch(loader)
@@ -132,7 +134,8 @@ def main() -> None:
         for workers in (0, 2):
             rate, batches = run_torch(images, count, workers, repeats)
             reference = reference or batches
-            torch_rows.append([f"torch DataLoader, {workers} workers", f"{rate:.0f}", f"{rate:.0f}", "1.0x"])
+            label = f"torch DataLoader, {workers} workers"
+            torch_rows.append([label, f"{rate:.0f}", f"{rate:.0f}", "1.0x"])
         for kind in ("snapshot", "in_memory_cache"):
             for workers in (0, 2):
                 first, second, batches = run_pipeloom(images, count, kind, workers, repeats)

@@ -221,25 +221,28 @@ class RecordReader:
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        self.index = np.load(os.path.join(directory, "index.npy"), mmap_mode="r")
+        # A plain view of the mapped file (no np.memmap per-access overhead).
+        self.index = np.asarray(np.load(os.path.join(directory, "index.npy"), mmap_mode="r"))
+        self._positions = self.index["position"]
         with open(os.path.join(directory, "files.txt")) as listing:
             self.files = [line for line in listing.read().split("\n") if line]
         self._fds: dict[int, int] = {}
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
+        self._sorted: bool | None = None
 
     def __len__(self) -> int:
         return len(self.index)
 
     def is_sorted(self) -> bool:
-        positions = self.index["position"]
-        return bool(len(positions) < 2 or np.all(positions[1:] >= positions[:-1]))
+        if self._sorted is None:
+            p = self._positions
+            self._sorted = bool(len(p) < 2 or np.all(p[1:] >= p[:-1]))
+        return self._sorted
 
     def lookup(self, position: int) -> tuple[int, int]:
         """The record numbers ``[start, stop)`` of ``position`` (the index must be sorted)."""
-        positions = self.index["position"]
-        start = int(np.searchsorted(positions, position, "left"))
-        stop = int(np.searchsorted(positions, position, "right"))
-        return start, stop
+        start, stop = np.searchsorted(self._positions, (position, position + 1))
+        return int(start), int(stop)
 
     def read(self, number: int) -> tuple[int | None, int, Any]:
         """Record ``number`` as ``(position, draws, item)``."""
@@ -248,27 +251,29 @@ class RecordReader:
     def read_many(self, start: int, stop: int) -> list[tuple[int | None, int, Any]]:
         """Records ``[start, stop)``, reading each run in the same file at once."""
         rows = self.index[start:stop]
+        files, offsets, sizes = (
+            rows["file"].tolist(),
+            rows["offset"].tolist(),
+            rows["size"].tolist(),
+        )
+        positions, draws = rows["position"].tolist(), rows["draws"].tolist()
         out: list[tuple[int | None, int, Any]] = []
-        i = 0
-        while i < len(rows):
+        i, count = 0, len(files)
+        while i < count:
             j = i + 1
             while (
-                j < len(rows)
-                and rows[j]["file"] == rows[i]["file"]
-                and rows[j]["offset"] == rows[j - 1]["offset"] + rows[j - 1]["size"]
+                j < count and files[j] == files[i] and offsets[j] == offsets[j - 1] + sizes[j - 1]
             ):
                 j += 1
-            base = int(rows[i]["offset"])
-            span = bytearray(int(rows[j - 1]["offset"] + rows[j - 1]["size"]) - base)
-            self._read_into(int(rows[i]["file"]), span, base)
+            base = offsets[i]
+            span = bytearray(offsets[j - 1] + sizes[j - 1] - base)
+            self._read_into(files[i], span, base)
             view = memoryview(span)
-            for row in rows[i:j]:
-                at = int(row["offset"]) - base
-                item = _unframe(view[at : at + int(row["size"])])
-                position = int(row["position"])
-                out.append(
-                    (None if position == _NO_POSITION else position, int(row["draws"]), item)
-                )
+            for k in range(i, j):
+                at = offsets[k] - base
+                item = _unframe(view[at : at + sizes[k]])
+                position = positions[k]
+                out.append((None if position == _NO_POSITION else position, draws[k], item))
             i = j
         return out
 

@@ -174,12 +174,8 @@ class OrderedReader:
         start = self.next_record
         if start >= len(self.reader):
             raise StopIteration
-        sizes = self.reader.index["size"]
-        stop = start + 1
-        total = int(sizes[start])
-        while stop < len(self.reader) and total + int(sizes[stop]) <= _READ_AHEAD:
-            total += int(sizes[stop])
-            stop += 1
+        ends = np.cumsum(self.reader.index["size"][start : start + 4096])
+        stop = start + max(1, int(np.searchsorted(ends, _READ_AHEAD, "right")))
         self.buffer = self.reader.read_many(start, stop)[::-1]
         self.next_record = stop
 
