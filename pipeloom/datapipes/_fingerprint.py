@@ -127,16 +127,18 @@ def fingerprint(output: DataPipe, *, key: str | None = None) -> Fingerprint:
 def random_blocks(output: DataPipe) -> list[DataPipe]:
     """The blocks upstream of ``output`` (itself included) that draw random numbers.
 
-    A block is random when it is one of pipeloom's shuffling blocks, declares
+    A block is random when it is one of pipeloom's shuffling blocks or
+    ``cycle`` (each round draws new seeds, which ``item_rng()`` uses), declares
     ``randomized = True``, or takes a ``seed`` argument (the convention of
     random blocks). Randomness in your own functions (``item_rng()`` is seen
     while items flow; ``random``/``torch.rand`` are not) is not found here.
     """
     from ._bucketbatch import BucketBatcher
+    from ._cycle import Cycler
     from ._in_batch_shuffle import InBatchShuffler
     from ._shuffle import MapShuffler, Shuffler
 
-    known = (Shuffler, MapShuffler, InBatchShuffler, BucketBatcher)
+    known = (Shuffler, MapShuffler, InBatchShuffler, BucketBatcher, Cycler)
     found = []
     for block in upstream_blocks(output):
         declared = getattr(type(block), "randomized", None)

@@ -78,9 +78,10 @@ class InMemoryCacheHolder(IterDataPipe):
         randoms = random_blocks(source)
         if randoms and not allow_random:
             raise ValueError(
-                f"in_memory_cache would replay the first epoch of {randoms[0]!r} upstream in "
-                f"every epoch; move the random block after .in_memory_cache(), or pass "
-                f"allow_random=True to freeze it on purpose"
+                f"in_memory_cache would replay the randomness of {randoms[0]!r} upstream (an "
+                f"order, or the seeds item_rng() draws from) of the first epoch in every "
+                f"epoch; move that block after .in_memory_cache(), or pass allow_random=True "
+                f"to freeze it on purpose"
             )
         self.source = source
         self.size = size

@@ -89,9 +89,10 @@ class Snapshot(IterDataPipe):
         randoms = random_blocks(source)
         if randoms and not allow_random:
             raise ValueError(
-                f"snapshot would freeze the randomness of {randoms[0]!r} upstream: every later "
-                f"epoch would replay the first epoch's order. Move the random block after "
-                f".snapshot(...), or pass allow_random=True to freeze it on purpose"
+                f"snapshot would freeze the randomness of {randoms[0]!r} upstream (an order, or "
+                f"the seeds item_rng() draws from): every later epoch would replay the first "
+                f"epoch's. Move that block after .snapshot(...), or pass allow_random=True to "
+                f"freeze it on purpose"
             )
         self.source = source
         self.path = os.fspath(path)

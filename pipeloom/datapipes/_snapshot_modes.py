@@ -62,8 +62,7 @@ class Writer:
         if watch and self.authority is not None:
             self.root_seed = self.authority.epoch_seed()
         self.stamper: bool | None = None
-        self.monotonic = True
-        self.last = -1
+        self.first_seed: int | None = None
 
     def _observe(self, seed: int | None, position: int) -> None:
         if seed == self.root_seed and self.observed is not None:
@@ -88,10 +87,10 @@ class Writer:
                 f".snapshot(...), or pass allow_random=True to freeze it on purpose"
             )
         if self.stamper is None:
+            self.first_seed = seed
             self.stamper = self._stamped_by_authority(seed, epoch)
-        if position is not None:
-            self.monotonic = self.monotonic and position >= self.last
-            self.last = position
+        elif seed != self.first_seed:  # e.g. rounds of a cycle upstream: no single seed
+            self.stamper = False
         self.writer.append(position, draws, item)
         block._emitted += 1
         return item
@@ -116,7 +115,6 @@ class Writer:
             "bytes": self.writer.bytes_written,
             "observed": None if self.observed is None else True,
             "stamper": bool(self.stamper) or self.writer.count == 0,
-            "monotonic": self.monotonic,
         }
         self.store.finish_writer(self.directory, self.name, summary, expected=self.expected)
         self.block._mode = Passthrough(self.block)  # the source is spent: StopIteration again

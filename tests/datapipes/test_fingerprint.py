@@ -163,3 +163,4 @@ def test_random_blocks_are_the_shuffles_seeded_blocks_and_declared_ones():
     pipe = Declared(Sampler(IterableWrapper(range(3)).shuffle().map(scaled)))
     assert [type(b).__name__ for b in random_blocks(pipe)] == ["Declared", "Sampler", "Shuffler"]
     assert random_blocks(IterableWrapper(range(3)).map(scaled).batch(2)) == []
+    assert [type(b).__name__ for b in random_blocks(IterableWrapper([1]).cycle(2))] == ["Cycler"]

@@ -200,8 +200,10 @@ def test_item_workers_pass_items_through(strategy):
 
 
 def test_random_upstream_is_refused_unless_allowed():
-    with pytest.raises(ValueError, match=r"replay the first epoch of Shuffler.*allow_random=True"):
+    with pytest.raises(ValueError, match=r"replay the randomness of Shuffler.*allow_random=True"):
         IterableWrapper(range(4)).shuffle().in_memory_cache()
+    with pytest.raises(ValueError, match=r"randomness of Cycler.*seeds item_rng\(\) draws"):
+        IterableWrapper(range(4)).cycle(2).in_memory_cache()
     frozen = IterableWrapper(range(4)).shuffle().in_memory_cache(allow_random=True)
     assert collect(frozen, epoch=1) == collect(frozen, epoch=0)
 
