@@ -26,6 +26,7 @@ BENCHMARKS = [
     "bench_distributed",
     "bench_compat",
     "bench_packing",
+    "bench_cache",
 ]
 
 

@@ -19,16 +19,19 @@ from ._decode import Decoder, default_decoders
 from ._decompress import Bz2FileLoader, CompressionType, Decompressor, XzFileLoader
 from ._device import PinMemory, ToDevice
 from ._files import FileLister, FileOpener, StreamOpener, StreamReader
+from ._fingerprint import Fingerprint, UnfingerprintableError, fingerprint
 from ._fsspec import FSSpecFileLister, FSSpecFileOpener
 from ._fullsync import FullSync, RankStopped
 from ._functional import functional_datapipe
 from ._groupby import Grouper
 from ._hash import HashChecker
 from ._http import HttpReader
+from ._in_memory_cache import InMemoryCacheHolder
 from ._json import JsonParser
 from ._key_zip import IterKeyZipper, MapKeyZipper
 from ._list_files import FSSpecRootLister, RootLister
 from ._map_batches import BatchMapper
+from ._on_disk_cache import EndOnDiskCacheHolder, OnDiskCacheHolder
 from ._padded_batch import PadCollate, PaddedBatch
 from ._paragraphs import ParagraphAggregator
 from ._pipeline import (
@@ -51,6 +54,7 @@ from ._save import FSSpecSaver, Saver
 from ._set_length import LengthSetter
 from ._shard_expand import ShardExpander
 from ._shuffled_flatmap import ShuffledFlatMapper
+from ._snapshot import Snapshot
 from ._tar import TarArchiveLoader, TarMemberPath
 from ._text import CSVParser, LineReader
 from ._tfrecord import TFRecordLoader
@@ -82,6 +86,9 @@ __all__ = [
     "FileLister",
     "FileOpener",
     "Flattener",
+    "EndOnDiskCacheHolder",
+    "fingerprint",
+    "Fingerprint",
     "FSSpecFileLister",
     "FSSpecFileOpener",
     "FSSpecRootLister",
@@ -92,6 +99,7 @@ __all__ = [
     "HashChecker",
     "HttpReader",
     "IndexAdder",
+    "InMemoryCacheHolder",
     "item_rng",
     "item_seed",
     "IterableWrapper",
@@ -109,6 +117,7 @@ __all__ = [
     "PadCollate",
     "PaddedBatch",
     "ParagraphAggregator",
+    "OnDiskCacheHolder",
     "PinMemory",
     "pipeline_state_dict",
     "random_split",
@@ -128,6 +137,7 @@ __all__ = [
     "Slicer",
     "SplitPart",
     "StreamChunkReader",
+    "Snapshot",
     "StreamOpener",
     "StreamReader",
     "TarArchiveLoader",
@@ -135,6 +145,7 @@ __all__ = [
     "TFRecordLoader",
     "ThreadPoolMapper",
     "ToDevice",
+    "UnfingerprintableError",
     "traverse_roots",
     "unzip",
     "unzip_map",

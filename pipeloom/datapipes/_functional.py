@@ -14,6 +14,8 @@ from ._functional_storage import StorageFunctional
 from ._functional_streams import StreamFunctional
 
 if TYPE_CHECKING:
+    import os
+
     import torch
 
     from ._base import DataPipe, IterDataPipe, MapDataPipe
@@ -424,6 +426,70 @@ class IterFunctional(StreamFunctional, StorageFunctional):
             delimiter=delimiter,
             **fmtparams,
         )
+
+    # -- caching -------------------------------------------------------------------
+    def in_memory_cache(
+        self, size: int | float | None = None, *, allow_random: bool = False
+    ) -> IterDataPipe:
+        """Keep the first epoch's items in memory (at most ``size`` MiB); replay them after.
+
+        See :class:`InMemoryCacheHolder`.
+        """
+        from ._in_memory_cache import InMemoryCacheHolder
+
+        return InMemoryCacheHolder(self, size, allow_random=allow_random)
+
+    def on_disk_cache(
+        self,
+        filepath_fn: Callable[[Any], str] | None = None,
+        hash_dict: dict[str, str] | None = None,
+        hash_type: str = "sha256",
+        extra_check_fn: Callable[[str], bool] | None = None,
+    ) -> IterDataPipe:
+        """Skip to ``end_caching`` for items whose file exists. See :class:`OnDiskCacheHolder`."""
+        from ._on_disk_cache import OnDiskCacheHolder
+
+        return OnDiskCacheHolder(
+            self,
+            filepath_fn=filepath_fn,
+            hash_dict=hash_dict,
+            hash_type=hash_type,
+            extra_check_fn=extra_check_fn,
+        )
+
+    def end_caching(
+        self,
+        mode: str = "wb",
+        filepath_fn: Callable[[Any], str] | None = None,
+        *,
+        same_filepath_fn: bool = False,
+        skip_read: bool = False,
+        timeout: float | None = 300,
+    ) -> IterDataPipe:
+        """Write ``(key, data)`` to files, yield the paths. See :class:`EndOnDiskCacheHolder`."""
+        from ._on_disk_cache import EndOnDiskCacheHolder
+
+        return EndOnDiskCacheHolder(
+            self,
+            mode=mode,
+            filepath_fn=filepath_fn,
+            same_filepath_fn=same_filepath_fn,
+            skip_read=skip_read,
+            timeout=timeout,
+        )
+
+    def snapshot(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        key: str | None = None,
+        allow_random: bool = False,
+        shard_size: int = 256,
+    ) -> IterDataPipe:
+        """Store this edge's items on disk once, keyed by the upstream. See :class:`Snapshot`."""
+        from ._snapshot import Snapshot
+
+        return Snapshot(self, path, key=key, allow_random=allow_random, shard_size=shard_size)
 
 
 class MapFunctional:
