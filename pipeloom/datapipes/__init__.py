@@ -31,6 +31,7 @@ from ._json import JsonParser
 from ._key_zip import IterKeyZipper, MapKeyZipper
 from ._list_files import FSSpecRootLister, RootLister
 from ._map_batches import BatchMapper
+from ._map_cache import MapInMemoryCacheHolder
 from ._on_disk_cache import EndOnDiskCacheHolder, OnDiskCacheHolder
 from ._padded_batch import PadCollate, PaddedBatch
 from ._paragraphs import ParagraphAggregator
@@ -111,6 +112,7 @@ __all__ = [
     "LineReader",
     "load_pipeline_state_dict",
     "MapDataPipe",
+    "MapInMemoryCacheHolder",
     "MapKeyZipper",
     "MapToIter",
     "NotAvailable",

@@ -533,6 +533,12 @@ class MapFunctional:
 
         return MapZipper(self, *others)
 
+    def in_memory_cache(self) -> MapDataPipe:
+        """Keep each item once read. See :class:`MapInMemoryCacheHolder`."""
+        from ._map_cache import MapInMemoryCacheHolder
+
+        return MapInMemoryCacheHolder(self)
+
     def to_iter(self) -> IterDataPipe:
         """Iterate indices ``0..len-1`` in order (an ``IterDataPipe``). See :class:`MapToIter`."""
         from ._wrappers import MapToIter

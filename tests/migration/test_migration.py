@@ -9,7 +9,6 @@ nothing else changed.
 
 from __future__ import annotations
 
-import inspect
 import json
 import pathlib
 import re
@@ -24,26 +23,10 @@ sys.path.insert(0, str(HERE))
 from harness import canonical, run, serve  # noqa: E402
 from make_data import make_data  # noqa: E402
 
-from pipeloom.datapipes import IterDataPipe, TarArchiveLoader  # noqa: E402
+from pipeloom.datapipes import IterDataPipe  # noqa: E402
 
 PIPELINES = sorted(p.stem for p in (HERE / "pipelines").glob("*.py"))
 IMPORT = re.compile(r"^(import|from)\s+torchdata\.datapipes\b")
-
-
-def not_yet(name: str) -> str | None:
-    """Why a pipeline cannot run on this branch yet (a block another branch adds), or None."""
-    if name == "token_buckets" and not hasattr(IterDataPipe, "max_token_bucketize"):
-        return "needs max_token_bucketize, which the `mixing` branch adds"
-    if name == "http_cache" and not hasattr(IterDataPipe, "on_disk_cache"):
-        return "needs on_disk_cache/end_caching, which the `caching` branch adds"
-    if name == "tar_gz_archives":
-        mode = inspect.signature(TarArchiveLoader).parameters["mode"].default
-        if mode in ("r|", "r:"):
-            return (
-                f"load_from_tar's default mode {mode!r} does not detect compression yet "
-                f"(the `integrity` branch, #13 item 5d, makes it torchdata's 'r:*')"
-            )
-    return None
 
 
 def port(name: str) -> types.ModuleType:
@@ -62,9 +45,6 @@ def port(name: str) -> types.ModuleType:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", PIPELINES)
 def test_ported_pipeline_gives_torchdatas_output(name, tmp_path):
-    reason = not_yet(name)
-    if reason:
-        pytest.skip(reason)
     fixture = json.loads((HERE / "fixtures" / f"{name}.json").read_text())
     module = port(name)
     root = str(make_data(tmp_path / "data"))
