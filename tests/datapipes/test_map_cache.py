@@ -1,8 +1,7 @@
 import pytest
+from datapipes.everywhere import check_same_output_everywhere
 
 from pipeloom.datapipes import MapInMemoryCacheHolder, SequenceWrapper
-
-from datapipes.everywhere import check_same_output_everywhere
 
 
 def counted(values):
