@@ -37,6 +37,8 @@ BENCHMARKS = [
     "bench_spawn_start",
     "bench_distributed",
     "bench_compat",
+    "bench_packing",
+    "bench_cache",
 ]
 MARKDOWN_ENV = "PIPELOOM_BENCH_MARKDOWN"  # read by _common.print_table and _common.note
 

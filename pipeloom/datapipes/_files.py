@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import fnmatch
+import io
 import os
 import warnings
 import weakref
@@ -172,7 +173,7 @@ class FileLister(Lister):
         ):
             raise TypeError(
                 f"root must be a path or a non-empty list of paths, got {root!r}; "
-                f"for a stream of roots use .flatmap over FileLister"
+                f"for a stream of roots (e.g. an IterDataPipe) use roots.list_files(masks)"
             )
         super().__init__(masks)
         self.roots = tuple(os.fspath(r) for r in roots)
@@ -412,6 +413,8 @@ class StreamReader(IterDataPipe):
         while True:
             if self._reader is None:
                 item = self.source.async_next()
+                if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bytes):
+                    item = (item[0], io.BytesIO(item[1]))  # e.g. a tar member, read like a file
                 if not (isinstance(item, tuple) and len(item) == 2 and hasattr(item[1], "read")):
                     raise TypeError(
                         f"{self!r} expects (path, stream) items, got {type(item).__name__}; "
