@@ -26,7 +26,7 @@ import tempfile
 import numpy as np
 import torch
 import torch.utils.data
-from _common import best_time, consume, print_table
+from _common import best_time, consume, note, print_table
 
 from pipeloom.datapipes import FileLister
 
@@ -47,7 +47,7 @@ def write_shards(root: str, shards: int, per_shard: int) -> None:
 
 
 def as_pair(sample: dict) -> tuple[np.ndarray, int]:
-    return sample[".npy"], sample[".cls"]
+    return sample["npy"], sample["cls"]
 
 
 def pipeloom_pipe(root: str):
@@ -129,7 +129,7 @@ def main() -> None:
         ["reader", "samples/s", "epoch ms"],
         rows,
     )
-    print(f"\nratio pipeloom/torch throughput: {t_torch / t_pipe:.2f}x")
+    note(f"ratio pipeloom/torch throughput: {t_torch / t_pipe:.2f}x")
 
 
 if __name__ == "__main__":

@@ -8,11 +8,10 @@ each to the other, so both kinds mix in one pipeline.
 
 A class that declares no ``inputs`` has its block-valued attributes taken as
 inputs (:meth:`DataPipe.input_names`). Framework state (seeds, epoch, lazy
-init) lives in ``_pl_*`` attributes only this module touches.
-
-The only thing the base class adds to a subclass's methods: when the class
-defines ``lazy_init``, its ``__iter__``, ``__len__``, ``__getitem__``,
-``async_next`` and ``async_get`` first make sure ``lazy_init`` ran (once).
+init) lives in ``_pl_*`` attributes only this module touches. The only thing
+the base adds to a subclass's methods: with ``lazy_init`` defined, its
+``__iter__``, ``__len__``, ``__getitem__``, ``async_next`` and ``async_get``
+first make sure ``lazy_init`` ran (once).
 
 Example:
     >>> from pipeloom.datapipes import IterDataPipe
@@ -40,7 +39,7 @@ from .._validate import check_int
 from ..errors import NotAvailable
 from ..events import ReadinessSource
 from ._attributes import attribute_values
-from ._context import _ITEM, derive_seed
+from ._context import derive_seed, stamp_item
 from ._functional import IterFunctional, MapFunctional
 from ._nesting import NESTING, nested_call
 from ._reader import BlockingReader
@@ -182,11 +181,9 @@ class DataPipe:
         return _overrides(type(self), "set_shard_group_size", DataPipe)
 
     def batches_of(self) -> int | None:
-        """``n`` when each output is made of a run of ``n`` consecutive inputs (a batch).
+        """``n`` when each output combines a run of ``n`` consecutive inputs (a batch), else None.
 
-        A placement trait: a reading service may then build whole outputs in
-        workers that each receive runs of ``n`` positions, or find the batch
-        that ends the per-item part. None (the default) for other blocks.
+        A placement trait: workers given runs of ``n`` positions build whole outputs.
         """
         return None
 
@@ -260,15 +257,11 @@ class DataPipe:
         self._pl_seed_fixed = True
 
     def _stamp_item(self, position: int) -> None:
-        """Mark the item the current thread now holds as this block's output at ``position``.
-
-        For blocks where items originate or are sharded (sources, sharding
-        points): ``item_rng()`` downstream draws from (epoch seed, epoch, position).
-        """
+        """Mark the current item as this block's output at ``position`` (sources, sharding)."""
         seed = self._pl_epoch_seed
         if seed is None:
             seed = self.epoch_seed()
-        _ITEM.stamp = (seed, self._pl_epoch, position, 0)
+        stamp_item(seed, self._pl_epoch, position)
 
     # -- framework internals: called by _pipeline and the runtime seam ----------
     def _block_seed(self) -> int | None:
@@ -276,11 +269,8 @@ class DataPipe:
         return self._pl_seed
 
     def _assign_seed(self, key: int, pipeline_seed: int | None) -> None:
-        """Seed this block from ``pipeline_seed`` and its place ``key`` in the pipeline.
-
-        The key is the block's place in the pipeline first seeded, so a copy
-        of a part (a worker's) re-seeded later gets the same seeds.
-        """
+        """Seed from ``pipeline_seed`` and ``key``, the place in the pipeline first seeded
+        (so a worker's copy of a part, re-seeded later, gets the same seeds)."""
         if self._pl_seed_key is None:
             self._pl_seed_key = key
         if not self._pl_seed_fixed:
@@ -297,6 +287,16 @@ class DataPipe:
     def _enter_round(self, round_number: int) -> None:
         self._pl_round = round_number
         self._pl_epoch_seed = None
+
+    def _epoch_number(self) -> int:
+        return self._pl_epoch
+
+    def _round_number(self) -> int:
+        return self._pl_round
+
+    def _drawn_epoch_seed(self) -> int | None:
+        """The epoch seed if already drawn (this epoch and round), without drawing it."""
+        return self._pl_epoch_seed
 
     def _forget_lazy_init(self) -> None:
         """This object now lives in a new process (forked): ``lazy_init`` runs again there."""

@@ -131,8 +131,8 @@ def check_declared_inputs(output: DataPipe) -> None:
     """
     from ._functional import IterFunctional, MapFunctional
 
-    chaining = sorted(
-        name for name in {*vars(IterFunctional), *vars(MapFunctional)} if not name.startswith("_")
+    chaining = sorted(  # dir(): the mixins' methods too
+        name for name in {*dir(IterFunctional), *dir(MapFunctional)} if not name.startswith("_")
     )
     blocks = upstream_blocks(output)
     for block in blocks:

@@ -7,6 +7,8 @@ loader and ``pipeloom.testing``:
   works on, which a worker sends along with each output and the consumer
   restores, so ``item_rng()`` continues identically in every process
   (``stamp_item`` starts one, for a block that stands in for a sharding point);
+* which worker runs the current code (``set_worker_info``; the reading
+  services set it, ``pipeloom.get_worker_info()`` and blocks read it);
 * per-block framework state, changed through the block base's methods:
   restarting a part of a pipeline, forgetting ``lazy_init`` in a forked
   copy, reading the seed a block derives its randomness from.
@@ -33,7 +35,9 @@ from ._context import (
     current_stamp,
     derive_seed,
     restore_stamp,
+    set_worker_info,
     stamp_item,
+    worker_info,
 )
 from ._pipeline import check_declared_inputs, upstream_blocks
 
@@ -49,7 +53,9 @@ __all__ = [
     "forget_lazy_init",
     "restart_blocks",
     "restore_stamp",
+    "set_worker_info",
     "stamp_item",
+    "worker_info",
 ]
 
 

@@ -165,3 +165,17 @@ def test_same_collated_batches_under_every_service():
         epochs=2,
     )
     assert ran == ["in-process", "threads", "classic", "economic", "chunked"]
+
+
+# -- torchdata 0.9's arguments --------------------------------------------------------
+
+
+def test_collate_takes_torchdatas_conversion_and_collate_fn():
+    batches = IterableWrapper([[1, 2], [3]])
+    assert collect(batches.collate(sum)) == [3, 3]  # conversion, positionally
+    assert collect(batches.collate(conversion=len)) == [2, 1]
+    assert collect(batches.collate(conversion=len, collate_fn=sum)) == [3, 3]  # collate_fn wins
+    default = collect(batches.collate(conversion=torch.utils.data.default_collate))
+    assert [t.tolist() for t in default] == [[1, 2], [3]]
+    with pytest.raises(TypeError, match=r"TorchArrow DataFrames.*collate_fn="):
+        batches.collate(conversion={"a": torch.tensor})

@@ -273,3 +273,10 @@ def test_same_items_and_item_rng_draws_under_every_service():
         lambda: IterableWrapper(range(12)).shuffle().sharding_filter().map(jitter).batch(3)
     )
     assert ran == ["in-process", "threads", "classic", "economic", "chunked"]
+
+
+def test_map_style_map_without_fn_is_the_identity_as_in_torchdata():
+    from pipeloom.datapipes import SequenceWrapper
+
+    dp = SequenceWrapper([3, 4]).map()
+    assert (dp[0], dp[1], len(dp)) == (3, 4, 2)
