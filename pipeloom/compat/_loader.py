@@ -35,8 +35,9 @@ from ._worker import WorkerSetup
 
 __all__ = ["DataLoader", "MAP_STYLE_STRATEGY", "ITERABLE_STRATEGY", "build_map_pipeline"]
 
-#: The strategy map-style datasets run under when ``strategy`` is not given.
-MAP_STYLE_STRATEGY = "economic"
+#: The strategy map-style datasets run under when ``strategy`` is not given: torch's
+#: design (each worker builds whole batches, seeded as torch seeds it).
+MAP_STYLE_STRATEGY = "classic"
 #: Iterable datasets are read by a copy in each worker, as torch does.
 ITERABLE_STRATEGY = "classic"
 
@@ -87,10 +88,12 @@ class DataLoader(ShutsDown):
     batches -- indices, order and collated values -- are torch's.
 
     Extra arguments (keyword only):
-        strategy: ``"classic"`` (each worker builds whole batches, torch's
-            design), ``"economic"`` or ``"chunked"`` (see
-            ``MultiProcessingReadingService``). Default: ``"economic"`` for
-            map-style datasets with ``batch_size``, else ``"classic"``.
+        strategy: ``"classic"`` (the default: torch's design, so the batches
+            are torch's, global-RNG draws in ``__getitem__`` included),
+            ``"economic"`` or ``"chunked"`` (see ``MultiProcessingReadingService``).
+            The last two fetch item by item and seed the global RNGs before
+            each item from (seed, epoch, position): draws are the same at any
+            worker count, but they are not torch's per-worker streams.
         num_batch_workers, chunk_size: passed to the service's strategy.
         worker_type: ``"process"`` (default) or ``"thread"`` workers.
 
