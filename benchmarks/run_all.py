@@ -25,6 +25,7 @@ BENCHMARKS = [
     "bench_strategies",
     "bench_distributed",
     "bench_compat",
+    "bench_startup",
 ]
 
 

@@ -31,6 +31,7 @@ from ._args import (
 )
 from ._fetch import Fetch, GetItem, IterableDatasetSource
 from ._plan import EpochPlan, PlanBoard, PlanEntries, PlanSource
+from ._sampling import draw_epoch, is_known_sampler
 from ._worker import WorkerSetup
 
 __all__ = ["DataLoader", "MAP_STYLE_STRATEGY", "ITERABLE_STRATEGY", "build_map_pipeline"]
@@ -226,6 +227,7 @@ class DataLoader(ShutsDown):
         self._current: weakref.ref[_CompatIterator] | None = None
         self._base_seed: int | None = None  # persistent workers keep their first one
         self._resume: dict[str, Any] | None = None
+        self._settle: Callable[[], None] | None = None  # draws due at the end of the epoch
         self._initialized = True
 
     @staticmethod
@@ -291,6 +293,7 @@ class DataLoader(ShutsDown):
         -- ``generator``, or torch's global RNG when it is None, and any
         ``generator`` a sampler holds -- are saved at their current state.
         """
+        self.settle_draws()  # the generators as they will be when this epoch ends
         current = self._current() if self._current is not None else None
         epoch: dict[str, Any] | None = None
         if current is not None and not current.finished:
@@ -328,6 +331,7 @@ class DataLoader(ShutsDown):
                 f"the state holds {len(state['generators'])} sampler generator(s) but this "
                 f"loader has {len(generators)}; pass the same generator/sampler arguments"
             )
+        self._settle = None  # the saved generator states come after those draws
         for generator, saved in zip(generators, state["generators"]):
             generator.set_state(saved)
         if state["global_rng"] is not None:
@@ -358,6 +362,7 @@ class DataLoader(ShutsDown):
 
     def _next_plan(self) -> tuple[EpochPlan, int]:
         """Draw the epoch as torch's iterator does: ``iter(sampler)``, base seed, indices."""
+        self.settle_draws()
         resume, self._resume = self._resume, None
         if resume is not None:
             entries = None if self._iterable else PlanEntries.from_state(resume["entries"])
@@ -366,18 +371,35 @@ class DataLoader(ShutsDown):
                 entries, delivered = entries.tail(delivered), 0
             return EpochPlan(entries or PlanEntries(objects=[]), resume["base_seed"]), delivered
         index_sampler = self.batch_sampler if self._auto_collation else self.sampler
-        reuse_workers = self.num_workers > 0 and self.persistent_workers
-        if reuse_workers and self._base_seed is not None:
-            iterator = iter(index_sampler)  # torch's _reset(): no new base seed
+        if self._iterable:
+            self._draw_base_seed()
+            return EpochPlan(PlanEntries(objects=[]), self._base_seed), 0  # type: ignore[arg-type]
+        if is_known_sampler(index_sampler):
+            # torch's samplers draw nothing at iter(): base seed, then the whole epoch, as
+            # arrays (same calls on the same generators, without a Python list per index).
+            self._draw_base_seed()
+            drawn = draw_epoch(index_sampler)
+            entries, self._settle = drawn.entries, drawn.settle
         else:
             iterator = iter(index_sampler)
-            self._base_seed = _draw_seed(self.generator)
-            if self.num_workers > 0:  # _MultiProcessingDataLoaderIter._reset(first_iter=True)
-                iterator = iter(index_sampler)
-        base_seed = self._base_seed
-        if self._iterable:
-            return EpochPlan(PlanEntries(objects=[]), base_seed), 0
-        return EpochPlan(PlanEntries.from_outputs(list(iterator)), base_seed), 0
+            if self._draw_base_seed() and self.num_workers > 0:
+                iterator = iter(index_sampler)  # _MultiProcessingDataLoaderIter._reset(first_iter)
+            entries = PlanEntries.from_outputs(list(iterator))
+        assert entries is not None and self._base_seed is not None
+        return EpochPlan(entries, self._base_seed), 0
+
+    def settle_draws(self) -> None:
+        """Make the draws torch's sampler makes after the epoch's last index (see ``_sampling``)."""
+        settle, self._settle = self._settle, None
+        if settle is not None:
+            settle()
+
+    def _draw_base_seed(self) -> bool:
+        """torch's ``_base_seed`` for a new iterator; persistent workers keep their first one."""
+        if self.num_workers > 0 and self.persistent_workers and self._base_seed is not None:
+            return False  # torch's _reset(): no new base seed
+        self._base_seed = _draw_seed(self.generator)
+        return True
 
     def _generators(self) -> list[torch.Generator]:
         found: list[torch.Generator] = []
@@ -488,6 +510,7 @@ class _CompatIterator(Iterator[Any]):
             item = next(self._items)
         except StopIteration:
             self.finished = True
+            self._loader.settle_draws()
             raise
         self.delivered += 1
         return item
