@@ -26,6 +26,7 @@ from ._pipeline import (
     traverse_roots,
     upstream_blocks,
 )
+from ._state_fields import StateFields
 from ._tar import TarArchiveLoader, TarMemberPath
 from ._text import CSVParser, LineReader
 from ._webdataset import WebDataset
@@ -63,6 +64,7 @@ __all__ = [
     "seed_pipeline",
     "SequenceWrapper",
     "set_pipeline_epoch",
+    "StateFields",
     "StreamOpener",
     "StreamReader",
     "TarArchiveLoader",
