@@ -32,7 +32,7 @@ import torch
 from .datapipes import DataPipe
 from .graph import traverse
 
-__all__ = ["describe", "fingerprint_differences", "pipeline_fingerprint"]
+__all__ = ["describe", "field_differences", "fingerprint_differences", "pipeline_fingerprint"]
 
 _SHORT = 200  # longer strings are described by their length
 _FEW = 8  # longer containers are described by their length
@@ -101,14 +101,28 @@ def fingerprint_differences(saved: Any, now: dict[str, Any]) -> list[str]:
         ]
     lines = []
     for index, ((kind, was), (_, is_now)) in enumerate(zip(old, new)):
-        changed = [
-            f"{name}={was.get(name, '(absent)')}, now {is_now.get(name, '(absent)')}"
-            for name in sorted(set(was) | set(is_now))
-            if was.get(name) != is_now.get(name)
-        ]
+        changed = [f"{name}={a}, now {b}" for name, a, b in _changed(was, is_now)]
         if changed:
             lines.append(f"block #{index} {kind}: saved " + "; saved ".join(changed))
     return lines
+
+
+def field_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``"name: saved X, now Y"`` for each field whose description changed.
+
+    Example:
+        >>> field_differences({"dataset": "list of 9 items"}, {"dataset": "list of 4 items"})
+        ['dataset: saved list of 9 items, now list of 4 items']
+    """
+    return [f"{name}: saved {a}, now {b}" for name, a, b in _changed(saved, now)]
+
+
+def _changed(was: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    return [
+        (name, was.get(name, "(absent)"), now.get(name, "(absent)"))
+        for name in sorted(set(was) | set(now), key=str)
+        if was.get(name) != now.get(name)
+    ]
 
 
 def _is_scalar(value: Any) -> bool:

@@ -31,7 +31,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from ._plan import PlanEntries
 
-__all__ = ["DrawnEpoch", "draw_epoch", "is_known_sampler"]
+__all__ = ["DrawnEpoch", "draw_base_seed", "draw_epoch", "is_known_sampler"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,11 @@ class DrawnEpoch:
 
     entries: PlanEntries
     settle: Callable[[], None] | None = None
+
+
+def draw_base_seed(generator: torch.Generator | None) -> int:
+    """torch's ``_base_seed``: one int64 drawn from ``generator`` (or the global RNG)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
 def is_known_sampler(index_sampler: Any) -> bool:
