@@ -390,7 +390,7 @@ class _EpochIterator(Iterator[Any]):
 def _read_state(state: Any) -> tuple[int, int, int, dict[str, Any] | None]:
     """``(seed, epoch, delivered, service state)`` of a loader state, each field checked."""
     version = state.get("version") if isinstance(state, dict) else None
-    if version not in (_STATE_VERSION, _UNCHECKED_VERSION):
+    if type(version) is not int or version not in (_STATE_VERSION, _UNCHECKED_VERSION):
         got = version if isinstance(state, dict) else type(state).__name__
         raise StateError(
             f"expected a DataLoader state of version {_STATE_VERSION} (or "

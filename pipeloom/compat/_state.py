@@ -131,7 +131,7 @@ def read_state(
         StateError: naming the field that is wrong, or what differs from this loader.
     """
     version = state.get("version") if isinstance(state, dict) else None
-    if version not in (STATE_VERSION, _UNCHECKED_VERSION):
+    if type(version) is not int or version not in (STATE_VERSION, _UNCHECKED_VERSION):
         got = version if isinstance(state, dict) else type(state).__name__
         raise StateError(
             f"expected a compat DataLoader state of version {STATE_VERSION} (or "
