@@ -326,7 +326,16 @@ class _EpochIterator(Iterator[Any]):
     loader's step lock, so a checkpoint sees either both or neither.
     """
 
-    __slots__ = ("_loader", "epoch", "_items", "_steps", "_valid", "delivered", "stopped_by")
+    __slots__ = (
+        "_loader",
+        "epoch",
+        "_items",
+        "_steps",
+        "_lock",
+        "_valid",
+        "delivered",
+        "stopped_by",
+    )
 
     def __init__(
         self,
@@ -340,15 +349,15 @@ class _EpochIterator(Iterator[Any]):
         self.epoch = epoch
         self._items = items
         self._steps = steps
+        self._lock = steps.lock
         self._valid = True
         self.delivered = delivered  # items of the epoch delivered so far (before a resume too)
         self.stopped_by: str | None = None  # the exception that escaped a step
 
     def __next__(self) -> Any:
-        steps = self._steps
-        if steps.waiting:  # another thread asked for the loader between two steps
-            steps.let_others_in()
-        lock = steps.lock
+        if self._steps.waiting:  # another thread asked for the loader between two steps
+            self._steps.let_others_in()
+        lock = self._lock
         lock.acquire()
         try:
             if not self._valid:
