@@ -47,7 +47,7 @@ def write_shards(root: str, shards: int, per_shard: int) -> None:
 
 
 def as_pair(sample: dict) -> tuple[np.ndarray, int]:
-    return sample[".npy"], sample[".cls"]
+    return sample["npy"], sample["cls"]
 
 
 def pipeloom_pipe(root: str):

@@ -25,6 +25,8 @@ BENCHMARKS = [
     "bench_strategies",
     "bench_distributed",
     "bench_compat",
+    "bench_packing",
+    "bench_cache",
     "bench_startup",
 ]
 

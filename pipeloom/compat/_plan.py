@@ -254,7 +254,7 @@ class PlanSource(IterDataPipe):
 
     def __init__(self, board: PlanBoard, *, flatten: bool = False) -> None:
         self.board = board
-        self.flatten = flatten
+        self.flatten_entries = flatten  # not "flatten": that is a chaining method
         self.total = 1
         self.index = 0
         self.group_size = 1
@@ -288,7 +288,7 @@ class PlanSource(IterDataPipe):
 
     def _load(self) -> PlanEntries:
         entries = self.board.read().entries
-        self._entries = entries.flattened() if self.flatten else entries
+        self._entries = entries.flattened() if self.flatten_entries else entries
         return self._entries
 
     def async_next(self) -> Any:
@@ -319,4 +319,4 @@ class PlanSource(IterDataPipe):
 
     def __repr__(self) -> str:
         shard = f", shard={self.index}/{self.total}" if self.total > 1 else ""
-        return f"PlanSource(flatten={self.flatten}{shard})"
+        return f"PlanSource(flatten={self.flatten_entries}{shard})"

@@ -79,6 +79,23 @@ def _collate_numbers(batch: Sequence[Any]) -> torch.Tensor | None:
     return None
 
 
+def check_conversion(conversion: Any) -> Callable[[Any], Any] | None:
+    """torchdata's ``collate(conversion)``: a callable is the collate function.
+
+    Its other form, a dict of per-column functions, was for TorchArrow
+    DataFrames (gone), and is refused with how to port it.
+    """
+    if conversion is None or conversion is torch.utils.data.default_collate:
+        return None
+    if isinstance(conversion, Mapping):
+        raise TypeError(
+            "collate(conversion={column: fn}) applied to TorchArrow DataFrames, which "
+            "pipeloom does not have; collate dict samples with the default collate_fn, or "
+            "pass collate_fn=lambda batch: {k: fn(...) ...} built from your conversions"
+        )
+    return conversion
+
+
 class Collator(IterDataPipe):
     """Apply ``collate_fn`` to each batch (functional name: ``collate``).
 

@@ -20,6 +20,8 @@ Example:
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +59,7 @@ class _ItemState(threading.local):
     """
 
     stamp: tuple[int | None, int, int | None, int] = _NO_STAMP
+    watchers: tuple[Callable[[int | None, int], None], ...] = ()
 
 
 _ITEM = _ItemState()
@@ -67,7 +70,28 @@ def stamp_item(seed: int | None, epoch: int, position: int) -> None:
 
     Called by blocks where items originate (sources, sharding points).
     """
-    _ITEM.stamp = (seed, epoch, position, 0)
+    item = _ITEM
+    item.stamp = (seed, epoch, position, 0)
+    if item.watchers:
+        for watcher in item.watchers:
+            watcher(seed, position)
+
+
+def watch_stamps(watcher: Callable[[int | None, int], None]) -> tuple:
+    """Call ``watcher(seed, position)`` at every :func:`stamp_item` in this thread.
+
+    Returns the previous watchers; pass them to :func:`unwatch_stamps` to stop.
+    A snapshot uses it to see every position its sharding point stamps, also
+    the ones a ``filter`` drops before they reach it.
+    """
+    previous = _ITEM.watchers
+    _ITEM.watchers = (*previous, watcher)
+    return previous
+
+
+def unwatch_stamps(previous: tuple) -> None:
+    """Restore the watchers :func:`watch_stamps` returned."""
+    _ITEM.watchers = previous
 
 
 def current_stamp() -> tuple[int | None, int, int | None, int]:
@@ -120,3 +144,28 @@ def item_rng() -> np.random.Generator:
     For torch: ``torch.Generator().manual_seed(item_seed())``.
     """
     return np.random.Generator(np.random.PCG64(item_seed()))
+
+
+class _WorkerSlot(threading.local):
+    info: Any = None
+
+
+_THREAD_WORKER = _WorkerSlot()
+_PROCESS_WORKER: list[Any] = [None]
+
+
+def worker_info() -> Any:
+    """The ``WorkerInfo`` of the worker running this code, or None outside workers.
+
+    Reading services set it (``pipeloom.get_worker_info()`` returns it); blocks
+    read it here, below the reading services, e.g. to name the shard a worker writes.
+    """
+    return _THREAD_WORKER.info or _PROCESS_WORKER[0]
+
+
+def set_worker_info(info: Any, *, thread: bool) -> None:
+    """Declare the calling thread (``thread=True``) or the whole process a worker."""
+    if thread:
+        _THREAD_WORKER.info = info
+    else:
+        _PROCESS_WORKER[0] = info

@@ -1,14 +1,16 @@
 """Decode raw bytes by file extension (``decode``).
 
 Works on ``(name, bytes)`` items (e.g. from ``load_from_tar``) and on
-WebDataset sample dicts (every ``".ext"`` field is decoded; ``__key__`` and
-other fields are left alone). A value may also be a binary stream; it is read
-and closed.
+WebDataset sample dicts (every field is decoded by its name as the extension,
+``"jpg"`` by the ``.jpg`` decoder; the ``__key__``, ``__url__`` and other
+``__meta__`` fields are left alone). A value may also be a binary stream; it
+is read and closed.
 
 The decoders are an argument, not global state: start from
 :func:`default_decoders` and override or add extensions with
-``decode(decoders={".foo": fn})``. An extension is looked up in full first
-(``".seg.png"``), then by its last part (``".png"``).
+``decode(decoders={".foo": fn})`` (the leading dot may be left out). An
+extension is looked up in full first (``".seg.png"``), then by its last part
+(``".png"``).
 
 Default decoders: ``.npy`` (NumPy array), ``.json``, ``.txt`` (str),
 ``.cls``/``.idx`` (int), ``.pt`` (``torch.load(weights_only=True)``) and, when
@@ -35,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import StateError
 from ._base import IterDataPipe
 
 __all__ = ["Decoder", "default_decoders", "IMAGE_EXTENSIONS"]
@@ -160,15 +163,31 @@ def _has_pillow() -> bool:
     return True
 
 
+def _dotted(extension: str) -> str:
+    return extension if extension.startswith(".") else "." + extension
+
+
+def _is_meta(name: Any) -> bool:
+    """``__key__``, ``__url__``, ``__local_path__``...: not data to decode."""
+    return not isinstance(name, str) or name.startswith("__")
+
+
 class Decoder(IterDataPipe):
     """Decode ``(name, bytes)`` items or sample dicts by extension. Functional: ``decode``.
 
     Args:
-        source: a block yielding ``(name, bytes)`` or dicts with ``".ext"`` keys.
+        source: a block yielding ``(name, bytes)`` or sample dicts (``webdataset()``).
         strict: raise on an extension with no decoder (and on images when
             Pillow is missing) instead of passing the value through unchanged.
-        decoders: extra or overriding decoders, ``{".ext": fn(bytes) -> value}``;
-            map an extension to ``None`` to leave it undecoded.
+        decoders: extra or overriding decoders, ``{".ext": fn(bytes) -> value}``
+            (``"ext"`` works too); map an extension to ``None`` to leave it
+            undecoded.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> sample = {"__key__": "0001", "__url__": "s.tar", "cls": b"3", "seg.txt": b"t"}
+        >>> list(Decoder(IterableWrapper([sample]), decoders={"txt": bytes.upper}))
+        [{'__key__': '0001', '__url__': 's.tar', 'cls': 3, 'seg.txt': b'T'}]
     """
 
     per_item = True
@@ -188,19 +207,15 @@ class Decoder(IterDataPipe):
         if decoders is not None and not isinstance(decoders, Mapping):
             raise TypeError(f"decoders must be a dict {{'.ext': fn}}, got {decoders!r}")
         for extension, fn in (decoders or {}).items():
-            if (
-                not isinstance(extension, str)
-                or not extension.startswith(".")
-                or len(extension) < 2
-            ):
+            if not isinstance(extension, str) or not extension.lstrip(".") or ".." in extension:
                 raise ValueError(
-                    f"decoder keys are extensions with a leading dot like '.foo', got {extension!r}"
+                    f"decoder keys are extensions like '.foo' or 'foo', got {extension!r}"
                 )
             if fn is not None and not callable(fn):
                 raise TypeError(f"the decoder for {extension!r} must be callable, got {fn!r}")
         self.source = source
         self.strict = bool(strict)
-        self.decoders = {k.lower(): v for k, v in (decoders or {}).items()}
+        self.decoders = {_dotted(k.lower()): v for k, v in (decoders or {}).items()}
         table: dict[str, Any] = dict(default_decoders())
         if not _has_pillow() and not self.strict:
             for extension in IMAGE_EXTENSIONS:
@@ -211,9 +226,11 @@ class Decoder(IterDataPipe):
     def async_next(self) -> Any:
         item = self.source.async_next()
         if isinstance(item, dict):
-            key = item.get("__key__", "?")
+            where = f"{item.get('__url__', '?')}/{item.get('__key__', '?')}."
             return {
-                name: self._decode(name, value, f"{key}{name}") if name.startswith(".") else value
+                name: value
+                if _is_meta(name)
+                else self._decode(_dotted(name), value, where + name.lstrip("."))
                 for name, value in item.items()
             }
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
@@ -256,6 +273,10 @@ class Decoder(IterDataPipe):
 
     def state_dict(self) -> dict[str, Any]:
         return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state != {}:
+            raise StateError(f"{self!r} keeps no state, but got {state!r:.100}")
 
     def __repr__(self) -> str:
         return f"Decoder(strict={self.strict}, decoders={sorted(self.decoders)!r})"

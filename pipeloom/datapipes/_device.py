@@ -75,6 +75,8 @@ class PinMemory(_DeviceBlock):
         device: the CUDA device the memory is pinned for (``None``: the current
             one when CUDA is available), or ``"cpu"`` for a pass-through.
         buffer_size: items prepared ahead (2: double buffering).
+        pin_memory_fn: ``pin_memory_fn(item, device)`` pins one item, instead
+            of torch's walk (torchdata's argument); called only with CUDA.
 
     Example:
         >>> from pipeloom.datapipes import IterableWrapper
@@ -84,11 +86,23 @@ class PinMemory(_DeviceBlock):
     """
 
     def __init__(
-        self, source: IterDataPipe, device: Device | None = None, buffer_size: int = 2
+        self,
+        source: IterDataPipe,
+        device: Device | None = None,
+        buffer_size: int = 2,
+        *,
+        pin_memory_fn: Callable[[Any, Any], Any] | None = None,
     ) -> None:
         self.device = None if device is None else _check_device(device, "pin_memory")
+        if pin_memory_fn is not None and not callable(pin_memory_fn):
+            raise TypeError(
+                f"pin_memory_fn must be a callable (item, device) -> pinned item, got "
+                f"{type(pin_memory_fn).__name__}"
+            )
+        self.pin_memory_fn = pin_memory_fn
         cuda = torch.device("cuda") if torch.cuda.is_available() else None
-        super().__init__(source, _PinCopier(cuda if device is None else self.device), buffer_size)
+        copier = _PinCopier(cuda if device is None else self.device, pin_memory_fn)
+        super().__init__(source, copier, buffer_size)
 
     def __repr__(self) -> str:
         device = None if self.device is None else str(self.device)
@@ -206,8 +220,11 @@ def _bind(device: Any) -> Any:
 class _PinCopier:
     """What the thread does to each item (``bind`` runs in the consumer's thread)."""
 
-    def __init__(self, device: torch.device | None) -> None:
+    def __init__(
+        self, device: torch.device | None, pin_fn: Callable[[Any, Any], Any] | None = None
+    ) -> None:
         self.device = device if device is not None and device.type == "cuda" else None
+        self.pin_fn = pin_fn
 
     def bind(self) -> None:
         self.device = _bind(self.device)
@@ -216,6 +233,8 @@ class _PinCopier:
         if self.device is None:  # no CUDA: pinning would only warn
             return _Ready(item)
         with torch.cuda.device(self.device):
+            if self.pin_fn is not None:
+                return _Ready(self.pin_fn(item, self.device))
             return _Ready(_pin_structure(item))
 
 

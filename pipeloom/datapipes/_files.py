@@ -26,12 +26,14 @@ Example:
 from __future__ import annotations
 
 import fnmatch
+import io
 import os
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
+from ..errors import StateError
 from ._base import IterDataPipe
 from ._compact import CompactStringList
 from ._context import stamp_item
@@ -52,6 +54,27 @@ def _as_masks(masks: str | Sequence[str]) -> tuple[str, ...]:
 
 def _matches(name: str, masks: tuple[str, ...]) -> bool:
     return not masks or any(fnmatch.fnmatch(name, mask) for mask in masks)
+
+
+def state_field(block: object, state: Any, name: str) -> Any:
+    """``state[name]``, or a StateError naming the block and the field."""
+    if not isinstance(state, dict) or name not in state:
+        raise StateError(
+            f"{block!r}: the state must be a dict with the field {name!r}, got {state!r:.100}; "
+            f"load a state saved from the same pipeline"
+        )
+    return state[name]
+
+
+def state_count(block: object, state: Any, name: str) -> int:
+    """``state[name]`` checked to be an int >= 0, or a StateError naming the block and field."""
+    value = state_field(block, state, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise StateError(
+            f"{block!r}: state field {name!r} must be an int >= 0, got {value!r:.100}; "
+            f"the state is damaged or from another pipeline"
+        )
+    return value
 
 
 class Lister(IterDataPipe):
@@ -106,7 +129,7 @@ class Lister(IterDataPipe):
         return {"position": self._position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._position = int(state["position"])
+        self._position = state_count(self, state, "position")
 
 
 class FileLister(Lister):
@@ -150,7 +173,7 @@ class FileLister(Lister):
         ):
             raise TypeError(
                 f"root must be a path or a non-empty list of paths, got {root!r}; "
-                f"for a stream of roots use .flatmap over FileLister"
+                f"for a stream of roots (e.g. an IterDataPipe) use roots.list_files(masks)"
             )
         super().__init__(masks)
         self.roots = tuple(os.fspath(r) for r in roots)
@@ -296,9 +319,24 @@ class StreamOpener(IterDataPipe):
         return {"position": self._position, "replay": self._replay + still_open}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        position = state_count(self, state, "position")
+        replay = state_field(self, state, "replay")
+        if not isinstance(replay, (list, tuple)) or not all(
+            isinstance(entry, (list, tuple))
+            and len(entry) == 2
+            and isinstance(entry[0], int)
+            and not isinstance(entry[0], bool)
+            and 0 <= entry[0] < position
+            and isinstance(entry[1], str)
+            for entry in replay
+        ):
+            raise StateError(
+                f"{self!r}: state field 'replay' must be a list of (position, path) pairs "
+                f"with 0 <= position < {position}, got {replay!r:.100}"
+            )
         self.close()
-        self._position = int(state["position"])
-        self._replay = [(int(p), str(path)) for p, path in state["replay"]]
+        self._position = position
+        self._replay = [(p, path) for p, path in replay]
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # a copy re-opens what this one has open
@@ -375,6 +413,8 @@ class StreamReader(IterDataPipe):
         while True:
             if self._reader is None:
                 item = self.source.async_next()
+                if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bytes):
+                    item = (item[0], io.BytesIO(item[1]))  # e.g. a tar member, read like a file
                 if not (isinstance(item, tuple) and len(item) == 2 and hasattr(item[1], "read")):
                     raise TypeError(
                         f"{self!r} expects (path, stream) items, got {type(item).__name__}; "
@@ -412,8 +452,9 @@ class StreamReader(IterDataPipe):
         return {"skip": self._count if self._reader is not None else self._skip}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        skip = state_count(self, state, "skip")
         self._finish()
-        self._skip = int(state["skip"])
+        self._skip = skip
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy as _copy
 from collections import deque
 from typing import Any
 
@@ -39,8 +40,14 @@ def buffer_full_error(op: str, buffer_size: int, ahead: int, behind: int, gap: i
     )
 
 
-def fork(source: IterDataPipe, num_instances: int, buffer_size: int = 1000) -> list[IterDataPipe]:
+def fork(
+    source: IterDataPipe, num_instances: int, buffer_size: int = 1000, copy: str | None = None
+) -> list[IterDataPipe]:
     """Copy ``source`` to ``num_instances`` streams that each yield every item.
+
+    By default every child gets the same item object; ``copy="shallow"`` or
+    ``"deep"`` gives each child its own ``copy.copy``/``copy.deepcopy`` of it
+    (torchdata's argument), for children that change their items.
 
     Items read by one child and not yet by all are held in a shared buffer; a
     child that is ``buffer_size`` items ahead of another raises ``BufferError``
@@ -55,10 +62,15 @@ def fork(source: IterDataPipe, num_instances: int, buffer_size: int = 1000) -> l
         [(0, 0), (1, 1), (2, 2)]
     """
     check_hub_args("fork", source, num_instances, buffer_size)
+    if copy not in _COPIES:
+        raise ValueError(f"copy must be None, 'shallow' or 'deep', got {copy!r}")
     if num_instances == 1:
         return [source]
     hub = _ForkHub(source, num_instances, buffer_size)
-    return [Forker(hub, index) for index in range(num_instances)]
+    return [Forker(hub, index, copy) for index in range(num_instances)]
+
+
+_COPIES = {None: None, "shallow": _copy.copy, "deep": _copy.deepcopy}
 
 
 class _ForkHub(IterDataPipe):
@@ -156,12 +168,15 @@ class Forker(IterDataPipe):
 
     inputs = ("hub",)
 
-    def __init__(self, hub: _ForkHub, index: int) -> None:
+    def __init__(self, hub: _ForkHub, index: int, copy: str | None = None) -> None:
         self.hub = hub
         self.index = index
+        self.copy_mode = copy
+        self._copy = _COPIES[copy]
 
     def async_next(self) -> Any:
-        return self.hub.next_for(self.index)
+        item = self.hub.next_for(self.index)
+        return item if self._copy is None else self._copy(item)
 
     def __len__(self) -> int:
         return len(self.hub)
@@ -171,7 +186,8 @@ class Forker(IterDataPipe):
 
     def __repr__(self) -> str:
         hub = self.hub
+        copied = "" if self.copy_mode is None else f", copy={self.copy_mode!r}"
         return (
             f"Forker(index={self.index}, num_instances={hub.num_instances}, "
-            f"buffer_size={hub.buffer_size})"
+            f"buffer_size={hub.buffer_size}{copied})"
         )

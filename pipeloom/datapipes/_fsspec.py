@@ -101,7 +101,9 @@ class FSSpecFileOpener(StreamOpener):
         source: a block yielding URLs.
         mode: ``"r"`` (text) or ``"rb"`` (binary).
         encoding: text encoding (text mode only; default UTF-8).
-        **storage_options: passed to ``fsspec.open``.
+        kwargs_for_open: passed to the file system's ``open`` (e.g. an S3
+            ``version_id``), as torchdata's ``open_files_by_fsspec`` did.
+        **storage_options: options of the file system (credentials...).
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class FSSpecFileOpener(StreamOpener):
         mode: str = "r",
         *,
         encoding: str | None = None,
+        kwargs_for_open: dict[str, Any] | None = None,
         **storage_options: Any,
     ) -> None:
         _fsspec("FSSpecFileOpener")
@@ -120,10 +123,12 @@ class FSSpecFileOpener(StreamOpener):
         if encoding is not None and self.mode == "rb":
             raise ValueError(f"encoding={encoding!r} needs a text mode; use mode='r'")
         self.encoding = encoding
+        self.kwargs_for_open = dict(kwargs_for_open or {})
         self.storage_options = storage_options
 
     def _open(self, path: str) -> IO[Any]:
-        opened = _fsspec("FSSpecFileOpener").open(path, "rb", **self.storage_options).open()
+        fs, inner = _fsspec("FSSpecFileOpener").core.url_to_fs(path, **self.storage_options)
+        opened = fs.open(inner, "rb", **self.kwargs_for_open)
         stream: IO[Any] = io.BufferedReader(_RawFile(opened))
         if self.mode == "r":
             stream = io.TextIOWrapper(stream, encoding=self.encoding or "utf-8")  # type: ignore[arg-type]

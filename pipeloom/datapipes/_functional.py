@@ -7,10 +7,15 @@ Custom blocks add a method with :func:`functional_datapipe`.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._functional_storage import StorageFunctional
+from ._functional_streams import StreamFunctional
+
 if TYPE_CHECKING:
+    import os
+
     import torch
 
     from ._base import DataPipe, IterDataPipe, MapDataPipe
@@ -21,8 +26,12 @@ Col = int | str | Sequence[int | str] | None
 B = TypeVar("B", bound=type)
 
 
-class IterFunctional:
-    """The chaining methods of every ``IterDataPipe``."""
+class IterFunctional(StreamFunctional, StorageFunctional):
+    """The chaining methods of every ``IterDataPipe``.
+
+    The mixins hold the methods new with torchdata 0.9's names: item and stream
+    reshaping in ``StreamFunctional``, storage and formats in ``StorageFunctional``.
+    """
 
     # -- per item ------------------------------------------------------------
     def map(
@@ -68,6 +77,32 @@ class IterFunctional:
 
         return Batcher(self, batch_size, drop_last=drop_last, wrapper_class=wrapper_class)
 
+    def padded_batch(
+        self,
+        batch_size: int,
+        drop_last: bool = False,
+        pad_value: float | Mapping[str, float] = 0,
+        pad_to_multiple_of: int | None = None,
+        *,
+        length_key: str | None = None,
+        mask_key: str | None = "attention_mask",
+        lengths_key: str | None = "lengths",
+    ) -> IterDataPipe:
+        """Batch sequences padded to the longest: ``batch`` + ``collate(PadCollate(...))``.
+
+        See :class:`PadCollate` for the output.
+        """
+        from ._padded_batch import PadCollate
+
+        pad = PadCollate(
+            pad_value,
+            pad_to_multiple_of,
+            length_key=length_key,
+            mask_key=mask_key,
+            lengths_key=lengths_key,
+        )
+        return self.batch(batch_size, drop_last=drop_last).collate(pad)
+
     def unbatch(self, unbatch_level: int = 1) -> IterDataPipe:
         """Undo ``batch``: yield the elements of each batch. See :class:`Unbatcher`."""
         from ._batch import Unbatcher
@@ -96,11 +131,90 @@ class IterFunctional:
             use_in_batch_shuffle=use_in_batch_shuffle,
         )
 
-    def collate(self, collate_fn: Callable[[Any], Any] | None = None) -> IterDataPipe:
-        """Turn each batch into tensors (default) or apply ``collate_fn``. See :class:`Collator`."""
-        from ._collate import Collator
+    def bucket_by_length(
+        self,
+        length_fn: Callable[[Any], int],
+        *,
+        boundaries: Sequence[int] | None = None,
+        num_buckets: int | None = None,
+        batch_sizes: int | Sequence[int] | None = None,
+        max_tokens: int | None = None,
+        buffer_size: int = 1000,
+        drop_last: bool = False,
+    ) -> IterDataPipe:
+        """Batch items of similar ``length_fn`` together. See :class:`LengthBucketer`."""
+        from ._bucket_by_length import LengthBucketer
 
-        return Collator(self, collate_fn)
+        return LengthBucketer(
+            self,
+            length_fn,
+            boundaries=boundaries,
+            num_buckets=num_buckets,
+            batch_sizes=batch_sizes,
+            max_tokens=max_tokens,
+            buffer_size=buffer_size,
+            drop_last=drop_last,
+        )
+
+    def max_token_bucketize(
+        self,
+        max_token_count: int,
+        len_fn: Callable[[Any], int] = len,
+        min_len: int = 0,
+        max_len: int | None = None,
+        buffer_size: int = 1000,
+        include_padding: bool = False,
+    ) -> IterDataPipe:
+        """Batches within a token budget, torchdata 0.9's. See :class:`MaxTokenBucketizer`."""
+        from ._max_token_bucketize import MaxTokenBucketizer
+
+        return MaxTokenBucketizer(
+            self, max_token_count, len_fn, min_len, max_len, buffer_size, include_padding
+        )
+
+    def collate(
+        self,
+        conversion: Callable[[Any], Any] | None = None,
+        collate_fn: Callable[[Any], Any] | None = None,
+    ) -> IterDataPipe:
+        """Turn each batch into tensors (default) or apply ``collate_fn``. See :class:`Collator`.
+
+        torchdata's two arguments: ``collate_fn`` wins; else a callable
+        ``conversion`` is the collate function.
+        """
+        from ._collate import Collator, check_conversion
+
+        return Collator(
+            self, collate_fn if collate_fn is not None else check_conversion(conversion)
+        )
+
+    def pack(
+        self,
+        max_length: int,
+        strategy: str = "best_fit",
+        buffer_size: int = 32,
+        *,
+        pad_value: float | Mapping[str, float] = 0,
+        oversized: str = "split",
+    ) -> IterDataPipe:
+        """Pack sequences into rows of ``max_length`` with segment ids. See :class:`Packer`."""
+        from ._pack import Packer
+
+        return Packer(
+            self, max_length, strategy, buffer_size, pad_value=pad_value, oversized=oversized
+        )
+
+    def concat_then_split(
+        self,
+        max_length: int,
+        *,
+        pad_value: float | Mapping[str, float] = 0,
+        drop_remainder: bool = False,
+    ) -> IterDataPipe:
+        """Concatenate sequences, cut rows of ``max_length``. See :class:`ConcatSplitter`."""
+        from ._concat_then_split import ConcatSplitter
+
+        return ConcatSplitter(self, max_length, pad_value=pad_value, drop_remainder=drop_remainder)
 
     def in_batch_shuffle(self, *, seed: int | None = None) -> IterDataPipe:
         """Shuffle the items inside each batch. See :class:`InBatchShuffler`."""
@@ -109,16 +223,28 @@ class IterFunctional:
         return InBatchShuffler(self, seed=seed)
 
     # -- order and sharding ------------------------------------------------------
-    def shuffle(self, buffer_size: int = 10000, *, seed: int | None = None) -> IterDataPipe:
-        """Shuffle through a buffer of ``buffer_size`` items. See :class:`Shuffler`."""
+    def shuffle(
+        self, buffer_size: int = 10000, *, unbatch_level: int = 0, seed: int | None = None
+    ) -> IterDataPipe:
+        """Shuffle through a buffer of ``buffer_size`` items. See :class:`Shuffler`.
+
+        ``unbatch_level`` (torchdata's argument) unbatches that many levels first.
+        """
         from ._shuffle import Shuffler
 
-        return Shuffler(self, buffer_size=buffer_size, seed=seed)
+        source = self.unbatch(unbatch_level) if unbatch_level else self
+        return Shuffler(source, buffer_size=buffer_size, seed=seed)
 
-    def sharding_filter(self) -> IterDataPipe:
-        """Mark where a reading service splits the stream. See :class:`ShardingFilter`."""
-        from ._sharding import ShardingFilter
+    def sharding_filter(self, sharding_group_filter: Any = None) -> IterDataPipe:
+        """Mark where a reading service splits the stream. See :class:`ShardingFilter`.
 
+        ``sharding_group_filter`` (torchdata's argument) may only be None or
+        ``SHARDING_PRIORITIES.DEFAULT``: one sharding point splits the data
+        across ranks and workers together.
+        """
+        from ._sharding import ShardingFilter, check_sharding_group
+
+        check_sharding_group(sharding_group_filter)
         return ShardingFilter(self)
 
     def cycle(self, count: int | None = None) -> IterDataPipe:
@@ -135,12 +261,16 @@ class IterFunctional:
 
     # -- devices ------------------------------------------------------------------
     def pin_memory(
-        self, device: str | torch.device | int | None = None, buffer_size: int = 2
+        self,
+        device: str | torch.device | int | None = None,
+        buffer_size: int = 2,
+        *,
+        pin_memory_fn: Callable[[Any, Any], Any] | None = None,
     ) -> IterDataPipe:
         """Pin tensors' host memory, one batch ahead in a thread. See :class:`PinMemory`."""
         from ._device import PinMemory
 
-        return PinMemory(self, device, buffer_size=buffer_size)
+        return PinMemory(self, device, buffer_size=buffer_size, pin_memory_fn=pin_memory_fn)
 
     def to_device(
         self, device: str | torch.device | int, non_blocking: bool = True, buffer_size: int = 2
@@ -163,17 +293,32 @@ class IterFunctional:
 
         return Concater(self, *others)
 
-    def mux(self, *others: IterDataPipe) -> IterDataPipe:
-        """Interleave streams one item at a time. See :class:`Multiplexer`."""
+    def mux(
+        self,
+        *others: IterDataPipe,
+        weights: Sequence[float] | None = None,
+        stop: str = "first",
+        sampling: str = "smooth",
+        seed: int | None = None,
+    ) -> IterDataPipe:
+        """Interleave streams, round-robin or at ``weights``. See :class:`Multiplexer`."""
         from ._mux import Multiplexer
 
-        return Multiplexer(self, *others)
+        return Multiplexer(self, *others, weights=weights, stop=stop, sampling=sampling, seed=seed)
 
-    def fork(self, num_instances: int, buffer_size: int = 1000) -> list[IterDataPipe]:
+    def mux_longest(self, *others: IterDataPipe) -> IterDataPipe:
+        """Round-robin until every stream is exhausted. See :class:`Multiplexer`."""
+        from ._mux import Multiplexer
+
+        return Multiplexer(self, *others, stop="all")
+
+    def fork(
+        self, num_instances: int, buffer_size: int = 1000, copy: str | None = None
+    ) -> list[IterDataPipe]:
         """Copy the stream to ``num_instances`` consumers. See :class:`Forker`."""
         from ._fork import fork
 
-        return fork(self, num_instances, buffer_size=buffer_size)
+        return fork(self, num_instances, buffer_size=buffer_size, copy=copy)
 
     def demux(
         self,
@@ -190,17 +335,31 @@ class IterFunctional:
         )
 
     # -- storage -------------------------------------------------------------------
-    def open_files(self, mode: str = "r", encoding: str | None = None) -> IterDataPipe:
-        """Open each path; yield ``(path, stream)``. See :class:`FileOpener`."""
+    def open_files(
+        self, mode: str = "r", encoding: str | None = None, length: int = -1
+    ) -> IterDataPipe:
+        """Open each path; yield ``(path, stream)``. See :class:`FileOpener`.
+
+        ``length`` (torchdata's argument) declares ``len()`` with ``set_length``.
+        """
         from ._files import FileOpener
 
-        return FileOpener(self, mode=mode, encoding=encoding)
+        opener = FileOpener(self, mode=mode, encoding=encoding)
+        return opener if length == -1 else opener.set_length(length)
 
-    def load_from_tar(self, mode: str = "r|", on_error: str = "raise") -> IterDataPipe:
+    def load_from_tar(
+        self,
+        mode: str = "r|*",
+        length: int = -1,
+        on_error: str = "raise",
+        max_member_size: int | None = 1 << 32,
+    ) -> IterDataPipe:
         """Read tar members from ``(path, stream)`` items. See :class:`TarArchiveLoader`."""
         from ._tar import TarArchiveLoader
 
-        return TarArchiveLoader(self, mode=mode, on_error=on_error)
+        return TarArchiveLoader(
+            self, mode=mode, length=length, on_error=on_error, max_member_size=max_member_size
+        )
 
     def webdataset(self) -> IterDataPipe:
         """Group consecutive tar members by key into samples. See :class:`WebDataset`."""
@@ -216,42 +375,135 @@ class IterFunctional:
 
         return Decoder(self, strict=strict, decoders=decoders)
 
-    def readlines(self, *, strip_newline: bool = True, return_path: bool = True) -> IterDataPipe:
+    def readlines(
+        self,
+        *,
+        skip_lines: int = 0,
+        strip_newline: bool = True,
+        decode: bool = False,
+        encoding: str = "utf-8",
+        errors: str = "ignore",
+        return_path: bool = True,
+    ) -> IterDataPipe:
         """Yield the lines of each ``(path, stream)``. See :class:`LineReader`."""
         from ._text import LineReader
 
-        return LineReader(self, strip_newline=strip_newline, return_path=return_path)
+        return LineReader(
+            self,
+            skip_lines=skip_lines,
+            strip_newline=strip_newline,
+            decode=decode,
+            encoding=encoding,
+            errors=errors,
+            return_path=return_path,
+        )
 
     def parse_csv(
         self,
         *,
-        delimiter: str = ",",
         skip_lines: int = 0,
-        as_dict: bool = False,
+        decode: bool = True,
+        encoding: str = "utf-8",
+        errors: str = "ignore",
         return_path: bool = False,
+        as_tuple: bool = False,
+        as_dict: bool = False,
+        delimiter: str = ",",
+        **fmtparams: Any,
     ) -> IterDataPipe:
         """Yield the rows of each ``(path, stream)`` of CSV text. See :class:`CSVParser`."""
         from ._text import CSVParser
 
         return CSVParser(
             self,
-            delimiter=delimiter,
             skip_lines=skip_lines,
-            as_dict=as_dict,
+            decode=decode,
+            encoding=encoding,
+            errors=errors,
             return_path=return_path,
+            as_tuple=as_tuple,
+            as_dict=as_dict,
+            delimiter=delimiter,
+            **fmtparams,
         )
+
+    # -- caching -------------------------------------------------------------------
+    def in_memory_cache(
+        self, size: int | float | None = None, *, allow_random: bool = False
+    ) -> IterDataPipe:
+        """Keep the first epoch's items in memory (at most ``size`` MiB); replay them after.
+
+        See :class:`InMemoryCacheHolder`.
+        """
+        from ._in_memory_cache import InMemoryCacheHolder
+
+        return InMemoryCacheHolder(self, size, allow_random=allow_random)
+
+    def on_disk_cache(
+        self,
+        filepath_fn: Callable[[Any], str] | None = None,
+        hash_dict: dict[str, str] | None = None,
+        hash_type: str = "sha256",
+        extra_check_fn: Callable[[str], bool] | None = None,
+    ) -> IterDataPipe:
+        """Skip to ``end_caching`` for items whose file exists. See :class:`OnDiskCacheHolder`."""
+        from ._on_disk_cache import OnDiskCacheHolder
+
+        return OnDiskCacheHolder(
+            self,
+            filepath_fn=filepath_fn,
+            hash_dict=hash_dict,
+            hash_type=hash_type,
+            extra_check_fn=extra_check_fn,
+        )
+
+    def end_caching(
+        self,
+        mode: str = "wb",
+        filepath_fn: Callable[[Any], str] | None = None,
+        *,
+        same_filepath_fn: bool = False,
+        skip_read: bool = False,
+        timeout: float | None = 300,
+    ) -> IterDataPipe:
+        """Write ``(key, data)`` to files, yield the paths. See :class:`EndOnDiskCacheHolder`."""
+        from ._on_disk_cache import EndOnDiskCacheHolder
+
+        return EndOnDiskCacheHolder(
+            self,
+            mode=mode,
+            filepath_fn=filepath_fn,
+            same_filepath_fn=same_filepath_fn,
+            skip_read=skip_read,
+            timeout=timeout,
+        )
+
+    def snapshot(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        key: str | None = None,
+        allow_random: bool = False,
+        shard_size: int = 256,
+    ) -> IterDataPipe:
+        """Store this edge's items on disk once, keyed by the upstream. See :class:`Snapshot`."""
+        from ._snapshot import Snapshot
+
+        return Snapshot(self, path, key=key, allow_random=allow_random, shard_size=shard_size)
 
 
 class MapFunctional:
     """The chaining methods of every ``MapDataPipe``."""
 
     def map(
-        self, fn: Callable[..., Any], input_col: Col = None, output_col: Col = None
+        self, fn: Callable[..., Any] | None = None, input_col: Col = None, output_col: Col = None
     ) -> MapDataPipe:
-        """Apply ``fn`` to each item on access. See :class:`MapMapper`."""
+        """Apply ``fn`` (None: the identity) to each item on access. See :class:`MapMapper`."""
         from ._map import MapMapper
 
-        return MapMapper(self, fn, input_col=input_col, output_col=output_col)
+        return MapMapper(
+            self, _same if fn is None else fn, input_col=input_col, output_col=output_col
+        )
 
     def batch(
         self, batch_size: int, drop_last: bool = False, wrapper_class: Callable[[list], Any] = list
@@ -261,11 +513,13 @@ class MapFunctional:
 
         return MapBatcher(self, batch_size, drop_last=drop_last, wrapper_class=wrapper_class)
 
-    def shuffle(self, *, seed: int | None = None) -> IterDataPipe:
+    def shuffle(
+        self, *, indices: Sequence[Any] | None = None, seed: int | None = None
+    ) -> IterDataPipe:
         """Iterate the items in a random order (an ``IterDataPipe``). See :class:`MapShuffler`."""
         from ._shuffle import MapShuffler
 
-        return MapShuffler(self, seed=seed)
+        return MapShuffler(self, indices=indices, seed=seed)
 
     def concat(self, *others: MapDataPipe) -> MapDataPipe:
         """Index past this pipe's end continues into ``others``. See :class:`MapConcater`."""
@@ -279,11 +533,45 @@ class MapFunctional:
 
         return MapZipper(self, *others)
 
+    def in_memory_cache(self) -> MapDataPipe:
+        """Keep each item once read. See :class:`MapInMemoryCacheHolder`."""
+        from ._map_cache import MapInMemoryCacheHolder
+
+        return MapInMemoryCacheHolder(self)
+
     def to_iter(self) -> IterDataPipe:
         """Iterate indices ``0..len-1`` in order (an ``IterDataPipe``). See :class:`MapToIter`."""
         from ._wrappers import MapToIter
 
         return MapToIter(self)
+
+    def to_iter_datapipe(self, indices: Sequence[Any] | None = None) -> IterDataPipe:
+        """Iterate the items at ``indices`` (default: all, in order), torchdata's name.
+
+        Without ``indices`` this is :meth:`to_iter`; with them, the items
+        ``self[i]`` for ``i`` in ``indices`` (which may be keys).
+        """
+        from ._wrappers import IterableWrapper, MapToIter
+
+        if indices is None:
+            return MapToIter(self)
+        return IterableWrapper(list(indices)).zip_with_map(self, _same, merge_fn=_second)
+
+    def unzip(
+        self, sequence_length: int, columns_to_skip: Sequence[int] | None = None
+    ) -> list[MapDataPipe]:
+        """One map-style block per position of the items. See :func:`unzip_map`."""
+        from ._unzip import unzip_map
+
+        return unzip_map(self, sequence_length, columns_to_skip)
+
+
+def _same(index: Any) -> Any:
+    return index
+
+
+def _second(index: Any, value: Any) -> Any:
+    return value
 
 
 def functional_datapipe(name: str, *, replace: bool = False) -> Callable[[B], B]:

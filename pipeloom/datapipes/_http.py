@@ -1,31 +1,46 @@
 """Stream files over HTTP(S) with ``urllib`` (``HttpReader``).
 
-Each URL is requested when it is reached and yielded as ``(url, response)``;
-the response is a streaming binary file object (read it, e.g. with
-``load_from_tar()``, without downloading it first). Failed requests are retried
-with exponential backoff on connection errors, timeouts, HTTP 5xx and 429; the
-wait between attempts is an interruptible ``threading.Event`` wait, cut short
-by ``close()``.
+Each URL is requested when it is reached and yielded as ``(url, stream)``;
+the stream is a buffered binary file object over a :class:`Download` (read
+it, e.g. with ``load_from_tar()``, without downloading it first). The
+download delivers the whole file once or raises an ``OSError`` naming the
+URL: a body cut short, a broken chunked encoding, a reset or a stall is
+retried, resumed with a ``Range`` request where the server allows it, and
+checked to be the same version of the file (see ``_download.py``).
 
 Example:
     >>> from pipeloom.datapipes import IterableWrapper
     >>> HttpReader(IterableWrapper(["http://127.0.0.1:9/x.tar"]), timeout=5, retries=2)
-    HttpReader(timeout=5, retries=2, backoff=0.5, headers=None)
+    HttpReader(timeout=5, retries=2, backoff=0.5, deadline=600.0, headers=None)
 """
 
 from __future__ import annotations
 
+import io
 import threading
-import urllib.error
-import urllib.request
 from typing import IO, Any
 
 from ._base import IterDataPipe
+from ._download import Download, RetryPolicy
 from ._files import StreamOpener
 
 __all__ = ["HttpReader"]
 
-_RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+def _seconds(name: str, value: Any, *, zero: bool = False, none: bool = True) -> None:
+    if value is None and none:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or value < 0
+        or (value == 0 and not zero)
+        or value != value  # NaN
+    ):
+        bound = ">= 0" if zero else "> 0"
+        raise ValueError(
+            f"{name} must be a number of seconds {bound}{' or None' if none else ''}, got {value!r}"
+        )
 
 
 class HttpReader(StreamOpener):
@@ -36,15 +51,24 @@ class HttpReader(StreamOpener):
 
     Args:
         source: a block yielding ``http://`` / ``https://`` URLs.
-        timeout: seconds to wait to connect and for each read; None waits forever.
-        retries: how many times to retry a failed request (so ``retries + 1``
-            attempts) on connection errors, timeouts, 5xx and 429.
-        backoff: the first wait between attempts in seconds, doubled each time.
+        timeout: seconds a connection or a read may wait for data before the
+            attempt fails (a stall); None waits forever.
+        retries: how many times in a row to retry a failed request or a
+            broken body (so ``retries + 1`` attempts; progress resets the
+            count): connection errors, stalls, bodies cut short, 5xx and 429.
+        backoff: the first wait between attempts in seconds, doubled each
+            time (with jitter); a ``Retry-After`` header is honoured.
+        deadline: the most seconds one URL may spend waiting on the network,
+            all attempts together (connecting, reading, backing off; the time
+            the consumer takes between reads does not count); None for no
+            limit. Raise it for very large files or slow links.
         headers: extra request headers.
 
     Raises:
-        OSError: naming the URL and the HTTP status (4xx at once, 5xx after the
-            retries) or the connection error (after the retries).
+        OSError: naming the URL: the HTTP status (4xx at once, 5xx and 429
+            after the retries), or the file changed on the server midway.
+        ConnectionError: the connection failed or broke, after the retries.
+        TimeoutError: a stall after the retries, or ``deadline`` spent.
     """
 
     def __init__(
@@ -54,16 +78,14 @@ class HttpReader(StreamOpener):
         retries: int = 3,
         backoff: float = 0.5,
         headers: dict[str, str] | None = None,
+        deadline: float | None = 600.0,
     ) -> None:
         super().__init__(source)
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-        ):
-            raise ValueError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
+        _seconds("timeout", timeout)
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}; use 0 for no retry")
-        if isinstance(backoff, bool) or not isinstance(backoff, (int, float)) or backoff < 0:
-            raise ValueError(f"backoff must be a number of seconds >= 0, got {backoff!r}")
+        _seconds("backoff", backoff, zero=True, none=False)
+        _seconds("deadline", deadline)
         if headers is not None and not (
             isinstance(headers, dict)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
@@ -72,6 +94,7 @@ class HttpReader(StreamOpener):
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        self.deadline = deadline
         self.headers = headers
         self._closing: threading.Event | None = None
 
@@ -85,28 +108,8 @@ class HttpReader(StreamOpener):
         closing = self._closing
         if closing is None:
             closing = self._closing = threading.Event()
-        request = urllib.request.Request(path, headers=self.headers or {})
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
-            try:
-                return urllib.request.urlopen(request, timeout=self.timeout)  # noqa: S310
-            except urllib.error.HTTPError as error:
-                error.close()
-                if error.code not in _RETRY_STATUS or last:
-                    tries = f" after {attempt + 1} attempts" if attempt else ""
-                    raise OSError(
-                        f"GET {path} failed with HTTP status {error.code} {error.reason}{tries}"
-                    ) from error
-            except (urllib.error.URLError, OSError) as error:
-                if last:
-                    cause = getattr(error, "reason", error)
-                    raise ConnectionError(
-                        f"GET {path} failed after {attempt + 1} attempt(s): {cause}; check "
-                        f"that the server is up and the URL is right"
-                    ) from error
-            if closing.wait(self.backoff * 2**attempt):
-                raise RuntimeError(f"HttpReader was closed while retrying {path}")
-        raise AssertionError("unreachable")  # pragma: no cover
+        policy = RetryPolicy(self.timeout, self.retries, self.backoff, self.deadline)
+        return io.BufferedReader(Download(path, dict(self.headers or {}), policy, closing))
 
     def close(self) -> None:
         """Close open responses and interrupt a retry wait in progress."""
@@ -126,5 +129,5 @@ class HttpReader(StreamOpener):
     def __repr__(self) -> str:
         return (
             f"HttpReader(timeout={self.timeout}, retries={self.retries}, "
-            f"backoff={self.backoff}, headers={self.headers!r})"
+            f"backoff={self.backoff}, deadline={self.deadline}, headers={self.headers!r})"
         )

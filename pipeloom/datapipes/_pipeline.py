@@ -128,7 +128,7 @@ def check_declared_inputs(output: DataPipe) -> None:
     """
     from ._functional import IterFunctional, MapFunctional
 
-    chaining = set(vars(IterFunctional)) | set(vars(MapFunctional))
+    chaining = set(dir(IterFunctional)) | set(dir(MapFunctional))  # mixins' methods too
     for block in upstream_blocks(output):
         shadowing = sorted(
             name for name in vars(block) if name in chaining and not name.startswith("_")

@@ -18,6 +18,19 @@ def _check_int(name: str, value: Any, minimum: int, hint: str) -> int:
     return value
 
 
+def check_sharding_group(sharding_group_filter: Any) -> None:
+    """Refuse torchdata's per-group sharding points (``SHARDING_PRIORITIES``), with how to port."""
+    name = getattr(sharding_group_filter, "name", sharding_group_filter)
+    if sharding_group_filter is None or name == "DEFAULT":
+        return
+    raise ValueError(
+        f"sharding_filter(sharding_group_filter={sharding_group_filter!r}) is not needed: "
+        f"pipeloom splits the data across ranks and worker processes at one sharding "
+        f"point, each worker of each rank keeping its own shard. Keep one "
+        f"sharding_filter() without the argument and remove the other"
+    )
+
+
 class ShardingFilter(IterDataPipe):
     """Keep one shard of the stream (functional: ``sharding_filter``).
 

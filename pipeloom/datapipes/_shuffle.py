@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import NotAvailable
@@ -122,6 +123,7 @@ class MapShuffler(IterDataPipe):
 
     Args:
         source: a ``MapDataPipe``.
+        indices: the indices (or keys) to shuffle; default ``range(len(source))``.
         seed: this block's own seed (otherwise the pipeline seed is used).
 
     Example:
@@ -134,13 +136,20 @@ class MapShuffler(IterDataPipe):
     inputs = ("source",)
     lookahead = 8
 
-    def __init__(self, source: MapDataPipe, *, seed: int | None = None) -> None:
+    def __init__(
+        self, source: MapDataPipe, *, indices: Sequence[Any] | None = None, seed: int | None = None
+    ) -> None:
         if not isinstance(source, MapDataPipe):
             raise TypeError(
                 f"MapShuffler expects a MapDataPipe, got {type(source).__name__}; "
                 f"use .shuffle(buffer_size) on an IterDataPipe"
             )
+        if indices is not None and (
+            isinstance(indices, (str, bytes)) or not isinstance(indices, Sequence)
+        ):
+            raise TypeError(f"indices must be a list of indices or keys, got {indices!r}")
         self.source = source
+        self.indices = None if indices is None else list(indices)
         self.seed = seed
         self._pl_fix_seed(seed)
         self.reset()
@@ -154,7 +163,7 @@ class MapShuffler(IterDataPipe):
     def _make_order(self) -> list[int]:
         if self._order_seed is None:
             self._order_seed = self.epoch_seed()
-        order = list(range(len(self.source)))
+        order = list(range(len(self.source))) if self.indices is None else list(self.indices)
         random.Random(self._order_seed).shuffle(order)
         self._order = order
         return order
@@ -191,7 +200,7 @@ class MapShuffler(IterDataPipe):
                 pass  # requested; asked again when its turn comes
 
     def __len__(self) -> int:
-        return len(self.source)
+        return len(self.source) if self.indices is None else len(self.indices)
 
     def state_dict(self) -> dict[str, Any]:
         if self._order_seed is None and self._index == 0:

@@ -9,8 +9,15 @@ reader parses only what a data loader needs (name, size, type) from each
 It gives the same members as ``tarfile`` for ustar, GNU (``L``/``K`` long
 names) and pax (``x``/``g`` headers) archives, e.g. those written by
 ``tarfile`` in any format or by ``webdataset.TarWriter``. Anything rarer
-(sparse files) is handed to ``tarfile`` from that member on. A missing
-end-of-archive marker is an error (truncation), not a normal end.
+(sparse files) is handed to ``tarfile`` from that member on.
+
+It is strict where ``tarfile`` is lenient, so that damage is never a silent
+end: a missing end-of-archive marker is truncation; a lone zero block followed
+by more data (a zeroed header: GNU tar warns "A lone zero block") and data
+after the end-of-archive marker are errors, so the rest of the stream is read
+and must be zeros (which also lets a decompressor check its trailer); sizes
+are bounded before anything is read (``max_member_size`` for members, 16 MiB
+for long-name and pax headers), and pax records must be well formed.
 
 Example:
     >>> import io, tarfile
@@ -46,9 +53,11 @@ _PREAMBLE = frozenset(
         tarfile.SOLARIS_XHDTYPE,
     )
 )
-_PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
+_PAX_LENGTH = re.compile(rb"(\d{1,19}) ")
 _PAX_CHARSET = re.compile(rb"\d+ hdrcharset=([^\n]+)\n")
 _TRUNCATED = "unexpected end of data (truncated: no end-of-archive marker)"
+_CHUNK = 1 << 24  # larger reads are split, so a corrupted size never allocates at once
+_MAX_HEADER_DATA = 1 << 24  # long names and pax headers: a larger one is corruption
 
 
 class StrictTarInfo(tarfile.TarInfo):
@@ -92,23 +101,38 @@ def _pax_field(value: bytes, encoding: str, fallback: str = "utf-8") -> str:
 
 
 def _pax_records(buf: bytes, into: dict[str, str]) -> None:
-    """Parse pax records ``"%d %s=%s\\n"`` into ``into``, as ``tarfile`` does."""
+    """Parse pax records ``"%d %s=%s\\n"`` into ``into``, as ``tarfile`` does.
+
+    Stricter than ``tarfile``: the records must tile ``buf`` exactly (trailing
+    NULs aside), each with a length that ends on its newline.
+    """
     match = _PAX_CHARSET.search(buf)
     if match is not None:
-        into["hdrcharset"] = match.group(1).decode("utf-8")
+        into["hdrcharset"] = match.group(1).decode("utf-8", "surrogateescape")
     encoding = _ENCODING if into.get("hdrcharset") == "BINARY" else "utf-8"
-    position = 0
-    while (match := _PAX_RECORD.match(buf, position)) is not None:
-        length = int(match.group(1))
-        if length == 0:
-            raise tarfile.ReadError("invalid member header (invalid pax record)")
-        keyword = _pax_field(match.group(2), "utf-8")
-        value = buf[match.end(2) + 1 : match.start(1) + length - 1]
-        if keyword in tarfile.PAX_NAME_FIELDS:
-            into[keyword] = _pax_field(value, encoding, _ENCODING)
+    position, end = 0, len(buf.rstrip(b"\0"))
+    while position < end:
+        match = _PAX_LENGTH.match(buf, position)
+        length = int(match.group(1)) if match is not None else 0
+        record = buf[match.end() if match is not None else position : position + length]
+        keyword, equals, value = record[:-1].partition(b"=")
+        if position + length > len(buf) or not record.endswith(b"\n") or not (keyword and equals):
+            raise tarfile.ReadError(
+                f"invalid member header (malformed pax record at byte {position} of the "
+                f"extended header: {bytes(buf[position : position + 40])!r})"
+            )
+        name = _pax_field(keyword, "utf-8")
+        if name in tarfile.PAX_NAME_FIELDS:
+            into[name] = _pax_field(value, encoding, _ENCODING)
         else:
-            into[keyword] = _pax_field(value, "utf-8")
+            into[name] = _pax_field(value, "utf-8")
         position += length
+
+
+def _pax_size(value: str) -> int:
+    if not (value.isascii() and value.isdigit() and len(value) <= 20):
+        raise tarfile.ReadError(f"invalid member header (pax size {value[:40]!r})")
+    return int(value)
 
 
 def _exotic(pax: dict[str, str]) -> bool:  # GNU sparse files: left to tarfile
@@ -121,15 +145,20 @@ class TarStream:
     Args:
         stream: a binary file object; only ``read`` is used.
         head: bytes already read from the start of ``stream`` (at most one block).
+        max_member_size: the largest member size accepted, in bytes (None: no
+            limit); a header claiming more is taken as corrupted.
 
     Attributes ``offset`` (where the block being read starts), ``count``
     (regular members read completely) and ``started`` (a valid header was
     read) describe where a ``tarfile.ReadError`` happened.
     """
 
-    def __init__(self, stream: IO[bytes], head: bytes = b"") -> None:
+    def __init__(
+        self, stream: IO[bytes], head: bytes = b"", max_member_size: int | None = None
+    ) -> None:
         self._read = stream.read
         self._head = head
+        self._limit = max_member_size
         self.offset = 0
         self.count = 0
         self.started = False
@@ -139,7 +168,7 @@ class TarStream:
         """``size`` bytes (``buf`` is what a first read gave); ReadError at the end of data."""
         parts, got = [buf], len(buf)
         while got < size:
-            more = self._read(size - got)
+            more = self._read(min(size - got, _CHUNK))
             if not more:
                 raise tarfile.ReadError(_TRUNCATED if got or self.started else "empty file")
             parts.append(more)
@@ -148,7 +177,7 @@ class TarStream:
 
     def members(self, skip: int = 0) -> Iterator[tuple[str, bytes]]:
         """Yield ``(name, data)`` per regular file, after the first ``skip`` of them."""
-        read = self._read
+        read, limit = self._read, self._limit
         header, self._head = self._head, b""
         header = header if len(header) == _BLOCK else self._exact(_BLOCK, header)
         while header != _ZERO:  # else the end-of-archive marker
@@ -162,7 +191,9 @@ class TarStream:
                     yield from self._with_tarfile(raw, skip)
                     return
             if regular:
-                data = read(size)
+                if limit is not None and size > limit:
+                    self._too_large(name, size, self.offset - _BLOCK)
+                data = read(size) if size <= _CHUNK else b""
                 if len(data) != size:
                     data = self._exact(size, data)
                 self.offset += size
@@ -179,6 +210,40 @@ class TarStream:
                 header = self._exact(want, header)
             if pad:
                 header = header[pad:]
+        self._after_end(self._read)
+
+    def _too_large(self, name: str, size: int, header_at: int) -> None:
+        self.offset = header_at
+        raise tarfile.ReadError(
+            f"invalid member header (member {name[:200]!r} claims a size of {size} bytes, "
+            f"more than max_member_size={self._limit}; if the member is really that "
+            f"large, pass a larger max_member_size)"
+        )
+
+    def _after_end(self, read: Any) -> None:
+        """Read past the first zero block at ``offset``: only zeros may follow.
+
+        The second zero block and the record padding are zeros; anything else
+        means a member header was zeroed ("a lone zero block") or more data
+        follows the archive. Reading to the end also lets a decompressor
+        below check its trailer (gzip's CRC-32 and length).
+        """
+        marker = self.offset
+        self.offset += _BLOCK
+        while chunk := read(1 << 16):
+            rest = chunk.lstrip(b"\0")
+            if rest:
+                self.offset += len(chunk) - len(rest)
+                if self.offset < marker + 2 * _BLOCK:
+                    raise tarfile.ReadError(
+                        f"a lone zero block at byte offset {marker} is followed by more data "
+                        f"(a member header was zeroed: the rest of the shard cannot be read)"
+                    )
+                raise tarfile.ReadError(
+                    f"data after the end-of-archive marker at byte offset {marker} (several "
+                    f"archives concatenated, or trailing garbage: rewrite the shard)"
+                )
+            self.offset += len(chunk)
 
     def _discard(self, size: int) -> None:
         while size > 0:
@@ -219,6 +284,11 @@ class TarStream:
         while flag in _PREAMBLE:
             if not raw:
                 globals_before = dict(self._globals)
+            if size > _MAX_HEADER_DATA:
+                raise tarfile.ReadError(
+                    f"invalid member header (a {flag.decode('ascii', 'replace')!r} header of "
+                    f"{size} bytes; more than {_MAX_HEADER_DATA} is taken as corruption)"
+                )
             data = self._exact(-size % _BLOCK + size) if size else b""
             self.offset += _BLOCK + len(data)
             raw += (header, data)
@@ -268,10 +338,7 @@ class TarStream:
             if "path" in patch:
                 name = patch["path"].rstrip("/")
             if "size" in patch:
-                try:
-                    size = int(patch["size"])
-                except ValueError:
-                    size = 0
+                size = _pax_size(patch["size"])
         if flag in _REGULAR:
             return True, name, size
         return False, name, 0 if flag in _NO_DATA else size
@@ -280,26 +347,39 @@ class TarStream:
         """Read the rest of the archive with ``tarfile``, from the preamble in ``raw``."""
         base = self.offset
         chained = ChainedReader(b"".join(raw), self._read)
-        tar = tarfile.open(
+        tar = _tarfile_call(
+            tarfile.open,
             fileobj=chained,
             mode="r|",
-            tarinfo=StrictTarInfo,  # type: ignore[call-overload]
+            tarinfo=StrictTarInfo,
             format=tarfile.PAX_FORMAT,
             pax_headers=dict(self._globals),
         )
         try:
-            while (member := tar.next()) is not None:
+            while (member := _tarfile_call(tar.next)) is not None:
+                tar.members = []  # a stream: keep no list of every member
                 self.offset = base + tar.offset
                 if not member.isfile():
                     continue
+                if self._limit is not None and member.size > self._limit:
+                    self._too_large(member.name, member.size, self.offset)
                 handle = tar.extractfile(member)
                 data = handle.read() if handle else b""
                 self.count += 1
                 if self.count > skip:
                     yield member.name, data
-        finally:
             self.offset = base + tar.offset
+            self._after_end(tar.fileobj.read)  # type: ignore[union-attr]
+        finally:
             tar.close()
+
+
+def _tarfile_call(fn: Any, **kwargs: Any) -> Any:
+    """``fn(**kwargs)``, with a corrupted field that ``tarfile`` lets through as a ReadError."""
+    try:
+        return fn(**kwargs)
+    except (ValueError, OverflowError) as error:
+        raise tarfile.ReadError(f"invalid member header ({error})") from error
 
 
 class ChainedReader:

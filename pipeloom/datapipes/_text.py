@@ -1,8 +1,11 @@
-"""Text streams: lines (``readlines``) and CSV rows (``parse_csv``).
+"""Text streams: lines (``readlines``) and CSV rows (``parse_csv``, ``parse_csv_as_dict``).
 
-Both read each ``(path, stream)`` to its end, close it, and resume mid-file
-by re-reading it and skipping the items already emitted. Binary streams are
-read as UTF-8 by ``parse_csv``; ``readlines`` yields ``bytes`` lines for them.
+Both take torchdata 0.9's arguments with the same meaning. Each
+``(path, stream)`` is read line by line: the first ``skip_lines`` lines are
+dropped, ``bytes`` lines are decoded when ``decode`` is true (``readlines``
+keeps bytes by default, ``parse_csv`` decodes), and the stream is closed at
+its end. A resumed pipeline re-reads the stream and skips the items already
+emitted. A ``(path, bytes)`` item (e.g. a tar member) is read like a stream.
 
 Example:
     >>> import io
@@ -14,10 +17,10 @@ Example:
 
 from __future__ import annotations
 
+import codecs
 import csv
-import io
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from ._base import IterDataPipe
@@ -32,12 +35,57 @@ def _check_bool(name: str, value: Any) -> bool:
     return value
 
 
+def check_skip_lines(skip_lines: Any) -> int:
+    """Raise ValueError unless ``skip_lines`` is an int >= 0."""
+    if isinstance(skip_lines, bool) or not isinstance(skip_lines, int) or skip_lines < 0:
+        raise ValueError(f"skip_lines must be an int >= 0, got {skip_lines!r}")
+    return skip_lines
+
+
+def check_codec(encoding: Any, errors: Any) -> tuple[str, str]:
+    """Raise unless ``encoding`` names a codec and ``errors`` is an error handler name."""
+    if not isinstance(encoding, str):
+        raise TypeError(f"encoding must be a str such as 'utf-8', got {encoding!r}")
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise ValueError(f"unknown encoding {encoding!r}; use e.g. 'utf-8' or 'latin-1'") from None
+    if not isinstance(errors, str):
+        raise TypeError(f"errors must be a str such as 'ignore' or 'strict', got {errors!r}")
+    try:
+        codecs.lookup_error(errors)
+    except LookupError:
+        raise ValueError(
+            f"unknown errors handler {errors!r}; use 'strict', 'ignore' or 'replace'"
+        ) from None
+    return encoding, errors
+
+
+def text_lines(
+    stream: Iterable[Any], skip_lines: int, decode: bool, encoding: str, errors: str
+) -> Iterator[Any]:
+    """The lines of ``stream`` after the first ``skip_lines``, decoded if asked."""
+    lines = iter(stream)
+    next(itertools.islice(lines, skip_lines, skip_lines), None)
+    if not decode:
+        return lines
+    return (
+        line.decode(encoding, errors) if isinstance(line, (bytes, bytearray)) else line
+        for line in lines
+    )
+
+
 class LineReader(StreamReader):
     """Yield the lines of each ``(path, stream)``. Functional: ``readlines``.
 
     Args:
         source: a block yielding ``(path, stream)``.
-        strip_newline: remove the trailing ``"\\n"``/``"\\r\\n"``.
+        skip_lines: lines to drop at the start of each stream.
+        strip_newline: remove ``"\\r"``/``"\\n"`` at both ends of each line.
+        decode: decode ``bytes`` lines (from binary streams) with ``encoding``.
+        encoding: the text encoding used by ``decode``.
+        errors: what ``decode`` does with invalid bytes (``"ignore"``,
+            ``"strict"``, ``"replace"``...).
         return_path: yield ``(path, line)``; False yields the line alone.
 
     Example:
@@ -45,35 +93,58 @@ class LineReader(StreamReader):
         >>> from pipeloom.datapipes import IterableWrapper
         >>> list(LineReader(IterableWrapper([("f", io.StringIO("a\\nb\\n"))])))
         [('f', 'a'), ('f', 'b')]
+        >>> list(IterableWrapper([("f", io.BytesIO(b"#\\nx\\n"))]).readlines(
+        ...     skip_lines=1, decode=True, return_path=False))
+        ['x']
     """
 
     def __init__(
-        self, source: IterDataPipe, *, strip_newline: bool = True, return_path: bool = True
+        self,
+        source: IterDataPipe,
+        *,
+        skip_lines: int = 0,
+        strip_newline: bool = True,
+        decode: bool = False,
+        encoding: str = "utf-8",
+        errors: str = "ignore",
+        return_path: bool = True,
     ) -> None:
         super().__init__(source)
+        self.skip_lines = check_skip_lines(skip_lines)
         self.strip_newline = _check_bool("strip_newline", strip_newline)
+        self.decode_bytes = _check_bool("decode", decode)
+        self.encoding, self.errors = check_codec(encoding, errors)
         self.return_path = _check_bool("return_path", return_path)
 
     def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[Any]:
-        lines = itertools.islice(stream, skip, None)
-        for line in lines:
+        lines = text_lines(stream, self.skip_lines, self.decode_bytes, self.encoding, self.errors)
+        for line in itertools.islice(lines, skip, None):
             if self.strip_newline:
-                line = line.rstrip(b"\r\n" if isinstance(line, bytes) else "\r\n")
+                line = line.strip(b"\r\n" if isinstance(line, bytes) else "\r\n")
             yield (path, line) if self.return_path else line
 
     def __repr__(self) -> str:
-        return f"LineReader(strip_newline={self.strip_newline}, return_path={self.return_path})"
+        return f"LineReader({_text_args(self)}, strip_newline={self.strip_newline})"
 
 
 class CSVParser(StreamReader):
-    """Yield the rows of each ``(path, stream)`` of CSV text. Functional: ``parse_csv``.
+    """Yield the rows of each ``(path, stream)`` of CSV text.
+
+    Functional: ``parse_csv`` (rows as lists) and ``parse_csv_as_dict`` (the
+    first row of each file is the header; rows as dicts keyed by it).
 
     Args:
-        source: a block yielding ``(path, stream)`` (text or binary UTF-8).
-        delimiter: the one-character field separator.
-        skip_lines: lines to skip at the start of each file (before any header).
-        as_dict: read the first row as a header and yield dicts keyed by it.
+        source: a block yielding ``(path, stream)`` (text, or binary).
+        skip_lines: lines to drop at the start of each file (before any header).
+        decode: decode ``bytes`` lines with ``encoding``/``errors``.
+        encoding: the text encoding used by ``decode``.
+        errors: what ``decode`` does with invalid bytes.
         return_path: yield ``(path, row)`` instead of the row.
+        as_tuple: yield rows as tuples instead of lists.
+        as_dict: read the first row as a header and yield dicts keyed by it.
+        delimiter: the one-character field separator.
+        **fmtparams: further ``csv`` format parameters (``quotechar``,
+            ``skipinitialspace``...).
 
     Example:
         >>> import io
@@ -87,46 +158,61 @@ class CSVParser(StreamReader):
         self,
         source: IterDataPipe,
         *,
-        delimiter: str = ",",
         skip_lines: int = 0,
-        as_dict: bool = False,
+        decode: bool = True,
+        encoding: str = "utf-8",
+        errors: str = "ignore",
         return_path: bool = False,
+        as_tuple: bool = False,
+        as_dict: bool = False,
+        delimiter: str = ",",
+        **fmtparams: Any,
     ) -> None:
         super().__init__(source)
         if not isinstance(delimiter, str) or len(delimiter) != 1:
             raise ValueError(f"delimiter must be a 1-character string, got {delimiter!r}")
-        if isinstance(skip_lines, bool) or not isinstance(skip_lines, int) or skip_lines < 0:
-            raise ValueError(f"skip_lines must be an int >= 0, got {skip_lines!r}")
-        self.delimiter = delimiter
-        self.skip_lines = skip_lines
-        self.as_dict = _check_bool("as_dict", as_dict)
+        self.skip_lines = check_skip_lines(skip_lines)
+        self.decode_bytes = _check_bool("decode", decode)
+        self.encoding, self.errors = check_codec(encoding, errors)
         self.return_path = _check_bool("return_path", return_path)
+        self.as_tuple = _check_bool("as_tuple", as_tuple)
+        self.as_dict = _check_bool("as_dict", as_dict)
+        if as_tuple and as_dict:
+            raise ValueError(
+                "as_tuple=True and as_dict=True contradict each other: rows are either tuples "
+                "or dicts; use parse_csv(as_tuple=True) or parse_csv_as_dict()"
+            )
+        self.delimiter = delimiter
+        self.fmtparams = {"delimiter": delimiter, **fmtparams}
+        try:
+            csv.reader([], **self.fmtparams)
+        except TypeError as error:
+            raise TypeError(
+                f"parse_csv() got CSV format parameters {fmtparams!r} that the csv module "
+                f"rejects: {error}; see the csv module's Dialects and Formatting Parameters"
+            ) from None
 
     def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[Any]:
-        text = (
-            stream
-            if isinstance(stream, io.TextIOBase)
-            else io.TextIOWrapper(
-                stream,
-                encoding="utf-8",
-                newline="",  # type: ignore[arg-type]
-            )
-        )
-        for _ in range(self.skip_lines):
-            if not text.readline():
-                return
-        if self.as_dict:
-            rows: Iterator[Any] = csv.DictReader(text, delimiter=self.delimiter)
-        else:
-            rows = csv.reader(text, delimiter=self.delimiter)
+        lines = text_lines(stream, self.skip_lines, self.decode_bytes, self.encoding, self.errors)
+        reader = csv.DictReader if self.as_dict else csv.reader
+        rows: Iterator[Any] = reader(lines, **self.fmtparams)
         try:
             for row in itertools.islice(rows, skip, None):
+                if self.as_tuple:
+                    row = tuple(row)
                 yield (path, row) if self.return_path else row
         except csv.Error as error:
-            raise ValueError(f"malformed CSV in {path!r}: {error}") from error
+            hint = " (the stream gives bytes: pass decode=True)" if "bytes" in str(error) else ""
+            raise ValueError(f"malformed CSV in {path!r}: {error}{hint}") from error
 
     def __repr__(self) -> str:
-        return (
-            f"CSVParser(delimiter={self.delimiter!r}, skip_lines={self.skip_lines}, "
-            f"as_dict={self.as_dict}, return_path={self.return_path})"
-        )
+        shape = "as_dict=True" if self.as_dict else f"as_tuple={self.as_tuple}"
+        extra = "".join(f", {k}={v!r}" for k, v in self.fmtparams.items() if k != "delimiter")
+        return f"CSVParser({_text_args(self)}, delimiter={self.delimiter!r}, {shape}{extra})"
+
+
+def _text_args(block: Any) -> str:
+    text = f"skip_lines={block.skip_lines}, decode={block.decode_bytes}"
+    if block.decode_bytes and (block.encoding, block.errors) != ("utf-8", "ignore"):
+        text += f", encoding={block.encoding!r}, errors={block.errors!r}"
+    return text + f", return_path={block.return_path}"

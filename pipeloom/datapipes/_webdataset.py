@@ -1,51 +1,86 @@
 """Group consecutive tar members into WebDataset samples (``webdataset``).
 
-Follows the conventions of the ``webdataset`` library: a member's *key* is
-its path up to the first dot of its file name, the rest (lower-cased, with its
-leading dot) is the field name. Consecutive members sharing a key form one
-sample dict ``{"__key__": key, "__url__": shard, ".jpg": bytes, ".cls": bytes}``.
-Members without an extension are skipped, as the ``webdataset`` library does.
+The sample dicts are the ``webdataset`` library's, so code written for it
+works unchanged: a member's *key* is its path inside the shard up to the
+first dot of its file name, the rest (lower-cased, without the dot) is the
+field. Consecutive members of one shard sharing a key form one sample::
+
+    {"__key__": "part/0001", "__url__": "data/s0.tar", "__local_path__": "data/s0.tar",
+     "jpg": b"...", "cls": b"3"}
+
+``__url__`` is the shard's path or URL, ``__local_path__`` its path when it is
+a local file (as the library sets it). Members without an extension, and
+metadata members (``__name__`` at the top of the shard, or under a
+``__name__/`` directory), are skipped, as the library does.
 
 Example:
     >>> from pipeloom.datapipes import IterableWrapper
-    >>> members = IterableWrapper([("s.tar/0001.jpg", b"J"), ("s.tar/0001.cls", b"1"),
-    ...                            ("s.tar/0002.jpg", b"K")])
+    >>> members = IterableWrapper([("https://h/s.tar/0001.jpg", b"J"),
+    ...                            ("https://h/s.tar/0001.cls", b"1"),
+    ...                            ("https://h/s.tar/0002.jpg", b"K")])
     >>> for sample in WebDataset(members):
     ...     print(sample)
-    {'__key__': 's.tar/0001', '__url__': 's.tar', '.jpg': b'J', '.cls': b'1'}
-    {'__key__': 's.tar/0002', '__url__': 's.tar', '.jpg': b'K'}
+    {'__key__': '0001', '__url__': 'https://h/s.tar', 'jpg': b'J', 'cls': b'1'}
+    {'__key__': '0002', '__url__': 'https://h/s.tar', 'jpg': b'K'}
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
+import urllib.parse
 from typing import Any
 
+from ..errors import StateError
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
 
-__all__ = ["WebDataset", "split_key"]
+__all__ = ["WebDataset", "split_key", "split_shard"]
+
+_KEY = re.compile(r"((?:.*/)?[^.]+)\.([^/]*)")  # the key, a dot, the extension
+_META = re.compile(r"__[^/]*__($|/)")  # metadata members, skipped
+_TAR = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 
 
-def split_key(path: str) -> tuple[str, str] | None:
-    """``"d/s.tar/x/0001.seg.png"`` → ``("d/s.tar/x/0001", ".seg.png")``; None without a dot.
+def split_key(member: str) -> tuple[str, str] | None:
+    """``"x/0001.seg.PNG"`` → ``("x/0001", "seg.png")``; None without an extension.
 
-    >>> split_key("d/s.tar/x/0001.seg.PNG"), split_key("d/README")
-    (('d/s.tar/x/0001', '.seg.png'), None)
+    >>> split_key("x/0001.seg.PNG"), split_key("README")
+    (('x/0001', 'seg.png'), None)
     """
-    directory, name = posixpath.split(path)
-    stem, dot, extension = name.partition(".")
-    if not dot or not stem:
+    match = _KEY.fullmatch(member)
+    if match is None:
         return None
-    key = f"{directory}/{stem}" if directory else stem
-    return key, "." + extension.lower()
+    return match.group(1), match.group(2).lower()
+
+
+def split_shard(path: str) -> tuple[str, str]:
+    """``(shard, member)`` of a member path from ``load_from_tar``.
+
+    A :class:`TarMemberPath` knows its shard. A plain ``str`` is split after
+    its last component that names a tar file, else after its directory.
+
+    >>> split_shard("data/s.tar/x/0001.jpg"), split_shard("data/0001.jpg")
+    (('data/s.tar', 'x/0001.jpg'), ('data', '0001.jpg'))
+    """
+    shard = getattr(path, "shard", None)
+    if shard is not None:
+        return shard, path.member  # type: ignore[attr-defined]
+    parts = path.split("/")
+    for index in range(len(parts) - 2, -1, -1):
+        if parts[index].lower().endswith(_TAR):
+            return "/".join(parts[: index + 1]), "/".join(parts[index + 1 :])
+    directory, name = posixpath.split(path)
+    return directory, name
+
+
+def _local_path(url: str) -> str | None:
+    parsed = urllib.parse.urlparse(url)
+    return parsed.path if parsed.scheme in ("", "file") else None
 
 
 class WebDataset(IterDataPipe):
     """Yield one dict per sample from ``(path, bytes)`` tar members. Functional: ``webdataset``.
-
-    ``__url__`` is the shard path when the members come from
-    :class:`TarArchiveLoader`, else the key's directory.
 
     Raises:
         ValueError: when a sample has two members with the same extension.
@@ -82,22 +117,26 @@ class WebDataset(IterDataPipe):
                     f"{item!r:.80}; put it after load_from_tar()"
                 )
             path, data = item
-            parts = split_key(path)
+            shard, member = split_shard(path)
+            parts = None if _META.match(member) else split_key(member)
             if parts is None:
                 continue
-            key, extension = parts
+            key, field = parts
             sample = self._sample
-            if sample is not None and sample["__key__"] == key:
-                if extension in sample:
+            if sample is not None and sample["__key__"] == key and sample["__url__"] == shard:
+                if field in sample:
                     raise ValueError(
-                        f"sample {key!r} has two members with extension {extension!r} "
-                        f"(in {sample['__url__']!r}); each field of a sample must be unique"
+                        f"sample {key!r} of {shard!r} has two members with extension "
+                        f"{field!r}; each field of a sample must be unique"
                     )
-                sample[extension] = data
+                sample[field] = data
                 continue
-            shard = getattr(path, "shard", None) or posixpath.dirname(key)
             stamp = current_stamp()
-            self._sample = {"__key__": key, "__url__": shard, extension: data}
+            self._sample = {"__key__": key, "__url__": shard}
+            local = _local_path(shard)
+            if local is not None:
+                self._sample["__local_path__"] = local
+            self._sample[field] = data
             done, done_stamp, self._stamp = sample, self._stamp, stamp
             if done is not None:
                 restore_stamp(done_stamp)  # type: ignore[arg-type]
@@ -110,12 +149,49 @@ class WebDataset(IterDataPipe):
         return sample
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sample": self._sample, "stamp": self._stamp, "ended": self._ended}
+        # A copy: the sample being grouped grows after the state is taken.
+        sample = dict(self._sample) if self._sample is not None else None
+        return {"sample": sample, "stamp": self._stamp, "ended": self._ended}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._sample = state["sample"]
-        self._stamp = tuple(state["stamp"]) if state["stamp"] is not None else None  # type: ignore[assignment]
-        self._ended = bool(state["ended"])
+        sample, stamp, ended = (
+            _field(state, "sample"),
+            _field(state, "stamp"),
+            _field(state, "ended"),
+        )
+        if sample is not None and not (
+            isinstance(sample, dict)
+            and isinstance(sample.get("__key__"), str)
+            and isinstance(sample.get("__url__"), str)
+            and all(isinstance(name, str) for name in sample)
+        ):
+            raise StateError(
+                f"WebDataset: state field 'sample' must be None or a sample dict with str "
+                f"'__key__' and '__url__', got {sample!r:.100}"
+            )
+        if stamp is not None and not (
+            isinstance(stamp, (tuple, list))
+            and len(stamp) in (3, 4)
+            and all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in stamp)
+        ):
+            raise StateError(
+                f"WebDataset: state field 'stamp' must be None or a tuple of 3 or 4 ints "
+                f"(seed, epoch, position, draws), got {stamp!r:.100}"
+            )
+        if not isinstance(ended, bool):
+            raise StateError(f"WebDataset: state field 'ended' must be a bool, got {ended!r:.100}")
+        self._sample = dict(sample) if sample is not None else None
+        self._stamp = tuple(stamp) if stamp is not None else None
+        self._ended = ended
 
     def __repr__(self) -> str:
         return "WebDataset()"
+
+
+def _field(state: Any, name: str) -> Any:
+    if not isinstance(state, dict) or name not in state:
+        raise StateError(
+            f"WebDataset: the state must be a dict with the field {name!r}, got {state!r:.100}; "
+            f"load a state saved from the same pipeline"
+        )
+    return state[name]

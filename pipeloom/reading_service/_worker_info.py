@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
+
+from ..datapipes._context import set_worker_info, worker_info
 
 __all__ = ["WorkerInfo", "get_worker_info"]
 
@@ -26,14 +27,6 @@ class WorkerInfo:
     dataset: Any = None
 
 
-class _Current(threading.local):
-    info: WorkerInfo | None = None
-
-
-_CURRENT = _Current()
-_PROCESS_INFO: list[WorkerInfo | None] = [None]
-
-
 def get_worker_info() -> WorkerInfo | None:
     """The current worker's :class:`WorkerInfo`, or None in the main process/thread.
 
@@ -41,14 +34,14 @@ def get_worker_info() -> WorkerInfo | None:
         >>> get_worker_info() is None
         True
     """
-    return _CURRENT.info or _PROCESS_INFO[0]
+    return worker_info()
 
 
 def set_thread_worker_info(info: WorkerInfo | None) -> None:
     """Declare that the calling thread is a worker (used by thread reading services)."""
-    _CURRENT.info = info
+    set_worker_info(info, thread=True)
 
 
 def set_process_worker_info(info: WorkerInfo | None) -> None:
     """Declare that this process is a worker (used by process reading services)."""
-    _PROCESS_INFO[0] = info
+    set_worker_info(info, thread=False)

@@ -148,3 +148,17 @@ def test_batches_of_python_numbers_collate_exactly_as_torch_does(batch):
     got = default_collate(batch)
     assert got.dtype == expected.dtype and got.shape == expected.shape
     assert torch.equal(got, expected)
+
+
+# -- torchdata 0.9's arguments --------------------------------------------------------
+
+
+def test_collate_takes_torchdatas_conversion_and_collate_fn():
+    batches = IterableWrapper([[1, 2], [3]])
+    assert collect(batches.collate(sum)) == [3, 3]  # conversion, positionally
+    assert collect(batches.collate(conversion=len)) == [2, 1]
+    assert collect(batches.collate(conversion=len, collate_fn=sum)) == [3, 3]  # collate_fn wins
+    default = collect(batches.collate(conversion=torch.utils.data.default_collate))
+    assert [t.tolist() for t in default] == [[1, 2], [3]]
+    with pytest.raises(TypeError, match=r"TorchArrow DataFrames.*collate_fn="):
+        batches.collate(conversion={"a": torch.tensor})

@@ -73,11 +73,26 @@ def test_images_without_pillow_pass_through_or_raise_in_strict_mode(monkeypatch)
         decode([("a.jpg", b"raw")], strict=True)
 
 
-def test_sample_dicts_have_each_dot_field_decoded():
-    sample = {"__key__": "s/0001", "__url__": "s.tar", ".cls": b"3", ".seg.txt": b"t", "meta": b"m"}
+def test_sample_dicts_have_each_field_decoded_by_its_name_and_metadata_left_alone():
+    sample = {
+        "__key__": "s/0001",
+        "__url__": "s.tar",
+        "__local_path__": "s.tar",
+        "cls": b"3",
+        "seg.txt": b"t",
+        "meta": b"m",
+    }
     assert decode([sample]) == [
-        {"__key__": "s/0001", "__url__": "s.tar", ".cls": 3, ".seg.txt": "t", "meta": b"m"}
+        {
+            "__key__": "s/0001",
+            "__url__": "s.tar",
+            "__local_path__": "s.tar",
+            "cls": 3,
+            "seg.txt": "t",
+            "meta": b"m",  # no decoder: passed through
+        }
     ]
+    assert decode([{"__key__": "k", ".cls": b"4"}]) == [{"__key__": "k", ".cls": 4}]  # dotted too
 
 
 def test_streams_are_read_and_closed():
@@ -91,8 +106,8 @@ def test_unknown_extension_passes_through_unless_strict():
         ValueError, match=r"no decoder for extension '.foo' of 'dir/a.foo'.*decoders=\{'.foo': fn\}"
     ):
         decode([("dir/a.foo", b"?")], strict=True)
-    with pytest.raises(ValueError, match=r"no decoder for extension '.bar' of 's/1.bar'"):
-        decode([{"__key__": "s/1", ".bar": b""}], strict=True)
+    with pytest.raises(ValueError, match=r"no decoder for extension '.bar' of 'd/s.tar/1.bar'"):
+        decode([{"__key__": "1", "__url__": "d/s.tar", "bar": b""}], strict=True)
 
 
 def test_custom_decoders_add_and_override_per_block():
@@ -102,6 +117,7 @@ def test_custom_decoders_add_and_override_per_block():
         ("a.cls", -1),
     ]
     assert decode(items, decoders={".cls": None}) == items  # opt out of a default
+    assert decode(items, decoders={"foo": len, "cls": None}) == [("a.foo", 3), ("a.cls", b"1")]
     assert decode(items) == [("a.foo", b"abc"), ("a.cls", 1)]  # no global state
 
 
@@ -125,8 +141,9 @@ def test_decoder_failure_names_the_item_and_decoder():
 
 def test_bad_arguments_and_items_are_rejected():
     source = IterableWrapper([])
-    with pytest.raises(ValueError, match="extensions with a leading dot like '.foo', got 'foo'"):
-        Decoder(source, decoders={"foo": len})
+    for bad in ("", ".", "..foo"):
+        with pytest.raises(ValueError, match=rf"extensions like '.foo' or 'foo', got '{bad}'"):
+            Decoder(source, decoders={bad: len})
     with pytest.raises(TypeError, match="the decoder for '.foo' must be callable"):
         Decoder(source, decoders={".foo": 3})  # type: ignore[dict-item]
     with pytest.raises(TypeError, match=r"expects \(name, bytes\) tuples or sample dicts, got int"):

@@ -420,3 +420,21 @@ def test_cuda_index_out_of_range_is_refused():
     count = torch.cuda.device_count()
     with pytest.raises(ValueError, match=rf"asks for CUDA device {count}, but this machine has"):
         ToDevice(IterableWrapper([]), f"cuda:{count}")
+
+
+def _mark_pinned(item, device):
+    return ("pinned", device.type, item.pin_memory())
+
+
+@needs_cuda
+def test_pin_memory_fn_pins_each_item_with_the_device():
+    out = list(IterableWrapper([torch.ones(2)]).pin_memory(pin_memory_fn=_mark_pinned))
+    assert out[0][:2] == ("pinned", "cuda") and out[0][2].is_pinned()
+
+
+@without_cuda
+def test_pin_memory_fn_is_not_called_without_cuda():
+    out = list(IterableWrapper([torch.ones(2)]).pin_memory(pin_memory_fn=_mark_pinned))
+    assert torch.equal(out[0], torch.ones(2))
+    with pytest.raises(TypeError, match="pin_memory_fn must be a callable"):
+        IterableWrapper([]).pin_memory(pin_memory_fn="yes")

@@ -21,11 +21,16 @@ from pipeloom.datapipes import (
 )
 from pipeloom.datapipes import _files as files_module
 from pipeloom.datapipes._compact import CompactStringList
+from pipeloom.datapipes._decode import Decoder
 from pipeloom.datapipes._files import FileLister, FileOpener
+from pipeloom.datapipes._http import HttpReader
+from pipeloom.datapipes._tar import TarArchiveLoader
+from pipeloom.errors import StateError
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 
 
 def _fds() -> int:
+    gc.collect()  # count only live files, not what earlier tests left to the collector
     return len(os.listdir("/proc/self/fd"))
 
 
@@ -280,3 +285,47 @@ def test_bad_sharding_settings_are_rejected(tree):
         opener.sharding_settings(0, 0)
     with pytest.raises(ValueError, match=r"index must be an int in \[0, 2\), got 2"):
         opener.sharding_settings(2, 2)
+
+
+# -- bad states are refused, naming the block and the field --------------------------------------
+
+
+def storage_blocks():
+    source = IterableWrapper([])
+    return {
+        "FileLister": FileLister("."),
+        "FileOpener": FileOpener(source),
+        "HttpReader": HttpReader(source),
+        "TarArchiveLoader": TarArchiveLoader(source),
+        "Decoder": Decoder(source),
+    }
+
+
+@pytest.mark.parametrize(
+    "block,state,message",
+    [
+        ("FileLister", {"position": 3.5}, r"FileLister\(.*'position' must be an int >= 0, got 3.5"),
+        ("FileLister", {"position": "xyz"}, r"'position' must be an int >= 0, got 'xyz'"),
+        ("FileLister", {"position": -1}, r"'position' must be an int >= 0, got -1"),
+        ("FileLister", {"position": True}, r"'position' must be an int >= 0, got True"),
+        ("FileLister", {}, r"FileLister\(.*must be a dict with the field 'position'"),
+        ("FileOpener", {"position": 2, "replay": "x"}, r"FileOpener\(.*'replay' must be a list"),
+        ("FileOpener", {"position": 2, "replay": [(5, "a")]}, r"0 <= position < 2"),
+        ("FileOpener", {"position": 2, "replay": [(0, 7)]}, r"'replay' must be a list"),
+        ("HttpReader", {"position": None, "replay": []}, r"HttpReader\(.*'position' must be"),
+        ("TarArchiveLoader", {"skip": 1.5}, r"TarArchiveLoader\(.*'skip' must be an int >= 0"),
+        ("TarArchiveLoader", [1], r"must be a dict with the field 'skip'"),
+        ("Decoder", {"x": 1}, r"Decoder\(.*keeps no state"),
+    ],
+)
+def test_bad_states_raise_a_state_error_naming_the_block_and_field(block, state, message):
+    with pytest.raises(StateError, match=message):
+        storage_blocks()[block].load_state_dict(state)
+
+
+def test_good_states_still_load():
+    blocks = storage_blocks()
+    blocks["FileOpener"].load_state_dict({"position": 3, "replay": [[1, "a"], (2, "b")]})
+    assert blocks["FileOpener"]._replay == [(1, "a"), (2, "b")]
+    blocks["TarArchiveLoader"].load_state_dict({"skip": 4})
+    assert blocks["TarArchiveLoader"].state_dict() == {"skip": 4}

@@ -159,3 +159,21 @@ def test_repr():
     assert isinstance(a, Forker)
     assert repr(a) == "Forker(index=0, num_instances=2, buffer_size=7)"
     assert repr(a.hub) == "_ForkHub(num_instances=2, buffer_size=7)"
+
+
+def test_fork_copy_gives_each_child_its_own_item():
+    rows = [{"v": [i]} for i in range(3)]
+    a, b = fork(IterableWrapper(rows), 2, copy="deep")
+    pairs = list(a.zip(b))
+    assert all(x == y and x is not y and x["v"] is not y["v"] for x, y in pairs)
+    a, b = fork(IterableWrapper(rows), 2, copy="shallow")
+    x, y = next(iter(a.zip(b)))
+    assert x is not y and x["v"] is y["v"]
+    a, b = IterableWrapper(rows).fork(2)
+    x, y = next(iter(a.zip(b)))
+    assert x is y
+    assert repr(IterableWrapper(rows).fork(2, copy="deep")[1]) == (
+        "Forker(index=1, num_instances=2, buffer_size=1000, copy='deep')"
+    )
+    with pytest.raises(ValueError, match="copy must be None, 'shallow' or 'deep', got 'full'"):
+        IterableWrapper(rows).fork(2, copy="full")

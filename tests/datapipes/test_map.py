@@ -254,3 +254,10 @@ def test_map_mapper_notes_the_index_on_errors():
 
 def test_mapper_class_is_what_map_builds():
     assert type(IterableWrapper([1]).map(double)) is Mapper
+
+
+def test_map_style_map_without_fn_is_the_identity_as_in_torchdata():
+    from pipeloom.datapipes import SequenceWrapper
+
+    dp = SequenceWrapper([3, 4]).map()
+    assert (dp[0], dp[1], len(dp)) == (3, 4, 2)

@@ -121,3 +121,13 @@ class iter_forever:
 def test_resume_from_every_step():
     check_resume_from_every_step(lambda: shard(range(13), 3, 1, 2))
     check_resume_from_every_step(lambda: IterableWrapper(range(4)).sharding_filter())
+
+
+def test_sharding_group_filter_is_accepted_only_when_it_changes_nothing():
+    from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+
+    source = IterableWrapper(range(4))
+    assert isinstance(source.sharding_filter(SHARDING_PRIORITIES.DEFAULT), ShardingFilter)
+    for group in (SHARDING_PRIORITIES.DISTRIBUTED, SHARDING_PRIORITIES.MULTIPROCESSING):
+        with pytest.raises(ValueError, match="splits the data across ranks and worker processes"):
+            source.sharding_filter(sharding_group_filter=group)

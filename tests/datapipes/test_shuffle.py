@@ -199,3 +199,29 @@ def test_seed_pipeline_changes_map_shuffle_order():
     a = list(dp)
     seed_pipeline(dp, 2)
     assert list(dp) != a
+
+
+# -- torchdata 0.9's arguments --------------------------------------------------------
+
+
+def test_shuffle_unbatch_level_unbatches_first():
+    from pipeloom.testing import collect
+
+    batches = IterableWrapper([[0, 1], [2, 3], [4]])
+    shuffled = collect(batches.shuffle(unbatch_level=1))
+    assert sorted(shuffled) == [0, 1, 2, 3, 4]
+    nested = IterableWrapper([[[0, 1], [2]], [[3]]])
+    assert sorted(collect(nested.shuffle(unbatch_level=2))) == [0, 1, 2, 3]
+
+
+def test_map_shuffle_shuffles_the_given_indices_or_keys():
+    from pipeloom.testing import collect
+
+    table = SequenceWrapper({"a": 1, "b": 2, "c": 3})
+    dp = table.shuffle(indices=["a", "b", "c"])
+    assert sorted(collect(dp)) == [1, 2, 3] and len(dp) == 3
+    subset = SequenceWrapper(range(10)).shuffle(indices=[1, 3, 5])
+    assert sorted(collect(subset)) == [1, 3, 5]
+    check_resume_from_every_step(lambda: SequenceWrapper(range(10)).shuffle(indices=[9, 1, 5, 7]))
+    with pytest.raises(TypeError, match="indices must be a list of indices or keys"):
+        table.shuffle(indices="abc")

@@ -212,7 +212,14 @@ def test_bad_arguments_are_rejected():
         TarArchiveLoader(source, on_error="ignore")
     with pytest.raises(TypeError, match=r"expects \(path, stream\) items, got str"):
         list(TarArchiveLoader(IterableWrapper(["x.tar"])))
-    assert repr(TarArchiveLoader(source)) == "TarArchiveLoader(mode='r|', on_error='raise')"
+    with pytest.raises(ValueError, match=r"length must be an int >= 0, or -1 .* got -2"):
+        TarArchiveLoader(source, length=-2)
+    with pytest.raises(ValueError, match=r"max_member_size must be a number of bytes >= 0"):
+        TarArchiveLoader(source, max_member_size=-1)
+    assert repr(TarArchiveLoader(source)) == "TarArchiveLoader(mode='r|*', on_error='raise')"
+    assert repr(TarArchiveLoader(source, "r|", 7)) == (
+        "TarArchiveLoader(mode='r|', length=7, on_error='raise')"
+    )
 
 
 @settings(max_examples=25, deadline=None)
@@ -331,7 +338,7 @@ def test_webdataset_tarwriter_style_shards_are_read():
     assert load(data) == loaded_like_tarfile(data) and len(load(data)) == 4
 
 
-def test_sparse_members_are_handed_to_tarfile_and_reading_goes_on():
+def sparse_archive():
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, payload, pax in [
@@ -352,10 +359,25 @@ def test_sparse_members_are_handed_to_tarfile_and_reading_goes_on():
             info = tarfile.TarInfo(name)
             info.size, info.pax_headers = len(payload), pax
             tar.addfile(info, io.BytesIO(payload))
-    data = buffer.getvalue()
+    return buffer.getvalue()
+
+
+def test_sparse_members_are_handed_to_tarfile_and_reading_goes_on():
+    data = sparse_archive()
     assert load(data) == loaded_like_tarfile(data)
     assert load(data)[1] == ("h.tar/holes.bin", b"\0" * 4 + b"abc" + b"\0" * 3)
     assert collect_resumed(data, 3) == loaded_like_tarfile(data)[3:]
+
+
+def test_after_a_sparse_member_the_end_is_checked_and_sizes_bounded_too():
+    data = sparse_archive()
+    with pytest.raises(tarfile.ReadError, match=r"data after the end-of-archive marker.*after 4"):
+        load(data + data)
+    with pytest.raises(tarfile.ReadError, match=r"'after.txt' claims a size of 700 bytes"):
+        load(data, max_member_size=500)
+    cut = data[: data.index(b"a" * 700) + 100]
+    with pytest.raises(tarfile.ReadError, match=r"h.tar' is corrupted or truncated"):
+        load(cut)
 
 
 def collect_resumed(data, skip):
@@ -468,7 +490,15 @@ def test_compressed_shard_in_plain_mode_says_to_use_r_pipe_star():
     data = gzip.compress(write_entries([("a", tarfile.REGTYPE, b"1", "")], tarfile.GNU_FORMAT))
     hint = r"not a readable tar archive \(if it is compressed, use mode='r\|\*'\)"
     with pytest.raises(tarfile.ReadError, match=hint):
-        load(data)
+        load(data, mode="r|")
+
+
+@pytest.mark.parametrize("compress", [gzip.compress, bz2.compress, lzma.compress])
+def test_the_default_mode_detects_compression_as_tarfile_and_torchdata_do(compress):
+    data = write_entries([("a", tarfile.REGTYPE, b"1" * 700, "")], tarfile.GNU_FORMAT)
+    assert load(compress(data)) == load(data) == [("h.tar/a", b"1" * 700)]
+    pipe = IterableWrapper([("g.tgz", io.BytesIO(compress(data)))]).load_from_tar()
+    assert pipe.mode == "r|*" and list(pipe) == [("g.tgz/a", b"1" * 700)]
 
 
 def test_truncated_compressed_shard_raises():
@@ -483,3 +513,189 @@ def test_empty_archive_yields_nothing_and_empty_file_is_not_a_tar():
     assert load(write_entries([], tarfile.GNU_FORMAT)) == []
     with pytest.raises(tarfile.ReadError, match=r"not a readable tar archive: empty file"):
         load(b"")
+
+
+# --- integrity: compressed trailers, lone zero blocks, absurd sizes, stream errors -----------
+
+
+def three_members():
+    return write_entries(
+        [(f"m{i}.bin", tarfile.REGTYPE, random.Random(i).randbytes(700), "") for i in range(3)],
+        tarfile.GNU_FORMAT,
+    )
+
+
+@pytest.mark.parametrize("compress", [gzip.compress, bz2.compress, lzma.compress])
+def test_every_single_bit_flip_in_a_compressed_shard_is_harmless_or_raises(compress):
+    data = compress(three_members())
+    expected = loaded_like_tarfile(three_members())
+    rng = random.Random(13)
+    for _ in range(60):
+        damaged = bytearray(data)
+        damaged[rng.randrange(len(damaged))] ^= 1 << rng.randrange(8)
+        try:
+            got = load(bytes(damaged))
+        except tarfile.ReadError as error:
+            assert "tar shard 'h.tar'" in str(error) and "byte offset" in str(error)
+        else:  # e.g. a flip in gzip's modification time: the members are intact
+            assert got == expected
+
+
+def test_a_flipped_bit_in_gzip_member_data_fails_the_crc_check_at_the_end():
+    plain = three_members()
+    data = bytearray(gzip.compress(plain, mtime=0))
+    stored = gzip.compress(plain, compresslevel=0, mtime=0)  # data stored verbatim: a flip stays
+    damaged = bytearray(stored)
+    damaged[10 + 5 + 512 + 100] ^= 0x10  # gzip header, stored block header, tar header
+    with pytest.raises(tarfile.ReadError, match=r"CRC check failed.*may be damaged"):
+        load(bytes(damaged))
+    assert load(bytes(data)) == loaded_like_tarfile(plain)
+
+
+def test_a_compressed_shard_failing_late_warns_even_with_on_error_skip():
+    stored = bytearray(gzip.compress(three_members(), compresslevel=0, mtime=0))
+    stored[10 + 5 + 512 + 100] ^= 0x10
+    with pytest.warns(UserWarning, match=r"3 member\(s\) already read .* may be damaged"):
+        assert len(load(bytes(stored), on_error="skip")) == 3
+
+
+def test_a_lone_zero_block_in_the_middle_raises_instead_of_ending_the_shard():
+    data = bytearray(three_members())
+    second = 512 + 1024  # header + two data blocks of the first member
+    data[second : second + 512] = bytes(512)
+    with pytest.raises(tarfile.ReadError, match=r"lone zero block at byte offset 1536.*after 1"):
+        load(bytes(data))
+    with pytest.warns(UserWarning, match=r"lone zero block at byte offset 1536.*skipping the rest"):
+        assert load(bytes(data), on_error="warn") == loaded_like_tarfile(three_members())[:1]
+    assert load(bytes(data), on_error="skip") == loaded_like_tarfile(three_members())[:1]
+
+
+def test_data_after_the_end_of_archive_marker_raises():
+    concatenated = three_members() + three_members()  # needs tar --ignore-zeros
+    with pytest.raises(tarfile.ReadError, match=r"data after the end-of-archive marker.*after 3"):
+        load(concatenated)
+    padded = three_members() + bytes(20000)  # zero padding is fine
+    assert load(padded) == loaded_like_tarfile(three_members())
+
+
+def with_size_field(field, name="big.bin", data=b""):
+    """A one-member archive whose header's size field is ``field`` (12 bytes), checksum fixed."""
+    header = bytearray(tarfile.TarInfo(name).tobuf(tarfile.GNU_FORMAT))
+    header[124:136] = field
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header) + data + bytes(-len(data) % 512) + bytes(1024)
+
+
+def base256(value):
+    return (
+        (b"\x80" + value.to_bytes(11, "big"))
+        if value >= 0
+        else b"\xff" + ((256**11 + value).to_bytes(11, "big"))
+    )
+
+
+@pytest.mark.parametrize(
+    "field,expected",
+    [
+        (base256(2**64), r"claims a size of 18446744073709551616 bytes, more than max_member"),
+        (base256(2**40), r"claims a size of 1099511627776 bytes"),
+        (base256(2**80), r"claims a size of"),
+        (base256(-5), r"negative size -5"),
+        (b"zzzzzzzzzzz\0", r"invalid member header"),
+    ],
+)
+def test_absurd_member_sizes_raise_a_clear_error_that_on_error_handles(field, expected):
+    data = with_size_field(field, data=b"x" * 10)
+    with pytest.raises(tarfile.ReadError, match=rf"tar shard 'h.tar' .*{expected}.*byte offset 0"):
+        load(data)
+    assert load(data, on_error="skip") == []
+    with pytest.warns(UserWarning, match=expected):
+        assert load(data, on_error="warn") == []
+
+
+def test_a_size_within_max_member_size_but_past_the_data_is_truncation_read_in_chunks():
+    data = with_size_field(b"%011o\0" % (8 * 2**30), data=b"x" * 10)  # 8 GiB, 10 bytes there
+    with pytest.raises(tarfile.ReadError, match=r"truncated"):
+        load(data, max_member_size=None)
+    with pytest.raises(tarfile.ReadError, match=r"more than max_member_size=1000"):
+        load(with_size_field(b"%011o\0" % 1001), max_member_size=1000)
+
+
+def pax_archive(records):
+    """A pax 'x' header carrying ``records`` (raw bytes), then one member 'a' of 3 bytes."""
+    header = tarfile.TarInfo("././@PaxHeader")
+    header.type, header.size = tarfile.XHDTYPE, len(records)
+    member = tarfile.TarInfo("a")
+    member.size = 3
+    return (
+        header.tobuf(tarfile.USTAR_FORMAT)
+        + records
+        + bytes(-len(records) % 512)
+        + member.tobuf(tarfile.USTAR_FORMAT)
+        + b"abc"
+        + bytes(509 + 1024)
+    )
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        b"24 size=1099511627776\n",  # 1 TiB
+        b"31 size=18446744073709551616000\n",  # past 2^64
+        b"11 size=-5\n",
+        b"13 size=12ab\n",
+        b"99999999999999999999 path=x\n",  # a record length past the header
+        b"5 path=x\n",  # a length that does not end on the newline
+        b"garbage without a length\n",
+        b"0 path=x\n",
+        b"6 =xy\n",  # no keyword
+    ],
+)
+def test_pax_garbage_and_absurd_pax_sizes_raise_a_clear_error(records):
+    data = pax_archive(records)
+    with pytest.raises(tarfile.ReadError, match=r"tar shard 'h.tar' .*(pax|size|claims).*offset"):
+        load(data)
+    assert load(data, on_error="skip") == []
+    assert load(pax_archive(b"10 path=b\n")) == [("h.tar/b", b"abc")]
+
+
+def test_an_absurd_long_name_header_size_raises_before_reading():
+    header = tarfile.TarInfo("././@LongLink")
+    header.type, header.size = tarfile.GNUTYPE_LONGNAME, 2**40
+    data = header.tobuf(tarfile.GNU_FORMAT) + bytes(2048)
+    with pytest.raises(tarfile.ReadError, match=r"header of 1099511627776 bytes"):
+        load(data)
+
+
+class FailingStream(io.RawIOBase):
+    """Fails with ``error`` once ``after`` bytes have been read (a disk or network error)."""
+
+    def __init__(self, data, after, error):
+        self._inner, self.after, self.error = io.BytesIO(data), after, error
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        if self._inner.tell() >= self.after:
+            raise self.error
+        return self._inner.readinto(memoryview(buffer)[: self.after - self._inner.tell()])
+
+
+@pytest.mark.parametrize("on_error", ["raise", "warn", "skip"])
+@pytest.mark.parametrize("compress", [None, gzip.compress])
+def test_an_error_of_the_stream_itself_is_raised_whatever_on_error_says(on_error, compress):
+    data = three_members() if compress is None else compress(three_members())
+    error = TimeoutError("GET http://host/s.tar: no data for 30 s")
+    stream = FailingStream(data, len(data) // 2, error)
+    loader = TarArchiveLoader(IterableWrapper([("s.tar", stream)]), on_error=on_error)
+    with pytest.raises(TimeoutError, match=r"GET http://host/s.tar: no data for 30 s"):
+        list(loader)
+
+
+def test_length_is_torchdatas_nominal_length():
+    source = IterableWrapper([])
+    assert len(IterableWrapper([]).load_from_tar(length=12)) == 12
+    with pytest.raises(TypeError, match=r"no length: pass length="):
+        len(TarArchiveLoader(source))

@@ -97,9 +97,23 @@ def test_bad_arguments_are_rejected():
         LineReader(source, return_path="yes")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"expects \(path, stream\) items, got str"):
         list(LineReader(IterableWrapper(["a.txt"])))
-    assert repr(LineReader(source)) == "LineReader(strip_newline=True, return_path=True)"
+    with pytest.raises(ValueError, match="unknown encoding 'utf-99'"):
+        LineReader(source, encoding="utf-99")
+    with pytest.raises(ValueError, match="unknown errors handler 'loud'"):
+        CSVParser(source, errors="loud")
+    with pytest.raises(ValueError, match="as_tuple=True and as_dict=True contradict"):
+        CSVParser(source, as_tuple=True, as_dict=True)
+    with pytest.raises(TypeError, match=r"CSV format parameters \{'quoting': 'lots'\}"):
+        source.parse_csv(quoting="lots")
+    assert repr(LineReader(source)) == (
+        "LineReader(skip_lines=0, decode=False, return_path=True, strip_newline=True)"
+    )
     assert repr(CSVParser(source)) == (
-        "CSVParser(delimiter=',', skip_lines=0, as_dict=False, return_path=False)"
+        "CSVParser(skip_lines=0, decode=True, return_path=False, delimiter=',', as_tuple=False)"
+    )
+    assert repr(source.parse_csv_as_dict(delimiter=";", quotechar="'")) == (
+        "CSVParser(skip_lines=0, decode=True, return_path=False, delimiter=';', as_dict=True, "
+        'quotechar="\'")'
     )
 
 
@@ -134,3 +148,63 @@ def test_survives_not_available_from_upstream():
         except StopIteration:
             break
     assert got == [str(j) for i in range(5) for j in range(i)]
+
+
+# -- torchdata 0.9's arguments -------------------------------------------------
+
+
+def test_readlines_skips_lines_decodes_bytes_and_strips_both_ends():
+    data = "# header\n\rcafé\r\nlast".encode("latin-1")
+    files = IterableWrapper([("f.txt", io.BytesIO(data))])
+    assert list(files.readlines(skip_lines=1)) == [("f.txt", b"caf\xe9"), ("f.txt", b"last")]
+    files = IterableWrapper([("f.txt", io.BytesIO(data))])
+    decoded = files.readlines(skip_lines=1, decode=True, encoding="latin-1", return_path=False)
+    assert list(decoded) == ["café", "last"]
+    files = IterableWrapper([("f.txt", io.BytesIO(data))])
+    ignored = files.readlines(decode=True, return_path=False)  # utf-8, errors="ignore"
+    assert list(ignored) == ["# header", "caf", "last"]
+    files = IterableWrapper([("f.txt", io.BytesIO(b"\xff\n"))])
+    with pytest.raises(UnicodeDecodeError):
+        list(files.readlines(decode=True, errors="strict"))
+
+
+def test_parse_csv_takes_format_parameters_tuples_and_dicts():
+    text = "skip me\n'a; b';c\n1;2\n"
+
+    def files():
+        return IterableWrapper([("x.csv", io.BytesIO(text.encode()))])
+
+    rows = files().parse_csv(skip_lines=1, delimiter=";", quotechar="'", as_tuple=True)
+    assert list(rows) == [("a; b", "c"), ("1", "2")]
+    dicts = files().parse_csv_as_dict(skip_lines=1, delimiter=";", quotechar="'", return_path=True)
+    assert list(dicts) == [("x.csv", {"a; b": "1", "c": "2"})]
+    raw = files().parse_csv(decode=False)
+    with pytest.raises(ValueError, match=r"malformed CSV in 'x.csv'.*pass decode=True"):
+        list(raw)
+
+
+def test_readers_take_bytes_items_such_as_tar_members():
+    members = IterableWrapper([("s.tar/a.csv", b"x,y\n1,2\n"), ("s.tar/b.csv", b"x,y\n3,4\n")])
+    assert list(members.parse_csv_as_dict()) == [{"x": "1", "y": "2"}, {"x": "3", "y": "4"}]
+    assert list(members.readlines(decode=True, return_path=False)) == ["x,y", "1,2", "x,y", "3,4"]
+
+
+def test_parse_csv_as_dict_resumes_mid_file(csvs):
+    check_resume_from_every_step(
+        lambda: FileLister(csvs).open_files("rb").parse_csv_as_dict(skip_lines=1, return_path=True)
+    )
+
+
+def test_readers_give_the_same_rows_everywhere(csvs):
+    from datapipes.everywhere import check_same_output_everywhere
+
+    epochs = check_same_output_everywhere(
+        lambda: (
+            FileLister(csvs)
+            .shuffle()
+            .sharding_filter()
+            .open_files()
+            .parse_csv_as_dict(skip_lines=1)
+        )
+    )
+    assert sorted(row["n"] for row in epochs[0]) == ["1", "2", "3"]

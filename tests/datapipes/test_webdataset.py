@@ -1,10 +1,12 @@
-"""WebDataset: consecutive tar members sharing a key become one sample dict."""
+"""WebDataset: consecutive tar members sharing a key become one sample dict, as in webdataset."""
 
 from __future__ import annotations
 
+import gc
 import io
 import random
 import tarfile
+import warnings
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +14,9 @@ from hypothesis import strategies as st
 
 from pipeloom.datapipes import IterableWrapper, IterDataPipe, NotAvailable, reset_pipeline
 from pipeloom.datapipes._files import FileLister
-from pipeloom.datapipes._webdataset import WebDataset, split_key
+from pipeloom.datapipes._tar import TarMemberPath
+from pipeloom.datapipes._webdataset import WebDataset, split_key, split_shard
+from pipeloom.errors import StateError
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 
 
@@ -37,9 +41,10 @@ def make_samples(shard, count=3):
 def expected(path, samples):
     return [
         {
-            "__key__": f"{path}/{s['__key__']}",
+            "__key__": s["__key__"],
             "__url__": str(path),
-            **{f".{k}": v for k, v in sorted(s.items()) if k != "__key__"},
+            "__local_path__": str(path),
+            **{k: v for k, v in sorted(s.items()) if k != "__key__"},
         }
         for s in samples
     ]
@@ -71,19 +76,53 @@ def test_reads_shards_written_by_the_webdataset_library(tmp_path):
     assert collect(pipeline(tmp_path)) == expected(tmp_path / "w.tar", samples)
 
 
-def test_key_is_the_path_up_to_the_first_dot_of_the_file_name():
-    assert split_key("a.b/dir/x.seg.PNG") == ("a.b/dir/x", ".seg.png")
-    assert split_key("0001.cls") == ("0001", ".cls")
-    assert split_key("dir/noext") is None and split_key("dir/.hidden") is None
+def test_key_is_the_member_path_up_to_the_first_dot_of_the_file_name():
+    assert split_key("a.b/dir/x.seg.PNG") == ("a.b/dir/x", "seg.png")
+    assert split_key("0001.cls") == ("0001", "cls")
+    assert split_key("dir/noext") is None and split_key("README") is None
+    assert split_key("dir/.hidden") == ("dir/", "hidden")  # as the webdataset library splits it
     members = [("s.tar/x.seg.png", b"1"), ("s.tar/x.JSON", b"2"), ("s.tar/README", b"?")]
     assert list(WebDataset(IterableWrapper(members))) == [
-        {"__key__": "s.tar/x", "__url__": "s.tar", ".seg.png": b"1", ".json": b"2"}
+        {
+            "__key__": "x",
+            "__url__": "s.tar",
+            "__local_path__": "s.tar",
+            "seg.png": b"1",
+            "json": b"2",
+        }
     ]
+
+
+def test_the_shard_is_known_from_member_paths_or_found_in_plain_strings():
+    member = TarMemberPath("https://host/a.tar/b", "x/0001.jpg")  # a shard path with a ".tar/"
+    assert split_shard(member) == ("https://host/a.tar/b", "x/0001.jpg")
+    assert split_shard("https://host/d/s.tar.gz/x/0001.jpg") == (
+        "https://host/d/s.tar.gz",
+        "x/0001.jpg",
+    )
+    assert split_shard("d/0001.jpg") == ("d", "0001.jpg")
+    [sample] = WebDataset(IterableWrapper([(member, b"J")]))
+    assert sample == {"__key__": "x/0001", "__url__": "https://host/a.tar/b", "jpg": b"J"}
+
+
+def test_samples_never_span_two_shards_even_with_the_same_key():
+    members = [("a.tar/k.jpg", b"1"), ("b.tar/k.jpg", b"2")]
+    assert [(s["__url__"], s["jpg"]) for s in WebDataset(IterableWrapper(members))] == [
+        ("a.tar", b"1"),
+        ("b.tar", b"2"),
+    ]
+
+
+def test_metadata_members_are_skipped_as_the_library_does():
+    members = [("s.tar/__meta__", b"m"), ("s.tar/__dir__/x.jpg", b"d"), ("s.tar/k.jpg", b"1")]
+    assert [s["__key__"] for s in WebDataset(IterableWrapper(members))] == ["k"]
 
 
 def test_duplicate_extension_in_a_sample_raises():
     members = [("s.tar/a.jpg", b"1"), ("s.tar/a.jpg", b"2")]
-    with pytest.raises(ValueError, match=r"sample 's.tar/a' has two members with extension '.jpg'"):
+    with pytest.raises(
+        ValueError, match=r"sample 'a' of 's.tar' has two members with extension 'jpg'"
+    ):
         list(WebDataset(IterableWrapper(members)))
 
 
@@ -140,4 +179,86 @@ def test_not_available_upstream_never_loses_or_duplicates_a_member(names, seed):
         except StopIteration:
             break
     assert got == plain
-    assert sum(len(s) - 2 for s in got) == len(members)
+    assert sum(len(s) - 3 for s in got) == len(members)  # __key__, __url__, __local_path__
+
+
+# -- the same sample dicts as the webdataset library -------------------------------------------
+
+
+def write_mixed_shard(path, shard):
+    """Members the library and pipeloom must group alike: dirs, dots, case, metadata, no ext."""
+    members = [
+        (f"part/s{shard}0.jpg", b"J"),
+        (f"part/s{shard}0.CLS", b"1"),
+        (f"part/s{shard}0.seg.png", b"P"),
+        ("__meta__/info.txt", b"m"),
+        ("noext", b"n"),
+        ("dir.v2/.hidden", b"h"),  # no key: skipped
+        ("dir/.hidden", b"h"),  # key "dir/", field "hidden"
+        (f"s{shard}1.json", b"{}"),
+        ("same.txt", str(shard).encode()),  # the same key in consecutive shards
+    ]
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def with_webdataset(paths):
+    wds = pytest.importorskip("webdataset", reason="webdataset is an optional test dependency")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # it leaves its shard files open
+        samples = list(wds.WebDataset([str(p) for p in paths], shardshuffle=False))
+        gc.collect()
+    return samples
+
+
+def test_sample_dicts_equal_the_webdataset_librarys_on_the_same_shards(tmp_path):
+    paths = []
+    for shard in range(2):
+        paths.append(tmp_path / f"mixed-{shard}.tar")
+        write_mixed_shard(paths[-1], shard)
+    wds = pytest.importorskip("webdataset", reason="webdataset is an optional test dependency")
+    paths.append(tmp_path / "written-by-webdataset.tar")
+    with wds.TarWriter(str(paths[-1])) as writer:
+        for sample in make_samples(9, count=3):
+            writer.write(sample)
+    theirs = with_webdataset(paths)
+    ours = collect(pipeline(tmp_path))
+    assert ours == theirs and len(ours) == 11
+
+
+def test_a_ported_webdataset_map_works_unchanged(shards):
+    def to_pair(sample):  # written against webdataset's sample dicts
+        return sample["__key__"], int(sample["cls"]), sample["jpg"][:1]
+
+    theirs = [to_pair(s) for s in with_webdataset(sorted(shards.glob("*.tar")))]
+    assert collect(pipeline(shards).map(to_pair)) == theirs
+
+
+def test_a_state_saved_mid_sample_does_not_change_as_iteration_goes_on(shards):
+    pipe = pipeline(shards)
+    reset_pipeline(pipe)
+    source = pipe.source
+    source.async_next()  # the first member of the first sample
+    pipe.async_next()  # reads on until the second sample starts
+    state = pipe.state_dict()
+    fields = set(state["sample"])
+    pipe.async_next()
+    assert set(state["sample"]) == fields
+
+
+@pytest.mark.parametrize(
+    "state,field",
+    [
+        ({"sample": None, "stamp": None, "ended": "no"}, "ended"),
+        ({"sample": {"jpg": b""}, "stamp": None, "ended": False}, "sample"),
+        ({"sample": None, "stamp": [0, 0, 3.5], "ended": False}, "stamp"),
+        ({"sample": None, "stamp": None}, "ended"),
+        ("xyz", "sample"),
+    ],
+)
+def test_bad_states_raise_a_state_error_naming_the_field(state, field):
+    with pytest.raises(StateError, match=rf"WebDataset: .*'{field}'"):
+        WebDataset(IterableWrapper([])).load_state_dict(state)

@@ -119,3 +119,13 @@ def test_map_to_iter_rejects_bad_shard_settings():
         pipe.sharding_settings(2, 2)
     with pytest.raises(ValueError, match="group_size must be an int >= 1"):
         pipe.set_shard_group_size(0)
+
+
+def test_to_iter_datapipe_is_torchdatas_name_and_takes_indices_or_keys():
+    from pipeloom.datapipes import MapToIter
+
+    assert isinstance(SequenceWrapper("abc").to_iter_datapipe(), MapToIter)
+    assert list(SequenceWrapper("abc").to_iter_datapipe()) == ["a", "b", "c"]
+    assert list(SequenceWrapper("abcd").to_iter_datapipe(indices=[3, 0])) == ["d", "a"]
+    table = SequenceWrapper({"x": 1, "y": 2})
+    assert list(table.to_iter_datapipe(indices=["y", "x"])) == [2, 1]

@@ -120,7 +120,7 @@ def logged_open(log_path, path, *args, **kwargs):
 
 def sample_and_worker(sample):
     info = get_worker_info()
-    return (sample["__key__"], sample[".cls"], sample[".json"], None if info is None else info.id)
+    return (sample["__key__"], sample["cls"], sample["json"], None if info is None else info.id)
 
 
 def for_strategies(n: int = 23, batch: int = 4, drop_last: bool = False, map_style: bool = False):

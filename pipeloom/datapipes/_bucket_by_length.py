@@ -1,0 +1,285 @@
+"""``bucket_by_length``: batches of items of similar length, from a bounded buffer."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._base import IterDataPipe
+from ._batch import check_bool
+from ._context import current_stamp, restore_stamp
+from ._map import check_callable, fn_name
+
+__all__ = ["LengthBucketer", "equal_cost_boundaries"]
+
+Entry = tuple[Any, int, tuple]  # (item, length, stamp)
+
+
+class LengthBucketer(IterDataPipe):
+    """Batch items of similar length together (functional name: ``bucket_by_length``).
+
+    Bucket ``i`` holds the items whose ``length_fn(item)`` is in
+    ``[boundaries[i-1], boundaries[i])`` (``len(boundaries) + 1`` buckets, as
+    in tf.data). An item goes to its bucket, and a bucket is emitted as a batch
+    when it is full:
+
+    * ``batch_sizes``: it holds ``batch_sizes[i]`` items (one int: every bucket);
+    * ``max_tokens``: one more item would make ``items x longest length`` (the
+      batch's size once padded) exceed ``max_tokens`` -- checked when an item
+      arrives, and ahead of time against the bucket's shortest length. An item
+      longer than ``max_tokens`` raises ``ValueError``.
+
+    At most ``buffer_size`` items wait in the buckets: one more, and the bucket
+    holding the most items (the lowest on ties) is emitted as it is, so memory
+    stays bounded and a rare length is not held forever; give room for a few
+    batches per bucket. At the end of the stream the buckets are emitted in
+    order (``drop_last`` drops these leftovers). Batches come out in the order
+    they were completed; each is a list, e.g. for ``.collate(PadCollate())``.
+
+    With ``num_buckets`` instead of ``boundaries``, the first ``buffer_size``
+    items of each epoch are read first and the boundaries are estimated from
+    their lengths so that each bucket holds about the same number of tokens
+    (lhotse's equal-cost buckets): deterministic, and saved in the state.
+
+    Args:
+        source: the items.
+        length_fn: ``item -> int`` length (e.g. ``len``, or
+            ``lambda x: len(x["input_ids"])``).
+        boundaries: increasing ints ``>= 1``; or use ``num_buckets``.
+        num_buckets: how many buckets to estimate.
+        batch_sizes: items per batch: an int, or one per bucket; or use ``max_tokens``.
+        max_tokens: the padded size a batch may reach.
+        buffer_size: the most items held in the buckets.
+        drop_last: drop the batches left in the buckets at the end of the stream.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> words = IterableWrapper(["a", "bbb", "cc", "dddd", "e", "fff", "g", "hh"])
+        >>> list(words.bucket_by_length(len, boundaries=[3], batch_sizes=2))
+        [['a', 'cc'], ['bbb', 'dddd'], ['e', 'g'], ['hh'], ['fff']]
+    """
+
+    inputs = ("source",)
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        length_fn: Callable[[Any], int],
+        *,
+        boundaries: Sequence[int] | None = None,
+        num_buckets: int | None = None,
+        batch_sizes: int | Sequence[int] | None = None,
+        max_tokens: int | None = None,
+        buffer_size: int = 1000,
+        drop_last: bool = False,
+    ) -> None:
+        check_callable(length_fn, "length_fn", "bucket_by_length", 1)
+        if (boundaries is None) == (num_buckets is None):
+            raise ValueError(
+                "bucket_by_length() needs either boundaries=[...] (bucket edges) or "
+                "num_buckets=n (edges estimated from the first buffer_size items), not "
+                f"{'both' if boundaries is not None else 'neither'}"
+            )
+        if (batch_sizes is None) == (max_tokens is None):
+            raise ValueError(
+                "bucket_by_length() needs either batch_sizes= (items per batch) or "
+                f"max_tokens= (padded tokens per batch), not "
+                f"{'both' if batch_sizes is not None else 'neither'}"
+            )
+        if boundaries is not None:
+            boundaries = list(boundaries)
+            for b in boundaries:
+                _check_int("boundaries", b, 1)
+            if any(b >= c for b, c in zip(boundaries, boundaries[1:])):
+                raise ValueError(f"boundaries must increase strictly, got {boundaries}")
+        if num_buckets is not None:
+            _check_int("num_buckets", num_buckets, 1)
+        count = len(boundaries) + 1 if boundaries is not None else int(num_buckets or 0)
+        if batch_sizes is not None:
+            if isinstance(batch_sizes, int):
+                sizes = [batch_sizes] * count
+            else:
+                sizes = list(batch_sizes)
+            for size in sizes:
+                _check_int("batch_sizes", size, 1)
+            if len(sizes) != count:
+                raise ValueError(
+                    f"bucket_by_length() has {count} buckets but got {len(sizes)} batch_sizes; "
+                    f"give one per bucket (len(boundaries) + 1, or num_buckets) or one int"
+                )
+            self._sizes: list[int] | None = sizes
+        else:
+            _check_int("max_tokens", max_tokens, 1)
+            self._sizes = None
+        _check_int("buffer_size", buffer_size, 1)
+        check_bool("bucket_by_length", "drop_last", drop_last)
+        self.source = source
+        self.length_fn = length_fn
+        self.boundaries = boundaries
+        self.num_buckets = num_buckets
+        self.batch_sizes = batch_sizes
+        self.max_tokens = max_tokens
+        self.buffer_size = buffer_size
+        self.drop_last = drop_last
+        self.reset()
+
+    def reset(self) -> None:
+        self._edges: list[int] | None = self.boundaries  # None until estimated
+        self._sample: list[Entry] = []  # items read to estimate the edges
+        count = self.num_buckets if self._edges is None else len(self._edges) + 1
+        self._buckets: list[list[Entry]] = [[] for _ in range(count or 0)]
+        self._ready: list[tuple[list[Any], tuple]] = []
+        self._done = False
+
+    def async_next(self) -> Any:
+        while not self._ready:
+            if self._done:
+                raise StopIteration
+            try:
+                item = self.source.async_next()  # NotAvailable: nothing pulled, nothing lost
+            except StopIteration:
+                self._finish()
+                continue
+            entry = (item, self._length(item), current_stamp())
+            if self._edges is None:
+                self._sample.append(entry)
+                if len(self._sample) >= self.buffer_size:
+                    self._estimate()
+            else:
+                self._add(entry)
+        batch, stamp = self._ready.pop(0)
+        restore_stamp(stamp)
+        return batch
+
+    def _length(self, item: Any) -> int:
+        length = self.length_fn(item)
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise TypeError(
+                f"bucket_by_length() expects length_fn {fn_name(self.length_fn)} to return "
+                f"an int >= 0, got {type(length).__name__} {length!r}"
+            )
+        return length
+
+    def _estimate(self) -> None:
+        assert self.num_buckets is not None
+        self._edges = equal_cost_boundaries([n for _, n, _ in self._sample], self.num_buckets)
+        sample, self._sample = self._sample, []
+        for entry in sample:
+            self._add(entry)
+
+    def _add(self, entry: Entry) -> None:
+        assert self._edges is not None
+        length, edges = entry[1], self._edges
+        index = bisect.bisect_right(edges, length)
+        bucket = self._buckets[index]
+        if self._sizes is not None:
+            bucket.append(entry)
+            if len(bucket) >= self._sizes[min(index, len(self._sizes) - 1)]:
+                self._emit(index)
+        else:
+            budget = self.max_tokens
+            assert budget is not None
+            if length > budget:
+                raise ValueError(
+                    f"bucket_by_length() got an item of length {length} > max_tokens="
+                    f"{budget}, which no batch can hold; filter long items out first "
+                    f"(e.g. .filter(lambda x: length_fn(x) <= {budget})) or raise max_tokens"
+                )
+            if bucket and (len(bucket) + 1) * max(_longest(bucket), length) > budget:
+                self._emit(index)
+                bucket = self._buckets[index]
+            bucket.append(entry)
+            shortest_next = edges[index - 1] if index else 0
+            if (len(bucket) + 1) * max(_longest(bucket), shortest_next) > budget:
+                self._emit(index)
+        if sum(map(len, self._buckets)) > self.buffer_size:
+            self._emit(max(range(len(self._buckets)), key=lambda i: (len(self._buckets[i]), -i)))
+
+    def _emit(self, index: int) -> None:
+        bucket = self._buckets[index]
+        self._ready.append(([item for item, _, _ in bucket], bucket[0][2]))
+        self._buckets[index] = []
+
+    def _finish(self) -> None:
+        self._done = True
+        if self._edges is None and self._sample:
+            self._estimate()
+        for index, bucket in enumerate(self._buckets):
+            if bucket and not self.drop_last:
+                self._emit(index)
+        self._buckets = [[] for _ in self._buckets]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "boundaries": None if self._edges is None else list(self._edges),
+            "sample": list(self._sample),
+            "buckets": [list(bucket) for bucket in self._buckets],
+            "ready": [(list(batch), stamp) for batch, stamp in self._ready],
+            "done": self._done,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        edges = state["boundaries"]
+        self._edges = None if edges is None else [int(b) for b in edges]
+        self._sample = [_entry(e) for e in state["sample"]]
+        self._buckets = [[_entry(e) for e in bucket] for bucket in state["buckets"]]
+        self._ready = [(list(batch), tuple(stamp)) for batch, stamp in state["ready"]]
+        self._done = bool(state["done"])
+
+    def __repr__(self) -> str:
+        edges = (
+            f"boundaries={self.boundaries}"
+            if self.boundaries is not None
+            else f"num_buckets={self.num_buckets}"
+        )
+        size = (
+            f"batch_sizes={self.batch_sizes!r}"
+            if self.batch_sizes is not None
+            else f"max_tokens={self.max_tokens}"
+        )
+        return (
+            f"LengthBucketer(length_fn={fn_name(self.length_fn)}, {edges}, {size}, "
+            f"buffer_size={self.buffer_size}, drop_last={self.drop_last})"
+        )
+
+
+def equal_cost_boundaries(lengths: Sequence[int], num_buckets: int) -> list[int]:
+    """Bucket edges that split ``lengths`` into ``num_buckets`` of about equal total length.
+
+    Fewer edges come back when lengths repeat (each edge is used once).
+
+    Example:
+        >>> equal_cost_boundaries([1, 1, 1, 1, 2, 2, 4], 3)
+        [2, 3]
+    """
+    ordered = sorted(lengths)
+    total = sum(ordered)
+    edges: list[int] = []
+    if not total:
+        return edges
+    running, target = 0, 1
+    for length in ordered:
+        running += length
+        while target < num_buckets and running * num_buckets >= target * total:
+            edge = length + 1
+            if not edges or edge > edges[-1]:
+                edges.append(edge)
+            target += 1
+    return edges
+
+
+def _check_int(name: str, value: Any, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(
+            f"bucket_by_length() expects {name} to be int(s) >= {least}, got {value!r}"
+        )
+
+
+def _longest(bucket: list[Entry]) -> int:
+    return max(length for _, length, _ in bucket)
+
+
+def _entry(entry: Sequence[Any]) -> Entry:
+    item, length, stamp = entry
+    return item, int(length), tuple(stamp)

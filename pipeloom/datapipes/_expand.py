@@ -1,0 +1,73 @@
+"""The shared base of blocks that turn each item into a list of outputs.
+
+``list_files`` (a root into its files), ``shard_expand`` (a brace pattern
+into shard names) and ``repeat`` (an item into copies of it) each compute,
+for one input, the complete list of its outputs. :class:`Expander` does the
+rest once: it hands the outputs out one by one, gives every output the
+stamp of the input it came from (so ``item_rng()`` and the workers' merge
+see the input's position), and saves the outputs not yet handed out in a
+checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._base import IterDataPipe
+from ._context import current_stamp, restore_stamp
+
+__all__ = ["Expander"]
+
+
+class Expander(IterDataPipe):
+    """Yield, for each input item, the outputs of ``self._expand(item)`` in order.
+
+    Subclasses implement ``_expand(item) -> list`` (it may raise to reject an
+    item). Outputs not yet handed out are part of the state, so they must be
+    picklable.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> class Twice(Expander):
+        ...     def _expand(self, item):
+        ...         return [item, item]
+        >>> list(Twice(IterableWrapper("ab")))
+        ['a', 'a', 'b', 'b']
+    """
+
+    inputs = ("source",)
+    per_item = True  # each input expands on its own: runs in workers
+
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+        self._pending: list[Any] = []
+        self._next = 0
+        self._stamp: tuple = (None, 0, None, 0)
+
+    def _expand(self, item: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        self._pending, self._next = [], 0
+
+    def async_next(self) -> Any:
+        while self._next >= len(self._pending):
+            item = self.source.async_next()  # NotAvailable here loses nothing
+            stamp = current_stamp()
+            self._pending, self._next, self._stamp = self._expand(item), 0, stamp
+        index = self._next
+        self._next = index + 1
+        restore_stamp(self._stamp)
+        return self._pending[index]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pending": self._pending[self._next :], "stamp": self._stamp}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._pending, self._next = list(state.get("pending", ())), 0
+        self._stamp = tuple(state.get("stamp", (None, 0, None, 0)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_pending"], state["_next"] = self._pending[self._next :], 0
+        return state

@@ -1,0 +1,322 @@
+"""``in_memory_cache``: keep an epoch's items in memory and replay them in later epochs."""
+
+from __future__ import annotations
+
+import bisect
+import sys
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._base import IterDataPipe
+from ._context import current_stamp, restore_stamp, worker_info
+from ._fingerprint import random_blocks
+from ._pipeline import upstream_blocks
+from ._positions import authority_index
+
+__all__ = ["InMemoryCacheHolder", "item_nbytes"]
+
+_MIB = 1 << 20
+
+
+class InMemoryCacheHolder(IterDataPipe):
+    """Keep the first epoch's items in memory, replay them after (functional: ``in_memory_cache``).
+
+    The first pass over the stream passes every item on and keeps it. When
+    the items outgrow ``size`` MiB (measured: arrays, tensors and bytes count
+    their data), the *oldest* are dropped, so the cache holds the last items
+    of the stream that fit. Later passes read the items before the cached
+    ones from the upstream again (only those: the upstream is left as soon as
+    the cached part begins) and replay the rest from memory, with the stamps
+    they would have had, so ``item_rng()`` downstream draws as without the cache.
+
+    Where it runs: in the calling process the whole stream is cached and a
+    later epoch does no upstream work at all. Under a reading service it runs
+    where its input is produced: after the sharding point, in each worker,
+    which caches its own shard (``persistent_workers=True`` keeps worker
+    processes, and their caches, between epochs; worker threads always do);
+    before the sharding point, every worker caches the whole stream. A worker
+    makes its first item of each epoch live to learn where its stream starts
+    (this is what keeps a resumed epoch right). In the item workers of the
+    ``economic`` and ``chunked`` strategies items move between workers, so the
+    cache steps aside there.
+
+    Args:
+        source: the stream to cache.
+        size: the most MiB to hold; None for no limit.
+        allow_random: accept random blocks upstream (shuffle, ...), whose
+            first epoch's order the cache then replays.
+
+    Raises:
+        ValueError: a bad ``size``, or a random block upstream without
+            ``allow_random=True``.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> calls = []
+        >>> pipe = IterableWrapper(range(4)).map(lambda x: calls.append(x) or x * 10)
+        >>> cached = pipe.in_memory_cache()
+        >>> list(cached), list(cached), calls
+        ([0, 10, 20, 30], [0, 10, 20, 30], [0, 1, 2, 3])
+    """
+
+    inputs = ("source",)
+    per_item = True
+    one_to_one = True
+
+    def __init__(
+        self, source: IterDataPipe, size: int | float | None = None, *, allow_random: bool = False
+    ) -> None:
+        if size is not None and (
+            isinstance(size, bool) or not isinstance(size, (int, float)) or not size > 0
+        ):
+            raise ValueError(
+                f"size must be a number of MiB > 0, or None for no limit; got {size!r}"
+            )
+        randoms = random_blocks(source)
+        if randoms and not allow_random:
+            raise ValueError(
+                f"in_memory_cache would replay the randomness of {randoms[0]!r} upstream (an "
+                f"order, or the seeds item_rng() draws from) of the first epoch in every "
+                f"epoch; move that block after .in_memory_cache(), or pass allow_random=True "
+                f"to freeze it on purpose"
+            )
+        self.source = source
+        self.size = size
+        self.allow_random = bool(allow_random)
+        self._limit = None if size is None else int(size * _MIB)
+        self.clear()
+        self._resets = 0  # passes since the last set_epoch
+        self._disabled = False
+        self.reset()
+
+    def clear(self) -> None:
+        """Forget the cached items (the next pass fills the cache again)."""
+        self._entries: list[tuple[int | None, int, Any]] = []
+        self._sizes: deque[int] = deque()
+        self._bytes = 0
+        self._head = 0  # outputs before the first cached one (dropped, or before a resume)
+        self._complete = False
+        self._stamper = False  # the authority's seed stamped every cached item
+        self._dropped = False  # items before the first cached one were not kept
+        self._first_seed: int | None = None
+
+    @property
+    def cached_items(self) -> int:
+        """How many items the cache holds."""
+        return len(self._entries)
+
+    @property
+    def cached_bytes(self) -> int:
+        """How many bytes the cached items take (as measured by :func:`item_nbytes`)."""
+        return self._bytes
+
+    def reset(self) -> None:
+        in_worker = worker_info() is not None
+        self._resets += 1
+        if in_worker and self._resets > 1:
+            self._disabled = True  # restarted within an epoch: an item worker's task
+        self._in_worker = in_worker
+        if not self._complete:
+            self.clear()
+        self._phase: str | None = None  # fill, counted, live, cached or pass; chosen at first use
+        self._emitted = 0  # outputs returned this pass
+        self._pulled = 0  # outputs taken from the source this pass
+        self._skip = 0  # outputs to take and drop first (after a resume)
+        self._next_entry = 0
+        self._stamp: tuple[int | None, int] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self._resets = 0
+
+    def async_next(self) -> Any:
+        phase = self._phase
+        if phase is None:
+            phase = self._phase = self._choose()
+        if phase == "cached":
+            return self._from_memory()
+        if phase == "fill":
+            return self._fill()
+        if phase == "live":
+            return self._live()
+        if phase == "counted":
+            return self._counted()
+        return self._pass()
+
+    def _choose(self) -> str:
+        if self._disabled:
+            return "pass"
+        if not self._complete:
+            return "fill"
+        positioned = bool(self._entries) and self._entries[0][0] is not None
+        if self._in_worker and positioned:
+            return "live"  # the worker's first items say where its stream starts
+        if self._head or (positioned and not self._stamper):
+            return "counted" if self._head or not positioned else "live"
+        index = authority_index(self)
+        seed = (
+            upstream_blocks(self)[index].epoch_seed()
+            if self._stamper and index is not None
+            else None
+        )
+        self._stamp = (seed, self._pl_epoch)
+        return "cached"
+
+    def _pass(self) -> Any:
+        while self._skip:
+            self.source.async_next()
+            self._pulled += 1
+            self._skip -= 1
+        item = self.source.async_next()
+        self._pulled += 1
+        self._emitted += 1
+        return item
+
+    # -- the first pass: pass on and keep ------------------------------------------
+    def _fill(self) -> Any:
+        try:
+            item = self._pass()
+        except StopIteration:
+            self._complete = True
+            self._phase = "pass"
+            raise
+        seed, epoch, position, draws = current_stamp()
+        if draws and not self.allow_random:
+            raise RuntimeError(
+                f"{self!r}: the item at position {position} drew from item_rng() upstream, so "
+                f"the cache would replay its random augmentation; apply it after "
+                f".in_memory_cache(), or pass allow_random=True to replay it on purpose"
+            )
+        if not self._entries and not self._dropped:
+            self._first_seed = seed
+            self._stamper = self._authority_seed() == seed
+        elif seed != self._first_seed:
+            self._stamper = False
+        self._keep(position, draws, item)
+        return item
+
+    def _keep(self, position: int | None, draws: int, item: Any) -> None:
+        nbytes = item_nbytes(item)
+        entries = self._entries
+        entries.append((position, draws, item))
+        self._sizes.append(nbytes)
+        self._bytes += nbytes
+        limit = self._limit
+        if limit is None or self._bytes <= limit:
+            return
+        drop = 0
+        while self._bytes > limit and drop < len(entries):
+            self._bytes -= self._sizes.popleft()
+            drop += 1
+        while (
+            0 < drop < len(entries)
+            and position is not None
+            and entries[drop][0] == entries[drop - 1][0]
+        ):
+            self._bytes -= self._sizes.popleft()  # keep whole positions
+            drop += 1
+        del entries[:drop]
+        self._head += drop
+        self._dropped = True
+
+    def _authority_seed(self) -> int | None:
+        index = authority_index(self)
+        if index is None:
+            return None
+        authority = upstream_blocks(self)[index]
+        if authority._pl_round:
+            return None
+        return getattr(authority, "_pl_epoch_seed", None)
+
+    # -- later passes: the head live, then memory --------------------------------------
+    def _counted(self) -> Any:
+        """The whole stream: its first ``head`` items live, then the cached ones."""
+        if self._pulled < self._head:
+            item = self._pass()
+            seed, epoch, _, _ = current_stamp()
+            self._stamp = (seed, epoch)
+            return item
+        self._phase = "cached"
+        return self._from_memory()
+
+    def _live(self) -> Any:
+        """Items live until one at a cached position comes; from there on, memory."""
+        item = self._pass()
+        entries = self._entries
+        seed, epoch, position, _ = current_stamp()
+        first = entries[0][0]
+        if position is None or first is None or position < first:
+            return item
+        keys = [-1 if entry[0] is None else entry[0] for entry in entries]
+        index = bisect.bisect_left(keys, position)
+        if index == len(keys) or keys[index] != position:
+            self.clear()  # the upstream no longer matches: read live, refill next pass
+            self._phase = "pass"
+            return item
+        self._phase, self._stamp, self._next_entry = "cached", (seed, epoch), index
+        self._emitted -= 1  # the cached twin (all of this position's items) comes instead
+        return self._from_memory()
+
+    def _from_memory(self) -> Any:
+        entries = self._entries
+        if self._next_entry >= len(entries):
+            raise StopIteration
+        position, draws, item = entries[self._next_entry]
+        self._next_entry += 1
+        if self._stamp is not None:
+            restore_stamp((self._stamp[0], self._stamp[1], position, draws))
+        self._emitted += 1
+        return item
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"emitted": self._emitted, "pulled": self._pulled}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume a pass: it reads the upstream from where it was; a warm cache stays for later."""
+        self._emitted, self._pulled = int(state["emitted"]), int(state["pulled"])
+        self._skip = max(0, self._emitted - self._pulled)
+        if self._complete:
+            self._phase = "pass"
+        else:  # cold: cache from here on; the items before it come live in later passes
+            self.clear()
+            self._head = self._emitted
+            self._dropped = self._emitted > 0
+            self._phase = "fill"
+
+    def __repr__(self) -> str:
+        size = "None" if self.size is None else f"{self.size} MiB"
+        return f"InMemoryCacheHolder(size={size}, cached_items={len(self._entries)})"
+
+
+def item_nbytes(item: Any, _depth: int = 0) -> int:
+    """About how many bytes ``item`` holds: data of arrays, tensors, bytes and strings.
+
+    >>> item_nbytes({"x": bytes(1000)}) >= 1000
+    True
+    """
+    if isinstance(item, torch.Tensor):
+        return item.element_size() * item.numel() + 64
+    if isinstance(item, np.ndarray):
+        return int(item.nbytes) + 112
+    if isinstance(item, (bytes, bytearray, str, int, float, bool)) or item is None:
+        return sys.getsizeof(item)
+    if _depth > 32:
+        return sys.getsizeof(item)
+    if isinstance(item, (list, tuple, set, frozenset)):
+        return sys.getsizeof(item) + sum(item_nbytes(x, _depth + 1) for x in item)
+    if isinstance(item, dict):
+        return sys.getsizeof(item) + sum(
+            item_nbytes(k, _depth + 1) + item_nbytes(v, _depth + 1) for k, v in item.items()
+        )
+    if type(item).__module__.startswith("PIL.") and hasattr(item, "getbands"):
+        width, height = item.size
+        return width * height * len(item.getbands()) + 200
+    state = getattr(item, "__dict__", None)
+    if state:
+        return sys.getsizeof(item) + item_nbytes(state, _depth + 1)
+    return sys.getsizeof(item)

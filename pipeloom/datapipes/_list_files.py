@@ -1,0 +1,146 @@
+"""``list_files`` / ``list_files_by_fsspec``: the files under each root of a stream."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ._base import IterDataPipe
+from ._expand import Expander
+from ._files import FileLister
+
+__all__ = ["FSSpecRootLister", "RootLister"]
+
+
+class RootLister(Expander):
+    """Yield the files under each incoming root, sorted per root (functional: ``list_files``).
+
+    Each root is listed when it arrives, with the rules of :class:`FileLister`
+    (a root that is a file is yielded if it matches). Use :class:`FileLister`
+    when the roots are known up front: it lists once and stores the paths
+    compactly.
+
+    Args:
+        source: a block yielding root paths (directories or files).
+        masks: glob pattern(s) matched against file names; empty matches all.
+        recursive: also list subdirectories.
+        abspath: yield absolute paths.
+        non_deterministic: keep the file system's order instead of sorting.
+        length: the value of ``len()`` (``-1``: no length), as in torchdata.
+
+    Raises (while iterating):
+        FileNotFoundError: a root that does not exist, named.
+
+    Example:
+        >>> import os, tempfile
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
+        >>> for root, name in ((a, "x.txt"), (b, "y.txt"), (b, "z.bin")):
+        ...     open(os.path.join(root, name), "w").close()
+        >>> [os.path.basename(p) for p in IterableWrapper([a, b]).list_files(masks="*.txt")]
+        ['x.txt', 'y.txt']
+    """
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        masks: str | Sequence[str] = "",
+        *,
+        recursive: bool = False,
+        abspath: bool = False,
+        non_deterministic: bool = False,
+        length: int = -1,
+    ) -> None:
+        super().__init__(source)
+        checked = FileLister(  # validates the arguments; lists nothing
+            ".", masks, recursive=recursive, abspath=abspath, non_deterministic=non_deterministic
+        )
+        if isinstance(length, bool) or not isinstance(length, int) or length < -1:
+            raise ValueError(f"length must be an int >= 0, or -1 for no length; got {length!r}")
+        self.masks = checked.masks
+        self.recursive = checked.recursive
+        self.abspath = checked.abspath
+        self.non_deterministic = checked.non_deterministic
+        self.length = length
+
+    def _expand(self, root: Any) -> list[str]:
+        if not isinstance(root, (str, os.PathLike)):
+            raise TypeError(
+                f"list_files() expects root paths (str), got {type(root).__name__} {root!r}"
+            )
+        lister = FileLister(
+            root,
+            self.masks,
+            recursive=self.recursive,
+            abspath=self.abspath,
+            non_deterministic=self.non_deterministic,
+        )
+        return lister._list()
+
+    def __len__(self) -> int:
+        if self.length == -1:
+            raise TypeError(
+                "RootLister has no length: the number of files is known only by listing; "
+                "pass length=N to list_files() to declare it"
+            )
+        return self.length
+
+    def __repr__(self) -> str:
+        return (
+            f"RootLister(masks={list(self.masks)!r}, recursive={self.recursive}, "
+            f"abspath={self.abspath}, non_deterministic={self.non_deterministic})"
+        )
+
+
+class FSSpecRootLister(Expander):
+    """Yield the files under each incoming fsspec URL (functional: ``list_files_by_fsspec``).
+
+    Each root is listed when it arrives with the rules of
+    :class:`FSSpecFileLister`: files only (torchdata 0.9 also yielded
+    directories), sorted per root, as full URLs.
+
+    Args:
+        source: a block yielding root URLs such as ``"s3://bucket/dir"``.
+        masks: glob pattern(s) matched against file names.
+        recursive: also list subdirectories (pipeloom's addition).
+        **kwargs: storage options for the file system (credentials...).
+
+    Example:
+        >>> import fsspec
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> fsspec.filesystem("memory").pipe({"/roots/b/2.txt": b"", "/roots/a/1.txt": b""})
+        >>> list(IterableWrapper(["memory://roots/b", "memory://roots/a"]).list_files_by_fsspec())
+        ['memory:///roots/b/2.txt', 'memory:///roots/a/1.txt']
+    """
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        masks: str | Sequence[str] = "",
+        *,
+        recursive: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(source)
+        from ._fsspec import FSSpecFileLister
+
+        checked = FSSpecFileLister("memory://", masks, recursive=recursive)
+        self.masks, self.recursive = checked.masks, checked.recursive
+        self.storage_options = kwargs
+
+    def _expand(self, root: Any) -> list[str]:
+        from ._fsspec import FSSpecFileLister
+
+        if not isinstance(root, str):
+            raise TypeError(
+                f"list_files_by_fsspec() expects root URLs (str), got {type(root).__name__} "
+                f"{root!r}"
+            )
+        lister = FSSpecFileLister(
+            root, self.masks, recursive=self.recursive, **self.storage_options
+        )
+        return lister._list()
+
+    def __repr__(self) -> str:
+        return f"FSSpecRootLister(masks={list(self.masks)!r}, recursive={self.recursive})"

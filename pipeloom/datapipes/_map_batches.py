@@ -1,0 +1,122 @@
+"""``map_batches``: apply a function to runs of items, yield what it returns item by item."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ._base import IterDataPipe
+from ._context import current_stamp, restore_stamp
+from ._map import Col, check_callable, fn_name, parse_input_col
+
+__all__ = ["BatchMapper"]
+
+
+class BatchMapper(IterDataPipe):
+    """Call ``fn`` on each run of ``batch_size`` items and yield its results one by one.
+
+    Functional: ``map_batches``. For vectorised functions (a tokenizer that
+    takes a list of strings). ``fn`` gets a list of items (or of
+    ``item[input_col]``; with several columns, a list of lists) and returns
+    an iterable, whose length may differ from the batch's. The last batch
+    may be shorter. The results of a batch carry the stamp of its first item.
+
+    Args:
+        source: the upstream block.
+        fn: list of items -> iterable of results.
+        batch_size: items per call.
+        input_col: ``None`` passes the items; an index/key passes that
+            column of each; a list of them passes a list per item.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> list(IterableWrapper(range(5)).map_batches(lambda b: [x + 1 for x in b], 3))
+        [1, 2, 3, 4, 5]
+        >>> list(IterableWrapper([(1, "a"), (2, "b")]).map_batches(lambda b: b * 2, 2, input_col=1))
+        ['a', 'b', 'a', 'b']
+    """
+
+    inputs = ("source",)
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        fn: Callable[[list[Any]], Any],
+        batch_size: int,
+        input_col: Col = None,
+    ) -> None:
+        check_callable(fn, "fn", "map_batches", 1)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        self._col, self._several = parse_input_col(input_col, "map_batches")
+        self.source = source
+        self.fn = fn
+        self.batch_size = batch_size
+        self.input_col = input_col
+        self.reset()
+
+    def reset(self) -> None:
+        self._batch: list[Any] = []
+        self._first_stamp: tuple = (None, 0, None, 0)
+        self._results: list[Any] = []
+        self._next = 0
+        self._ended = False
+
+    def async_next(self) -> Any:
+        while self._next >= len(self._results):
+            if self._ended:
+                raise StopIteration
+            self._fill()  # NotAvailable keeps the partial batch
+            batch, self._batch = self._batch, []
+            self._results, self._next = self._call(batch), 0
+        index = self._next
+        self._next = index + 1
+        restore_stamp(self._first_stamp)
+        return self._results[index]
+
+    def _fill(self) -> None:
+        batch, source = self._batch, self.source
+        try:
+            while len(batch) < self.batch_size:
+                batch.append(source.async_next())
+                if len(batch) == 1:
+                    self._first_stamp = current_stamp()
+        except StopIteration:
+            self._ended = True
+            if not batch:
+                raise
+
+    def _call(self, batch: list[Any]) -> list[Any]:
+        col = self._col
+        if self._several:
+            args: list[Any] = [[item[c] for c in col] for item in batch]
+        elif col is not None:
+            args = [item[col] for item in batch]
+        else:
+            args = batch
+        results = self.fn(args)
+        try:
+            return list(results)
+        except TypeError:
+            raise TypeError(
+                f"map_batches(): fn {fn_name(self.fn)} must return an iterable of results, got "
+                f"{type(results).__name__}"
+            ) from None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "batch": list(self._batch),
+            "first_stamp": self._first_stamp,
+            "results": self._results[self._next :],
+            "ended": self._ended,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._batch = list(state["batch"])
+        self._first_stamp = tuple(state["first_stamp"])
+        self._results, self._next = list(state["results"]), 0
+        self._ended = bool(state["ended"])
+
+    def __repr__(self) -> str:
+        col = "" if self.input_col is None else f", input_col={self.input_col!r}"
+        return f"BatchMapper(fn={fn_name(self.fn)}, batch_size={self.batch_size}{col})"

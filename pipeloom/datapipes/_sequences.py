@@ -1,0 +1,188 @@
+"""Variable-length sequences as ``pack``, ``concat_then_split`` and ``padded_batch`` see them.
+
+An item is either
+
+* a *sequence*: a tensor or NumPy array with at least one dimension, or a
+  list/tuple of numbers; its length is its first dimension; or
+* a *dict* whose sequence values are its *fields* (``input_ids``,
+  ``labels``, ...) and whose other values (numbers, strings) are *metadata*.
+
+Outputs are torch tensors: a field keeps its dtype (lists of ints become
+int64), ``segment_ids`` and ``positions`` are int64.
+
+Example:
+    >>> pack_segments([([5, 6], 0, 2), ([7], 0, 1)], 4, 0)
+    (tensor([5, 6, 7, 0]), tensor([1, 1, 2, 0]), tensor([0, 1, 0, 0]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "PadValue",
+    "check_pad_value",
+    "is_sequence",
+    "item_length",
+    "pack_segments",
+    "pad_for",
+    "sequence_keys",
+    "slice_item",
+    "to_tensor",
+]
+
+PadValue = float | int | Mapping[str, float | int]
+RESERVED = ("segment_ids", "positions")
+
+
+def is_sequence(value: Any) -> bool:
+    """True for a tensor/array with a dimension, or a list/tuple (not a string)."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return value.ndim >= 1
+    return isinstance(value, (list, tuple))
+
+
+def sequence_keys(item: Mapping[str, Any]) -> list[str]:
+    """The keys of ``item`` that hold sequences (its fields), in the item's order."""
+    return [key for key, value in item.items() if is_sequence(value)]
+
+
+def item_length(item: Any, owner: str, length_key: str | None = None) -> int:
+    """The length of an item; for a dict, of ``length_key`` (default: every field agrees).
+
+    Raises:
+        TypeError: the item is neither a sequence nor a dict with a sequence field.
+        ValueError: a dict's fields differ in length (and no ``length_key`` says
+            which one counts).
+    """
+    if isinstance(item, Mapping):
+        keys = sequence_keys(item)
+        if not keys:
+            raise TypeError(
+                f"{owner}() needs sequences (tensors, arrays, lists) or dicts holding them, "
+                f"got a dict with no sequence value (keys {sorted(map(str, item))})"
+            )
+        if length_key is not None:
+            if length_key not in item or not is_sequence(item[length_key]):
+                raise ValueError(
+                    f"{owner}() was told length_key={length_key!r}, but the item has no "
+                    f"sequence under that key (its sequence keys: {keys})"
+                )
+            return len(item[length_key])
+        lengths = {key: len(item[key]) for key in keys}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(
+                f"{owner}() packs the fields of a dict side by side, so they must have one "
+                f"length, got {lengths}; drop or pad the odd field in a .map() first"
+            )
+        return lengths[keys[0]]
+    if not is_sequence(item):
+        raise TypeError(
+            f"{owner}() needs sequences (1-D tensors, arrays, lists of numbers) or dicts "
+            f"holding them, got {type(item).__name__} {_short(item)}"
+        )
+    return len(item)
+
+
+def slice_item(item: Any, start: int, stop: int) -> Any:
+    """A copy of positions ``[start, stop)`` of an item (metadata kept as is)."""
+    if isinstance(item, Mapping):
+        return {
+            key: _slice(value, start, stop) if is_sequence(value) else value
+            for key, value in item.items()
+        }
+    return _slice(item, start, stop)
+
+
+def _slice(value: Any, start: int, stop: int) -> Any:
+    part = value[start:stop]
+    if isinstance(part, (torch.Tensor, np.ndarray)):
+        return part.copy() if isinstance(part, np.ndarray) else part.clone()
+    return part  # a list/tuple slice is already a copy
+
+
+def to_tensor(value: Any) -> torch.Tensor:
+    """``value`` as a tensor: tensors as they are, arrays shared, lists converted."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        if not value.flags.writeable:
+            value = value.copy()
+        return torch.from_numpy(value)
+    return torch.tensor(value)
+
+
+def check_pad_value(owner: str, pad_value: Any) -> None:
+    """Raise TypeError unless ``pad_value`` is a number or a mapping of key -> number."""
+    values = pad_value.values() if isinstance(pad_value, Mapping) else [pad_value]
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(
+                f"{owner}() expects pad_value to be a number or a dict of key -> number "
+                f"(e.g. {{'input_ids': 0, 'labels': -100}}), got {pad_value!r}"
+            )
+
+
+def pad_for(pad_value: PadValue, key: str | None) -> float | int:
+    """The padding value of field ``key`` (0 when a mapping does not name it)."""
+    if isinstance(pad_value, Mapping):
+        return pad_value.get(key, 0) if key is not None else 0
+    return pad_value
+
+
+def pack_segments(
+    segments: Sequence[tuple[Any, int, int]], length: int, pad_value: PadValue
+) -> Any:
+    """Lay ``(item, start, stop)`` segments end to end in one row of ``length``.
+
+    A sequence row is ``(values, segment_ids, positions)``; a dict row has the
+    fields laid out, ``segment_ids`` and ``positions`` added, and each
+    metadata key mapped to the list of its segments' values. Segment ids count
+    from 1 in order (0 is padding); positions restart at 0 in each segment.
+    """
+    segment_ids = torch.zeros(length, dtype=torch.int64)
+    positions = torch.zeros(length, dtype=torch.int64)
+    offset = 0
+    for number, (_, start, stop) in enumerate(segments, 1):
+        size = stop - start
+        segment_ids[offset : offset + size] = number
+        positions[offset : offset + size] = torch.arange(size)
+        offset += size
+    first = segments[0][0]
+    if not isinstance(first, Mapping):
+        parts = [(to_tensor(item), a, b) for item, a, b in segments]
+        values = _lay_out(parts, length, pad_for(pad_value, None))
+        return values, segment_ids, positions
+    row: dict[str, Any] = {}
+    for key, sample in first.items():
+        if is_sequence(sample):
+            parts = [(to_tensor(item[key]), a, b) for item, a, b in segments]
+            row[key] = _lay_out(parts, length, pad_for(pad_value, key))
+        else:
+            row[key] = [item[key] for item, _, _ in segments]
+    for key in RESERVED:
+        if key in row:
+            raise ValueError(
+                f"items already have a {key!r} field, which packing adds; rename it first"
+            )
+    row["segment_ids"], row["positions"] = segment_ids, positions
+    return row
+
+
+def _lay_out(parts: list[tuple[torch.Tensor, int, int]], length: int, pad: Any) -> torch.Tensor:
+    first = parts[0][0]
+    out = torch.full((length, *first.shape[1:]), pad, dtype=first.dtype)
+    offset = 0
+    for tensor, start, stop in parts:
+        out[offset : offset + stop - start] = tensor[start:stop]
+        offset += stop - start
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

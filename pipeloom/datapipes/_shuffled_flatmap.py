@@ -1,0 +1,118 @@
+"""``shuffled_flatmap``: flatmap whose outputs interleave the expansions of several items."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from ._base import IterDataPipe
+from ._context import current_stamp, restore_stamp
+from ._map import Col, fn_name, make_reader, raise_with_note
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+__all__ = ["ShuffledFlatMapper"]
+
+
+class ShuffledFlatMapper(IterDataPipe):
+    """Expand items like ``flatmap``; yield each next element from a random pending item.
+
+    Functional: ``shuffled_flatmap``. Up to ``buffer_size`` items' expansions
+    wait in a buffer; each output is the next element of one of them, chosen
+    at random (from the block's epoch seed, so runs repeat), and a new item is
+    expanded when one runs out. Each element keeps its order within its
+    item's expansion and carries that item's stamp.
+
+    Args:
+        source: the upstream block.
+        fn: item (or ``item[input_col]``) -> iterable; None: the item is one.
+        input_col: the column(s) passed to ``fn``, as in ``map``.
+        buffer_size: how many items' expansions to interleave.
+        seed: this block's own seed (otherwise the pipeline's).
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> out = list(IterableWrapper([[1, 2, 3], "ab"]).shuffled_flatmap(buffer_size=2, seed=0))
+        >>> sorted(map(str, out)), [x for x in out if x in (1, 2, 3)]
+        (['1', '2', '3', 'a', 'b'], [1, 2, 3])
+    """
+
+    inputs = ("source",)
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        fn: Callable[[Any], Any] | None = None,
+        input_col: Col = None,
+        buffer_size: int = 100,
+        *,
+        seed: int | None = None,
+    ) -> None:
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
+            raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
+        self.source = source
+        self.fn = fn
+        self.input_col = input_col
+        self.buffer_size = buffer_size
+        self.seed = seed
+        self._expand = make_reader(
+            _identity if fn is None else fn, input_col, "shuffled_flatmap", "fn"
+        )
+        self._pl_fix_seed(seed)
+        self.reset()
+
+    def reset(self) -> None:
+        self._pending: list[tuple[list[Any], tuple]] = []  # (elements left, stamp)
+        self._rng: random.Random | None = None
+        self._ended = False
+
+    def async_next(self) -> Any:
+        pending = self._pending
+        while not self._ended and len(pending) < self.buffer_size:
+            try:
+                item = self.source.async_next()  # NotAvailable keeps the buffer
+            except StopIteration:
+                self._ended = True
+                break
+            stamp = current_stamp()
+            try:
+                elements = list(self._expand(item))
+            except Exception as error:
+                raise_with_note(error, self, stamp[2])
+            if elements:
+                pending.append((elements, stamp))
+        if not pending:
+            raise StopIteration
+        if self._rng is None:
+            self._rng = random.Random(self.epoch_seed())
+        index = self._rng.randrange(len(pending))
+        elements, stamp = pending[index]
+        value = elements.pop(0)
+        if not elements:
+            del pending[index]
+        restore_stamp(stamp)
+        return value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "pending": [(list(e), s) for e, s in self._pending],
+            "rng": None if self._rng is None else self._rng.getstate(),
+            "ended": self._ended,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._pending = [(list(e), tuple(s)) for e, s in state["pending"]]
+        self._rng = None
+        if state["rng"] is not None:
+            self._rng = random.Random()
+            version, internal, gauss = state["rng"]
+            self._rng.setstate((version, tuple(internal), gauss))
+        self._ended = bool(state["ended"])
+
+    def __repr__(self) -> str:
+        name = None if self.fn is None else fn_name(self.fn)
+        return f"ShuffledFlatMapper(fn={name}, buffer_size={self.buffer_size}, seed={self.seed!r})"

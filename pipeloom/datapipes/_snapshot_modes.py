@@ -1,0 +1,236 @@
+"""What a ``snapshot`` does in one pass: pass through, write, or read back.
+
+A :class:`~pipeloom.datapipes._snapshot.Snapshot` picks one of these at the
+first item of each pass. ``NotAvailable`` from upstream leaves each one as it
+was (nothing is recorded or counted before an item arrives).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._context import current_stamp, restore_stamp, unwatch_stamps, watch_stamps
+from ._positions import authority_index
+from ._records import RecordReader, RecordWriter
+from ._snapshot_store import SnapshotStore
+
+if TYPE_CHECKING:
+    from ._snapshot import Snapshot
+
+__all__ = ["OrderedReader", "Passthrough", "PositionReader", "Writer"]
+
+_READ_AHEAD = 4 << 20  # bytes of records read at once when replaying in order
+
+
+class Passthrough:
+    """Neither reads nor writes: the source's items, after skipping what a resume already gave."""
+
+    def __init__(self, block: Snapshot) -> None:
+        self.block = block
+
+    def next(self) -> Any:
+        block = self.block
+        while block._pulled < block._emitted:  # resumed after items we did not take
+            block._pull()
+        item = block._pull()
+        block._emitted += 1
+        return item
+
+    def abandon(self) -> None:
+        pass
+
+
+class Writer:
+    """Passes the items on and records them; commits when the pass ends."""
+
+    def __init__(
+        self, block: Snapshot, store: SnapshotStore, name: str, expected: int, *, watch: bool
+    ):
+        self.block, self.store, self.name, self.expected = block, store, name, expected
+        store.sweep()
+        tag = f"e{block._pl_epoch}p{block._passes}"
+        self.directory = store.pass_directory(block._run, tag)
+        store.start_writer(self.directory, name)
+        self.writer = RecordWriter(self.directory, name, block.shard_size << 20)
+        index = authority_index(block)
+        self.authority = None if index is None else block._authority(index)
+        self.observed: list[int] | None = [] if watch else None
+        self.root_seed = None
+        if watch and self.authority is not None:
+            self.root_seed = self.authority.epoch_seed()
+        self.stamper: bool | None = None
+        self.first_seed: int | None = None
+
+    def _observe(self, seed: int | None, position: int) -> None:
+        if seed == self.root_seed and self.observed is not None:
+            self.observed.append(position)
+
+    def next(self) -> Any:
+        block = self.block
+        previous = watch_stamps(self._observe) if self.observed is not None else None
+        try:
+            item = block._pull()
+        except StopIteration:
+            self._finish()
+            raise
+        finally:
+            if previous is not None:
+                unwatch_stamps(previous)
+        seed, epoch, position, draws = current_stamp()
+        if draws and not block.allow_random:
+            raise RuntimeError(
+                f"{block!r}: the item at position {position} drew from item_rng() upstream, so "
+                f"the snapshot would freeze its random augmentation; apply it after the "
+                f".snapshot(...), or pass allow_random=True to freeze it on purpose"
+            )
+        if self.stamper is None:
+            self.first_seed = seed
+            self.stamper = self._stamped_by_authority(seed, epoch)
+        elif seed != self.first_seed:  # e.g. rounds of a cycle upstream: no single seed
+            self.stamper = False
+        self.writer.append(position, draws, item)
+        block._emitted += 1
+        return item
+
+    def _stamped_by_authority(self, seed: int | None, epoch: int) -> bool:
+        authority = self.authority
+        return (
+            authority is not None
+            and authority._pl_round == 0
+            and getattr(authority, "_pl_epoch_seed", None) == seed
+            and epoch == self.block._pl_epoch
+        )
+
+    def _finish(self) -> None:
+        self.writer.close()
+        if self.observed is not None:
+            path = os.path.join(self.directory, f"observed-{self.name}.npy")
+            np.save(path, np.asarray(self.observed, dtype=np.int64))
+        summary = {
+            "blocks": [list(b) for b in self.block.fingerprint.blocks],
+            "records": self.writer.count,
+            "bytes": self.writer.bytes_written,
+            "observed": None if self.observed is None else True,
+            "stamper": bool(self.stamper) or self.writer.count == 0,
+        }
+        self.store.finish_writer(self.directory, self.name, summary, expected=self.expected)
+        self.block._mode = Passthrough(self.block)  # the source is spent: StopIteration again
+
+    def abandon(self) -> None:
+        self.writer.abort()
+
+
+class OrderedReader:
+    """Replays every record in order (the main process, or a replicated copy)."""
+
+    def __init__(self, block: Snapshot, reader: RecordReader, authority: int | None) -> None:
+        self.block, self.reader = block, reader
+        self.stamp: tuple[int | None, int] | None = None
+        if authority is not None:
+            self.stamp = (block._authority(authority).epoch_seed(), block._pl_epoch)
+        self.buffer: list[tuple[int | None, int, Any]] = []
+        self.next_record = block._emitted
+
+    def next(self) -> Any:
+        block = self.block
+        if self.stamp is None:  # learn the epoch's stamp from one live item
+            live = self._live()
+            if live is not None:
+                return live[0]
+        if not self.buffer:
+            self._read_ahead()
+        position, draws, item = self.buffer.pop()
+        restore_stamp((self.stamp[0], self.stamp[1], position, draws))  # type: ignore[index]
+        block._emitted += 1
+        return item
+
+    def _live(self) -> tuple[Any] | None:
+        block = self.block
+        number = block._pulled
+        if self.next_record >= len(self.reader):
+            raise StopIteration
+        item = block._pull()
+        seed, epoch, position, _ = current_stamp()
+        recorded = self.reader.index["position"][number]
+        if position is not None and recorded != -1 and position != recorded:
+            raise RuntimeError(
+                f"{block!r}: the upstream gave position {position} where the snapshot in "
+                f"{self.reader.directory} has {recorded}; the upstream changed in a way the "
+                f"fingerprint did not see. Delete that directory (or change key=) to rebuild it"
+            )
+        self.stamp = (seed, epoch)
+        if number == block._emitted:
+            block._emitted += 1
+            self.next_record += 1
+            return (item,)
+        return None
+
+    def _read_ahead(self) -> None:
+        start = self.next_record
+        if start >= len(self.reader):
+            raise StopIteration
+        ends = np.cumsum(self.reader.index["size"][start : start + 4096])
+        stop = start + max(1, int(np.searchsorted(ends, _READ_AHEAD, "right")))
+        self.buffer = self.reader.read_many(start, stop)[::-1]
+        self.next_record = stop
+
+    def abandon(self) -> None:
+        self.buffer = []
+
+
+class PositionReader:
+    """Asks the position authority for each position, reads that position's records.
+
+    Used where the stream is sharded (workers, ranks): the authority (the
+    sharding point) yields exactly this copy's positions, skips what a resume
+    skips, and stamps them for the epoch.
+    """
+
+    def __init__(
+        self, block: Snapshot, reader: RecordReader, authority: int, positions: int | None
+    ):
+        self.block, self.reader, self.positions = block, reader, positions
+        self.authority = block._authority(authority)
+        self.pending: list[tuple[int | None, int, Any]] = []
+        self.position: int | None = None
+        self.given = 0  # records of ``position`` returned
+        self.stamp: tuple[int | None, int] = (None, 0)
+        if block._resume_group is not None:  # finish the position the checkpoint was in
+            self.position, self.given = block._resume_group
+            self.stamp = (self.authority.epoch_seed(), block._pl_epoch)
+            start, stop = reader.lookup(self.position)
+            self.pending = reader.read_many(start + self.given, stop)[::-1]
+
+    def next(self) -> Any:
+        while not self.pending:
+            item = self.authority.async_next()  # NotAvailable / StopIteration pass through
+            if isinstance(item, tuple) and len(item) == 2 and hasattr(item[1], "close"):
+                item[1].close()  # an opened stream we do not read
+            seed, epoch, position, _ = current_stamp()
+            if position is None:
+                raise RuntimeError(f"{self.authority!r} gave an item without a position")
+            start, stop = self.reader.lookup(position)
+            if start == stop and self.positions is not None and position >= self.positions:
+                raise RuntimeError(
+                    f"{self.block!r}: the snapshot in {self.reader.directory} covers positions "
+                    f"0..{self.positions - 1} but {self.authority!r} gave position {position}; the "
+                    f"upstream changed in a way the fingerprint did not see. Delete that "
+                    f"directory (or change key=) to rebuild it"
+                )
+            self.stamp, self.position, self.given = (seed, epoch), position, 0
+            self.pending = self.reader.read_many(start, stop)[::-1] if stop > start else []
+        position, draws, item = self.pending.pop()
+        restore_stamp((self.stamp[0], self.stamp[1], position, draws))
+        self.given += 1
+        self.block._emitted += 1
+        return item
+
+    def group(self) -> tuple[int, int] | None:
+        """The position being given and how many of its records were (for a checkpoint)."""
+        return None if self.position is None or not self.pending else (self.position, self.given)
+
+    def abandon(self) -> None:
+        self.pending = []

@@ -1,0 +1,312 @@
+"""``load_from_tfrecord``: TFRecord files of ``tf.train.Example`` / ``SequenceExample`` records.
+
+A TFRecord file is a sequence of records, each framed as a little-endian
+``uint64`` length, a masked CRC-32C of the length, the data, and a masked
+CRC-32C of the data. The length's checksum is always verified (a corrupted
+frame fails at once, naming the file and the record); the data's with
+``verify_data=True`` (CRC-32C is computed in Python: about 30 MB/s).
+
+Records are parsed from the protobuf wire format directly (no dependency on
+``protobuf``): an ``Example``'s ``features`` and a ``SequenceExample``'s
+``context`` and ``feature_lists``. A feature comes out as torchdata 0.9 gave
+it: ``bytes_list`` as a list of ``bytes``, ``float_list`` as a ``float32``
+tensor, ``int64_list`` as an ``int64`` tensor; a feature list as a list of
+those (stacked when the spec gives a dtype).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterator
+from typing import IO, Any
+
+import numpy as np
+import torch
+
+from ._base import IterDataPipe
+from ._decompress import check_length
+from ._files import StreamReader
+
+__all__ = ["TFRecordLoader", "crc32c", "masked_crc32c"]
+
+Spec = dict[str, tuple[Any, Any]]
+
+
+def _crc_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_TABLE = _crc_table()
+
+
+def crc32c(data: bytes | memoryview) -> int:
+    """CRC-32C (Castagnoli) of ``data``.
+
+    >>> hex(crc32c(b"123456789"))
+    '0xe3069283'
+    """
+    crc = 0xFFFFFFFF
+    table = _TABLE
+    for byte in bytes(data):
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def masked_crc32c(data: bytes | memoryview) -> int:
+    """The masked CRC-32C that TFRecord frames store."""
+    crc = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+# -- protobuf wire format ------------------------------------------------------------------
+
+
+def _varint(buffer: memoryview, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if position >= len(buffer):
+            raise ValueError("a varint runs past the end of the message")
+        byte = buffer[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+        shift += 7
+        if shift > 63:
+            raise ValueError("a varint is longer than 10 bytes")
+
+
+def _fields(buffer: memoryview) -> Iterator[tuple[int, int, Any]]:
+    """``(field number, wire type, value)`` of each field; nested messages as memoryviews."""
+    position = 0
+    while position < len(buffer):
+        key, position = _varint(buffer, position)
+        number, wire = key >> 3, key & 7
+        value: Any
+        if wire == 0:
+            value, position = _varint(buffer, position)
+        elif wire == 1:
+            value, position = buffer[position : position + 8], position + 8
+        elif wire == 2:
+            size, position = _varint(buffer, position)
+            if position + size > len(buffer):
+                raise ValueError("a field runs past the end of the message")
+            value, position = buffer[position : position + size], position + size
+        elif wire == 5:
+            value, position = buffer[position : position + 4], position + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield number, wire, value
+
+
+def _int64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _feature(buffer: memoryview, name: str) -> Any:
+    value: Any = None
+    for number, _, data in _fields(buffer):
+        if number == 1:  # bytes_list
+            value = [bytes(v) for n, _, v in _fields(data) if n == 1]
+        elif number == 2:  # float_list
+            floats: list[float] = []
+            for n, w, v in _fields(data):
+                if n == 1 and w == 2:
+                    floats.extend(np.frombuffer(v, dtype="<f4").tolist())
+                elif n == 1 and w == 5:
+                    floats.append(struct.unpack("<f", v)[0])
+            value = torch.tensor(floats, dtype=torch.float32)
+        elif number == 3:  # int64_list
+            ints: list[int] = []
+            for n, w, v in _fields(data):
+                if n == 1 and w == 2:
+                    position = 0
+                    while position < len(v):
+                        raw, position = _varint(v, position)
+                        ints.append(_int64(raw))
+                elif n == 1 and w == 0:
+                    ints.append(_int64(v))
+            value = torch.tensor(ints, dtype=torch.int64)
+    if value is None:
+        raise ValueError(f"feature {name!r} has no value (no bytes, float or int64 list)")
+    return value
+
+
+def _map_entries(buffer: memoryview) -> Iterator[tuple[str, memoryview]]:
+    for number, _, entry in _fields(buffer):
+        if number != 1:
+            continue
+        key, value = "", memoryview(b"")
+        for n, _, v in _fields(entry):
+            if n == 1:
+                key = bytes(v).decode("utf-8")
+            elif n == 2:
+                value = v
+        yield key, value
+
+
+def _reshape_list(values: list[Any], shape: Any) -> Any:
+    flat: list[Any] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, (bytes, str)):
+            flat.append(value)
+        else:
+            for element in value:
+                walk(element)
+
+    walk(values)
+    dims = list(shape)
+    if sum(1 for d in dims if d == -1) > 1:
+        raise ValueError(f"a shape has at most one -1, got {shape}")
+    known = math.prod(d for d in dims if d != -1)
+    if len(flat) % max(known, 1):
+        raise ValueError(f"cannot reshape {len(flat)} values into shape {shape}")
+    dims = [len(flat) // max(known, 1) if d == -1 else d for d in dims]
+
+    def build(values: list[Any], dims: list[int]) -> Any:
+        if not dims:
+            if len(values) != 1:
+                raise ValueError(f"cannot reshape {len(flat)} values into shape {shape}")
+            return values[0]
+        if len(dims) == 1:
+            if len(values) != dims[0]:
+                raise ValueError(f"cannot reshape {len(flat)} values into shape {shape}")
+            return values
+        step = len(values) // dims[0]
+        return [build(values[i * step : (i + 1) * step], dims[1:]) for i in range(dims[0])]
+
+    return build(flat, dims)
+
+
+def _apply_spec(value: Any, spec: tuple[Any, Any] | None) -> Any:
+    if spec is None:
+        return value
+    shape, dtype = spec
+    if isinstance(dtype, torch.dtype):
+        if shape is not None:
+            value = value.reshape(shape)
+        return value.to(dtype)
+    if shape is not None:
+        return _reshape_list(value, shape)
+    return value
+
+
+def parse_record(record: memoryview, spec: Spec | None) -> dict[str, Any]:
+    """An ``Example`` or ``SequenceExample`` record as a dict of features."""
+    result: dict[str, Any] = {}
+    sequences: dict[str, list[Any]] = {}
+    for number, _, message in _fields(record):
+        if number == 1:  # Example.features / SequenceExample.context
+            for key, feature in _map_entries(message):
+                if spec is None or key in spec:
+                    result[key] = _feature(feature, key)
+        elif number == 2:  # SequenceExample.feature_lists
+            for key, feature_list in _map_entries(message):
+                if spec is None or key in spec:
+                    sequences[key] = [
+                        _feature(f, key) for n, _, f in _fields(feature_list) if n == 1
+                    ]
+    out = {
+        key: _apply_spec(value, None if spec is None else spec[key])
+        for key, value in result.items()
+    }
+    for key, values in sequences.items():
+        if key in out:
+            raise ValueError(f"feature {key!r} is both in the context and in the feature lists")
+        feature_spec = None if spec is None else spec[key]
+        value: Any = values
+        if feature_spec is not None and isinstance(feature_spec[1], torch.dtype):
+            value = torch.stack(values, 0)
+        out[key] = _apply_spec(value, feature_spec)
+    if spec is not None and set(out) != set(spec):
+        raise ValueError(f"the record lacks features {sorted(set(spec) - set(out))} of the spec")
+    return out
+
+
+class TFRecordLoader(StreamReader):
+    """Yield each record of each TFRecord stream as a dict of features.
+
+    Functional: ``load_from_tfrecord``. See the module docstring for the
+    format and the values.
+
+    Args:
+        source: a block yielding ``(path, binary stream)``.
+        spec: feature name -> ``(shape, dtype)``: only these features are kept
+            (a missing one is an error); tensors are reshaped and cast, bytes
+            lists nested to ``shape`` (with ``dtype`` None).
+        length: the value of ``len()`` (``-1``: no length).
+        verify_data: also check each record's data checksum (slower).
+
+    Raises (while iterating):
+        ValueError: a truncated or corrupted record, naming the file and the
+            record's index.
+
+    Example:
+        >>> import io, struct
+        >>> record = bytes.fromhex("0a0d0a0b0a017812061a040a020102")  # {"x": int64 [1, 2]}
+        >>> head = struct.pack("<Q", len(record))
+        >>> frame = head + struct.pack("<I", masked_crc32c(head)) + record + b"\\0" * 4
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> list(IterableWrapper([("a.tfrecord", io.BytesIO(frame))]).load_from_tfrecord())
+        [{'x': tensor([1, 2])}]
+    """
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        spec: Spec | None = None,
+        length: int = -1,
+        *,
+        verify_data: bool = False,
+    ) -> None:
+        super().__init__(source)
+        if spec is not None and not isinstance(spec, dict):
+            raise TypeError(f"spec must be a dict of name -> (shape, dtype), got {spec!r}")
+        self.spec = spec
+        self.length = check_length(length)
+        self.verify_data = bool(verify_data)
+
+    def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[dict[str, Any]]:
+        index = 0
+        while True:
+            head = stream.read(8)
+            if not head:
+                return
+            where = f"TFRecord file {path!r}, record {index}"
+            if len(head) != 8:
+                raise ValueError(f"{where}: the file ends inside a record's length")
+            checksum = stream.read(4)
+            if len(checksum) != 4 or struct.unpack("<I", checksum)[0] != masked_crc32c(head):
+                raise ValueError(f"{where}: the length's checksum is wrong: corrupted data")
+            (size,) = struct.unpack("<Q", head)
+            data = stream.read(size)
+            footer = stream.read(4)
+            if len(data) != size or len(footer) != 4:
+                raise ValueError(f"{where}: the file ends inside the record ({size} bytes)")
+            if self.verify_data and struct.unpack("<I", footer)[0] != masked_crc32c(data):
+                raise ValueError(f"{where}: the data's checksum is wrong: corrupted data")
+            if index >= skip:
+                try:
+                    yield parse_record(memoryview(data), self.spec)
+                except ValueError as error:
+                    raise ValueError(f"{where}: {error}") from None
+            index += 1
+
+    def __len__(self) -> int:
+        if self.length == -1:
+            raise TypeError(
+                "TFRecordLoader has no length unless given one; pass load_from_tfrecord(length=N)"
+            )
+        return self.length
+
+    def __repr__(self) -> str:
+        spec = None if self.spec is None else sorted(self.spec)
+        return f"TFRecordLoader(spec={spec}, verify_data={self.verify_data})"

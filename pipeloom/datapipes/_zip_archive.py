@@ -1,0 +1,80 @@
+"""``load_from_zip``: the member files of zip archives."""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from collections.abc import Iterator
+from typing import IO, Any
+
+from ._base import IterDataPipe
+from ._decompress import check_length
+from ._files import StreamReader
+
+__all__ = ["ZipArchiveLoader"]
+
+
+class ZipArchiveLoader(StreamReader):
+    """Yield ``(archive_path/member, stream)`` for each file in each zip archive.
+
+    Functional: ``load_from_zip``. Directories are skipped. Each member is
+    read into memory and handed out as an ``io.BytesIO``, so it can be read
+    later, in another process, after the archive is closed. A zip archive is
+    read from its end (the central directory): a stream that cannot seek
+    (HTTP) is first read whole into memory.
+
+    Args:
+        source: a block yielding ``(path, binary stream)`` or ``(path, bytes)``.
+        length: the value of ``len()`` (``-1``: no length).
+
+    Raises (while iterating):
+        zipfile.BadZipFile: naming the archive.
+
+    Example:
+        >>> import io, zipfile
+        >>> buffer = io.BytesIO()
+        >>> with zipfile.ZipFile(buffer, "w") as archive:
+        ...     archive.writestr("a/1.txt", "one")
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> files = IterableWrapper([("d.zip", io.BytesIO(buffer.getvalue()))])
+        >>> [(path, stream.read()) for path, stream in files.load_from_zip()]
+        [('d.zip/a/1.txt', b'one')]
+    """
+
+    def __init__(self, source: IterDataPipe, length: int = -1) -> None:
+        super().__init__(source)
+        self.length = check_length(length)
+
+    def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[tuple[str, io.BytesIO]]:
+        if isinstance(stream, io.TextIOBase):
+            raise TypeError(
+                f"zip archive {path!r} was opened in text mode; use open_files(mode='rb')"
+            )
+        seekable = getattr(stream, "seekable", None)
+        if seekable is None or not seekable():
+            stream = io.BytesIO(stream.read())
+        try:
+            archive = zipfile.ZipFile(stream)
+        except zipfile.BadZipFile as error:
+            raise zipfile.BadZipFile(f"{path!r} is not a readable zip archive: {error}") from error
+        with archive:
+            members = [info for info in archive.infolist() if not info.is_dir()]
+            for info in members[skip:]:
+                try:
+                    data = archive.read(info)
+                except (zipfile.BadZipFile, OSError) as error:
+                    raise zipfile.BadZipFile(
+                        f"zip archive {path!r}: member {info.filename!r} is corrupted: {error}"
+                    ) from error
+                yield os.path.normpath(os.path.join(path, info.filename)), io.BytesIO(data)
+
+    def __len__(self) -> int:
+        if self.length == -1:
+            raise TypeError(
+                "ZipArchiveLoader has no length unless given one; pass load_from_zip(length=N)"
+            )
+        return self.length
+
+    def __repr__(self) -> str:
+        return f"ZipArchiveLoader(length={self.length})"

@@ -1,0 +1,89 @@
+"""BatchMapper (map_batches): a function over runs of items, results one by one."""
+
+from __future__ import annotations
+
+import pytest
+from datapipes.everywhere import check_same_output_everywhere
+from datapipes.helpers import Flaky
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeloom.datapipes import IterableWrapper, current_position, reset_pipeline
+from pipeloom.datapipes._map_batches import BatchMapper
+from pipeloom.testing import check_resume_from_every_step, collect_async
+
+
+def plus_one(batch):
+    return [x + 1 for x in batch]
+
+
+def test_calls_fn_per_run_and_flattens():
+    calls = []
+
+    def record(batch):
+        calls.append(list(batch))
+        return plus_one(batch)
+
+    assert list(IterableWrapper(range(5)).map_batches(record, batch_size=3)) == [1, 2, 3, 4, 5]
+    assert calls == [[0, 1, 2], [3, 4]]
+
+
+def test_results_may_be_more_or_fewer_than_items():
+    def pairs(batch):
+        return [sum(batch)] if len(batch) == 2 else batch * 2
+
+    assert list(IterableWrapper(range(5)).map_batches(pairs, 2)) == [1, 5, 4, 4]
+
+
+def test_input_columns():
+    rows = IterableWrapper([(1, "a", 10), (2, "b", 20)])
+    assert list(rows.map_batches(lambda b: b, 2, input_col=1)) == ["a", "b"]
+    assert list(rows.map_batches(lambda b: [x * y for x, y in b], 2, input_col=[0, 2])) == [10, 40]
+
+
+@settings(max_examples=40, deadline=None)
+@given(items=st.lists(st.integers(), max_size=30), size=st.integers(1, 7))
+def test_identity_gives_the_items_back(items, size):
+    assert list(IterableWrapper(items).map_batches(list, size)) == items
+
+
+def test_results_carry_the_first_items_position():
+    dp = IterableWrapper(range(4)).map_batches(lambda b: [sum(b)] * 3, 2)
+    reset_pipeline(dp)
+    assert [(dp.async_next(), current_position()) for _ in range(6)] == [
+        (1, 0),
+        (1, 0),
+        (1, 0),
+        (5, 2),
+        (5, 2),
+        (5, 2),
+    ]
+
+
+def test_survives_not_available():
+    assert collect_async(BatchMapper(Flaky(range(11), seed=4), plus_one, 4)) == list(range(1, 12))
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
+        IterableWrapper([]).map_batches(plus_one, 0)
+    with pytest.raises(TypeError, match="expects fn to be a callable"):
+        IterableWrapper([]).map_batches(None, 2)
+    with pytest.raises(TypeError, match="must return an iterable of results, got int"):
+        list(IterableWrapper([1]).map_batches(len, 2))
+
+
+def test_repr():
+    dp = IterableWrapper([]).map_batches(plus_one, 3, input_col=0)
+    assert repr(dp) == "BatchMapper(fn=plus_one, batch_size=3, input_col=0)"
+
+
+def test_resume_from_every_step():
+    check_resume_from_every_step(lambda: IterableWrapper(range(7)).map_batches(lambda b: b * 2, 3))
+
+
+def test_same_output_everywhere():
+    epochs = check_same_output_everywhere(
+        lambda: IterableWrapper(range(10)).shuffle().sharding_filter().map_batches(plus_one, 4)
+    )
+    assert sorted(epochs[0]) == list(range(1, 11))
