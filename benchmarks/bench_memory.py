@@ -43,16 +43,16 @@ import gc
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.utils.data
-from _common import print_table
+from _common import note, print_table, quiet_torch_warnings
 
 import pipeloom
+import pipeloom.compat
 from pipeloom.datapipes import SequenceWrapper
 from pipeloom.reading_service import MultiProcessingReadingService
 
@@ -86,7 +86,8 @@ class Items(torch.utils.data.Dataset):
         return make_item(index)
 
 
-def makers(n: int, workers: int, strategies: Iterable[str]):
+def makers(n: int, workers: int, strategies: Iterable[str], compat: bool = False):
+    """(name, make) for torch's loader, each pipeloom strategy and optionally the compat loader."""
     yield (
         "torch",
         lambda: torch.utils.data.DataLoader(
@@ -103,6 +104,13 @@ def makers(n: int, workers: int, strategies: Iterable[str]):
             return pipeloom.DataLoader(pipe, service, seed=0)
 
         yield f"pipeloom {strategy}", make
+    if compat:
+        yield (
+            "pipeloom.compat",
+            lambda: pipeloom.compat.DataLoader(
+                Items(n), batch_size=BATCH, num_workers=workers, prefetch_factor=PREFETCH
+            ),
+        )
 
 
 # --- sampling -----------------------------------------------------------------------------
@@ -207,7 +215,15 @@ class Result:
     checksums: list[list[float]] = field(default_factory=list)
 
 
-def run_once(make_loader: Callable[[], Any], train: float, interval: float) -> Result:
+def steady(train: float) -> Callable[[int], float]:
+    """A consumer that holds every batch ``train`` seconds."""
+    return lambda index: train
+
+
+def run_once(
+    make_loader: Callable[[], Any], pause: Callable[[int], float], interval: float
+) -> Result:
+    """One epoch on a fresh loader, holding batch ``i`` for ``pause(i)`` seconds, sampled."""
     gc.collect()
     time.sleep(0.2)  # let the previous run's segments and /dev/shm files go
     checksums = []
@@ -221,7 +237,7 @@ def run_once(make_loader: Callable[[], Any], train: float, interval: float) -> R
             except StopIteration:
                 break
             checksums.append(batch[:, 0].tolist())
-            time.sleep(train)  # "train" on the batch, holding it
+            time.sleep(pause(len(checksums) - 1))  # "train" on the batch, holding it
             del batch  # drop it before asking for the next one, for every loader alike
         wall = time.perf_counter() - start
         sampler.sample()
@@ -288,49 +304,50 @@ def plot(path: str, series: dict[str, dict[int, float]], title: str) -> None:
     print(f"\nplot written to {path}")
 
 
-# --- main ---------------------------------------------------------------------------------
+# --- the table ----------------------------------------------------------------------------
+
+MEMORY_NOTE = (
+    "(USS and PSS: sum over the process tree above the pre-loader baseline; RSS: absolute"
+    " sum, counting a shared page once per process mapping it. 'Shmem after': Shmem above the"
+    " baseline once the loader is shut down and collected.)"
+)
 
 
-def main(argv: list[str] | None = None) -> list[list[Any]]:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="workers 1 and 4, fewer batches, no chunked (< 1 min)"
-    )
-    parser.add_argument("--plot", metavar="PATH", help="write a PNG of peak Shmem vs num_workers")
-    parser.add_argument("--train", type=float, help="consumer seconds per batch (0.4; quick 0.25)")
-    parser.add_argument("--interval", type=float, default=0.01, help="sampling period, seconds")
-    parser.add_argument("--repeats", type=int, help="runs per case; the smallest peak is kept")
-    parser.add_argument("--no-chunked", action="store_true", help="skip strategy='chunked'")
-    args = parser.parse_args(argv)
-    # torch warns when num_workers exceeds the CPU count; the comparison is deliberate.
-    warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-    if args.quick:
-        worker_counts, repeats, train = (1, 4), 1, 0.25
-        args.no_chunked = True  # keeps --quick under a minute on a busy 2-core machine
-    else:
-        worker_counts, repeats, train = (1, 2, 4, 8), 2, 0.4
-    repeats = args.repeats or repeats
-    # An 8 MiB item costs ~6 ms to allocate, a batch ~0.1 s to stack and as much again to move
-    # through shared memory: the consumer must be slower than that, on a busy 2-core machine too.
-    args.train = train if args.train is None else args.train
-    strategies = [s for s in STRATEGIES if not (args.no_chunked and s == "chunked")]
-    if psutil is None:
-        print("note: psutil is not installed (pip install psutil): no process-tree columns")
+def memory_header() -> list[str]:
+    header = ["loader", "workers", "batches", "peak Shmem MiB", "= batches", "peak /dev/shm MiB"]
+    if psutil is not None:
+        header += ["peak tree USS MiB", "peak tree PSS MiB", "peak tree RSS MiB"]
+    return header + ["Shmem after MiB", "wall s", "batches/s", "vs torch"]
 
+
+def memory_rows(
+    worker_counts: Iterable[int],
+    loaders_for: Callable[[int, int], Iterable[tuple[str, Callable[[], Any]]]],
+    pause: Callable[[int], float],
+    repeats: int,
+    interval: float,
+    quick: bool,
+    batches_for: Callable[[int], int] | None = None,
+) -> tuple[list[list[Any]], dict[str, dict[int, float]]]:
+    """Rows of :func:`memory_header` and the Shmem peaks per loader and num_workers.
+
+    ``loaders_for(n, workers)`` gives (name, make) pairs, torch's first and named "torch";
+    ``batches_for(workers)`` the batches per run (default: enough for a steady state).
+    """
     rows = []
     series: dict[str, dict[int, float]] = {}
     for workers in worker_counts:
         # Enough batches to fill every loader's buffers (w x prefetch) and then some.
-        extra, least = (4, 8) if args.quick else (6, 10)
+        extra, least = (4, 8) if quick else (6, 10)
         n_batches = max(least, workers * PREFETCH + extra)
+        if batches_for is not None:
+            n_batches = batches_for(workers)
         n = n_batches * BATCH
-        loaders = dict(makers(n, workers, strategies))
+        loaders = dict(loaders_for(n, workers))
         runs: dict[str, list[Result]] = {name: [] for name in loaders}
         for _ in range(repeats):  # round-robin, so drift in machine load hits every loader alike
             for name, make in loaders.items():
-                result = run_once(make, args.train, args.interval)
+                result = run_once(make, pause, interval)
                 check(name, workers, result, n)
                 result.checksums = []
                 runs[name].append(result)
@@ -357,21 +374,54 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
                 "" if name == "torch" else f"{torch_wall / wall:.2f}x",
             ]
             rows.append(row)
-    header = ["loader", "workers", "batches", "peak Shmem MiB", "= batches", "peak /dev/shm MiB"]
-    if psutil is not None:
-        header += ["peak tree USS MiB", "peak tree PSS MiB", "peak tree RSS MiB"]
-    header += ["Shmem after MiB", "wall s", "batches/s", "vs torch"]
+    return rows, series
+
+
+# --- main ---------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> list[list[Any]]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="workers 1 and 4, fewer batches, no chunked (< 1 min)"
+    )
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG of peak Shmem vs num_workers")
+    parser.add_argument("--train", type=float, help="consumer seconds per batch (0.4; quick 0.25)")
+    parser.add_argument("--interval", type=float, default=0.01, help="sampling period, seconds")
+    parser.add_argument("--repeats", type=int, help="runs per case; the smallest peak is kept")
+    parser.add_argument("--no-chunked", action="store_true", help="skip strategy='chunked'")
+    args = parser.parse_args(argv)
+    quiet_torch_warnings()
+    if args.quick:
+        worker_counts, repeats, train = (1, 4), 1, 0.25
+        args.no_chunked = True  # keeps --quick under a minute on a busy 2-core machine
+    else:
+        worker_counts, repeats, train = (1, 2, 4, 8), 2, 0.4
+    repeats = args.repeats or repeats
+    # An 8 MiB item costs ~6 ms to allocate, a batch ~0.1 s to stack and as much again to move
+    # through shared memory: the consumer must be slower than that, on a busy 2-core machine too.
+    args.train = train if args.train is None else args.train
+    strategies = [s for s in STRATEGIES if not (args.no_chunked and s == "chunked")]
+    if psutil is None:
+        note("psutil is not installed (pip install psutil): no process-tree columns")
+
+    rows, series = memory_rows(
+        worker_counts,
+        lambda n, workers: makers(n, workers, strategies),
+        steady(args.train),
+        repeats,
+        args.interval,
+        quick=args.quick,
+    )
     title = (
         f"peak memory above baseline: items of {ITEM_NUMEL * 4 // MIB} MiB, batch {BATCH} "
         f"(= {BATCH_BYTES // MIB} MiB), prefetch_factor {PREFETCH}, consumer {args.train} s per "
         f"batch, sampled every {args.interval * 1e3:g} ms, least Shmem peak of {repeats} run(s)"
     )
-    print_table(title, header, rows)
-    print(
-        "\n(USS and PSS: sum over the process tree above the pre-loader baseline; RSS: absolute"
-        " sum, counting a shared page once per process mapping it. 'Shmem after': Shmem above the"
-        " baseline once the loader is shut down and collected.)"
-    )
+    print_table(title, memory_header(), rows)
+    note(MEMORY_NOTE)
     if args.plot:
         plot(
             args.plot,

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.multiprocessing as tmp
+from _common import print_table
 
 sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
 from pipeloom.queues import ProcessQueue  # noqa: E402
@@ -150,11 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     impls = ["pipeloom", "torch.mp", "mp"]
-    print(
-        f"capacity={CAPACITY}, malloc tuned in producer: {not args.raw_alloc}, "
-        f"cpus={mp.cpu_count()}, torch {torch.__version__}"
-    )
-    print(f"{'case':<10} {'impl':<10} {'MB/s':>10} {'msg/s':>10} {'vs torch.mp':>12}")
+    rows = []
     for case in args.cases.split(","):
         _, _, nbytes, count = CASES[case]
         if args.quick:
@@ -163,10 +160,13 @@ def main(argv: list[str] | None = None) -> None:
         for impl in impls:
             rate = rates[impl]
             mbs = f"{rate * nbytes / 1e6:.0f}" if nbytes else "-"
-            print(
-                f"{case:<10} {impl:<10} {mbs:>10} {rate:>10.0f} {rate / rates['torch.mp']:>11.2f}x",
-                flush=True,
-            )
+            rows.append([case, impl, mbs, f"{rate:.0f}", f"{rate / rates['torch.mp']:.2f}x"])
+    print_table(
+        f"queues, process to process: capacity={CAPACITY}, malloc tuned in producer: "
+        f"{not args.raw_alloc}, cpus={mp.cpu_count()}, torch {torch.__version__}",
+        ["case", "impl", "MB/s", "msg/s", "vs torch.mp"],
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -10,33 +10,25 @@ batch), at equal ``num_workers`` for every loader:
 - pipeloom ``strategy="classic"``, ``"economic"`` and ``"chunked"`` over
   ``SequenceWrapper(range(n)).to_iter().map(work).batch(b).collate()``.
 
-Three tables: throughput on the workloads of ``bench_workers.py`` (economic and
-chunked must not be slower than classic/torch); large items (8 MiB, batch 16
-= 128 MiB batches, the memory benchmark's workload) with no consumer sleep, so
-the loaders' own speed shows (persistent workers, the second epoch timed);
-and seed 004's "Big"
+Two tables: throughput on the workloads of ``bench_workers.py`` (economic and
+chunked must not be slower than classic/torch), and seed 004's "Big"
 environment (0.6 s load + 0.2 s process per item, batch 4, chunk 1; scaled
 by ``--scale``: 1 by default, 1/10 with ``--quick``) where the time to
 the first batch and the fraction of time the consumer is blocked show what
 spreading one batch over many workers buys. Outputs are checked identical.
+Large items (8 MiB, batch 16) are in ``bench_big_batches.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 import warnings
-from collections.abc import Callable
 from typing import Any
 
-import torch
-import torch.utils.data
 from _common import print_table
 from bench_workers import CASES, Case, Run, Work, WorkDataset, pipeloom_loader, torch_loader, train
 
-import pipeloom
-from pipeloom.datapipes import SequenceWrapper
 from pipeloom.reading_service import MultiProcessingReadingService
 
 STRATEGIES = ("classic", "economic", "chunked")
@@ -137,13 +129,6 @@ def main(argv: list[str] | None = None) -> None:
         HEADER,
         rows,
     )
-    large_n = 96 if args.quick else 192
-    print_table(
-        f"large items: {large_n} items of 8 MiB, batch 16 (128 MiB), no consumer sleep, "
-        f"median of {repeats}",
-        ["workers", "loader", "batches/s", "MiB/s", "vs torch"],
-        large_items_rows(large_n, repeats),
-    )
     big = Case("Big", file_time=0.6 * args.scale, process_time=0.2 * args.scale)
     big_batch, workers = 4, 8
     big_n = 32 if args.quick else 64
@@ -158,63 +143,6 @@ def main(argv: list[str] | None = None) -> None:
         HEADER,
         rows,
     )
-
-
-def large_item(index: int) -> torch.Tensor:
-    return torch.full((2 * 1024 * 1024,), float(index))  # 8 MiB
-
-
-class LargeItems(torch.utils.data.Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return large_item(index)
-
-
-def large_item_loaders(n: int, workers: int) -> dict[str, Callable[[], Any]]:
-    def torch_one() -> Any:
-        return torch.utils.data.DataLoader(
-            LargeItems(n), batch_size=16, num_workers=workers, persistent_workers=True
-        )
-
-    def ours(strategy: str) -> Callable[[], Any]:
-        def make() -> Any:
-            pipe = SequenceWrapper(range(n)).to_iter().map(large_item).batch(16).collate()
-            service = MultiProcessingReadingService(
-                workers, strategy=strategy, persistent_workers=True
-            )
-            return pipeloom.DataLoader(pipe, service, seed=0)
-
-        return make
-
-    return {"torch": torch_one, **{f"pipeloom {s}": ours(s) for s in STRATEGIES}}
-
-
-def large_items_rows(n: int, repeats: int) -> list[list[Any]]:
-    """Loader-bound throughput on 128 MiB batches, second epoch of persistent workers."""
-    rows = []
-    for workers in (2, 4):
-        loaders = large_item_loaders(n, workers)
-        speeds: dict[str, list[float]] = {name: [] for name in loaders}
-        for _ in range(repeats):
-            for name, make in loaders.items():
-                loader = make()
-                sum(1 for _ in loader)  # start the workers, warm the buffers
-                start = time.perf_counter()
-                batches = sum(1 for _ in loader)
-                speeds[name].append(batches / (time.perf_counter() - start))
-                getattr(loader, "shutdown", lambda: None)()
-                del loader
-        torch_speed = statistics.median(speeds["torch"])
-        for name, values in speeds.items():
-            speed = statistics.median(values)
-            ratio = "" if name == "torch" else f"{speed / torch_speed:.2f}x"
-            rows.append([workers, name, f"{speed:.2f}", f"{speed * 128:.0f}", ratio])
-    return rows
 
 
 if __name__ == "__main__":

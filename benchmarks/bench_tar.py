@@ -26,7 +26,7 @@ import tempfile
 import numpy as np
 import torch
 import torch.utils.data
-from _common import best_time, consume, print_table
+from _common import best_time, consume, note, print_table
 
 from pipeloom.datapipes._files import FileLister
 
@@ -129,7 +129,7 @@ def main() -> None:
         ["reader", "samples/s", "epoch ms"],
         rows,
     )
-    print(f"\nratio pipeloom/torch throughput: {t_torch / t_pipe:.2f}x")
+    note(f"ratio pipeloom/torch throughput: {t_torch / t_pipe:.2f}x")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import ast
 import functools
 import io
 import json
@@ -39,6 +38,8 @@ import numpy as np
 
 from ..errors import StateError
 from ._base import IterDataPipe
+from ._npy import literal as _literal
+from ._npy import load as _load
 
 __all__ = ["Decoder", "default_decoders", "IMAGE_EXTENSIONS"]
 
@@ -65,7 +66,7 @@ def _npy(data: bytes) -> np.ndarray:
     """
     layout = _npy_layout(data)
     if layout is None:  # unusual file: let NumPy handle (and explain) it
-        return np.load(io.BytesIO(data), allow_pickle=False)
+        return _load(io.BytesIO(data), allow_pickle=False)
     offset, dtype, shape, fortran = layout
     count = int(np.prod(shape, dtype=np.int64))
     flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
@@ -80,7 +81,7 @@ _NPY_MAGIC = b"\x93NUMPY"
 @functools.lru_cache(maxsize=256)
 def _parse_npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool] | None:
     try:
-        fields = ast.literal_eval(header.decode("latin1"))
+        fields = _literal(header.decode("latin1"))
         dtype = np.dtype(np.lib.format.descr_to_dtype(fields["descr"]))
         shape, fortran = tuple(int(n) for n in fields["shape"]), bool(fields["fortran_order"])
     except (ValueError, SyntaxError, KeyError, TypeError):

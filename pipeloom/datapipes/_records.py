@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._npy import load as load_npy
+
 __all__ = ["RecordReader", "RecordWriter", "combine", "dumps", "loads"]
 
 INDEX_DTYPE = np.dtype(
@@ -200,7 +202,7 @@ def combine(directory: str, writers: Sequence[str], *, sort: bool) -> int:
     parts: list[np.ndarray] = []
     files: list[str] = []
     for name in writers:
-        index = np.load(os.path.join(directory, f"index-{name}.npy"))
+        index = load_npy(os.path.join(directory, f"index-{name}.npy"))
         count = int(index["file"].max()) + 1 if len(index) else 0
         index["file"] += len(files)
         files.extend(f"{name}-{k:05d}.rec" for k in range(count))
@@ -222,7 +224,7 @@ class RecordReader:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         # A plain view of the mapped file (no np.memmap per-access overhead).
-        self.index = np.asarray(np.load(os.path.join(directory, "index.npy"), mmap_mode="r"))
+        self.index = np.asarray(load_npy(os.path.join(directory, "index.npy"), mmap_mode="r"))
         self._positions = self.index["position"]
         with open(os.path.join(directory, "files.txt")) as listing:
             self.files = [line for line in listing.read().split("\n") if line]

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _npy
 from ._records import combine
 
 __all__ = ["SnapshotStore", "run_name"]
@@ -213,7 +214,7 @@ class _CommitLock:
 
 def _covered_positions(directory: str, writers: list[str]) -> int | None:
     """N when the writers together saw each position 0..N-1 exactly once, else None."""
-    parts = [np.load(os.path.join(directory, f"observed-{name}.npy")) for name in writers]
+    parts = [_npy.load(os.path.join(directory, f"observed-{name}.npy")) for name in writers]
     seen = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
     if not np.array_equal(seen, np.arange(len(seen))):
         return None

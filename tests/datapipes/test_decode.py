@@ -194,3 +194,21 @@ def test_npy_with_pickled_objects_is_refused():
     np.save(buffer, np.array([{1: 2}], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError, match="allow_pickle=False"):
         _npy(buffer.getvalue())
+
+
+@pytest.mark.timeout(60)
+def test_npy_headers_decode_correctly_from_many_threads_at_once():
+    # CPython 3.11's ast parser is not safe to run in two threads at once; worker
+    # threads decoding .npy files must not hit "AST constructor recursion depth mismatch".
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeloom.datapipes._decode import _parse_npy_header
+
+    arrays = [np.arange(n, dtype=dtype) for n in range(1, 40) for dtype in ("<i4", "<f8")]
+    payloads = [npy_bytes(a) for a in arrays]
+    _parse_npy_header.cache_clear()
+    decode_npy = default_decoders()[".npy"]
+    with ThreadPoolExecutor(8) as pool:
+        decoded = list(pool.map(decode_npy, payloads * 4))
+    for got, expected in zip(decoded, arrays * 4):
+        np.testing.assert_array_equal(got, expected)
