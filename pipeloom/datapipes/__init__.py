@@ -56,6 +56,7 @@ from ._set_length import LengthSetter
 from ._shard_expand import ShardExpander
 from ._shuffled_flatmap import ShuffledFlatMapper
 from ._snapshot import Snapshot
+from ._state_fields import StateFields
 from ._tar import TarArchiveLoader, TarMemberPath
 from ._text import CSVParser, LineReader
 from ._tfrecord import TFRecordLoader
@@ -140,6 +141,7 @@ __all__ = [
     "SplitPart",
     "StreamChunkReader",
     "Snapshot",
+    "StateFields",
     "StreamOpener",
     "StreamReader",
     "TarArchiveLoader",

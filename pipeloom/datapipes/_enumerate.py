@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._base import IterDataPipe
+from ._state_fields import StateFields
 
 __all__ = ["Enumerator"]
 
@@ -46,7 +47,7 @@ class Enumerator(IterDataPipe):
         return {"index": self._index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._index = int(state["index"])
+        self._index = StateFields(self, state).int("index", minimum=self.starting_index)
 
     def __repr__(self) -> str:
         return f"Enumerator(starting_index={self.starting_index})"

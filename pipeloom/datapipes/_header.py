@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._base import IterDataPipe
+from ._state_fields import StateFields
 
 __all__ = ["Header"]
 
@@ -64,7 +65,7 @@ class Header(IterDataPipe):
         return {"count": self._count}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._count = int(state.get("count", 0))
+        self._count = StateFields(self, state).int("count", maximum=self.limit)
 
     def __repr__(self) -> str:
         return f"Header(limit={self.limit!r})"

@@ -62,7 +62,7 @@ class InProcessReadingService(ReadingService):
                     f"this state was saved by a {state.get('kind', 'different')} reading "
                     f"service; the in-process service resumes only in-process states"
                 )
-            load_pipeline_state_dict(pipeline, state["pipeline"])
+            load_pipeline_state_dict(pipeline, state.get("pipeline", {}))
         return drain(pipeline)
 
     def placement(self) -> Placement:

@@ -22,7 +22,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ..datapipes import IterDataPipe, load_pipeline_state_dict, pipeline_state_dict
+from ..datapipes import (
+    IterDataPipe,
+    StateFields,
+    load_pipeline_state_dict,
+    pipeline_state_dict,
+)
 from ..datapipes._context import restore_stamp
 from ..errors import NotAvailable, StateError
 from ..events import ReadinessSource
@@ -202,8 +207,9 @@ class WorkerMerge(IterDataPipe):
         return {"position": self._position, "delivered_here": self._delivered_here}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._position = int(state["position"])
-        self._skip_here = int(state["delivered_here"])
+        fields = StateFields(self, state)
+        self._position = fields.int("position")
+        self._skip_here = fields.int("delivered_here")
         self._delivered_here = 0
 
     def __repr__(self) -> str:
@@ -224,4 +230,4 @@ def load_tail_state(main: IterDataPipe, state: dict[str, Any]) -> None:
             f"process service can only resume a state saved by a thread or process service "
             f"(with num_workers > 0)"
         )
-    load_pipeline_state_dict(main, state["tail"])
+    load_pipeline_state_dict(main, state.get("tail", {}))
