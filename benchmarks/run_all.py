@@ -39,6 +39,7 @@ BENCHMARKS = [
     "bench_compat",
     "bench_packing",
     "bench_cache",
+    "bench_startup",
 ]
 MARKDOWN_ENV = "PIPELOOM_BENCH_MARKDOWN"  # read by _common.print_table and _common.note
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from ._fingerprint import fingerprint_differences, pipeline_fingerprint
 from ._shutdown import ShutsDown
+from ._steps import StepGate
 from ._validate import check_bool, check_int
 from .datapipes import (
     IterDataPipe,
     MapDataPipe,
     MapToIter,
+    StateFields,
     as_datapipe,
     seed_pipeline,
 )
@@ -23,7 +27,8 @@ from .reading_service import InProcessReadingService, ReadingService
 
 __all__ = ["DataLoader"]
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: a fingerprint of the pipeline and the count of delivered items
+_UNCHECKED_VERSION = 1  # states from before fingerprints: loaded with a warning
 
 
 class DataLoader(ShutsDown):
@@ -44,6 +49,9 @@ class DataLoader(ShutsDown):
     Each ``iter(loader)`` is a new epoch (0, 1, 2, ...); ``set_epoch(n)`` picks
     the next one. With the same seed and epoch the items and their order are
     the same on every run and with every reading service.
+
+    ``state_dict()`` may be called between two items from any thread, and
+    after ``shutdown()``; see ``docs/checkpointing.md`` for what it promises.
 
     Example:
         >>> from pipeloom.datapipes import IterableWrapper
@@ -91,25 +99,40 @@ class DataLoader(ShutsDown):
         self._closed = False
         self._current: _EpochIterator | None = None
         self._resume: dict[str, Any] | None = None
+        self._resume_delivered = 0
+        self._fingerprint = pipeline_fingerprint(pipeline)
+        # One step at a time: an item and its count, a checkpoint, a new epoch or a
+        # shutdown, so a state is always taken between two items.
+        self._steps = StepGate()
+        self._final_state: dict[str, Any] | None = None  # taken by shutdown() mid-epoch
+        self._final_error: StateError | None = None  # why shutdown() could not take it
 
     # -- iteration -----------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        if self._closed:
-            raise RuntimeError("this DataLoader was shut down; create a new one to iterate again")
-        self._ensure_initialized()
-        if self._current is not None:
-            self._current.invalidate()
-        epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
-        resume, self._resume = self._resume, None
-        replayed = 0
-        if resume is not None and resume.get("kind") == "replay":
-            replayed = int(resume["delivered"])
-            resume = None
-        items = self.reading_service.start_epoch(epoch, resume)
-        self._current = _EpochIterator(self, epoch, items)
-        for _ in range(replayed):  # re-read and drop what was delivered before
-            next(self._current, None)
-        return self._current
+        with self._steps.between():
+            if self._closed:
+                raise RuntimeError(
+                    "this DataLoader was shut down; create a new one to iterate again"
+                )
+            self._ensure_initialized()
+            if self._current is not None:
+                self._current.invalidate()
+                self._current = None
+            epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
+            resume, self._resume = self._resume, None
+            delivered, self._resume_delivered = self._resume_delivered, 0
+            replayed = 0
+            if resume is not None and resume["kind"] == "replay":
+                replayed, delivered, resume = delivered, 0, None
+            try:
+                items = self.reading_service.start_epoch(epoch, resume)
+            except BaseException:
+                self._next_epoch = epoch  # a retry starts this epoch afresh
+                raise
+            self._current = _EpochIterator(self, epoch, items, self._steps, delivered)
+            for _ in range(replayed):  # re-read and drop what was delivered before
+                next(self._current, None)
+            return self._current
 
     def __len__(self) -> int:
         """Items per epoch, when the pipeline knows it (else ``TypeError``)."""
@@ -131,51 +154,155 @@ class DataLoader(ShutsDown):
 
     # -- checkpoints ------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """A plain, picklable snapshot; ``load_state_dict`` on a new loader resumes here."""
+        """A plain, picklable snapshot; ``load_state_dict`` on a new loader resumes here.
+
+        Taken between two items: from another thread it waits for the item in
+        progress. ``state["delivered"]`` counts the epoch's items delivered
+        before it. After ``shutdown()`` it is the position where the loader
+        stopped (the next epoch's start if the epoch had ended).
+
+        Raises:
+            StateError: a block cannot save its state (see ``resume_by_replay``),
+                the call comes from inside a step of this loader (e.g. a signal
+                handler that interrupted ``next()``), or an exception escaped
+                ``next()`` mid-item, so no exact position exists.
+        """
+        self._steps.refuse_inside_a_step("state_dict()")
+        with self._steps.between():
+            if self._final_error is not None:
+                raise StateError(str(self._final_error)) from self._final_error
+            if self._closed and self._final_state is not None:
+                return self._final_state
+            return self._take_state()
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
+        """Resume from :meth:`state_dict`: the next ``iter()`` continues that epoch.
+
+        Args:
+            state: what ``state_dict()`` returned (also after ``torch.save``/``load``).
+            strict: refuse a state saved from a different pipeline or dataset
+                (its fingerprint: block types, their arguments, source lengths).
+                ``False`` loads it anyway, for a change you know is harmless
+                (e.g. the same files under a new root); positions then refer to
+                the new pipeline's items.
+
+        Raises:
+            StateError: the state is not a DataLoader state, a field is damaged,
+                or (``strict``) it was saved from another pipeline; the message
+                says what differs.
+        """
+        self._steps.refuse_inside_a_step("load_state_dict()")
+        with self._steps.between():
+            if self._closed:
+                raise RuntimeError(
+                    "this DataLoader was shut down; load the state into a new DataLoader"
+                )
+            seed, epoch, delivered, service = _read_state(state)
+            if strict:
+                self._check_fingerprint(state)
+            self.seed = self.reading_service.agree_seed(seed)
+            seed_pipeline(self.datapipe, self.seed)
+            self._next_epoch = epoch
+            self._resume, self._resume_delivered = service, delivered
+            if self._current is not None:
+                self._current.invalidate()
+                self._current = None
+
+    def _take_state(self) -> dict[str, Any]:
+        """The state now (the caller holds the step lock)."""
         current = self._current
-        if current is None:
-            service_state = None
-            epoch = self._next_epoch
-        else:
-            epoch = current.epoch
+        epoch, delivered, service_state = self._next_epoch, 0, None
+        if current is not None:
+            if current.stopped_by is not None:
+                raise StateError(
+                    f"no exact position to save: {current.stopped_by} escaped next(loader) "
+                    f"while epoch {current.epoch} was producing item {current.delivered}, so "
+                    f"the pipeline may hold part of that item. Save checkpoints between steps "
+                    f"(e.g. a signal handler sets a flag and the training loop saves before its "
+                    f"next step), and resume from the last one"
+                )
+            epoch, delivered = current.epoch, current.delivered
             try:
                 service_state = self.reading_service.state_dict()
             except StateError:
                 if not self.resume_by_replay:
                     raise
-                service_state = {"kind": "replay", "delivered": current.delivered}
+                service_state = {"kind": "replay", "delivered": delivered}
         return {
             "version": _STATE_VERSION,
             "seed": self.seed,
             "epoch": epoch,
+            "delivered": delivered,
             "service": service_state,
+            "fingerprint": {"blocks": [[k, dict(f)] for k, f in self._fingerprint["blocks"]]},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next ``iter()`` continues that epoch."""
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            got = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise StateError(
-                f"expected a DataLoader state of version {_STATE_VERSION}, got {got!r}; "
-                f"pass what DataLoader.state_dict() returned"
+    def _check_fingerprint(self, state: dict[str, Any]) -> None:
+        if state["version"] == _UNCHECKED_VERSION:
+            warnings.warn(
+                "this DataLoader state was saved by an older pipeloom (state version 1), which "
+                "did not record the pipeline's fingerprint, so it is loaded without checking "
+                "that it comes from this pipeline and dataset; a state saved now carries the "
+                "check (pass strict=False to load old states without this warning)",
+                UserWarning,
+                stacklevel=3,
             )
-        self.seed = self.reading_service.agree_seed(state["seed"])
-        seed_pipeline(self.datapipe, self.seed)
-        self._next_epoch = state["epoch"]
-        self._resume = state["service"]
-        if self._current is not None:
-            self._current.invalidate()
-            self._current = None
+            return
+        differences = fingerprint_differences(state.get("fingerprint"), self._fingerprint)
+        if differences:
+            raise StateError(
+                "this state was saved from a different pipeline or dataset, so its positions "
+                "would point at other items:\n  "
+                + "\n  ".join(differences)
+                + "\nBuild the loader as it was built when the state was saved; if the change "
+                "is intended (e.g. the same files under a new root), load it with "
+                "load_state_dict(state, strict=False)"
+            )
 
     # -- lifecycle ----------------------------------------------------------------
     def shutdown(self) -> None:
-        """Stop every worker; idempotent. Also called by ``with`` and garbage collection."""
+        """Stop every worker; idempotent. Also called by ``with`` and garbage collection.
+
+        Mid-epoch, the position is kept first: ``state_dict()`` afterwards resumes
+        where the loader stopped (e.g. in a preemption handler: ``shutdown()``,
+        then save ``state_dict()``).
+        """
+        self._shutdown(keep_position=True)
+
+    def __del__(self) -> None:
+        try:  # nobody can ask an unreachable loader for its state: just stop
+            self._shutdown(keep_position=False)
+        except Exception:  # interpreter shutdown: modules may be gone
+            pass
+
+    def _shutdown(self, *, keep_position: bool) -> None:
         if self._closed:
             return
+        if self._steps.inside_a_step():
+            # Called from inside a step (a signal handler): stop, but no exact position.
+            self._final_error = StateError(
+                "shutdown() was called from inside a step of this loader (a signal handler "
+                "that interrupted next(loader)?), so the position where it stopped is not "
+                "exact; in the handler set a flag instead, and in the training loop call "
+                "shutdown() and state_dict() before the next step"
+            )
+            self._stop(close_items=False)
+            return
+        with self._steps.between():
+            if self._closed:
+                return
+            if keep_position and self._current is not None:
+                try:
+                    self._final_state = self._take_state()
+                except StateError as error:
+                    self._final_error = error
+            self._stop(close_items=True)
+
+    def _stop(self, *, close_items: bool) -> None:
         self._closed = True
-        if self._current is not None:
-            self._current.invalidate()
-            self._current = None
+        current, self._current = self._current, None
+        if current is not None:
+            current.invalidate(close_items)
         self.reading_service.shutdown()
 
     def _ensure_initialized(self) -> None:
@@ -192,34 +319,108 @@ class DataLoader(ShutsDown):
 
 
 class _EpochIterator(Iterator[Any]):
-    """One epoch's items; invalid once a newer epoch starts."""
+    """One epoch's items; invalid once a newer epoch starts.
 
-    __slots__ = ("_loader", "epoch", "_items", "_valid", "delivered")
+    Each step -- the next item and the count of delivered items -- holds the
+    loader's step lock, so a checkpoint sees either both or neither.
+    """
 
-    def __init__(self, loader: DataLoader, epoch: int, items: Iterator[Any]) -> None:
+    __slots__ = (
+        "_loader",
+        "epoch",
+        "_items",
+        "_steps",
+        "_lock",
+        "_valid",
+        "delivered",
+        "stopped_by",
+    )
+
+    def __init__(
+        self,
+        loader: DataLoader,
+        epoch: int,
+        items: Iterator[Any],
+        steps: StepGate,
+        delivered: int = 0,
+    ) -> None:
         self._loader = loader
         self.epoch = epoch
         self._items = items
+        self._steps = steps
+        self._lock = steps.lock
         self._valid = True
-        self.delivered = 0
+        self.delivered = delivered  # items of the epoch delivered so far (before a resume too)
+        self.stopped_by: str | None = None  # the exception that escaped a step
 
     def __next__(self) -> Any:
-        if not self._valid:
-            raise RuntimeError(
-                f"this iterator over epoch {self.epoch} is no longer valid: a newer "
-                f"iter(loader), load_state_dict() or shutdown() replaced it"
-            )
+        if self._steps.waiting:  # another thread asked for the loader between two steps
+            self._steps.let_others_in()
+        lock = self._lock
+        lock.acquire()
         try:
-            item = next(self._items)
-        except StopIteration:
-            self._valid = False
-            self._loader._epoch_finished(self)
-            raise
-        self.delivered += 1
-        return item
+            if not self._valid:
+                raise self._invalid()
+            try:
+                item = next(self._items)
+            except StopIteration:
+                self._valid = False
+                self._loader._epoch_finished(self)
+                raise
+            except BaseException as error:
+                self._valid = False
+                self.stopped_by = type(error).__name__
+                raise
+            self.delivered += 1
+            return item
+        finally:
+            lock.release()
 
-    def invalidate(self) -> None:
+    def _invalid(self) -> RuntimeError:
+        if self.stopped_by is not None:
+            return RuntimeError(
+                f"this iterator over epoch {self.epoch} stopped when {self.stopped_by} escaped "
+                f"it; start a new epoch with iter(loader), or resume from a checkpoint"
+            )
+        return RuntimeError(
+            f"this iterator over epoch {self.epoch} is no longer valid: a newer "
+            f"iter(loader), load_state_dict() or shutdown() replaced it"
+        )
+
+    def invalidate(self, close_items: bool = True) -> None:
+        """Make it refuse further items; ``close_items``: also stop its work now."""
         self._valid = False
         close = getattr(self._items, "close", None)
-        if close is not None:
+        if close is not None and close_items:
             close()
+
+
+def _read_state(state: Any) -> tuple[int, int, int, dict[str, Any] | None]:
+    """``(seed, epoch, delivered, service state)`` of a loader state, each field checked."""
+    version = state.get("version") if isinstance(state, dict) else None
+    if type(version) is not int or version not in (_STATE_VERSION, _UNCHECKED_VERSION):
+        got = version if isinstance(state, dict) else type(state).__name__
+        raise StateError(
+            f"expected a DataLoader state of version {_STATE_VERSION} (or "
+            f"{_UNCHECKED_VERSION}, from older pipeloom), got {got!r}; pass what "
+            f"DataLoader.state_dict() returned"
+        )
+    fields = StateFields("DataLoader state", state)
+    seed = fields.int("seed", minimum=None)
+    epoch = fields.int("epoch")
+    delivered = fields.int("delivered") if version == _STATE_VERSION else 0
+    if "service" not in state:
+        fields.fail("service", "None or a reading service's state", "(absent)")
+    service = state["service"]
+    if service is None:
+        if delivered:
+            fields.fail("delivered", "0 when no epoch was in progress (service is None)", delivered)
+        return seed, epoch, delivered, None
+    if not isinstance(service, dict) or not isinstance(service.get("kind"), str):
+        fields.fail("service", "None or a reading service's state (a dict with a 'kind')", service)
+    if service["kind"] == "replay":
+        replayed = StateFields("DataLoader state (replay)", service).int("delivered")
+        if version == _STATE_VERSION and replayed != delivered:
+            fields.fail("delivered", f"the replay count {replayed}", delivered)
+        delivered = replayed
+    return seed, epoch, delivered, service

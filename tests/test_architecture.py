@@ -139,11 +139,12 @@ def test_tests_import_helpers_as_a_package_without_path_hacks():
 
 
 # A test module may import private helpers of the module it tests
-# (tests/<package>/test_<name>.py -> pipeloom/<package>/_<name>.py); beyond that:
+# (tests/<package>/test_<name>.py or test_<package>_<name>.py -> pipeloom/<package>/_<name>.py);
+# beyond that:
 PRIVATE_IMPORTS_ALLOWED = {
     "tests/reading_service/test_lifecycle.py": {"_files"},  # watches open() by monkeypatching it
     "tests/datapipes/test_on_disk_cache.py": {"_cache_files"},  # the cache's file lock
-    "tests/compat/test_compat_loader.py": {"_plan"},
+    "tests/compat/test_compat_loader.py": {"_plan", "_engine"},
 }
 
 
@@ -151,8 +152,9 @@ def test_tests_import_public_names():
     problems = []
     for path in TESTS.rglob("*.py"):
         allowed = PRIVATE_IMPORTS_ALLOWED.get(str(path.relative_to(ROOT)), set())
-        if path.stem.startswith("test_"):
-            allowed = allowed | {"_" + path.stem.removeprefix("test_")}
+        if path.stem.startswith("test_"):  # test_<name>.py or test_<folder>_<name>.py
+            name = path.stem.removeprefix("test_")
+            allowed = allowed | {"_" + name, "_" + name.removeprefix(path.parent.name + "_")}
         for module, name, line in imports(path):
             if top_package(module) is None:
                 continue

@@ -13,14 +13,9 @@ from torch.utils.data.dataloader import _InfiniteConstantSampler
 
 from .. import loader as pipeloom_loader
 from .._shutdown import ShutsDown
-from ..datapipes import IterDataPipe, default_collate
+from .._steps import StepGate
+from ..datapipes import default_collate
 from ..errors import StateError
-from ..reading_service import (
-    InProcessReadingService,
-    MultiProcessingReadingService,
-    ReadingService,
-    ThreadReadingService,
-)
 from ._args import (
     STRATEGIES,
     check_dataset_args,
@@ -28,53 +23,27 @@ from ._args import (
     service_strategy_kwargs,
     start_method_of,
 )
-from ._fetch import Fetch, GetItem, IterableDatasetSource
-from ._plan import EpochPlan, PlanBoard, PlanEntries, PlanSource
+from ._engine import build_map_pipeline, build_pipeline, build_service, why_not_per_item
+from ._plan import EpochPlan, PlanBoard, PlanEntries
+from ._sampling import draw_base_seed, draw_epoch, is_known_sampler
+from ._state import (
+    STATE_VERSION,
+    loader_fingerprint,
+    python_rngs,
+    read_state,
+    sampler_generators,
+)
 from ._worker import WorkerSetup
 
 __all__ = ["DataLoader", "MAP_STYLE_STRATEGY", "ITERABLE_STRATEGY", "build_map_pipeline"]
 
-#: The strategy map-style datasets run under when ``strategy`` is not given.
-MAP_STYLE_STRATEGY = "economic"
+#: The strategy map-style datasets run under when ``strategy`` is not given: torch's
+#: design (each worker builds whole batches, seeded as torch seeds it).
+MAP_STYLE_STRATEGY = "classic"
 #: Iterable datasets are read by a copy in each worker, as torch does.
 ITERABLE_STRATEGY = "classic"
 
-_STATE_VERSION = 1
 _FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
-
-
-def build_map_pipeline(
-    board: PlanBoard,
-    dataset: Any,
-    collate_fn: Callable[[Any], Any],
-    *,
-    auto_collation: bool,
-    per_item_batch: tuple[int, bool] | None = None,
-) -> IterDataPipe:
-    """The pipeline for a map-style dataset: the epoch's sampler output, fetched.
-
-    By default each sampler output (an index list, or one index without
-    auto-collation) becomes one batch through :class:`Fetch` -- torch's
-    fetcher, ``__getitems__`` included. With ``per_item_batch=(batch_size,
-    drop_last)`` the indices are fetched one by one and batched after, so a
-    strategy with item workers and batch workers can split the work.
-
-    Example:
-        >>> from pipeloom.compat._plan import EpochPlan, PlanEntries
-        >>> board = PlanBoard()
-        >>> _ = board.publish(EpochPlan(PlanEntries.from_outputs([[2, 0], [1]]), 0))
-        >>> list(build_map_pipeline(board, "abc", list, auto_collation=True))
-        [['c', 'a'], ['b']]
-    """
-    if per_item_batch is None:
-        return PlanSource(board).map(Fetch(dataset, collate_fn, auto_collation))
-    batch_size, drop_last = per_item_batch
-    return (
-        PlanSource(board, flatten=True)
-        .map(GetItem(dataset))
-        .batch(batch_size, drop_last=drop_last)
-        .collate(collate_fn)
-    )
 
 
 class DataLoader(ShutsDown):
@@ -86,10 +55,12 @@ class DataLoader(ShutsDown):
     batches -- indices, order and collated values -- are torch's.
 
     Extra arguments (keyword only):
-        strategy: ``"classic"`` (each worker builds whole batches, torch's
-            design), ``"economic"`` or ``"chunked"`` (see
-            ``MultiProcessingReadingService``). Default: ``"economic"`` for
-            map-style datasets with ``batch_size``, else ``"classic"``.
+        strategy: ``"classic"`` (the default: torch's design, so the batches
+            are torch's, global-RNG draws in ``__getitem__`` included),
+            ``"economic"`` or ``"chunked"`` (see ``MultiProcessingReadingService``).
+            The last two fetch item by item and seed the global RNGs before
+            each item from (seed, epoch, position): draws are the same at any
+            worker count, but they are not torch's per-worker streams.
         num_batch_workers, chunk_size: passed to the service's strategy.
         worker_type: ``"process"`` (default) or ``"thread"`` workers.
 
@@ -160,7 +131,7 @@ class DataLoader(ShutsDown):
         resolved_strategy = self._resolve_strategy(strategy, iterable, worker_type, num_workers)
         own_batch_sampler = batch_sampler is None and batch_size is not None
         if not iterable and resolved_strategy in ("economic", "chunked"):
-            why_not = _why_not_per_item(dataset, own_batch_sampler, in_order)
+            why_not = why_not_per_item(dataset, own_batch_sampler, in_order)
             if why_not and strategy is None:
                 resolved_strategy = "classic"  # the default falls back to torch's design
             elif why_not:
@@ -222,6 +193,13 @@ class DataLoader(ShutsDown):
         self._current: weakref.ref[_CompatIterator] | None = None
         self._base_seed: int | None = None  # persistent workers keep their first one
         self._resume: dict[str, Any] | None = None
+        self._settle: Callable[[], None] | None = None  # draws due at the end of the epoch
+        self._fingerprint = loader_fingerprint(
+            dataset, sampler, batch_sampler, batch_size, drop_last
+        )
+        self._steps = StepGate()  # a checkpoint falls between two batches, from any thread
+        self._final_state: dict[str, Any] | None = None  # taken by shutdown() mid-epoch
+        self._final_error: StateError | None = None
         self._initialized = True
 
     @staticmethod
@@ -256,15 +234,17 @@ class DataLoader(ShutsDown):
 
     # -- torch's API --------------------------------------------------------------
     def __iter__(self) -> _CompatIterator:
-        self._close_current()  # the workers go idle before the next plan is published
-        plan, delivered = self._next_plan()
-        self._setup.base_seed = plan.base_seed
-        if self._board.publish(plan) and self._engine is not None and self.persistent_workers:
-            self._stop_engine()  # the plan outgrew the shared buffer the workers hold
-        engine = self._ensure_engine()
-        iterator = _CompatIterator(self, iter(engine), plan, delivered)
-        self._current = weakref.ref(iterator)
-        return iterator
+        with self._steps.between():
+            self._final_state = self._final_error = None
+            self._close_current()  # the workers go idle before the next plan is published
+            plan, delivered = self._next_plan()
+            self._setup.base_seed = plan.base_seed
+            if self._board.publish(plan) and self._engine is not None and self.persistent_workers:
+                self._stop_engine()  # the plan outgrew the shared buffer the workers hold
+            engine = self._ensure_engine()
+            iterator = _CompatIterator(self, iter(engine), plan, delivered, self._steps)
+            self._current = weakref.ref(iterator)
+            return iterator
 
     def __len__(self) -> int:
         if self._iterable:
@@ -286,9 +266,67 @@ class DataLoader(ShutsDown):
         epochs the uninterrupted loader would. The sampler's random generators
         -- ``generator``, or torch's global RNG when it is None, and any
         ``generator`` a sampler holds -- are saved at their current state.
+
+        Taken between two batches (from another thread it waits for the batch in
+        progress); after ``shutdown()``, the position where the loader stopped.
+
+        Raises:
+            StateError: called from inside a step (a signal handler that
+                interrupted ``next()``), or an exception escaped ``next()``.
         """
+        self._steps.refuse_inside_a_step("state_dict()")
+        with self._steps.between():
+            if self._final_error is not None:
+                raise StateError(str(self._final_error)) from self._final_error
+            if self._final_state is not None:
+                return self._final_state
+            return self._take_state()
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
+        """Resume from :meth:`state_dict`: the next ``iter()`` continues that epoch.
+
+        Args:
+            state: what ``state_dict()`` returned.
+            strict: refuse a state saved from a loader over another dataset or
+                sampler (its fingerprint: their types and lengths, ``batch_size``,
+                ``drop_last``); ``False`` loads it anyway.
+
+        Raises:
+            StateError: a field is damaged, or (``strict``) the dataset differs.
+        """
+        self._steps.refuse_inside_a_step("load_state_dict()")
+        with self._steps.between():
+            generators = self._generators()
+            checked = read_state(
+                state,
+                kind="iterable" if self._iterable else "map",
+                generators=len(generators),
+                fingerprint=self._fingerprint,
+                strict=strict,
+            )
+            self._settle = None  # the saved generator states come after those draws
+            for generator, saved in zip(generators, checked.generators):
+                generator.set_state(saved)
+            checked.restore_rngs()
+            self._base_seed = checked.workers_base_seed
+            self._resume = checked.epoch
+            self._final_state = self._final_error = None
+            self._close_current()
+
+    def _take_state(self) -> dict[str, Any]:
+        self.settle_draws()  # the generators as they will be when this epoch ends
         current = self._current() if self._current is not None else None
         epoch: dict[str, Any] | None = None
+        if current is not None and current.stopped_by is not None:
+            raise StateError(
+                f"no exact position to save: {current.stopped_by} escaped next(loader) while "
+                f"batch {current.delivered} was being made, so the random generators may be "
+                f"part-way through it. Save checkpoints between steps, and resume from the "
+                f"last one"
+            )
+        # __getitem__ draws from this process's RNGs in-process; the sampler, without a
+        # generator, from torch's.
+        saves_global = self.generator is None or self.num_workers == 0
         if current is not None and not current.finished:
             epoch = {
                 "entries": None if self._iterable else current.plan.entries.to_state(),
@@ -296,47 +334,48 @@ class DataLoader(ShutsDown):
                 "delivered": current.delivered,
             }
         return {
-            "version": _STATE_VERSION,
+            "version": STATE_VERSION,
             "kind": "iterable" if self._iterable else "map",
             "epoch": epoch,
             "workers_base_seed": self._base_seed,
             "generators": [g.get_state() for g in self._generators()],
-            "global_rng": torch.get_rng_state() if self.generator is None else None,
+            "global_rng": torch.get_rng_state() if saves_global else None,
+            "python_rngs": python_rngs() if self.num_workers == 0 else None,
+            "fingerprint": dict(self._fingerprint),
         }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next ``iter()`` continues that epoch."""
-        kind = "iterable" if self._iterable else "map"
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            got = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise StateError(
-                f"expected a compat DataLoader state of version {_STATE_VERSION}, got {got!r}; "
-                f"pass what pipeloom.compat.DataLoader.state_dict() returned"
-            )
-        if state["kind"] != kind:
-            raise StateError(
-                f"this state was saved by a loader over a {state['kind']}-style dataset, but "
-                f"this loader reads a {kind}-style one; build the loader as it was built"
-            )
-        generators = self._generators()
-        if len(state["generators"]) != len(generators):
-            raise StateError(
-                f"the state holds {len(state['generators'])} sampler generator(s) but this "
-                f"loader has {len(generators)}; pass the same generator/sampler arguments"
-            )
-        for generator, saved in zip(generators, state["generators"]):
-            generator.set_state(saved)
-        if state["global_rng"] is not None:
-            torch.set_rng_state(state["global_rng"])
-        self._base_seed = state["workers_base_seed"]
-        self._resume = state["epoch"]
-        self._close_current()
 
     # -- lifecycle ----------------------------------------------------------------
     def shutdown(self) -> None:
-        """Stop the workers now (also done by ``with`` and garbage collection)."""
-        self._close_current()
-        self._stop_engine()
+        """Stop the workers now (also done by ``with`` and garbage collection).
+
+        Mid-epoch, the position is kept first: ``state_dict()`` afterwards
+        resumes where the loader stopped (until the next ``iter()``).
+        """
+        if self._steps.inside_a_step():  # a signal handler interrupted next(loader)
+            self._final_error = StateError(
+                "shutdown() was called from inside a step of this loader (a signal handler "
+                "that interrupted next(loader)?), so the position where it stopped is not "
+                "exact; in the handler set a flag instead, and in the training loop call "
+                "shutdown() and state_dict() before the next step"
+            )
+            self._stop_engine()
+            return
+        with self._steps.between():
+            current = self._current() if self._current is not None else None
+            if current is not None and not current.finished:
+                try:
+                    self._final_state = self._take_state()
+                except StateError as error:
+                    self._final_error = error
+            self._close_current()
+            self._stop_engine()
+
+    def __del__(self) -> None:
+        try:  # nobody can ask an unreachable loader for its state: just stop
+            self._close_current()
+            self._stop_engine()
+        except Exception:  # interpreter shutdown: modules may be gone
+            pass
 
     def __repr__(self) -> str:
         return (
@@ -354,46 +393,52 @@ class DataLoader(ShutsDown):
 
     def _next_plan(self) -> tuple[EpochPlan, int]:
         """Draw the epoch as torch's iterator does: ``iter(sampler)``, base seed, indices."""
+        self.settle_draws()
         resume, self._resume = self._resume, None
-        if resume is not None:
-            entries = None if self._iterable else PlanEntries.from_state(resume["entries"])
-            delivered = int(resume["delivered"])
+        if resume is not None:  # checked by read_state
+            entries, delivered = resume["entries"], resume["delivered"]
             if entries is not None:
                 entries, delivered = entries.tail(delivered), 0
             return EpochPlan(entries or PlanEntries(objects=[]), resume["base_seed"]), delivered
         index_sampler = self.batch_sampler if self._auto_collation else self.sampler
-        reuse_workers = self.num_workers > 0 and self.persistent_workers
-        if reuse_workers and self._base_seed is not None:
-            iterator = iter(index_sampler)  # torch's _reset(): no new base seed
+        if self._iterable:
+            self._draw_base_seed()
+            return EpochPlan(PlanEntries(objects=[]), self._base_seed), 0  # type: ignore[arg-type]
+        if is_known_sampler(index_sampler):
+            # torch's samplers draw nothing at iter(): base seed, then the whole epoch, as
+            # arrays (same calls on the same generators, without a Python list per index).
+            self._draw_base_seed()
+            drawn = draw_epoch(index_sampler)
+            entries, self._settle = drawn.entries, drawn.settle
         else:
             iterator = iter(index_sampler)
-            self._base_seed = _draw_seed(self.generator)
-            if self.num_workers > 0:  # _MultiProcessingDataLoaderIter._reset(first_iter=True)
-                iterator = iter(index_sampler)
-        base_seed = self._base_seed
-        if self._iterable:
-            return EpochPlan(PlanEntries(objects=[]), base_seed), 0
-        return EpochPlan(PlanEntries.from_outputs(list(iterator)), base_seed), 0
+            if self._draw_base_seed() and self.num_workers > 0:
+                iterator = iter(index_sampler)  # _MultiProcessingDataLoaderIter._reset(first_iter)
+            entries = PlanEntries.from_outputs(list(iterator))
+        assert entries is not None and self._base_seed is not None
+        return EpochPlan(entries, self._base_seed), 0
+
+    def settle_draws(self) -> None:
+        """Make the draws torch's sampler makes after the epoch's last index (see ``_sampling``)."""
+        settle, self._settle = self._settle, None
+        if settle is not None:
+            settle()
+
+    def _draw_base_seed(self) -> bool:
+        """torch's ``_base_seed`` for a new iterator; persistent workers keep their first one."""
+        if self.num_workers > 0 and self.persistent_workers and self._base_seed is not None:
+            return False  # torch's _reset(): no new base seed
+        self._base_seed = draw_base_seed(self.generator)
+        return True
 
     def _generators(self) -> list[torch.Generator]:
-        found: list[torch.Generator] = []
-        batch_sampler = self.batch_sampler
-        candidates = [self.generator, self.sampler, batch_sampler]
-        candidates.append(getattr(batch_sampler, "sampler", None))
-        for candidate in candidates:
-            generator = (
-                candidate
-                if isinstance(candidate, torch.Generator)
-                else getattr(candidate, "generator", None)
-            )
-            if isinstance(generator, torch.Generator) and all(g is not generator for g in found):
-                found.append(generator)
-        return found
+        return sampler_generators(self.generator, self.sampler, self.batch_sampler)
 
     def _ensure_engine(self) -> pipeloom_loader.DataLoader:
         if self._engine is None:
-            pipeline = self._build_pipeline()
-            self._engine = pipeloom_loader.DataLoader(pipeline, self._build_service(), seed=0)
+            self._engine = pipeloom_loader.DataLoader(
+                build_pipeline(self), build_service(self), seed=0
+            )
         return self._engine
 
     def _stop_engine(self) -> None:
@@ -401,92 +446,48 @@ class DataLoader(ShutsDown):
             self._engine.shutdown()
             self._engine = None
 
-    def _build_pipeline(self) -> IterDataPipe:
-        pipeline: IterDataPipe
-        if self._iterable:
-            pipeline = IterableDatasetSource(
-                self.dataset,
-                batch_size=self.batch_size,
-                collate_fn=self.collate_fn,
-                drop_last=self.drop_last,
-            )
-        else:
-            per_item = (
-                self.strategy in ("economic", "chunked")
-                and self._own_batch_sampler
-                and not getattr(self.dataset, "__getitems__", None)
-            )
-            assert self.batch_size is not None or not per_item
-            pipeline = build_map_pipeline(
-                self._board,
-                self.dataset,
-                self.collate_fn,
-                auto_collation=self._auto_collation,
-                per_item_batch=(self.batch_size, self.drop_last) if per_item else None,  # type: ignore[arg-type]
-            )
-        if self.pin_memory:
-            pipeline = pipeline.pin_memory()
-        return pipeline
-
-    def _build_service(self) -> ReadingService:
-        if self.num_workers == 0:
-            return InProcessReadingService()
-        assert self.prefetch_factor is not None
-        if self.worker_type == "thread":
-            return ThreadReadingService(
-                self.num_workers, prefetch_factor=self.prefetch_factor, in_order=self.in_order
-            )
-        return MultiProcessingReadingService(
-            self.num_workers,
-            prefetch_factor=self.prefetch_factor,
-            start_method=start_method_of(self.multiprocessing_context),
-            worker_init_fn=self._setup,
-            persistent_workers=self.persistent_workers,
-            timeout=self.timeout or None,
-            in_order=self.in_order,
-            **self._strategy_kwargs,
-        )
-
-
-def _why_not_per_item(dataset: Any, own_batch_sampler: bool, in_order: bool) -> str:
-    """Why a map-style dataset cannot be fetched item by item ('' when it can)."""
-    if not own_batch_sampler:
-        return "batch_sampler (or batch_size=None) fixes each batch's indices in the sampler"
-    if getattr(dataset, "__getitems__", None) is not None:
-        return "the dataset fetches whole batches with __getitems__"
-    if not in_order:
-        return "in_order=False asks for arrival order, which only 'classic' offers"
-    return ""
-
-
-def _draw_seed(generator: torch.Generator | None) -> int:
-    """torch's ``_base_seed``: one int64 drawn from ``generator`` (or the global RNG)."""
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-
 
 class _CompatIterator(Iterator[Any]):
-    """One epoch of batches; ``len()`` as torch's iterator."""
+    """One epoch of batches; ``len()`` as torch's iterator.
+
+    Each step -- a batch and the count -- holds the loader's step lock.
+    """
 
     def __init__(
-        self, loader: DataLoader, items: Iterator[Any], plan: EpochPlan, skip: int
+        self,
+        loader: DataLoader,
+        items: Iterator[Any],
+        plan: EpochPlan,
+        skip: int,
+        steps: StepGate,
     ) -> None:
         self._loader = loader  # the loader refers to its iterator weakly: no cycle
         self._items = items
         self.plan = plan
+        self._steps = steps
         self.delivered = 0
         self.finished = False
+        self.stopped_by: str | None = None  # the exception that escaped a step
         for _ in range(skip):  # an iterable dataset resumes by re-reading: drop what was seen
             next(self._items, None)
             self.delivered += 1
 
     def __next__(self) -> Any:
-        try:
-            item = next(self._items)
-        except StopIteration:
-            self.finished = True
-            raise
-        self.delivered += 1
-        return item
+        steps = self._steps
+        if steps.waiting:  # another thread asked for the loader between two batches
+            steps.let_others_in()
+        with steps.lock:
+            try:
+                item = next(self._items)
+            except StopIteration:
+                self.finished = True
+                self._loader.settle_draws()
+                raise
+            except BaseException as error:
+                self.stopped_by = self.stopped_by or type(error).__name__
+                raise
+            self.delivered += 1
+            return item
 
     def __len__(self) -> int:
         return len(self._loader)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..datapipes import IterDataPipe
+from ..datapipes import IterDataPipe, StateFields
 from ._rng import WorkerStreams
 
 __all__ = ["EpochPlan", "PlanBoard", "PlanEntries", "PlanSource"]
@@ -309,7 +309,7 @@ class PlanSource(IterDataPipe):
         return {"next": self._next}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._next = int(state["next"])
+        self._next = StateFields(self, state).int("next")
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

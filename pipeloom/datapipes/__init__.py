@@ -76,6 +76,7 @@ from ._sharding import ShardingFilter
 from ._shuffle import MapShuffler, Shuffler
 from ._shuffled_flatmap import ShuffledFlatMapper
 from ._snapshot import Snapshot
+from ._state_fields import StateFields
 from ._tar import TarArchiveLoader, TarMemberPath
 from ._text import CSVParser, LineReader
 from ._tfrecord import TFRecordLoader
@@ -182,6 +183,7 @@ __all__ = [
     "Snapshot",
     "SplitPart",
     "StreamChunkReader",
+    "StateFields",
     "StreamOpener",
     "StreamReader",
     "TarArchiveLoader",

@@ -10,6 +10,7 @@ from ..errors import NotAvailable
 from ._base import IterDataPipe, MapDataPipe
 from ._context import current_stamp, restore_stamp
 from ._map import fn_name
+from ._state_fields import StateFields
 
 __all__ = ["Batcher", "MapBatcher", "Unbatcher"]
 
@@ -83,8 +84,12 @@ class Batcher(IterDataPipe):
         return {"batch": list(self._batch), "first_stamp": self._first_stamp}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._batch = list(state.get("batch", ()))
-        self._first_stamp = tuple(state.get("first_stamp", (None, 0, None, 0)))
+        fields = StateFields(self, state)
+        batch = fields.list("batch")
+        if len(batch) >= self.batch_size:
+            fields.fail("batch", f"a partial batch of fewer than {self.batch_size} items", batch)
+        self._first_stamp = fields.stamp("first_stamp")
+        self._batch = batch
 
     def __repr__(self) -> str:
         return f"Batcher({batch_args(self)})"
@@ -230,7 +235,7 @@ class Unbatcher(IterDataPipe):
         return {"pending": list(self._buffer[self._index :])}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._buffer, self._index = list(state.get("pending", ())), 0
+        self._buffer, self._index = StateFields(self, state).list("pending"), 0
 
     def __repr__(self) -> str:
         return f"Unbatcher(unbatch_level={self.unbatch_level})"

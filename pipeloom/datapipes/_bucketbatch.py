@@ -11,6 +11,7 @@ from ._base import IterDataPipe
 from ._batch import batch_count, check_batch_args
 from ._context import current_stamp, restore_stamp
 from ._map import fn_name
+from ._state_fields import StateFields
 
 __all__ = ["BucketBatcher"]
 
@@ -152,13 +153,17 @@ class BucketBatcher(IterDataPipe):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._pool = list(state["pool"])
-        self._stamps = [tuple(s) for s in state["stamps"]]
-        self._ready = [(list(batch), tuple(stamp)) for batch, stamp in state["ready"]]
-        self._rng = None
-        if state["rng"] is not None:
-            self._rng = random.Random()
-            self._rng.setstate(state["rng"])
+        fields = StateFields(self, state)
+        pool = fields.list("pool")
+        size = self.batch_size * self.batch_num * self.bucket_num
+        if len(pool) >= size:
+            fields.fail("pool", f"a partial pool of fewer than {size} items", pool)
+        self._stamps = fields.stamps("stamps", length=len(pool))
+        ready = fields.stamped_items("ready")
+        if not all(isinstance(batch, list) for batch, _ in ready):
+            fields.fail("ready", "a list of (batch list, stamp) pairs", state["ready"])
+        self._rng = fields.rng("rng")
+        self._pool, self._ready = pool, ready
 
     def __repr__(self) -> str:
         sort_key = None if self.sort_key is None else fn_name(self.sort_key)

@@ -7,6 +7,7 @@ import itertools
 from typing import Any
 
 from ._base import IterDataPipe, MapDataPipe
+from ._state_fields import StateFields
 from ._zip import check_inputs
 
 __all__ = ["Concater", "MapConcater"]
@@ -47,7 +48,7 @@ class Concater(IterDataPipe):
         return {"current": self._current}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._current = int(state["current"])
+        self._current = StateFields(self, state).int("current", maximum=len(self.datapipes))
 
     def __repr__(self) -> str:
         return "Concater()"

@@ -7,6 +7,7 @@ from typing import Any
 from .._validate import check_int
 from ._base import IterDataPipe
 from ._pipeline import reset_pipeline, set_pipeline_round
+from ._state_fields import StateFields
 
 __all__ = ["Cycler"]
 
@@ -71,10 +72,12 @@ class Cycler(IterDataPipe):
         return {"round": self._round, "yielded": self._yielded, "done": self._done}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._round = int(state["round"])
+        fields = StateFields(self, state)
+        last = None if self.count is None else max(self.count - 1, 0)
+        self._round = fields.int("round", maximum=last)
+        self._yielded = fields.bool("yielded")
+        self._done = fields.bool("done")
         set_pipeline_round(self.source, self._round)
-        self._yielded = bool(state["yielded"])
-        self._done = bool(state["done"])
 
     def __repr__(self) -> str:
         return f"Cycler(count={self.count!r})"

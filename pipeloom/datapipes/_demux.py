@@ -10,6 +10,7 @@ from .._validate import check_bool
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
 from ._fork import buffer_full_error, check_hub_args
+from ._state_fields import StateFields
 
 __all__ = ["Demultiplexer", "demux"]
 
@@ -129,9 +130,13 @@ class _DemuxHub(IterDataPipe):
         return {"queues": [list(q) for q in self._queues], "ended": self._ended}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._queues = [deque((item, tuple(stamp)) for item, stamp in q) for q in state["queues"]]
+        fields = StateFields(self, state)
+        queues = fields.list("queues")
+        if len(queues) != self.num_instances:
+            fields.fail("queues", f"a list of {self.num_instances} queues (one per child)", queues)
+        self._queues = [deque(fields.stamped_items("queues", value=q)) for q in queues]
         self._held = sum(len(q) for q in self._queues)
-        self._ended = bool(state["ended"])
+        self._ended = fields.bool("ended")
 
     def __repr__(self) -> str:
         fn = getattr(self.classifier_fn, "__qualname__", repr(self.classifier_fn))

@@ -19,6 +19,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_structure
 from .._validate import check_bool
 from ._base import IterDataPipe
 from ._prefetch import _STOPPED, Prefetcher, _Worker
+from ._state_fields import StateFields
 
 __all__ = ["PinMemory", "ToDevice"]
 
@@ -55,9 +56,11 @@ class _DeviceBlock(Prefetcher):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Prepare the saved items again (pin / copy them) before the thread restarts."""
+        fields = StateFields(self, state)
+        held, ended = fields.stamped_items("items"), fields.bool("ended")
         self._copier.bind()
-        items = [(self._copier(item), stamp) for item, stamp in state["items"]]
-        super().load_state_dict({"items": items, "ended": state["ended"]})
+        items = [(self._copier(item), stamp) for item, stamp in held]
+        super().load_state_dict({"items": items, "ended": ended})
 
 
 class PinMemory(_DeviceBlock):

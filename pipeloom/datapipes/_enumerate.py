@@ -6,6 +6,7 @@ from typing import Any
 
 from .._validate import check_int
 from ._base import IterDataPipe
+from ._state_fields import StateFields
 
 __all__ = ["Enumerator"]
 
@@ -43,7 +44,7 @@ class Enumerator(IterDataPipe):
         return {"index": self._index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._index = int(state["index"])
+        self._index = StateFields(self, state).int("index", minimum=self.starting_index)
 
     def __repr__(self) -> str:
         return f"Enumerator(starting_index={self.starting_index})"

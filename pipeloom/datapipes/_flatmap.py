@@ -8,6 +8,7 @@ from typing import Any
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
 from ._map import Col, fn_name, make_reader, raise_with_note
+from ._state_fields import StateFields
 
 __all__ = ["FlatMapper"]
 
@@ -80,9 +81,11 @@ class FlatMapper(IterDataPipe):
         return {"remaining": remaining, "stamp": self._stamp}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "remaining" in state:
-            self._elements = iter(list(state["remaining"]))
-            self._stamp = tuple(state["stamp"])
+        fields = StateFields(self, state)
+        if "remaining" in state or "stamp" in state:  # in the middle of an item's elements
+            remaining = fields.list("remaining")
+            self._stamp = fields.stamp("stamp")
+            self._elements = iter(remaining)
         else:
             self._elements = None
 

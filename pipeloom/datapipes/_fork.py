@@ -9,6 +9,7 @@ from typing import Any
 from .._validate import check_int
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
+from ._state_fields import StateFields
 
 __all__ = ["Forker", "fork"]
 
@@ -133,11 +134,24 @@ class _ForkHub(IterDataPipe):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._items = deque(state["items"])
-        self._stamps = deque(tuple(s) for s in state["stamps"])
-        self._base = int(state["base"])
-        self._offsets = [int(o) for o in state["offsets"]]
-        self._ended = bool(state["ended"])
+        fields = StateFields(self, state)
+        items = fields.list("items")
+        stamps = fields.stamps("stamps", length=len(items))
+        base = fields.int("base")
+        offsets = fields.list("offsets")
+        held = range(base, base + len(items) + 1)
+        if len(offsets) != self.num_instances or not all(
+            type(o) is int and o in held for o in offsets
+        ):
+            fields.fail(
+                "offsets",
+                f"{self.num_instances} ints in [base, base + len(items)] = "
+                f"[{base}, {base + len(items)}]",
+                offsets,
+            )
+        self._items, self._stamps = deque(items), deque(stamps)
+        self._base, self._offsets = base, offsets
+        self._ended = fields.bool("ended")
 
     def __repr__(self) -> str:
         return f"_ForkHub(num_instances={self.num_instances}, buffer_size={self.buffer_size})"

@@ -6,6 +6,7 @@ from typing import Any
 
 from .._validate import check_int
 from ._base import IterDataPipe
+from ._state_fields import StateFields
 
 __all__ = ["Header"]
 
@@ -61,7 +62,7 @@ class Header(IterDataPipe):
         return {"count": self._count}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._count = int(state.get("count", 0))
+        self._count = StateFields(self, state).int("count", maximum=self.limit)
 
     def __repr__(self) -> str:
         return f"Header(limit={self.limit!r})"

@@ -6,6 +6,7 @@ import random
 from typing import Any
 
 from ._base import IterDataPipe
+from ._state_fields import StateFields
 
 __all__ = ["InBatchShuffler"]
 
@@ -64,10 +65,7 @@ class InBatchShuffler(IterDataPipe):
         return {"rng": None if self._rng is None else self._rng.getstate()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._rng = None
-        if state.get("rng") is not None:
-            self._rng = random.Random()
-            self._rng.setstate(state["rng"])
+        self._rng = StateFields(self, state).rng("rng")
 
     def __repr__(self) -> str:
         return f"InBatchShuffler(seed={self.seed!r})"

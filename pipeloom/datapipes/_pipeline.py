@@ -197,7 +197,15 @@ def load_pipeline_state_dict(output: DataPipe, state: dict) -> None:
             f"{state.get('version') if isinstance(state, dict) else type(state).__name__!r}"
         )
     blocks = upstream_blocks(output)
-    saved = state["blocks"]
+    saved = state.get("blocks")
+    if not isinstance(saved, (list, tuple)) or not all(
+        isinstance(entry, dict) and isinstance(entry.get("type"), str) and "state" in entry
+        for entry in saved
+    ):
+        raise StateError(
+            "the pipeline state's 'blocks' must be a list of {'type': str, 'state': ...} "
+            "entries (what pipeline_state_dict() returns); the state is damaged"
+        )
     if len(saved) != len(blocks):
         raise StateError(
             f"the state has {len(saved)} blocks but the pipeline has {len(blocks)}; "
@@ -209,8 +217,16 @@ def load_pipeline_state_dict(output: DataPipe, state: dict) -> None:
                 f"block #{index} is {type(block).__qualname__} ({block!r}) but the state "
                 f"was saved from a {entry['type']}; the pipeline shape differs"
             )
-    for block, entry in zip(blocks, saved):
-        block.load_state_dict(entry["state"])
+    for index, (block, entry) in enumerate(zip(blocks, saved)):
+        try:
+            block.load_state_dict(entry["state"])
+        except StateError as error:
+            raise StateError(f"block #{index}: {error}") from error
+        except Exception as error:  # a block that does not check its fields
+            raise StateError(
+                f"block #{index} {block!r} could not load its state ({type(error).__name__}: "
+                f"{error}); the state is damaged or was saved from another pipeline"
+            ) from error
 
 
 def is_sharding_root(block: DataPipe) -> bool:

@@ -13,6 +13,7 @@ from ..errors import NotAvailable
 from ..events import ReadinessSource, Signal, Waiter
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
+from ._state_fields import StateFields
 
 __all__ = ["Prefetcher"]
 
@@ -102,10 +103,12 @@ class Prefetcher(IterDataPipe):
         return {"items": list(worker.items), "ended": worker.ended}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        fields = StateFields(self, state)
+        items, ended = fields.stamped_items("items"), fields.bool("ended")
         self.reset()
         worker = self._start_paused()
-        worker.items.extend((item, tuple(stamp)) for item, stamp in state["items"])
-        worker.ended = bool(state["ended"])
+        worker.items.extend(items)
+        worker.ended = ended
 
     def _start_paused(self) -> _Worker:
         worker = self._worker = _Worker(self.source, self.buffer_size, self._signal, repr(self))

@@ -117,6 +117,8 @@ class _Draws:
 
 def _scaled(weights: list[float], total: int) -> list[float]:
     whole = sum(weights)
+    if whole <= 0:  # every part is full (the last item was drawn, or float drift): share evenly
+        return [float(total) / len(weights)] * len(weights)
     return [float(w) * total / whole for w in weights]
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from .._validate import check_index, check_int
 from ._base import IterDataPipe
 from ._pipeline import is_sharding_root
+from ._state_fields import StateFields
 
 __all__ = ["ShardingFilter"]
 
@@ -114,7 +115,7 @@ class ShardingFilter(IterDataPipe):
         return {"position": self._position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._position = int(state["position"])
+        self._position = StateFields(self, state).int("position")
 
     def __repr__(self) -> str:
         extra = f", group_size={self.group_size}" if self.group_size != 1 else ""

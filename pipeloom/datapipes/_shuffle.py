@@ -10,6 +10,7 @@ from .._validate import check_int
 from ..errors import NotAvailable
 from ._base import IterDataPipe, MapDataPipe
 from ._context import current_stamp, restore_stamp
+from ._state_fields import StateFields
 
 __all__ = ["MapShuffler", "Shuffler"]
 
@@ -102,13 +103,14 @@ class Shuffler(IterDataPipe):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._buffer = list(state["buffer"])
-        self._stamps = [tuple(s) for s in state["stamps"]]
-        self._rng = None
-        if state["rng"] is not None:
-            self._rng = random.Random()
-            self._rng.setstate(state["rng"])
-        self._source_done = bool(state["source_done"])
+        fields = StateFields(self, state)
+        buffer = fields.list("buffer")
+        if len(buffer) > self.buffer_size:
+            fields.fail("buffer", f"a list of at most buffer_size={self.buffer_size} items", buffer)
+        self._stamps = fields.stamps("stamps", length=len(buffer))
+        self._rng = fields.rng("rng")
+        self._source_done = fields.bool("source_done")
+        self._buffer = buffer
 
     def __repr__(self) -> str:
         return f"Shuffler(buffer_size={self.buffer_size}, seed={self.seed!r})"
@@ -208,9 +210,11 @@ class MapShuffler(IterDataPipe):
         return {"index": self._index, "order_seed": self._order_seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        fields = StateFields(self, state)
+        index = fields.int("index")
+        order_seed = fields.optional_int("order_seed", minimum=None)
         self.reset()
-        self._index = int(state["index"])
-        self._order_seed = state["order_seed"]
+        self._index, self._order_seed = index, order_seed
 
     def __repr__(self) -> str:
         return f"MapShuffler(seed={self.seed!r})"

@@ -10,6 +10,7 @@ import torch.utils.data
 
 from .._validate import check_index, check_int
 from ._base import DataPipe, IterDataPipe, MapDataPipe
+from ._state_fields import StateFields
 
 __all__ = ["IterableWrapper", "MapToIter", "SequenceWrapper", "as_datapipe"]
 
@@ -85,8 +86,16 @@ class IterableWrapper(IterDataPipe):
         return {"position": self._position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        fields = StateFields(self, state)
+        position = fields.int("position")
+        try:
+            length = len(self.iterable)  # type: ignore[arg-type]
+        except TypeError:
+            length = None
+        if length is not None and position > length:
+            fields.fail("position", f"an int in [0, {length}] (the source's length)", position)
         self._it = None
-        self._position = int(state["position"])
+        self._position = position
 
     def __len__(self) -> int:
         try:
@@ -243,7 +252,7 @@ class MapToIter(IterDataPipe):
         return {"index": self._index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._index = int(state["index"])
+        self._index = StateFields(self, state).int("index")
         self._length = None
 
     def __repr__(self) -> str:

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..errors import NotAvailable
 from ._base import IterDataPipe, MapDataPipe
+from ._state_fields import StateFields
 
 __all__ = ["MapZipper", "Zipper"]
 
@@ -78,8 +79,13 @@ class Zipper(IterDataPipe):
         return {"partial": list(self._partial), "done": self._done}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._partial = list(state["partial"])
-        self._done = bool(state["done"])
+        fields = StateFields(self, state)
+        partial = fields.list("partial")
+        if len(partial) >= len(self.datapipes):
+            count = len(self.datapipes)
+            fields.fail("partial", f"a list of fewer than {count} items (one per input)", partial)
+        self._done = fields.bool("done")
+        self._partial = partial
 
     def __repr__(self) -> str:
         return "Zipper()"

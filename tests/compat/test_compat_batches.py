@@ -57,10 +57,12 @@ def test_item_by_item_strategies_refuse_a_batch_sampler_and_say_why(strategy):
         DataLoader(Items(6), batch_sampler=sampler, num_workers=2, strategy=strategy)
 
 
-def test_map_style_datasets_default_to_economic_and_fall_back_to_classic():
-    assert DataLoader(Items(6), batch_size=2, num_workers=2).strategy == "economic"
+def test_map_style_datasets_default_to_classic_and_item_strategies_are_opt_in():
+    assert DataLoader(Items(6), batch_size=2, num_workers=2).strategy == "classic"
     sampler = torch.utils.data.BatchSampler(range(6), 2, False)
     assert DataLoader(Items(6), batch_sampler=sampler, num_workers=2).strategy == "classic"
+    chosen = DataLoader(Items(6), batch_size=2, num_workers=2, strategy="economic")
+    assert chosen.strategy == "economic"
 
 
 @settings(max_examples=5, deadline=None)

@@ -10,6 +10,7 @@ import torch.utils.data as tud
 
 import pipeloom.compat
 from pipeloom.compat import DataLoader, build_map_pipeline
+from pipeloom.compat._engine import build_service
 from pipeloom.compat._plan import EpochPlan, PlanBoard, PlanEntries
 from pipeloom.reading_service import MultiProcessingReadingService
 from tests.compat.compat_cases import Items, Range, same
@@ -84,7 +85,7 @@ def test_map_style_default_strategy_is_one_constant():
 def test_strategy_arguments_reach_the_service():
     loader = DataLoader(Items(8), batch_size=4, num_workers=2, strategy="chunked", chunk_size=2)
     assert loader._strategy_kwargs == {"strategy": "chunked", "chunk_size": 2}
-    service = loader._build_service()
+    service = build_service(loader)
     assert (service.strategy, service.chunk_size) == ("chunked", 2)
     assert len(list(loader)) == 2
 

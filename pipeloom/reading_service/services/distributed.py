@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..._validate import check_choice, check_seconds
-from ...datapipes import IterDataPipe
+from ...datapipes import IterDataPipe, StateFields
 from ...errors import StateError
 from ...graph import Placement, Plan
 from ..distributed.job import Job, join_job
@@ -188,15 +188,19 @@ class DistributedReadingService(ReadingService):
                 f"this state was saved by a {state.get('kind', 'different')} reading service; "
                 f"a DistributedReadingService resumes only its own states"
             )
-        saved = (state["rank"], state["world_size"])
+        fields = StateFields("DistributedReadingService", state)
+        saved = (fields.int("rank"), fields.int("world_size", minimum=1))
         if saved != (job.rank, job.world_size):
             raise StateError(
                 f"this state is rank {saved[0]} of {saved[1]}'s, but this process is rank "
                 f"{job.rank} of {job.world_size}; each rank loads the state it saved, with the "
                 f"same number of ranks"
             )
-        progress = Progress(int(state["delivered"]), int(state["own"]), bool(state["padding"]))
-        return progress, state["inner"]
+        progress = Progress(fields.int("delivered"), fields.int("own"), fields.bool("padding"))
+        inner = state.get("inner")
+        if not isinstance(inner, dict):
+            fields.fail("inner", "the inner service's state (a dict)", inner)
+        return progress, inner
 
     def _close_epoch(self) -> None:
         if self._epoch is not None:

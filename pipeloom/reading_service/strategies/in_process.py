@@ -43,7 +43,7 @@ class InProcessRunner(Runner):
                     f"this state was saved by a {state.get('kind', 'different')} reading "
                     f"service; the in-process service resumes only in-process states"
                 )
-            load_pipeline_state_dict(pipeline, state["pipeline"])
+            load_pipeline_state_dict(pipeline, state.get("pipeline", {}))
         return drain(pipeline)
 
     def state_dict(self) -> dict[str, Any]:

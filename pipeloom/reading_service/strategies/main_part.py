@@ -70,7 +70,7 @@ class MainPart:
                     f"thread or process service can only resume a state saved by a thread or "
                     f"process service (with num_workers > 0)"
                 )
-            load_pipeline_state_dict(self.pipeline, state["tail"])
+            load_pipeline_state_dict(self.pipeline, state.get("tail", {}))
 
     def start_separate_processes(self, epoch: int) -> None:
         for reader in self.readers:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ....datapipes import IterDataPipe
+from ....datapipes import IterDataPipe, StateFields
 from ....datapipes.runtime import restore_stamp
 from ....errors import NotAvailable, StateError
 from ....events import ReadinessSource
@@ -185,8 +185,9 @@ class WorkerMerge(IterDataPipe):
         return {"position": self._position, "delivered_here": self._delivered_here}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._position = int(state["position"])
-        self._skip_here = int(state["delivered_here"])
+        fields = StateFields(self, state)
+        self._position = fields.int("position")
+        self._skip_here = fields.int("delivered_here")
         self._delivered_here = 0
 
     def __repr__(self) -> str:

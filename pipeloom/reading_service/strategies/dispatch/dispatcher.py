@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ....datapipes import IterDataPipe, current_position
+from ....datapipes import IterDataPipe, StateFields, current_position
 from ....datapipes.runtime import restore_stamp
 from ....errors import NotAvailable
 from ....events import ReadinessSource
@@ -278,7 +278,8 @@ class Dispatcher(IterDataPipe):
         return {"position": position, "delivered_here": skip}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.resume(int(state["position"]), int(state["delivered_here"]))
+        fields = StateFields(self, state)
+        self.resume(fields.int("position"), fields.int("delivered_here"))
 
     def __repr__(self) -> str:
         kind = "items" if self.per_item_tasks else "chunks"

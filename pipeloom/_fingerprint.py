@@ -1,0 +1,157 @@
+"""A pipeline's fingerprint: what a checkpoint records so it resumes only where it belongs.
+
+A state holds positions ("item 150 of the source", "the buffer of this
+shuffle"). Loaded into a different pipeline -- the same code over a smaller
+dataset, a shuffle with another buffer -- those positions point at other data,
+and training would go on, silently, on the wrong items. So a loader's state
+carries a *fingerprint*: for each block (in the order of
+``pipeloom.graph.traverse``), its type and a short description of each of its
+public, non-block attributes -- the arguments it was built with. Describing is
+cheap and stable across processes and runs: scalars and short strings as
+their ``repr``, functions by their qualified name (never a repr with a memory
+address), containers and datasets by type and ``len()`` (never iterated),
+anything else by its type.
+
+Example:
+    >>> from pipeloom.datapipes import IterableWrapper
+    >>> saved = pipeline_fingerprint(IterableWrapper(range(200)).shuffle(buffer_size=8))
+    >>> now = pipeline_fingerprint(IterableWrapper(range(50)).shuffle(buffer_size=8))
+    >>> fingerprint_differences(saved, now)
+    ['block #1 IterableWrapper: saved iterable=range(0, 200), now range(0, 50)']
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any
+
+import numpy as np
+import torch
+
+from .datapipes import DataPipe
+from .graph import traverse
+
+__all__ = ["describe", "field_differences", "fingerprint_differences", "pipeline_fingerprint"]
+
+_SHORT = 200  # longer strings are described by their length
+_FEW = 8  # longer containers are described by their length
+
+
+def pipeline_fingerprint(pipeline: DataPipe) -> dict[str, Any]:
+    """``{"blocks": [[type name, {attribute: description}], ...]}`` for ``pipeline``.
+
+    Plain strings, lists and dicts: it travels inside the loader's state.
+    """
+    blocks = []
+    for block in traverse(pipeline).nodes:
+        fields = {}
+        for name, value in sorted(vars(block).items()):
+            if name.startswith("_") or name in block.inputs or _holds_blocks(value):
+                continue
+            fields[name] = describe(value)
+        blocks.append([type(block).__qualname__, fields])
+    return {"blocks": blocks}
+
+
+def describe(value: Any) -> str:
+    """A short, stable description of an argument (see the module docstring).
+
+    Example:
+        >>> describe(range(3)), describe([1, 2]), describe(list(range(100))), describe(len)
+        ('range(0, 3)', '[1, 2]', 'list of 100 items', 'len')
+    """
+    if _is_scalar(value) or isinstance(value, range):
+        return repr(value)
+    if isinstance(value, str):  # long
+        return f"str of length {len(value)}"
+    if isinstance(value, (bytes, bytearray)):
+        return f"{type(value).__name__} of length {len(value)}"
+    if isinstance(value, functools.partial):
+        return f"partial({describe(value.func)})"
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)):
+        name = getattr(value, "__qualname__", None)
+        return name if isinstance(name, str) else str(type(value).__qualname__)
+    if isinstance(value, (list, tuple)):
+        if len(value) <= _FEW and all(_is_scalar(x) for x in value):
+            return repr(value)
+        return f"{type(value).__name__} of {len(value)} items"
+    if isinstance(value, dict):
+        if len(value) <= _FEW and all(_is_scalar(k) and _is_scalar(v) for k, v in value.items()):
+            return repr(dict(sorted(value.items(), key=lambda kv: repr(kv[0]))))
+        return f"dict of {len(value)} items"
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return f"{type(value).__name__} of shape {tuple(value.shape)}, {value.dtype}"
+    name = type(value).__qualname__
+    try:
+        return f"{name} of {len(value)} items"
+    except Exception:  # noqa: BLE001 - no (cheap) length: the type says enough
+        return name
+
+
+def fingerprint_differences(saved: Any, now: dict[str, Any]) -> list[str]:
+    """What differs between a saved fingerprint and the current pipeline's, one line each."""
+    if not isinstance(saved, dict) or not _well_formed(saved.get("blocks")):
+        return ["the state's fingerprint is damaged (expected {'blocks': [[type, {...}], ...]})"]
+    old, new = saved["blocks"], now["blocks"]
+    if [b[0] for b in old] != [b[0] for b in new]:
+        return [
+            f"the state was saved from a pipeline of {len(old)} blocks "
+            f"({_chain(old)}); this one has {len(new)} ({_chain(new)})"
+        ]
+    lines = []
+    for index, ((kind, was), (_, is_now)) in enumerate(zip(old, new)):
+        changed = [f"{name}={a}, now {b}" for name, a, b in _changed(was, is_now)]
+        if changed:
+            lines.append(f"block #{index} {kind}: saved " + "; saved ".join(changed))
+    return lines
+
+
+def field_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``"name: saved X, now Y"`` for each field whose description changed.
+
+    Example:
+        >>> field_differences({"dataset": "list of 9 items"}, {"dataset": "list of 4 items"})
+        ['dataset: saved list of 9 items, now list of 4 items']
+    """
+    return [f"{name}: saved {a}, now {b}" for name, a, b in _changed(saved, now)]
+
+
+def _changed(was: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    return [
+        (name, was.get(name, "(absent)"), now.get(name, "(absent)"))
+        for name in sorted(set(was) | set(now), key=str)
+        if was.get(name) != now.get(name)
+    ]
+
+
+def _is_scalar(value: Any) -> bool:
+    if isinstance(value, str):
+        return len(value) <= _SHORT
+    return value is None or isinstance(value, (bool, int, float))
+
+
+def _holds_blocks(value: Any) -> bool:
+    if isinstance(value, DataPipe):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(x, DataPipe) for x in value)
+    if isinstance(value, dict):
+        return any(isinstance(x, DataPipe) for x in value.values())
+    return False
+
+
+def _well_formed(blocks: Any) -> bool:
+    return isinstance(blocks, (list, tuple)) and all(
+        isinstance(b, (list, tuple))
+        and len(b) == 2
+        and isinstance(b[0], str)
+        and isinstance(b[1], dict)
+        for b in blocks
+    )
+
+
+def _chain(blocks: Any, limit: int = 8) -> str:
+    names = [b[0] for b in blocks]
+    shown = " <- ".join(names[:limit])
+    return shown + (" <- ..." if len(names) > limit else "")

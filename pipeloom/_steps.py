@@ -1,0 +1,75 @@
+"""One step of a loader at a time, so a checkpoint always falls between two items."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from .errors import StateError
+
+__all__ = ["StepGate"]
+
+
+class StepGate:
+    """One step of a loader at a time; another thread gets in within one step.
+
+    The iterating thread holds ``lock`` during each step (an item and its
+    count). Anything that needs the loader between two steps -- a checkpoint,
+    a new epoch, a shutdown, from any thread -- runs in :meth:`between`. Locks
+    are not fair, so a thread iterating in a tight loop could keep the others
+    out indefinitely: they announce themselves in ``waiting`` first, and the
+    iterating thread, seeing it before its next step, lets them in.
+
+    Example:
+        >>> gate = StepGate()
+        >>> with gate.between():
+        ...     gate.inside_a_step()
+        True
+        >>> gate.inside_a_step()
+        False
+    """
+
+    __slots__ = ("lock", "waiting", "_turn")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.waiting = 0  # threads waiting in between()
+        self._turn = threading.Condition(threading.Lock())
+
+    @contextlib.contextmanager
+    def between(self) -> Iterator[None]:
+        """Hold the loader between two steps (waiting for the step in progress)."""
+        with self._turn:
+            self.waiting += 1
+        try:
+            with self.lock:
+                yield
+        finally:
+            with self._turn:
+                self.waiting -= 1
+                if not self.waiting:
+                    self._turn.notify_all()
+
+    def let_others_in(self) -> None:
+        """Before a step: wait until the threads waiting in :meth:`between` are done."""
+        if self.inside_a_step():  # a step inside iter() (replay): they wait for us
+            return
+        with self._turn:
+            while self.waiting:
+                self._turn.wait()
+
+    def inside_a_step(self) -> bool:
+        """True in the thread that holds the loader (e.g. a signal handler during ``next``)."""
+        return bool(self.lock._is_owned())  # type: ignore[attr-defined]
+
+    def refuse_inside_a_step(self, what: str) -> None:
+        """Raise ``StateError`` when called from inside a step (no exact position exists)."""
+        if self.inside_a_step():
+            raise StateError(
+                f"{what} was called from inside a step of this loader on the same thread (a "
+                f"signal handler that interrupted next(loader), or code running in a block): "
+                f"the pipeline is part-way through an item, so there is no exact position. "
+                f"In a signal handler set a flag instead, and save the state in the training "
+                f"loop before its next step"
+            )
