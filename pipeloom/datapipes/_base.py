@@ -39,7 +39,7 @@ from .._validate import check_int
 from ..errors import NotAvailable
 from ..events import ReadinessSource
 from ._attributes import attribute_values
-from ._context import derive_seed, stamp_item
+from ._context import _ITEM, derive_seed
 from ._functional import IterFunctional, MapFunctional
 from ._nesting import NESTING, nested_call
 from ._reader import BlockingReader
@@ -51,8 +51,7 @@ T_co = TypeVar("T_co", covariant=True)
 _GUARDED = ("__iter__", "__len__", "__getitem__", "async_next", "async_get")
 
 
-# Classes whose ``inputs`` is the framework's default, not a block's declaration.
-_FRAMEWORK_MODULES = frozenset({__name__, IterFunctional.__module__, "builtins"})
+_FRAMEWORK_MODULES = frozenset({__name__, IterFunctional.__module__, "builtins"})  # not blocks
 
 
 def _guard_lazy_init(method):
@@ -261,11 +260,14 @@ class DataPipe:
         seed = self._pl_epoch_seed
         if seed is None:
             seed = self.epoch_seed()
-        stamp_item(seed, self._pl_epoch, position)
+        item = _ITEM  # stamp_item(), inlined: this runs once per item
+        item.stamp = (seed, self._pl_epoch, position, 0)
+        if item.watchers:
+            for watcher in item.watchers:
+                watcher(seed, position)
 
     # -- framework internals: called by _pipeline and the runtime seam ----------
-    def _block_seed(self) -> int | None:
-        """The seed this block's randomness derives from (None: no pipeline seed)."""
+    def _block_seed(self) -> int | None:  # None: no pipeline seed
         return self._pl_seed
 
     def _assign_seed(self, key: int, pipeline_seed: int | None) -> None:
@@ -291,11 +293,10 @@ class DataPipe:
     def _epoch_number(self) -> int:
         return self._pl_epoch
 
-    def _round_number(self) -> int:
+    def _round_number(self) -> int:  # repetitions of the stream within an epoch (cycle)
         return self._pl_round
 
-    def _drawn_epoch_seed(self) -> int | None:
-        """The epoch seed if already drawn (this epoch and round), without drawing it."""
+    def _drawn_epoch_seed(self) -> int | None:  # without drawing one
         return self._pl_epoch_seed
 
     def _forget_lazy_init(self) -> None:
