@@ -11,7 +11,7 @@ batch), at equal ``num_workers`` for every loader:
   ``SequenceWrapper(range(n)).to_iter().map(work).batch(b).collate()``.
 
 Two tables: throughput on the workloads of ``bench_workers.py`` (economic and
-chunked must not be slower than classic/torch), and seed 004's "Big"
+chunked must not be slower than classic/torch), and a "Big"
 environment (0.6 s load + 0.2 s process per item, batch 4, chunk 1; scaled
 by ``--scale``: 1 by default, 1/10 with ``--quick``) where the time to
 the first batch and the fraction of time the consumer is blocked show what
@@ -133,12 +133,12 @@ def main(argv: list[str] | None = None) -> None:
     big_batch, workers = 4, 8
     big_n = 32 if args.quick else 64
     rows = []
-    for ratio in (1, 3):  # seed 004's slow and fast dataflow: load time / train time
+    for ratio in (1, 3):  # a slow and a fast dataflow: load time / train time
         train_time = big_batch * (big.file_time + big.process_time) / workers / ratio
         results = measure(big, workers, big_n, big_batch, repeats, train_time, chunk=1)
         rows += rows_for(f"Big x{args.scale:g}, dataflow ratio {ratio}", workers, results)
     print_table(
-        f"seed 004's Big environment: {big_n} items of {big.file_time * 1e3:g} ms load + "
+        f"Big environment: {big_n} items of {big.file_time * 1e3:g} ms load + "
         f"{big.process_time * 1e3:g} ms CPU, batch {big_batch}, chunk 1, {workers} workers",
         HEADER,
         rows,

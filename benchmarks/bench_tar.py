@@ -28,7 +28,7 @@ import torch
 import torch.utils.data
 from _common import best_time, consume, note, print_table
 
-from pipeloom.datapipes._files import FileLister
+from pipeloom.datapipes import FileLister
 
 BATCH = 32
 

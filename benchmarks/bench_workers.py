@@ -1,4 +1,4 @@
-"""Workers under load: pipeloom vs torch.utils.data.DataLoader, one run (seed 004's experiment).
+"""Workers under load: pipeloom vs torch.utils.data.DataLoader, one run (I/O then CPU per item).
 
     python benchmarks/bench_workers.py [--quick]
 
@@ -163,7 +163,7 @@ def bench_case(case: Case, workers: int, n: int, batch: int, repeats: int) -> li
     work = Work(case.file_time, case.process_time)
     dataset = WorkDataset(n, work)
     # The consumer trains for half the time the workers need to load a batch,
-    # so a perfect loader keeps it waiting about half the time (seed 004's "fast dataflow").
+    # so a perfect loader keeps it waiting about half the time (a "fast dataflow").
     train_time = 0.5 * batch * (case.file_time + case.process_time) / workers
     makers = dict(loaders(dataset, batch, workers))
     runs: dict[str, list[Run]] = {name: [] for name in makers}

@@ -11,15 +11,16 @@ import torch
 from ._fingerprint import fingerprint_differences, pipeline_fingerprint
 from ._shutdown import ShutsDown
 from ._steps import StepGate
+from ._validate import check_bool, check_int
 from .datapipes import (
     IterDataPipe,
     MapDataPipe,
     MapToIter,
     StateFields,
     as_datapipe,
-    check_declared_inputs,
     seed_pipeline,
 )
+from .datapipes.runtime import check_declared_inputs
 from .errors import StateError
 from .graph import Placement
 from .reading_service import InProcessReadingService, ReadingService
@@ -85,14 +86,14 @@ class DataLoader(ShutsDown):
             )
         if seed is None:
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        elif isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+        else:
+            check_int("seed", seed, allow_none=True)
         seed = reading_service.agree_seed(seed)  # e.g. every rank takes rank 0's seed
         seed_pipeline(pipeline, seed)
         self.datapipe: IterDataPipe = pipeline
         self.reading_service = reading_service
         self.seed = seed
-        self.resume_by_replay = resume_by_replay
+        self.resume_by_replay = check_bool("resume_by_replay", resume_by_replay)
         self._next_epoch = 0
         self._initialized = False
         self._closed = False
@@ -139,9 +140,7 @@ class DataLoader(ShutsDown):
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` run epoch ``epoch``."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        self._next_epoch = epoch
+        self._next_epoch = check_int("epoch", epoch, minimum=0)
 
     @property
     def epoch(self) -> int:

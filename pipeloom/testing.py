@@ -3,12 +3,17 @@
 Example:
     >>> from pipeloom.datapipes import IterableWrapper
     >>> check_resume_from_every_step(lambda: IterableWrapper(range(5)).batch(2))
+    >>> check_same_output_everywhere(lambda: IterableWrapper(range(6)).sharding_filter().batch(2))
+    ['in-process', 'threads', 'classic', 'economic', 'chunked']
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import numpy as np
+import torch
 
 from .datapipes import (
     BlockingReader,
@@ -20,8 +25,22 @@ from .datapipes import (
     seed_pipeline,
     set_pipeline_epoch,
 )
+from .datapipes import item_rng as _item_rng
+from .loader import DataLoader
+from .reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ReadingService,
+    ThreadReadingService,
+)
+from .reading_service.planning.cut import PlanError
 
-__all__ = ["check_resume_from_every_step", "collect", "collect_async"]
+__all__ = [
+    "check_resume_from_every_step",
+    "check_same_output_everywhere",
+    "collect",
+    "collect_async",
+]
 
 
 def collect(pipe: IterDataPipe, *, seed: int | None = 0, epoch: int = 0) -> list[Any]:
@@ -90,3 +109,89 @@ def _as_iter(pipe: DataPipe) -> IterDataPipe:
     if not isinstance(pipe, IterDataPipe):
         raise TypeError(f"expected a factory of IterDataPipe, got {type(pipe).__name__}")
     return pipe
+
+
+def _services(workers: int) -> dict[str, Callable[[], ReadingService]]:
+    def processes(strategy: str) -> Callable[[], ReadingService]:
+        return lambda: MultiProcessingReadingService(workers, strategy=strategy, timeout=60)
+
+    return {
+        "threads": lambda: ThreadReadingService(workers),
+        "classic": processes("classic"),
+        "economic": processes("economic"),
+        "chunked": processes("chunked"),
+    }
+
+
+def check_same_output_everywhere(
+    make_pipe: Callable[[], DataPipe],
+    *,
+    seed: int = 0,
+    epochs: int = 1,
+    workers: int = 2,
+) -> list[str]:
+    """Run the pipeline in-process, in threads and under each process strategy; compare.
+
+    Every service whose planner accepts the pipeline (threads and the classic
+    strategy need a sharding point; economic and chunked a ``.batch()`` after
+    the per-item blocks) must yield the same items in the same order, each
+    with the same ``item_rng()`` stream: a last block records the first draw
+    of every output, which depends only on the output's item stamp.
+
+    Returns:
+        the services that ran (``"in-process"`` first).
+
+    Raises:
+        AssertionError: naming the service, epoch and first output that differ.
+    """
+
+    def run(service: ReadingService) -> list[list[Any]]:
+        pipe = _as_iter(make_pipe()).map(_with_first_draw)
+        with DataLoader(pipe, service, seed=seed) as loader:
+            return [list(loader) for _ in range(epochs)]
+
+    expected = run(InProcessReadingService())
+    ran = ["in-process"]
+    for name, make_service in _services(workers).items():
+        try:
+            got = run(make_service())
+        except PlanError:
+            continue  # the planner does not run this pipeline that way (and says why)
+        for epoch, (want, have) in enumerate(zip(expected, got)):
+            _compare(want, have, f"{name}, epoch {epoch}")
+        ran.append(name)
+    return ran
+
+
+def _with_first_draw(output: Any) -> tuple[Any, float]:
+    return output, float(_item_rng().random())
+
+
+def _compare(expected: list[Any], got: list[Any], where: str) -> None:
+    for index, (want, have) in enumerate(zip(expected, got)):
+        if not _same(want[0], have[0]):
+            raise AssertionError(
+                f"{where}: output {index} differs from the in-process run:\n"
+                f"  expected {want[0]!r}\n  got      {have[0]!r}"
+            )
+        if want[1] != have[1]:
+            raise AssertionError(
+                f"{where}: output {index} ({want[0]!r}) draws other item_rng() values than "
+                f"in-process ({have[1]} instead of {want[1]}): its item stamp differs"
+            )
+    if len(expected) != len(got):
+        raise AssertionError(
+            f"{where}: {len(got)} outputs where the in-process run gave {len(expected)}"
+        )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.array_equal(a, b))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    return bool(a == b)

@@ -32,11 +32,12 @@ import sys
 import tempfile
 import warnings
 
-MIGRATION = pathlib.Path(__file__).resolve().parents[1] / "tests" / "migration"
-sys.path.insert(0, str(MIGRATION))
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MIGRATION = ROOT / "tests" / "migration"
+sys.path.insert(0, str(ROOT))  # the repository: tests is a package there
 
-from harness import run, serve  # noqa: E402
-from make_data import make_data  # noqa: E402
+from tests.migration.harness import run, serve  # noqa: E402
+from tests.migration.make_data import make_data  # noqa: E402
 
 
 def record_names() -> None:

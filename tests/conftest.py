@@ -1,9 +1,6 @@
-import pathlib
-import sys
+"""Shared by every test (helpers are modules of the ``tests`` package)."""
 
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 
 def pytest_addoption(parser):

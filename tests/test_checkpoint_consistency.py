@@ -11,7 +11,6 @@ import pickle
 import sys
 
 import pytest
-from checkpoint_snapshots import Snapshotter
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper, item_rng
@@ -21,6 +20,7 @@ from pipeloom.reading_service import (
     MultiProcessingReadingService,
     ThreadReadingService,
 )
+from tests.checkpoint_snapshots import Snapshotter
 
 
 def noisy(x):

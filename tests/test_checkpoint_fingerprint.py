@@ -133,10 +133,10 @@ def rich_pipeline():
 
 
 FINGERPRINT_SCRIPT = """
-import json, sys
-sys.path.insert(0, {tests!r})
+import json
+
 from pipeloom._fingerprint import pipeline_fingerprint
-from test_checkpoint_fingerprint import rich_pipeline
+from tests.test_checkpoint_fingerprint import rich_pipeline
 print(json.dumps(pipeline_fingerprint(rich_pipeline())))
 """
 
@@ -147,7 +147,7 @@ def test_the_fingerprint_is_the_same_in_another_process_and_has_no_addresses(tmp
     assert "0x" not in text and " at " not in text
     assert "<lambda>" in text and "partial(scale)" in text and "Images of 7 items" in text
     script = tmp_path / "fingerprint.py"
-    script.write_text(FINGERPRINT_SCRIPT.format(tests=str(pathlib.Path(__file__).parent)))
+    script.write_text(FINGERPRINT_SCRIPT)
     root = str(pathlib.Path(__file__).parents[1])
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run(

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from pipeloom.datapipes import IterDataPipe
-from pipeloom.datapipes._base import BlockingReader
+from pipeloom.datapipes import BlockingReader, IterDataPipe
 from pipeloom.errors import NotAvailable
 from pipeloom.events import FdReadiness, Signal, Waiter
 

@@ -17,7 +17,6 @@ import tarfile
 import threading
 
 import pytest
-from datapipes.sequences import plain
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +28,7 @@ from pipeloom.reading_service import (
     MultiProcessingReadingService,
     ThreadReadingService,
 )
+from tests.datapipes.sequences import plain
 
 SHARDS, DOCS_PER_SHARD = 3, 6
 

@@ -61,18 +61,33 @@ def test_bad_arguments_say_what_was_expected():
         DataLoader([1]).set_epoch(-2)
 
 
-def test_undeclared_inputs_are_caught_at_construction():
+def test_a_block_that_declares_no_inputs_reads_its_block_attributes():
     from pipeloom.datapipes import IterDataPipe
 
-    class Sneaky(IterDataPipe):
+    class TorchdataStyle(IterDataPipe):
         def __init__(self, source):
             self.source = source
 
         def __iter__(self):
             yield from self.source
 
-    with pytest.raises(TypeError, match="add inputs = \\('source',\\) to class Sneaky"):
-        DataLoader(Sneaky(IterableWrapper([1])))
+    assert list(DataLoader(TorchdataStyle(IterableWrapper([1, 2])))) == [1, 2]
+
+
+def test_hidden_inputs_are_caught_at_construction():
+    from pipeloom.datapipes import IterDataPipe
+
+    class Sneaky(IterDataPipe):
+        inputs = ("source",)
+
+        def __init__(self, source, side):
+            self.source, self.side = source, side
+
+        def __iter__(self):
+            yield from zip(self.source, self.side)
+
+    with pytest.raises(TypeError, match="attribute 'side' but its inputs = \\('source',\\)"):
+        DataLoader(Sneaky(IterableWrapper([1]), IterableWrapper([2])))
 
 
 def test_state_dict_mid_epoch_resumes_exactly_in_a_new_loader():
@@ -144,7 +159,7 @@ def test_an_attribute_hiding_a_chaining_method_is_caught_at_construction():
 
 
 def test_a_block_without_state_support_is_named_unless_replay_is_allowed():
-    from datapipes.helpers import OldStyleDouble
+    from tests.datapipes.helpers import OldStyleDouble
 
     def pipe():
         return OldStyleDouble(IterableWrapper(range(10)))

@@ -89,16 +89,18 @@ def build_service(loader: Any) -> ReadingService:
     assert loader.prefetch_factor is not None
     if loader.worker_type == "thread":
         return ThreadReadingService(
-            loader.num_workers, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order
+            loader.num_workers,
+            prefetch_factor=loader.prefetch_factor,
+            in_order=bool(loader.in_order),  # torch takes any truthy value
         )
     return MultiProcessingReadingService(
         loader.num_workers,
         prefetch_factor=loader.prefetch_factor,
         start_method=start_method_of(loader.multiprocessing_context),
         worker_init_fn=loader._setup,
-        persistent_workers=loader.persistent_workers,
+        persistent_workers=bool(loader.persistent_workers),  # torch takes any truthy value
         timeout=loader.timeout or None,
-        in_order=loader.in_order,
+        in_order=bool(loader.in_order),
         **loader._strategy_kwargs,
     )
 

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..datapipes import IterDataPipe
-from ..datapipes._context import stamp_item
 from ._rng import WorkerStreams
 
 __all__ = ["Fetch", "GetItem", "IterableDatasetSource"]
@@ -137,7 +136,7 @@ class IterableDatasetSource(IterDataPipe):
         output = self.collate_fn(data)
         position = self._count * self.total + self.index
         self._count += 1
-        stamp_item(self.epoch_seed(), self._pl_epoch, position)
+        self._stamp_item(position)
         return output
 
     def state_dict(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from torch.utils.data.dataloader import _InfiniteConstantSampler
 from .. import loader as pipeloom_loader
 from .._shutdown import ShutsDown
 from .._steps import StepGate
-from ..datapipes._collate import default_collate
+from ..datapipes import default_collate
 from ..errors import StateError
 from ._args import (
     STRATEGIES,

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from ..datapipes import IterDataPipe, StateFields
-from ..datapipes._context import stamp_item
 from ._rng import WorkerStreams
 
 __all__ = ["EpochPlan", "PlanBoard", "PlanEntries", "PlanSource"]
@@ -299,7 +298,7 @@ class PlanSource(IterDataPipe):
             raise StopIteration
         entry = entries[position]
         self._next = self._first_from(position + 1)
-        stamp_item(self.epoch_seed(), self._pl_epoch, position)
+        self._stamp_item(position)
         return entry
 
     def __len__(self) -> int:

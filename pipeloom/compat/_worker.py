@@ -10,8 +10,8 @@ import numpy as np
 import torch
 import torch.utils.data._utils.worker as torch_worker
 
-from ..datapipes import DataPipe, upstream_blocks
-from ..datapipes._map import Mapper
+from ..datapipes import DataPipe, Mapper
+from ..graph import upstream as upstream_blocks
 from ..reading_service import get_worker_info
 from ._fetch import Fetch, GetItem, IterableDatasetSource
 from ._plan import PlanBoard, PlanSource

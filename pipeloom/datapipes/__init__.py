@@ -1,5 +1,10 @@
 """Blocks and the asynchronous protocol they share.
 
+Every block class is importable from here (``Mapper``, ``Batcher``, ...); the
+chaining methods (``.map()``, ``.batch()``, ...) build the same objects.
+``pipeloom.datapipes.runtime`` holds what code that *runs* pipelines needs
+(item stamps, per-block framework state); building a pipeline never needs it.
+
 Example:
     >>> from pipeloom.datapipes import IterableWrapper
     >>> list(IterableWrapper(range(6)).map(lambda x: x * 2).batch(4))
@@ -11,42 +16,55 @@ from . import iter as iter  # torchdata's class names: dp.iter.FileLister(...)
 from . import map as map  # and dp.map.SequenceWrapper(...)
 from ._add_index import IndexAdder
 from ._async_map_batches import AsyncBatchMapper
-from ._base import BlockingReader, DataPipe, IterDataPipe, MapDataPipe
+from ._base import DataPipe, IterDataPipe, MapDataPipe
+from ._batch import Batcher, MapBatcher, Unbatcher
+from ._bucketbatch import BucketBatcher
+from ._collate import Collator, default_collate
 from ._columns import Dropper, Flattener, Slicer
 from ._compact import CompactStringList
-from ._context import current_position, derive_seed, item_rng, item_seed
+from ._concat import Concater, MapConcater
+from ._context import current_position, item_rng, item_seed
+from ._cycle import Cycler
 from ._decode import Decoder, default_decoders
 from ._decompress import Bz2FileLoader, CompressionType, Decompressor, XzFileLoader
+from ._demux import Demultiplexer
 from ._device import PinMemory, ToDevice
+from ._enumerate import Enumerator
 from ._files import FileLister, FileOpener, StreamOpener, StreamReader
+from ._filter import Filter
 from ._fingerprint import Fingerprint, UnfingerprintableError, fingerprint
+from ._flatmap import FlatMapper
+from ._fork import Forker
 from ._fsspec import FSSpecFileLister, FSSpecFileOpener
 from ._fullsync import FullSync, RankStopped
 from ._functional import functional_datapipe
 from ._groupby import Grouper
 from ._hash import HashChecker
+from ._header import Header
 from ._http import HttpReader
+from ._in_batch_shuffle import InBatchShuffler
 from ._in_memory_cache import InMemoryCacheHolder
 from ._json import JsonParser
 from ._key_zip import IterKeyZipper, MapKeyZipper
 from ._list_files import FSSpecRootLister, RootLister
+from ._map import MapMapper, Mapper
 from ._map_batches import BatchMapper
 from ._map_cache import MapInMemoryCacheHolder
+from ._mux import Multiplexer
 from ._on_disk_cache import EndOnDiskCacheHolder, OnDiskCacheHolder
 from ._padded_batch import PadCollate, PaddedBatch
 from ._paragraphs import ParagraphAggregator
 from ._pipeline import (
-    check_declared_inputs,
     load_pipeline_state_dict,
     pipeline_state_dict,
     reset_pipeline,
     seed_pipeline,
     set_pipeline_epoch,
-    traverse_roots,
-    upstream_blocks,
 )
+from ._prefetch import Prefetcher
 from ._random_split import SplitPart, random_split
 from ._read_stream import StreamChunkReader
+from ._reader import BlockingReader
 from ._repeat import Repeater
 from ._round_robin import round_robin_demux
 from ._routed_decode import RoutedDecoder
@@ -54,6 +72,8 @@ from ._rows2columnar import Rows2Columnar
 from ._save import FSSpecSaver, Saver
 from ._set_length import LengthSetter
 from ._shard_expand import ShardExpander
+from ._sharding import ShardingFilter
+from ._shuffle import MapShuffler, Shuffler
 from ._shuffled_flatmap import ShuffledFlatMapper
 from ._snapshot import Snapshot
 from ._state_fields import StateFields
@@ -65,32 +85,42 @@ from ._to_map import IterToMapConverter
 from ._unzip import unzip, unzip_map
 from ._webdataset import WebDataset
 from ._wrappers import IterableWrapper, MapToIter, SequenceWrapper, as_datapipe
+from ._zip import MapZipper, Zipper
 from ._zip_archive import ZipArchiveLoader
 from ._zip_longest import ZipperLongest
 
 __all__ = [
     "as_datapipe",
     "AsyncBatchMapper",
+    "Batcher",
     "BatchMapper",
     "BlockingReader",
+    "BucketBatcher",
     "Bz2FileLoader",
-    "check_declared_inputs",
+    "Collator",
     "CompactStringList",
     "CompressionType",
+    "Concater",
     "CSVParser",
     "current_position",
+    "Cycler",
     "DataPipe",
     "Decoder",
     "Decompressor",
+    "default_collate",
     "default_decoders",
-    "derive_seed",
+    "Demultiplexer",
     "Dropper",
+    "EndOnDiskCacheHolder",
+    "Enumerator",
     "FileLister",
     "FileOpener",
-    "Flattener",
-    "EndOnDiskCacheHolder",
+    "Filter",
     "fingerprint",
     "Fingerprint",
+    "FlatMapper",
+    "Flattener",
+    "Forker",
     "FSSpecFileLister",
     "FSSpecFileOpener",
     "FSSpecRootLister",
@@ -99,7 +129,9 @@ __all__ = [
     "functional_datapipe",
     "Grouper",
     "HashChecker",
+    "Header",
     "HttpReader",
+    "InBatchShuffler",
     "IndexAdder",
     "InMemoryCacheHolder",
     "item_rng",
@@ -112,17 +144,25 @@ __all__ = [
     "LengthSetter",
     "LineReader",
     "load_pipeline_state_dict",
+    "MapBatcher",
+    "MapConcater",
     "MapDataPipe",
     "MapInMemoryCacheHolder",
     "MapKeyZipper",
+    "MapMapper",
+    "Mapper",
+    "MapShuffler",
     "MapToIter",
+    "MapZipper",
+    "Multiplexer",
     "NotAvailable",
+    "OnDiskCacheHolder",
     "PadCollate",
     "PaddedBatch",
     "ParagraphAggregator",
-    "OnDiskCacheHolder",
     "PinMemory",
     "pipeline_state_dict",
+    "Prefetcher",
     "random_split",
     "RankStopped",
     "Repeater",
@@ -136,11 +176,13 @@ __all__ = [
     "SequenceWrapper",
     "set_pipeline_epoch",
     "ShardExpander",
+    "ShardingFilter",
     "ShuffledFlatMapper",
+    "Shuffler",
     "Slicer",
+    "Snapshot",
     "SplitPart",
     "StreamChunkReader",
-    "Snapshot",
     "StateFields",
     "StreamOpener",
     "StreamReader",
@@ -149,13 +191,13 @@ __all__ = [
     "TFRecordLoader",
     "ThreadPoolMapper",
     "ToDevice",
+    "Unbatcher",
     "UnfingerprintableError",
-    "traverse_roots",
     "unzip",
     "unzip_map",
-    "upstream_blocks",
     "WebDataset",
     "XzFileLoader",
     "ZipArchiveLoader",
+    "Zipper",
     "ZipperLongest",
 ]

@@ -6,9 +6,12 @@ either the non-blocking protocol (``async_next`` / ``async_get``) or the simple
 one (a plain ``__iter__`` generator / ``__getitem__``). The base class adapts
 each to the other, so both kinds mix in one pipeline.
 
-The only thing the base class adds to a subclass's methods: when the class
-defines ``lazy_init``, its ``__iter__``, ``__len__``, ``__getitem__``,
-``async_next`` and ``async_get`` first make sure ``lazy_init`` ran (once).
+A class that declares no ``inputs`` has its block-valued attributes taken as
+inputs (:meth:`DataPipe.input_names`). Framework state (seeds, epoch, lazy
+init) lives in ``_pl_*`` attributes only this module touches. The only thing
+the base adds to a subclass's methods: with ``lazy_init`` defined, its
+``__iter__``, ``__len__``, ``__getitem__``, ``async_next`` and ``async_get``
+first make sure ``lazy_init`` ran (once).
 
 Example:
     >>> from pipeloom.datapipes import IterDataPipe
@@ -27,30 +30,28 @@ Example:
 from __future__ import annotations
 
 import functools
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from .._validate import check_int
 from ..errors import NotAvailable
-from ..events import ReadinessSource, Waiter
-from ._context import derive_seed
+from ..events import ReadinessSource
+from ._attributes import attribute_values
+from ._context import _ITEM, derive_seed
 from ._functional import IterFunctional, MapFunctional
+from ._nesting import NESTING, nested_call
+from ._reader import BlockingReader
 
-__all__ = ["DataPipe", "IterDataPipe", "MapDataPipe", "BlockingReader"]
+__all__ = ["DataPipe", "IterDataPipe", "MapDataPipe"]
 
 T_co = TypeVar("T_co", covariant=True)
 
 _GUARDED = ("__iter__", "__len__", "__getitem__", "async_next", "async_get")
 
 
-class _Nesting(threading.local):
-    depth = 0
-
-
-_NESTING = _Nesting()
+_FRAMEWORK_MODULES = frozenset({__name__, IterFunctional.__module__, "builtins"})  # not blocks
 
 
 def _guard_lazy_init(method):
@@ -85,7 +86,8 @@ class DataPipe:
     at_most_one: ClassVar[bool] = False
 
     # Framework-owned per-instance state, kept out of __init__ so subclasses
-    # need not call super().__init__().
+    # need not call super().__init__(). Only this module reads or writes it.
+    _pl_declares_inputs: ClassVar[bool] = False
     _pl_initialized: bool = False
     _pl_seed: int | None = None
     _pl_seed_fixed: bool = False
@@ -101,6 +103,11 @@ class DataPipe:
                 f"{cls.__name__}.inputs must be a tuple of attribute names, got "
                 f"{cls.__dict__['inputs']!r}; write e.g. inputs = ('source',)"
             )
+        cls._pl_declares_inputs = any(
+            "inputs" in klass.__dict__
+            for klass in cls.__mro__
+            if klass.__module__ not in _FRAMEWORK_MODULES
+        )
         if cls.lazy_init is not DataPipe.lazy_init:
             for name in _GUARDED:
                 method = cls.__dict__.get(name)
@@ -110,23 +117,36 @@ class DataPipe:
     # -- graph ---------------------------------------------------------------
     @property
     def parents(self) -> tuple[DataPipe, ...]:
-        """The upstream blocks, in the order of ``inputs``."""
+        """The upstream blocks, in the order of :meth:`input_names`."""
         found: list[DataPipe] = []
-        for name in self.inputs:
-            value = getattr(self, name)
-            if isinstance(value, DataPipe):
-                found.append(value)
-            elif isinstance(value, (list, tuple)):
-                found.extend(v for v in value if isinstance(v, DataPipe))
+        if type(self)._pl_declares_inputs:
+            for name in self.inputs:
+                found.extend(_blocks_in(getattr(self, name)))
+        else:  # read the values, not vars(self): see _attributes.py
+            for value in attribute_values(self):
+                found.extend(_blocks_in(value))
         return tuple(found)
+
+    def input_names(self) -> tuple[str, ...]:
+        """The attributes holding this block's inputs: ``inputs`` when the class declares it
+        (even ``()``); else, as for a torchdata block, every attribute holding a block, or a
+        list, tuple or dict whose first element is one (a one-level look at walk time)."""
+        if type(self)._pl_declares_inputs:
+            return self.inputs
+        return tuple(name for name, value in vars(self).items() if _blocks_in(value))
 
     def replace_parent(self, old: DataPipe, new: DataPipe) -> None:
         """Swap the upstream block ``old`` for ``new`` (used by ``pipeloom.graph``)."""
         replaced = False
-        for name in self.inputs:
+        for name in self.input_names():
             value = getattr(self, name)
             if value is old:
                 setattr(self, name, new)
+                replaced = True
+            elif isinstance(value, dict) and any(v is old for v in value.values()):
+                setattr(
+                    self, name, type(value)({k: new if v is old else v for k, v in value.items()})
+                )
                 replaced = True
             elif isinstance(value, (list, tuple)) and any(v is old for v in value):
                 swapped = [new if v is old else v for v in value]
@@ -134,6 +154,11 @@ class DataPipe:
                 replaced = True
         if not replaced:
             raise ValueError(f"{self!r} has no input {old!r}; its inputs are {self.parents!r}")
+
+    @classmethod
+    def declares_inputs(cls) -> bool:
+        """True when the class (not the framework) sets ``inputs``, even to ``()``."""
+        return cls._pl_declares_inputs
 
     # -- hooks a block may override ----------------------------------------
     def lazy_init(self) -> None:
@@ -145,6 +170,21 @@ class DataPipe:
 
     def sharding_settings(self, total: int, index: int) -> None:
         """Keep only shard ``index`` of ``total`` (called only on shardable blocks)."""
+
+    def set_shard_group_size(self, group_size: int) -> None:
+        """Optional: give runs of ``group_size`` positions to one shard (batches in workers)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot shard in groups of positions")
+
+    def can_shard_in_groups(self) -> bool:
+        """True when this block implements :meth:`set_shard_group_size`."""
+        return _overrides(type(self), "set_shard_group_size", DataPipe)
+
+    def batches_of(self) -> int | None:
+        """``n`` when each output combines a run of ``n`` consecutive inputs (a batch), else None.
+
+        A placement trait: workers given runs of ``n`` positions build whole outputs.
+        """
+        return None
 
     def resume_at(self, position: int) -> None:
         """Skip, without producing them, the positions before ``position`` this epoch.
@@ -208,16 +248,61 @@ class DataPipe:
                 self._pl_epoch_seed = derive_seed(self._pl_seed, self._pl_epoch)
         return self._pl_epoch_seed
 
-    def _pl_fix_seed(self, seed: int | None) -> None:
-        """Give this block its own seed, which pipeline seeding will not replace."""
-        if seed is None:
+    def _fix_seed(self, seed: int | None) -> None:
+        """Give this block its own seed (its ``seed=`` argument), which pipeline seeding keeps."""
+        if check_int("seed", seed, allow_none=True) is None:
             return
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
         self._pl_seed = seed
         self._pl_seed_fixed = True
 
-    # -- framework internals ---------------------------------------------------
+    def _stamp_item(self, position: int) -> None:
+        """Mark the current item as this block's output at ``position`` (sources, sharding)."""
+        seed = self._pl_epoch_seed
+        if seed is None:
+            seed = self.epoch_seed()
+        item = _ITEM  # stamp_item(), inlined: this runs once per item
+        item.stamp = (seed, self._pl_epoch, position, 0)
+        if item.watchers:
+            for watcher in item.watchers:
+                watcher(seed, position)
+
+    # -- framework internals: called by _pipeline and the runtime seam ----------
+    def _block_seed(self) -> int | None:  # None: no pipeline seed
+        return self._pl_seed
+
+    def _assign_seed(self, key: int, pipeline_seed: int | None) -> None:
+        """Seed from ``pipeline_seed`` and ``key``, the place in the pipeline first seeded
+        (so a worker's copy of a part, re-seeded later, gets the same seeds)."""
+        if self._pl_seed_key is None:
+            self._pl_seed_key = key
+        if not self._pl_seed_fixed:
+            seed = None if pipeline_seed is None else derive_seed(pipeline_seed, self._pl_seed_key)
+            self._pl_seed = seed
+        self._pl_epoch_seed = None
+
+    def _enter_epoch(self, epoch: int) -> None:
+        self._pl_epoch = epoch
+        self._pl_round = 0
+        self._pl_epoch_seed = None
+        self.set_epoch(epoch)
+
+    def _enter_round(self, round_number: int) -> None:
+        self._pl_round = round_number
+        self._pl_epoch_seed = None
+
+    def _epoch_number(self) -> int:
+        return self._pl_epoch
+
+    def _round_number(self) -> int:  # repetitions of the stream within an epoch (cycle)
+        return self._pl_round
+
+    def _drawn_epoch_seed(self) -> int | None:  # without drawing one
+        return self._pl_epoch_seed
+
+    def _forget_lazy_init(self) -> None:
+        """This object now lives in a new process (forked): ``lazy_init`` runs again there."""
+        self._pl_initialized = False
+
     def _pl_ensure_init(self) -> None:
         if self._pl_initialized:
             return
@@ -228,7 +313,7 @@ class DataPipe:
             self._pl_initialized = False
             raise
 
-    def _pl_reset(self) -> None:
+    def _restart(self) -> None:
         """Reset framework state, then the block's own (``reset`` hook)."""
         self._pl_ensure_init()
         self._pl_epoch_seed = None
@@ -274,8 +359,8 @@ class IterDataPipe(IterFunctional, DataPipe):
                     f"{type(self).__name__} defines neither async_next() nor __iter__(); "
                     f"implement one of them"
                 )
-            gen = self._pl_gen = _nested_call(type(self).__iter__, self)
-        return _nested_call(next, gen)
+            gen = self._pl_gen = nested_call(type(self).__iter__, self)
+        return nested_call(next, gen)
 
     def async_next_many(self, limit: int) -> list[Any]:
         """Between 1 and ``limit`` next items, for consumers that take many at once.
@@ -294,11 +379,16 @@ class IterDataPipe(IterFunctional, DataPipe):
         return items
 
     def __iter__(self) -> Iterator[Any]:
-        """Iterate synchronously; at top level this restarts the pipeline."""
-        if _NESTING.depth == 0:
-            from ._pipeline import reset_pipeline
+        """Iterate synchronously; at top level this restarts the pipeline.
 
-            reset_pipeline(self)
+        Inside a running pipeline (a block's ``__iter__`` reading its source)
+        ``iter()`` does not restart anything: the top-level call restarted
+        every block upstream already, through the graph.
+        """
+        if NESTING.depth == 0:
+            from ._pipeline import start_iteration
+
+            start_iteration(self)
         return _BlockingIterator(self)
 
     def __len__(self) -> int:
@@ -307,10 +397,10 @@ class IterDataPipe(IterFunctional, DataPipe):
             f"by iterating it"
         )
 
-    def _pl_reset(self) -> None:
+    def _restart(self) -> None:
         self._pl_gen = None
         self._pl_iter_token += 1
-        super()._pl_reset()
+        super()._restart()
 
 
 class MapDataPipe(MapFunctional, DataPipe):
@@ -366,89 +456,22 @@ def _overrides(cls: type, name: str, base: type) -> bool:
     return False
 
 
-def _nested_call(fn, arg):
-    """Call ``fn(arg)`` marked as running inside a pipeline (inner ``iter()`` won't reset)."""
-    nesting = _NESTING
-    nesting.depth += 1
-    try:
-        return fn(arg)
-    finally:
-        nesting.depth -= 1
+def _blocks_in(value: Any) -> list[DataPipe]:
+    """The blocks an input attribute holds: a block, or a list/tuple/dict of them.
 
-
-class BlockingReader:
-    """Waits for a block's items on its readiness events (never polls).
-
-    Example:
-        >>> from pipeloom.datapipes import IterableWrapper
-        >>> BlockingReader(IterableWrapper([7])).next()
-        7
+    A container counts when its first element is a block (a look at one
+    element, so a long list of file names costs nothing).
     """
-
-    def __init__(self, pipe: DataPipe) -> None:
-        self.pipe = pipe
-        self._waiter: Waiter | None = None
-        self._sources: list[ReadinessSource] = []
-
-    def next(self, timeout: float | None = None) -> Any:
-        """The next item of an iterable block; ``StopIteration`` at the end."""
-        pipe = self.pipe
-        assert isinstance(pipe, IterDataPipe)
-        return self._call(pipe.async_next, (), timeout)
-
-    def get(self, index: int, timeout: float | None = None) -> Any:
-        """Item ``index`` of a map-style block."""
-        pipe = self.pipe
-        assert isinstance(pipe, MapDataPipe)
-        return self._call(pipe.async_get, (index,), timeout)
-
-    def _call(self, fn, args, timeout: float | None) -> Any:
-        try:
-            return fn(*args)
-        except NotAvailable:
-            pass
-        waiter = self._attach()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            seen = waiter.generation
-            try:
-                return fn(*args)
-            except NotAvailable:
-                left = None if deadline is None else deadline - time.monotonic()
-                if (left is not None and left <= 0) or not waiter.wait(seen, left):
-                    raise TimeoutError(f"no item from {self.pipe!r} within {timeout} s") from None
-
-    def _attach(self) -> Waiter:
-        if self._waiter is not None:
-            return self._waiter
-        from ._pipeline import upstream_blocks
-
-        sources = [s for block in upstream_blocks(self.pipe) for s in block.readiness_sources()]
-        if not sources:
-            raise RuntimeError(
-                f"{self.pipe!r} raised NotAvailable, but no block upstream of it offers "
-                f"a readiness source to wait on; a block that can raise NotAvailable must "
-                f"return its Signal/FdReadiness from readiness_sources()"
-            )
-        waiter = Waiter()
-        for source in sources:
-            source.attach(waiter)
-        self._waiter, self._sources = waiter, sources
-        return waiter
-
-    def close(self) -> None:
-        """Detach from the readiness sources."""
-        if self._waiter is not None:
-            for source in self._sources:
-                source.detach(self._waiter)
-            self._waiter.close()
-            self._waiter, self._sources = None, []
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
+    if isinstance(value, DataPipe):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        if value and isinstance(value[0], DataPipe):
+            return [v for v in value if isinstance(v, DataPipe)]
+    elif isinstance(value, dict) and value:
+        values = list(value.values())
+        if isinstance(values[0], DataPipe):
+            return [v for v in values if isinstance(v, DataPipe)]
+    return []
 
 
 class _BlockingIterator(Iterator[Any]):

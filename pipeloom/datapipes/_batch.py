@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .._validate import check_bool, check_int
 from ..errors import NotAvailable
 from ._base import IterDataPipe, MapDataPipe
 from ._context import current_stamp, restore_stamp
@@ -48,6 +49,10 @@ class Batcher(IterDataPipe):
         self._wrap = None if wrapper_class is list else wrapper_class
         self._batch: list[Any] = []
         self._first_stamp: tuple = (None, 0, None, 0)
+
+    def batches_of(self) -> int:
+        """Each batch is a run of ``batch_size`` consecutive items (a placement trait)."""
+        return self.batch_size
 
     def reset(self) -> None:
         self._batch = []
@@ -190,15 +195,12 @@ class Unbatcher(IterDataPipe):
     per_item = True
 
     def __init__(self, source: IterDataPipe, unbatch_level: int = 1) -> None:
-        if (
-            isinstance(unbatch_level, bool)
-            or not isinstance(unbatch_level, int)
-            or unbatch_level < -1
-        ):
-            raise ValueError(
-                f"unbatch_level must be an int >= -1, got {unbatch_level!r}; use 1 to "
-                f"flatten one level, k for k levels, -1 for all nested lists, 0 for none"
-            )
+        check_int(
+            "unbatch_level",
+            unbatch_level,
+            minimum=-1,
+            hint="use 1 to flatten one level, k for k levels, -1 for all nested lists, 0 for none",
+        )
         self.source = source
         self.unbatch_level = unbatch_level
         self._buffer: list[Any] | tuple[Any, ...] = ()
@@ -291,20 +293,12 @@ def check_batch_args(
     owner: str, batch_size: Any, drop_last: Any, wrapper_class: Any = list
 ) -> None:
     """Validate the arguments shared by the batching blocks."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(
-            f"batch_size must be an int >= 1, got {batch_size!r}; use batch_size=1 to "
-            f"yield single-item batches"
-        )
-    check_bool(owner, "drop_last", drop_last)
+    check_int(
+        "batch_size", batch_size, minimum=1, hint="use batch_size=1 to yield single-item batches"
+    )
+    check_bool("drop_last", drop_last)
     if not callable(wrapper_class):
         raise TypeError(
             f"{owner}() expects wrapper_class to be a callable taking a list (e.g. list "
             f"or tuple), got {type(wrapper_class).__name__} {wrapper_class!r}"
         )
-
-
-def check_bool(owner: str, name: str, value: Any) -> None:
-    """Raise TypeError unless ``value`` is a bool."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{owner}() expects {name} to be True or False, got {value!r}")

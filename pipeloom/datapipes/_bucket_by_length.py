@@ -6,8 +6,8 @@ import bisect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._validate import check_bool
 from ._base import IterDataPipe
-from ._batch import check_bool
 from ._context import current_stamp, restore_stamp
 from ._map import check_callable, fn_name
 
@@ -113,7 +113,7 @@ class LengthBucketer(IterDataPipe):
             _check_int("max_tokens", max_tokens, 1)
             self._sizes = None
         _check_int("buffer_size", buffer_size, 1)
-        check_bool("bucket_by_length", "drop_last", drop_last)
+        check_bool("drop_last", drop_last)
         self.source = source
         self.length_fn = length_fn
         self.boundaries = boundaries

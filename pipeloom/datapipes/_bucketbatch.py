@@ -6,8 +6,9 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from .._validate import check_bool, check_int
 from ._base import IterDataPipe
-from ._batch import batch_count, check_batch_args, check_bool
+from ._batch import batch_count, check_batch_args
 from ._context import current_stamp, restore_stamp
 from ._map import fn_name
 from ._state_fields import StateFields
@@ -61,15 +62,14 @@ class BucketBatcher(IterDataPipe):
         use_in_batch_shuffle: bool = True,
     ) -> None:
         check_batch_args("bucketbatch", batch_size, drop_last)
-        for name, value in (("batch_num", batch_num), ("bucket_num", bucket_num)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_int("batch_num", batch_num, minimum=1)
+        check_int("bucket_num", bucket_num, minimum=1)
         if sort_key is not None and not callable(sort_key):
             raise TypeError(
                 f"bucketbatch() expects sort_key to be None or a callable that takes a "
                 f"list of items and returns it sorted, got {type(sort_key).__name__}"
             )
-        check_bool("bucketbatch", "use_in_batch_shuffle", use_in_batch_shuffle)
+        check_bool("use_in_batch_shuffle", use_in_batch_shuffle)
         self.source = source
         self.batch_size = batch_size
         self.drop_last = drop_last

@@ -25,7 +25,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["derive_seed", "item_rng", "item_seed", "current_position"]
+__all__ = [
+    "NO_STAMP",
+    "ItemStamp",
+    "current_draws",
+    "current_position",
+    "current_stamp",
+    "derive_seed",
+    "item_rng",
+    "item_seed",
+    "restore_stamp",
+    "stamp_item",
+]
 
 _MASK64 = (1 << 64) - 1
 
@@ -49,7 +60,10 @@ def derive_seed(*parts: int) -> int:
     return value >> 1
 
 
-_NO_STAMP: tuple[int | None, int, int | None, int] = (None, 0, None, 0)
+ItemStamp = tuple[int | None, int, int | None, int]
+"""``(seed, epoch, position, draws)``: which item a thread works on, and its draws so far."""
+
+NO_STAMP: ItemStamp = (None, 0, None, 0)
 
 
 class _ItemState(threading.local):
@@ -58,7 +72,7 @@ class _ItemState(threading.local):
     One immutable tuple in one attribute: the cheapest thing to set per item.
     """
 
-    stamp: tuple[int | None, int, int | None, int] = _NO_STAMP
+    stamp: ItemStamp = NO_STAMP
     watchers: tuple[Callable[[int | None, int], None], ...] = ()
 
 
@@ -94,7 +108,7 @@ def unwatch_stamps(previous: tuple) -> None:
     _ITEM.watchers = previous
 
 
-def current_stamp() -> tuple[int | None, int, int | None, int]:
+def current_stamp() -> ItemStamp:
     """The (seed, epoch, position, draws) stamp of the current thread."""
     return _ITEM.stamp
 

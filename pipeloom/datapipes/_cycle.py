@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._validate import check_int
 from ._base import IterDataPipe
 from ._pipeline import reset_pipeline, set_pipeline_round
 from ._state_fields import StateFields
@@ -28,9 +29,7 @@ class Cycler(IterDataPipe):
     inputs = ("source",)
 
     def __init__(self, source: IterDataPipe, count: int | None = None) -> None:
-        bad = isinstance(count, bool) or not isinstance(count, int) or count < 0
-        if count is not None and bad:
-            raise ValueError(f"count must be None (repeat forever) or an int >= 0, got {count!r}")
+        check_int("count", count, minimum=0, allow_none=True, hint="use None to repeat forever")
         self.source = source
         self.count = count
         self.reset()

@@ -6,6 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .._validate import check_bool
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
 from ._fork import buffer_full_error, check_hub_args
@@ -41,8 +42,7 @@ def demux(
             f"classifier_fn must be callable (item -> child index), got "
             f"{type(classifier_fn).__name__}"
         )
-    if not isinstance(drop_none, bool):
-        raise TypeError(f"drop_none must be a bool, got {type(drop_none).__name__}")
+    check_bool("drop_none", drop_none)
     hub = _DemuxHub(source, num_instances, classifier_fn, drop_none, buffer_size)
     return [Demultiplexer(hub, index) for index in range(num_instances)]
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, TypeAlias
 import torch
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_structure
 
+from .._validate import check_bool
 from ._base import IterDataPipe
 from ._prefetch import _STOPPED, Prefetcher, _Worker
 from ._state_fields import StateFields
@@ -135,11 +136,11 @@ class ToDevice(_DeviceBlock):
     def __init__(
         self, source: IterDataPipe, device: Device, non_blocking: bool = True, buffer_size: int = 2
     ) -> None:
-        if not isinstance(non_blocking, bool):
-            raise TypeError(
-                f"non_blocking must be a bool, got {type(non_blocking).__name__} "
-                f"{non_blocking!r}; use non_blocking=True to overlap copies with compute"
-            )
+        check_bool(
+            "non_blocking",
+            non_blocking,
+            hint="use non_blocking=True to overlap copies with compute",
+        )
         self.device = _check_device(device, "to_device")
         self.non_blocking = non_blocking
         super().__init__(source, _DeviceCopier(self.device, non_blocking), buffer_size)

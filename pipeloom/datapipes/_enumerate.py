@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._validate import check_int
 from ._base import IterDataPipe
 from ._state_fields import StateFields
 
@@ -22,11 +23,7 @@ class Enumerator(IterDataPipe):
     inputs = ("source",)
 
     def __init__(self, source: IterDataPipe, starting_index: int = 0) -> None:
-        if isinstance(starting_index, bool) or not isinstance(starting_index, int):
-            raise TypeError(
-                f"starting_index must be an int, got {type(starting_index).__name__} "
-                f"{starting_index!r}"
-            )
+        check_int("starting_index", starting_index)
         self.source = source
         self.starting_index = starting_index
         self._index = starting_index

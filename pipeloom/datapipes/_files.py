@@ -33,10 +33,10 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
+from .._validate import check_index, check_int
 from ..errors import StateError
 from ._base import IterDataPipe
 from ._compact import CompactStringList
-from ._context import stamp_item
 from ._pipeline import is_sharding_root
 
 __all__ = ["FileLister", "FileOpener", "StreamOpener", "StreamReader"]
@@ -119,7 +119,7 @@ class Lister(IterDataPipe):
         if position >= len(paths):
             raise StopIteration
         self._position = position + 1
-        stamp_item(self.epoch_seed(), self._pl_epoch, position)
+        self._stamp_item(position)
         return paths[position]
 
     def __len__(self) -> int:
@@ -258,10 +258,8 @@ class StreamOpener(IterDataPipe):
         return True
 
     def sharding_settings(self, total: int, index: int) -> None:
-        if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-            raise ValueError(f"total must be an int >= 1, got {total!r}")
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
-            raise ValueError(f"index must be an int in [0, {total}), got {index!r}")
+        check_int("total", total, minimum=1)
+        check_index("index", index, total)
         self._total, self._index = total, index
 
     def async_next(self) -> tuple[str, IO[Any]]:
@@ -282,7 +280,7 @@ class StreamOpener(IterDataPipe):
         if self._root is None:
             self._root = is_sharding_root(self)
         if self._root:  # below a sharding_filter: keep its positions
-            stamp_item(self.epoch_seed(), self._pl_epoch, position)
+            self._stamp_item(position)
         return path, stream
 
     def _track(self, position: int, path: str, stream: IO[Any]) -> None:

@@ -6,6 +6,7 @@ import copy as _copy
 from collections import deque
 from typing import Any
 
+from .._validate import check_int
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
 from ._state_fields import StateFields
@@ -20,16 +21,9 @@ def check_hub_args(op: str, source: Any, num_instances: Any, buffer_size: Any) -
             f"{op}() expects an IterDataPipe as its source, got {type(source).__name__}; "
             f"convert a MapDataPipe with .to_iter() or wrap iterables with IterableWrapper(...)"
         )
-    if isinstance(num_instances, bool) or not isinstance(num_instances, int) or num_instances < 1:
-        raise ValueError(f"num_instances must be an int >= 1, got {num_instances!r}")
-    if (
-        isinstance(buffer_size, bool)
-        or not isinstance(buffer_size, int)
-        or (buffer_size < 1 and buffer_size != -1)
-    ):
-        raise ValueError(
-            f"buffer_size must be an int >= 1, or -1 for an unbounded buffer, got {buffer_size!r}"
-        )
+    check_int("num_instances", num_instances, minimum=1)
+    if buffer_size != -1 or isinstance(buffer_size, bool):
+        check_int("buffer_size", buffer_size, minimum=1, hint="use -1 for an unbounded buffer")
 
 
 def buffer_full_error(op: str, buffer_size: int, ahead: int, behind: int, gap: int) -> BufferError:

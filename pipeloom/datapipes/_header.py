@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._validate import check_int
 from ._base import IterDataPipe
 from ._state_fields import StateFields
 
@@ -28,13 +29,9 @@ class Header(IterDataPipe):
     inputs = ("source",)
 
     def __init__(self, source: IterDataPipe, limit: int | None = 10) -> None:
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
-        ):
-            raise ValueError(
-                f"limit must be an int >= 0 or None, got {limit!r}; use limit=None to "
-                f"yield every item"
-            )
+        check_int(
+            "limit", limit, minimum=0, allow_none=True, hint="use limit=None to yield every item"
+        )
         self.source = source
         self.limit = limit
         self._count = 0

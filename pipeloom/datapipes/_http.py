@@ -20,27 +20,12 @@ import io
 import threading
 from typing import IO, Any
 
+from .._validate import check_int, check_seconds
 from ._base import IterDataPipe
 from ._download import Download, RetryPolicy
 from ._files import StreamOpener
 
 __all__ = ["HttpReader"]
-
-
-def _seconds(name: str, value: Any, *, zero: bool = False, none: bool = True) -> None:
-    if value is None and none:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or value < 0
-        or (value == 0 and not zero)
-        or value != value  # NaN
-    ):
-        bound = ">= 0" if zero else "> 0"
-        raise ValueError(
-            f"{name} must be a number of seconds {bound}{' or None' if none else ''}, got {value!r}"
-        )
 
 
 class HttpReader(StreamOpener):
@@ -81,11 +66,10 @@ class HttpReader(StreamOpener):
         deadline: float | None = 600.0,
     ) -> None:
         super().__init__(source)
-        _seconds("timeout", timeout)
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries must be an int >= 0, got {retries!r}; use 0 for no retry")
-        _seconds("backoff", backoff, zero=True, none=False)
-        _seconds("deadline", deadline)
+        check_seconds("timeout", timeout, allow_none=True)
+        check_int("retries", retries, minimum=0, hint="use 0 for no retry")
+        check_seconds("backoff", backoff, zero_ok=True)
+        check_seconds("deadline", deadline, allow_none=True)
         if headers is not None and not (
             isinstance(headers, dict)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())

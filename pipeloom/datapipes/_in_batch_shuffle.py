@@ -32,7 +32,7 @@ class InBatchShuffler(IterDataPipe):
     inputs = ("source",)
 
     def __init__(self, source: IterDataPipe, *, seed: int | None = None) -> None:
-        self._pl_fix_seed(seed)
+        self._fix_seed(seed)
         self.source = source
         self.seed = seed
         self._rng: random.Random | None = None

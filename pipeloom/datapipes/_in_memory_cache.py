@@ -161,7 +161,7 @@ class InMemoryCacheHolder(IterDataPipe):
             if self._stamper and index is not None
             else None
         )
-        self._stamp = (seed, self._pl_epoch)
+        self._stamp = (seed, self._epoch_number())
         return "cached"
 
     def _pass(self) -> Any:
@@ -226,9 +226,9 @@ class InMemoryCacheHolder(IterDataPipe):
         if index is None:
             return None
         authority = upstream_blocks(self)[index]
-        if authority._pl_round:
+        if authority._round_number():
             return None
-        return getattr(authority, "_pl_epoch_seed", None)
+        return authority._drawn_epoch_seed()
 
     # -- later passes: the head live, then memory --------------------------------------
     def _counted(self) -> Any:

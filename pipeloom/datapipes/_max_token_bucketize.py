@@ -6,8 +6,8 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
+from .._validate import check_bool
 from ._base import IterDataPipe
-from ._batch import check_bool
 from ._context import current_stamp, restore_stamp
 from ._map import check_callable, fn_name
 
@@ -90,7 +90,7 @@ class MaxTokenBucketizer(IterDataPipe):
                 f"max_token_bucketize() expects max_len <= max_token_count (a longer item "
                 f"fits no batch), got max_len={limit} and max_token_count={max_token_count}"
             )
-        check_bool("max_token_bucketize", "include_padding", include_padding)
+        check_bool("include_padding", include_padding)
         self.source = source
         self.max_token_count = max_token_count
         self.len_fn = len_fn

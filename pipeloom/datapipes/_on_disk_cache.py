@@ -19,7 +19,7 @@ from typing import Any
 
 from ._base import DataPipe, IterDataPipe
 from ._cache_files import FileLock, file_hash, write_atomically
-from ._context import current_stamp, restore_stamp, stamp_item
+from ._context import current_stamp, restore_stamp
 from ._pipeline import is_sharding_root, upstream_blocks
 
 __all__ = ["EndOnDiskCacheHolder", "OnDiskCacheHolder"]
@@ -138,7 +138,7 @@ class OnDiskCacheHolder(IterDataPipe):
         if self._root is None:
             self._root = is_sharding_root(self)
         if self._root:  # below another sharding point: keep its positions
-            stamp_item(self.epoch_seed(), self._pl_epoch, position)
+            self._stamp_item(position)
         return key
 
     def async_next(self) -> Any:

@@ -1,18 +1,30 @@
-"""Whole-pipeline operations used by the loader and by ``iter()``.
+"""Whole-pipeline operations: restart, seed, set the epoch, checkpoint, check inputs.
 
-The pipeline is walked through each block's declared ``parents`` only.
+The pipeline is walked through each block's ``parents`` only (``pipeloom._walk``);
+per-block framework state is changed through the block base's methods.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from .._validate import check_int
+from .._walk import not_a_block, walk_upstream
+from ..errors import StateError
+from ._attributes import attribute_values
 from ._base import DataPipe
 
 __all__ = [
     "check_declared_inputs",
+    "is_sharding_root",
+    "refuse_hidden_inputs",
+    "load_pipeline_state_dict",
+    "pipeline_state_dict",
     "reset_pipeline",
     "seed_pipeline",
     "set_pipeline_epoch",
     "set_pipeline_round",
+    "start_iteration",
     "upstream_blocks",
 ]
 
@@ -20,55 +32,58 @@ __all__ = [
 def upstream_blocks(output: DataPipe) -> list[DataPipe]:
     """Every block ``output`` depends on, itself first, each before its parents.
 
-    Shared blocks (e.g. behind ``fork``) appear once. The order is
-    deterministic: it depends only on the pipeline's structure.
+    Shared blocks (e.g. behind ``fork``) appear once; the order depends only
+    on the pipeline's structure (``pipeloom.graph.traverse`` is the public view).
 
     Raises:
+        TypeError: if ``output`` is not a block.
         ValueError: if the blocks form a cycle.
     """
     if not isinstance(output, DataPipe):
-        raise TypeError(
-            f"expected a pipeline (an IterDataPipe or MapDataPipe), got "
-            f"{type(output).__name__}; wrap plain iterables with IterableWrapper(...)"
-        )
-    postorder: list[DataPipe] = []
-    state: dict[int, int] = {}  # id -> 1 visiting, 2 done
-    stack: list[tuple[DataPipe, int]] = [(output, 0)]
-    path: list[DataPipe] = []
-    while stack:
-        block, next_parent = stack.pop()
-        if next_parent == 0:
-            if state.get(id(block)) == 2:
-                continue
-            state[id(block)] = 1
-            path.append(block)
-        parents = block.parents
-        if next_parent < len(parents):
-            stack.append((block, next_parent + 1))
-            parent = parents[next_parent]
-            mark = state.get(id(parent))
-            if mark == 1:
-                cycle = path[path.index(parent) :] + [parent]
-                raise ValueError(
-                    "the pipeline has a cycle: "
-                    + " -> ".join(type(b).__name__ for b in reversed(cycle))
-                    + "; a pipeline must be a DAG (use fork() to feed a block's output "
-                    "to several consumers)"
-                )
-            if mark is None:
-                stack.append((parent, 0))
-        else:
-            state[id(block)] = 2
-            path.pop()
-            postorder.append(block)
-    postorder.reverse()
-    return postorder
+        raise not_a_block(output)
+    return walk_upstream(output)
+
+
+def refuse_hidden_inputs(blocks: Sequence[DataPipe]) -> None:
+    """Raise if a block declares ``inputs`` but keeps another block outside them.
+
+    The walk follows the declared inputs only: the hidden block would not be
+    restarted with the pipeline (a second epoch would read it exhausted), nor
+    seeded, sharded or placed.
+    """
+    for block in blocks:
+        if not block.declares_inputs():
+            continue  # every block-valued attribute is an input already
+        declared = {id(p) for p in block.parents}
+        hidden = [
+            value
+            for value in attribute_values(block)
+            if isinstance(value, DataPipe) and id(value) not in declared
+        ]
+        if hidden:
+            value = hidden[0]
+            name = next(n for n, v in vars(block).items() if v is value)  # raising: may be slow
+            kind = type(block).__name__
+            raise TypeError(
+                f"{kind} keeps the block {type(value).__name__} in attribute {name!r} but "
+                f"its inputs = {block.inputs!r} leave it out; add {name!r} to {kind}.inputs, "
+                f"or remove the inputs declaration to have every block-valued attribute "
+                f"taken as an input"
+            )
+
+
+def start_iteration(output: DataPipe) -> None:
+    """What a top-level ``iter(block)`` does first: check the inputs, restart every block."""
+    blocks = walk_upstream(output)
+    refuse_hidden_inputs(blocks)
+    for block in blocks:
+        block._restart()
 
 
 def reset_pipeline(output: DataPipe) -> None:
     """Start a new iteration of every block ``output`` depends on (consumers first)."""
     for block in upstream_blocks(output):
-        block._pl_reset()
+        block._restart()
 
 
 def seed_pipeline(output: DataPipe, seed: int | None) -> None:
@@ -84,29 +99,16 @@ def seed_pipeline(output: DataPipe, seed: int | None) -> None:
         >>> seed_pipeline(dp, 1); first == list(dp)
         True
     """
-    from ._context import derive_seed
-
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+    check_int("seed", seed, allow_none=True)
     for index, block in enumerate(upstream_blocks(output)):
-        # The key is the block's place in the pipeline first seeded, so a copy of
-        # a sub-graph (a worker's part) re-seeded later gets the same seeds.
-        if block._pl_seed_key is None:
-            block._pl_seed_key = index
-        if not block._pl_seed_fixed:
-            block._pl_seed = None if seed is None else derive_seed(seed, block._pl_seed_key)
-        block._pl_epoch_seed = None
+        block._assign_seed(index, seed)
 
 
 def set_pipeline_epoch(output: DataPipe, epoch: int) -> None:
     """Tell every block the epoch; random blocks then draw a new, reproducible order."""
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+    check_int("epoch", epoch, minimum=0)
     for block in upstream_blocks(output):
-        block._pl_epoch = epoch
-        block._pl_round = 0
-        block._pl_epoch_seed = None
-        block.set_epoch(epoch)
+        block._enter_epoch(epoch)
 
 
 def set_pipeline_round(output: DataPipe, round_number: int) -> None:
@@ -116,39 +118,53 @@ def set_pipeline_round(output: DataPipe, round_number: int) -> None:
     ``item_rng()`` gives new values, reproducibly.
     """
     for block in upstream_blocks(output):
-        block._pl_round = round_number
-        block._pl_epoch_seed = None
+        block._enter_round(round_number)
 
 
 def check_declared_inputs(output: DataPipe) -> None:
-    """Fail early when a block holds an upstream block it did not declare in ``inputs``.
+    """Fail early on blocks the graph cannot see or chain: ``DataLoader`` calls it.
 
-    The graph is walked through ``inputs`` only; an undeclared input would be
-    invisible to seeding, sharding and placement.
+    A block that declares ``inputs`` but keeps another block in an undeclared
+    attribute would hide it from restarting, seeding, sharding and placement
+    (``iter()`` refuses it too); an attribute named like a chaining method
+    (``self.batch = 4``) would hide ``.batch()``.
     """
     from ._functional import IterFunctional, MapFunctional
 
-    chaining = set(dir(IterFunctional)) | set(dir(MapFunctional))  # mixins' methods too
-    for block in upstream_blocks(output):
-        shadowing = sorted(
-            name for name in vars(block) if name in chaining and not name.startswith("_")
-        )
+    chaining = sorted(  # dir(): the mixins' methods too
+        name for name in {*dir(IterFunctional), *dir(MapFunctional)} if not name.startswith("_")
+    )
+    blocks = upstream_blocks(output)
+    for block in blocks:
+        shadowing = _shadowed(block, chaining)
         if shadowing:
             raise TypeError(
                 f"{type(block).__name__} sets the attribute {shadowing[0]!r}, which hides the "
                 f"chaining method .{shadowing[0]}(); rename the attribute (e.g. "
                 f"'{shadowing[0]}_size' or '_{shadowing[0]}')"
             )
-        declared = {id(p) for p in block.parents}
-        for name, value in vars(block).items():
-            if isinstance(value, DataPipe) and id(value) not in declared:
-                raise TypeError(
-                    f"{type(block).__name__} keeps the block {type(value).__name__} in "
-                    f"attribute {name!r} but does not declare it as an input; add "
-                    f"inputs = ({name!r},) to class {type(block).__name__}"
-                )
+    refuse_hidden_inputs(blocks)
 
 
+def _shadowed(block: DataPipe, names: list[str]) -> list[str]:
+    """Which ``names`` (chaining methods) an instance attribute of ``block`` hides.
+
+    Asked through ``getattr`` rather than ``vars(block)``, which would slow the
+    block down for good (see ``_attributes.py``).
+    """
+    cls = type(block)
+    found = []
+    for name in names:
+        value = getattr(block, name, _MISSING)
+        if value is _MISSING:
+            continue
+        method = getattr(cls, name, _MISSING)
+        if method is _MISSING or getattr(value, "__func__", value) is not method:
+            found.append(name)
+    return found
+
+
+_MISSING = object()
 STATE_VERSION = 1
 
 
@@ -158,8 +174,6 @@ def pipeline_state_dict(output: DataPipe) -> dict:
     Raises:
         StateError: naming the block that cannot save its state.
     """
-    from ..errors import StateError
-
     blocks = upstream_blocks(output)
     states = []
     for index, block in enumerate(blocks):
@@ -177,8 +191,6 @@ def load_pipeline_state_dict(output: DataPipe, state: dict) -> None:
     Raises:
         StateError: if the state is from another version or pipeline shape.
     """
-    from ..errors import StateError
-
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
         raise StateError(
             f"expected a pipeline state of version {STATE_VERSION}, got "
@@ -215,12 +227,6 @@ def load_pipeline_state_dict(output: DataPipe, state: dict) -> None:
                 f"block #{index} {block!r} could not load its state ({type(error).__name__}: "
                 f"{error}); the state is damaged or was saved from another pipeline"
             ) from error
-
-
-def traverse_roots(output: DataPipe, indices: tuple[int, ...]) -> list[DataPipe]:
-    """The blocks at ``indices`` of :func:`upstream_blocks` (stable across copies)."""
-    blocks = upstream_blocks(output)
-    return [blocks[i] for i in indices]
 
 
 def is_sharding_root(block: DataPipe) -> bool:

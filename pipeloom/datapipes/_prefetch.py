@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from .._validate import check_int
 from ..errors import NotAvailable
 from ..events import ReadinessSource, Signal, Waiter
 from ._base import IterDataPipe
@@ -37,11 +38,9 @@ class Prefetcher(IterDataPipe):
     inputs = ("source",)
 
     def __init__(self, source: IterDataPipe, buffer_size: int = 10) -> None:
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(
-                f"buffer_size must be an int >= 1, got {buffer_size!r}; use buffer_size=1 "
-                f"to run one item ahead"
-            )
+        check_int(
+            "buffer_size", buffer_size, minimum=1, hint="use buffer_size=1 to run one item ahead"
+        )
         self.source = source
         self.buffer_size = buffer_size
         self._signal = Signal()

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._validate import check_index, check_int
 from ._base import IterDataPipe
-from ._context import stamp_item
 from ._pipeline import is_sharding_root
 from ._state_fields import StateFields
 
 __all__ = ["ShardingFilter"]
-
-
-def _check_int(name: str, value: Any, minimum: int, hint: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}; {hint}")
-    return value
 
 
 def check_sharding_group(sharding_group_filter: Any) -> None:
@@ -70,18 +64,17 @@ class ShardingFilter(IterDataPipe):
 
     def sharding_settings(self, total: int, index: int) -> None:
         """Keep shard ``index`` of ``total`` (replaces earlier settings)."""
-        _check_int("total", total, 1, "use total=1 to keep every item")
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
-            raise ValueError(
-                f"index must be an int with 0 <= index < total={total}, got {index!r}; "
-                f"shards are numbered 0 .. {total - 1}"
-            )
+        check_int("total", total, minimum=1, hint="use total=1 to keep every item")
+        check_index("index", index, total, hint=f"shards are numbered 0 .. {total - 1}")
         self.total, self.index = total, index
 
     def set_shard_group_size(self, group_size: int) -> None:
         """Send runs of ``group_size`` consecutive positions to the same shard."""
-        self.group_size = _check_int(
-            "group_size", group_size, 1, "use group_size=1 to deal items out one at a time"
+        self.group_size = check_int(
+            "group_size",
+            group_size,
+            minimum=1,
+            hint="use group_size=1 to deal items out one at a time",
         )
 
     def reset(self) -> None:
@@ -106,7 +99,7 @@ class ShardingFilter(IterDataPipe):
                 if self._root is None:
                     self._root = is_sharding_root(self)
                 if self._root:  # below another sharding point: keep its positions
-                    stamp_item(self.epoch_seed(), self._pl_epoch, position)
+                    self._stamp_item(position)
                 return item
 
     def __len__(self) -> int:

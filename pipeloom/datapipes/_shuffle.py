@@ -6,6 +6,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from .._validate import check_int
 from ..errors import NotAvailable
 from ._base import IterDataPipe, MapDataPipe
 from ._context import current_stamp, restore_stamp
@@ -42,15 +43,16 @@ class Shuffler(IterDataPipe):
     def __init__(
         self, source: IterDataPipe, buffer_size: int = 10000, *, seed: int | None = None
     ) -> None:
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(
-                f"buffer_size must be an int >= 1, got {buffer_size!r}; use a buffer at "
-                f"least as large as the dataset for a uniform shuffle"
-            )
+        check_int(
+            "buffer_size",
+            buffer_size,
+            minimum=1,
+            hint="use a buffer at least as large as the dataset for a uniform shuffle",
+        )
         self.source = source
         self.buffer_size = buffer_size
         self.seed = seed
-        self._pl_fix_seed(seed)
+        self._fix_seed(seed)
         self.reset()
 
     def reset(self) -> None:
@@ -151,7 +153,7 @@ class MapShuffler(IterDataPipe):
         self.source = source
         self.indices = None if indices is None else list(indices)
         self.seed = seed
-        self._pl_fix_seed(seed)
+        self._fix_seed(seed)
         self.reset()
 
     def reset(self) -> None:

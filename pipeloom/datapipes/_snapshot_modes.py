@@ -51,7 +51,7 @@ class Writer:
     ):
         self.block, self.store, self.name, self.expected = block, store, name, expected
         store.sweep()
-        tag = f"e{block._pl_epoch}p{block._passes}"
+        tag = f"e{block._epoch_number()}p{block._passes}"
         self.directory = store.pass_directory(block._run, tag)
         store.start_writer(self.directory, name)
         self.writer = RecordWriter(self.directory, name, block.shard_size << 20)
@@ -99,9 +99,9 @@ class Writer:
         authority = self.authority
         return (
             authority is not None
-            and authority._pl_round == 0
-            and getattr(authority, "_pl_epoch_seed", None) == seed
-            and epoch == self.block._pl_epoch
+            and authority._round_number() == 0
+            and authority._drawn_epoch_seed() == seed
+            and epoch == self.block._epoch_number()
         )
 
     def _finish(self) -> None:
@@ -130,7 +130,7 @@ class OrderedReader:
         self.block, self.reader = block, reader
         self.stamp: tuple[int | None, int] | None = None
         if authority is not None:
-            self.stamp = (block._authority(authority).epoch_seed(), block._pl_epoch)
+            self.stamp = (block._authority(authority).epoch_seed(), block._epoch_number())
         self.buffer: list[tuple[int | None, int, Any]] = []
         self.next_record = block._emitted
 
@@ -200,7 +200,7 @@ class PositionReader:
         self.stamp: tuple[int | None, int] = (None, 0)
         if block._resume_group is not None:  # finish the position the checkpoint was in
             self.position, self.given = block._resume_group
-            self.stamp = (self.authority.epoch_seed(), block._pl_epoch)
+            self.stamp = (self.authority.epoch_seed(), block._epoch_number())
             start, stop = reader.lookup(self.position)
             self.pending = reader.read_many(start + self.given, stop)[::-1]
 

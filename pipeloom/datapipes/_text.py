@@ -23,23 +23,16 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from .._validate import check_bool, check_int
 from ._base import IterDataPipe
 from ._files import StreamReader
 
 __all__ = ["CSVParser", "LineReader"]
 
 
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
 def check_skip_lines(skip_lines: Any) -> int:
     """Raise ValueError unless ``skip_lines`` is an int >= 0."""
-    if isinstance(skip_lines, bool) or not isinstance(skip_lines, int) or skip_lines < 0:
-        raise ValueError(f"skip_lines must be an int >= 0, got {skip_lines!r}")
-    return skip_lines
+    return check_int("skip_lines", skip_lines, minimum=0)
 
 
 def check_codec(encoding: Any, errors: Any) -> tuple[str, str]:
@@ -111,10 +104,10 @@ class LineReader(StreamReader):
     ) -> None:
         super().__init__(source)
         self.skip_lines = check_skip_lines(skip_lines)
-        self.strip_newline = _check_bool("strip_newline", strip_newline)
-        self.decode_bytes = _check_bool("decode", decode)
+        self.strip_newline = check_bool("strip_newline", strip_newline)
+        self.decode_bytes = check_bool("decode", decode)
         self.encoding, self.errors = check_codec(encoding, errors)
-        self.return_path = _check_bool("return_path", return_path)
+        self.return_path = check_bool("return_path", return_path)
 
     def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[Any]:
         lines = text_lines(stream, self.skip_lines, self.decode_bytes, self.encoding, self.errors)
@@ -172,11 +165,11 @@ class CSVParser(StreamReader):
         if not isinstance(delimiter, str) or len(delimiter) != 1:
             raise ValueError(f"delimiter must be a 1-character string, got {delimiter!r}")
         self.skip_lines = check_skip_lines(skip_lines)
-        self.decode_bytes = _check_bool("decode", decode)
+        self.decode_bytes = check_bool("decode", decode)
         self.encoding, self.errors = check_codec(encoding, errors)
-        self.return_path = _check_bool("return_path", return_path)
-        self.as_tuple = _check_bool("as_tuple", as_tuple)
-        self.as_dict = _check_bool("as_dict", as_dict)
+        self.return_path = check_bool("return_path", return_path)
+        self.as_tuple = check_bool("as_tuple", as_tuple)
+        self.as_dict = check_bool("as_dict", as_dict)
         if as_tuple and as_dict:
             raise ValueError(
                 "as_tuple=True and as_dict=True contradict each other: rows are either tuples "

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch.utils.data
 
+from .._validate import check_index, check_int
 from ._base import DataPipe, IterDataPipe, MapDataPipe
-from ._context import stamp_item
 from ._state_fields import StateFields
 
 __all__ = ["IterableWrapper", "MapToIter", "SequenceWrapper", "as_datapipe"]
@@ -60,7 +60,7 @@ class IterableWrapper(IterDataPipe):
         item = next(it)
         position = self._position
         self._position = position + 1
-        stamp_item(self.epoch_seed(), self._pl_epoch, position)
+        self._stamp_item(position)
         return item
 
     def async_next_many(self, limit: int) -> list[Any]:
@@ -72,7 +72,7 @@ class IterableWrapper(IterDataPipe):
             raise StopIteration
         position = self._position + len(items)
         self._position = position
-        stamp_item(self.epoch_seed(), self._pl_epoch, position - 1)
+        self._stamp_item(position - 1)
         return items
 
     def _start(self) -> Iterator[Any]:
@@ -137,14 +137,14 @@ class SequenceWrapper(MapDataPipe):
     def __getitem__(self, index: int) -> Any:
         item = self.sequence[index]
         if isinstance(index, int):
-            stamp_item(self.epoch_seed(), self._pl_epoch, index)
+            self._stamp_item(index)
         return item
 
     def async_get_many(self, indices: Sequence[int]) -> list[Any]:
         sequence = self.sequence
         items = [sequence[i] for i in indices]
         if items:
-            stamp_item(self.epoch_seed(), self._pl_epoch, indices[-1])
+            self._stamp_item(indices[-1])
         return items
 
     def __len__(self) -> int:
@@ -180,7 +180,6 @@ class MapToIter(IterDataPipe):
         self.group_size = 1
         self._index = 0
         self._length: int | None = None
-        self._seed: int | None = None
 
     def is_shardable(self) -> bool:
         return True
@@ -195,14 +194,11 @@ class MapToIter(IterDataPipe):
 
     def set_shard_group_size(self, group_size: int) -> None:
         """Give runs of ``group_size`` consecutive indices to the same shard."""
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-            raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
-        self.group_size = group_size
+        self.group_size = check_int("group_size", group_size, minimum=1)
 
     def reset(self) -> None:
         self._index = self._first_index_from(0)
         self._length = None
-        self._seed = None
 
     def _first_index_from(self, index: int) -> int:
         """The first index >= ``index`` that belongs to this shard."""
@@ -216,24 +212,24 @@ class MapToIter(IterDataPipe):
         ahead = (self.shard_index - owner) % total
         return (group_number + ahead) * group
 
-    def _epoch_constants(self) -> tuple[int, int]:
-        if self._length is None or self._seed is None:
-            self._length, self._seed = len(self.source), self.epoch_seed()
-        return self._length, self._seed
+    def _epoch_length(self) -> int:
+        if self._length is None:
+            self._length = len(self.source)
+        return self._length
 
     def async_next(self) -> Any:
         index = self._index
-        length, seed = self._epoch_constants()
+        length = self._epoch_length()
         if index >= length:
             raise StopIteration
         item = self.source.async_get(index)
         self._index = index + 1 if self.num_shards == 1 else self._first_index_from(index + 1)
-        stamp_item(seed, self._pl_epoch, index)
+        self._stamp_item(index)
         return item
 
     def async_next_many(self, limit: int) -> list[Any]:
         index = self._index
-        length, seed = self._epoch_constants()
+        length = self._epoch_length()
         if index >= length:
             raise StopIteration
         stop = min(length, index + limit)
@@ -241,7 +237,7 @@ class MapToIter(IterDataPipe):
             stop = min(stop, (index // self.group_size + 1) * self.group_size)
         items = self.source.async_get_many(range(index, stop))
         self._index = stop if self.num_shards == 1 else self._first_index_from(stop)
-        stamp_item(seed, self._pl_epoch, stop - 1)
+        self._stamp_item(stop - 1)
         return items
 
     def __len__(self) -> int:
@@ -257,7 +253,7 @@ class MapToIter(IterDataPipe):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._index = StateFields(self, state).int("index")
-        self._length = self._seed = None
+        self._length = None
 
     def __repr__(self) -> str:
         shard = f", shard={self.shard_index}/{self.num_shards}" if self.num_shards > 1 else ""
@@ -265,10 +261,8 @@ class MapToIter(IterDataPipe):
 
 
 def _check_shard(total: int, index: int) -> None:
-    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-        raise ValueError(f"the number of shards must be an int >= 1, got {total!r}")
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
-        raise ValueError(f"the shard index must be an int in [0, {total}), got {index!r}")
+    check_int("the number of shards", total, minimum=1)
+    check_index("the shard index", index, total)
 
 
 def as_datapipe(source: Any) -> DataPipe:

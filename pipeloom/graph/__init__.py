@@ -1,6 +1,7 @@
-"""The pipeline as data: traverse, find, replace, remove, draw.
+"""The pipeline as data: traverse, find, copy, replace, remove, draw; placement plans.
 
-Reading services plan placement through this API only.
+Reading services walk and edit pipelines through this API only, and describe
+where each block runs with a :class:`Plan`.
 
 Example:
     >>> from pipeloom.datapipes import IterableWrapper
@@ -11,7 +12,21 @@ Example:
 """
 
 from ._dot import to_dot
-from ._graph import Graph, find, remove, replace, traverse
+from ._graph import Graph, copy, find, remove, replace, traverse, upstream
 from ._placement import Placement
+from ._plan import Part, Plan, QueueLink
 
-__all__ = ["Graph", "Placement", "find", "remove", "replace", "to_dot", "traverse"]
+__all__ = [
+    "Graph",
+    "Part",
+    "Placement",
+    "Plan",
+    "QueueLink",
+    "copy",
+    "find",
+    "remove",
+    "replace",
+    "to_dot",
+    "traverse",
+    "upstream",
+]

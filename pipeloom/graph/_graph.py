@@ -1,6 +1,7 @@
 """The pipeline as data: nodes, edges, search and rewrites.
 
-Walks blocks only through their declared inputs (``block.parents``).
+Walks blocks only through their inputs (``block.parents``): the declared
+``inputs``, or for a block that declares none, its block-valued attributes.
 
 Example:
     >>> from pipeloom.datapipes import IterableWrapper
@@ -14,13 +15,15 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy as _copy
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..datapipes import DataPipe, upstream_blocks
+from .._walk import not_a_block, walk_upstream
+from ..datapipes import DataPipe
 
-__all__ = ["Graph", "find", "remove", "replace", "traverse"]
+__all__ = ["Graph", "copy", "find", "remove", "replace", "traverse", "upstream"]
 
 B = TypeVar("B", bound=DataPipe)
 
@@ -60,7 +63,19 @@ class Graph:
     def upstream(self, block: DataPipe) -> list[DataPipe]:
         """``block`` and every block it depends on."""
         self.index(block)
-        return upstream_blocks(block)
+        return upstream(block)
+
+
+def upstream(output: DataPipe) -> list[DataPipe]:
+    """``output`` and every block it depends on, each before its inputs (``traverse().nodes``).
+
+    Raises:
+        TypeError: if ``output`` is not a block.
+        ValueError: if the pipeline has a cycle.
+    """
+    if not isinstance(output, DataPipe):
+        raise not_a_block(output)
+    return walk_upstream(output)
 
 
 def traverse(output: DataPipe) -> Graph:
@@ -70,7 +85,7 @@ def traverse(output: DataPipe) -> Graph:
         TypeError: if ``output`` is not a block.
         ValueError: if the pipeline has a cycle.
     """
-    nodes = upstream_blocks(output)
+    nodes = upstream(output)
     index = {id(node): i for i, node in enumerate(nodes)}
     edges = tuple((index[id(parent)], i) for i, node in enumerate(nodes) for parent in node.parents)
     return Graph(tuple(nodes), edges)
@@ -81,15 +96,15 @@ def find(output: DataPipe, match: type[B] | Callable[[DataPipe], bool]) -> list[
 
     Example:
         >>> from pipeloom.datapipes import IterableWrapper
-        >>> from pipeloom.datapipes._map import Mapper
+        >>> from pipeloom.datapipes import Mapper
         >>> len(find(IterableWrapper([1]).map(str).map(len), Mapper))
         2
     """
     if isinstance(match, type):
         kind = match
-        return [n for n in upstream_blocks(output) if isinstance(n, kind)]  # type: ignore[misc]
+        return [n for n in upstream(output) if isinstance(n, kind)]  # type: ignore[misc]
     if callable(match):
-        return [n for n in upstream_blocks(output) if match(n)]  # type: ignore[misc]
+        return [n for n in upstream(output) if match(n)]  # type: ignore[misc]
     raise TypeError(
         f"find() expects a block class or a predicate function, got {type(match).__name__}"
     )
@@ -122,6 +137,40 @@ def replace(output: DataPipe, old: DataPipe, new: DataPipe) -> DataPipe:
             consumer.replace_parent(new, old)
         raise
     return output
+
+
+def copy(output: B, *, replace: Mapping[DataPipe, DataPipe] | None = None) -> B:
+    """A deep copy of the pipeline ending at ``output``, ``replace[old]`` standing for ``old``.
+
+    The replacements are used as they are, not copied, and the blocks only
+    they depended on are left out. Copies start fresh: ``lazy_init`` runs
+    again where a copy runs. Use it to give each worker its own part, or to
+    cut a pipeline where another part takes over.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> source = IterableWrapper([1, 2]); pipe = source.map(str)
+        >>> other = IterableWrapper([3])
+        >>> twin = copy(pipe, replace={source: other})
+        >>> list(twin), twin is pipe, twin.source is other
+        (['3'], False, True)
+
+    Raises:
+        ValueError: if a block to replace is not part of the pipeline.
+    """
+    replace = dict(replace or {})
+    if replace:
+        present = {id(block) for block in upstream(output)}
+        for old in replace:
+            if id(old) not in present:
+                raise ValueError(f"{old!r} is not part of the pipeline ending at {output!r}")
+        if output in replace:
+            return replace[output]  # type: ignore[return-value]
+    # deepcopy's memo maps an object's id to its copy: seeded with the
+    # replacements, every reference to ``old`` becomes ``new``.
+    memo: dict[int, object] = {id(old): new for old, new in replace.items()}
+    memo[id(memo)] = list(replace)  # keep the originals alive while the ids are in use
+    return _copy.deepcopy(output, memo)
 
 
 def remove(output: DataPipe, block: DataPipe) -> DataPipe:

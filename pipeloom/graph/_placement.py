@@ -48,8 +48,8 @@ class Placement:
         return {id(block): location for block, location in self.locations}
 
     def to_dot(self) -> str:
-        """DOT source with one cluster per location."""
-        return to_dot(self.output, self.by_block_id())
+        """DOT source with one cluster per location (see ``pipeloom.graph.to_dot``)."""
+        return to_dot(self.output, self)
 
     def __str__(self) -> str:
         groups: dict[str, list[str]] = {}

@@ -17,6 +17,7 @@ import math
 import time
 from typing import Any, Literal
 
+from pipeloom._validate import check_int
 from pipeloom.errors import QueueError
 from pipeloom.events import ReadinessSource
 
@@ -79,8 +80,7 @@ class QueueStatistics:
 
 def validate_capacity(capacity: int) -> int:
     """Check a queue capacity once, at construction."""
-    if isinstance(capacity, bool) or not isinstance(capacity, int):
-        raise TypeError(f"capacity must be an int, got {type(capacity).__name__} {capacity!r}")
+    check_int("capacity", capacity)
     if capacity < 1:
         raise ValueError(
             f"capacity must be >= 1, got {capacity}; a queue needs room for at least "

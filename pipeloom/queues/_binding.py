@@ -60,11 +60,6 @@ class ThreadBinding:
                 "two endpoints, so give each producer/consumer pair its own queue"
             )
 
-    def peer_name(self, role: Role) -> str:
-        """A readable name for whichever thread holds ``role``."""
-        bound = self._threads.get(role)
-        return f"{role} thread {bound[1]!r}" if bound else role
-
     def _watch_exit(self, role: Role, name: str) -> None:
         guard = _ExitGuard()
         guards = getattr(self._local, "guards", None)

@@ -1,5 +1,20 @@
 """Reading services: where the blocks of a pipeline run.
 
+The public names are the ones below; the subpackages are the services'
+internals, grouped by role:
+
+* ``services/``: the public services, thin facades that validate their
+  arguments, plan once and delegate to a runner.
+* ``planning/``: one :class:`~pipeloom.graph.Plan` per loader, cut from the
+  blocks' traits (``cut.py``, ``planner.py``, ``sharding.py``).
+* ``strategies/``: one runner per strategy behind one interface
+  (``runner.py``): ``in_process.py``, ``classic/``, ``economic.py``,
+  ``chunked.py`` (the last two share ``dispatch/``).
+* ``workers/``: worker processes (``process.py``: start, watch, stop) and
+  threads (``thread.py``), one epoch of a replica (``epoch.py``), the
+  messages between them and the main process (``messages.py``).
+* ``distributed/``: a ``torch.distributed`` job and one rank's epoch.
+
 Example:
     >>> from pipeloom import DataLoader
     >>> from pipeloom.datapipes import IterableWrapper
@@ -8,13 +23,13 @@ Example:
     ['a', 'b']
 """
 
-from ._base import ReadingService
-from ._distributed import DistributedReadingService
-from ._in_process import InProcessReadingService
-from ._processes import MultiProcessingReadingService
-from ._sequential import SequentialReadingService
-from ._threads import ThreadReadingService
-from ._worker_info import WorkerInfo, get_worker_info
+from .services.base import ReadingService
+from .services.distributed import DistributedReadingService
+from .services.in_process import InProcessReadingService
+from .services.processes import MultiProcessingReadingService
+from .services.sequential import SequentialReadingService
+from .services.threads import ThreadReadingService
+from .workers.info import WorkerInfo, get_worker_info
 
 __all__ = [
     "DistributedReadingService",

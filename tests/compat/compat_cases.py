@@ -53,7 +53,7 @@ class WorkerAware(Items):
 
 
 class Range(tud.IterableDataset):
-    """torch's documented ``get_worker_info()`` sharding idiom (seed 003)."""
+    """torch's documented ``get_worker_info()`` sharding idiom."""
 
     def __init__(self, start: int, end: int) -> None:
         self.start, self.end = start, end
@@ -71,7 +71,7 @@ class Range(tud.IterableDataset):
 
 
 class Unsharded(tud.IterableDataset):
-    """Sharded by ``shard_by_worker_init`` instead (seed 003's worker_init_fn idiom)."""
+    """Sharded by ``shard_by_worker_init`` instead (torch's ``worker_init_fn`` idiom)."""
 
     def __init__(self, start: int, end: int) -> None:
         self.start, self.end = start, end

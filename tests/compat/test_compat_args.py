@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.utils.data as tud
-from compat.compat_cases import Items, Range
 
 from pipeloom.compat import DataLoader
+from tests.compat.compat_cases import Items, Range
 
 SAMPLER = tud.SequentialSampler(range(4))
 BATCHES = tud.BatchSampler(SAMPLER, 2, False)
@@ -89,3 +89,13 @@ def test_a_context_object_is_accepted_like_a_start_method_name():
     assert [b[0].tolist() for b in loader] == [[0], [1], [2], [3]]
     loader.shutdown()
     assert torch.initial_seed() is not None
+
+
+@pytest.mark.timeout(60)
+def test_truthy_flags_are_accepted_as_torch_accepts_them():
+    # pipeloom's own services refuse non-bools; the drop-in passes torch's meaning on
+    loader = DataLoader(list(range(8)), batch_size=4, num_workers=2, persistent_workers=1)
+    try:
+        assert [batch.tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    finally:
+        loader.shutdown()

@@ -10,7 +10,11 @@ import sys
 
 import pytest
 import torch
-from compat.compat_cases import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeloom.compat import STRATEGIES, DataLoader
+from tests.compat.compat_cases import (
     BatchedItems,
     Items,
     Range,
@@ -22,10 +26,6 @@ from compat.compat_cases import (
     sampling,
     shard_by_worker_init,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from pipeloom.compat import STRATEGIES, DataLoader
 
 
 @settings(max_examples=60, deadline=None)
@@ -133,8 +133,8 @@ def test_iterable_dataset_sharded_by_worker_init_fn_matches_torch():
 
 SPAWN_CHECK = """
 import sys
-sys.path.insert(0, {tests!r})
-from compat.compat_cases import WorkerAware, run_both, same
+
+from tests.compat.compat_cases import WorkerAware, run_both, same
 
 def make():
     return dict(batch_size=2, shuffle=True, num_workers=2,
@@ -150,8 +150,8 @@ def test_spawned_workers_yield_torchs_batches(tmp_path):
     # In a fresh interpreter: spawn-context semaphores of either loader may outlive
     # the test in /dev/shm, which the lifecycle tests check is left clean.
     script = tmp_path / "spawn_check.py"
-    script.write_text(SPAWN_CHECK.format(tests=str(pathlib.Path(__file__).parents[1])))
-    root = str(pathlib.Path(__file__).parents[2])
+    script.write_text(SPAWN_CHECK)
+    root = str(pathlib.Path(__file__).parents[2])  # the repository: ``tests`` is a package there
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run([sys.executable, str(script)], env=env, timeout=120, cwd=root)
     assert done.returncode == 0

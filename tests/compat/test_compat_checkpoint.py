@@ -6,12 +6,12 @@ import io
 
 import pytest
 import torch
-from compat.compat_cases import Items, Range, epochs, same, sampling
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeloom.compat import DataLoader
 from pipeloom.errors import StateError
+from tests.compat.compat_cases import Items, Range, epochs, same, sampling
 
 
 def roundtrip(state):

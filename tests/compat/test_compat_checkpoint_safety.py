@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 import torch
-from checkpoint_snapshots import Snapshotter
-from compat.compat_cases import Items, same
-from compat.test_compat_torch_identical import Augmented
 
 from pipeloom.compat import DataLoader
 from pipeloom.errors import StateError
+from tests.checkpoint_snapshots import Snapshotter
+from tests.compat.compat_cases import Items, same
+from tests.compat.test_compat_torch_identical import Augmented
 
 
 def roundtrip(state):

@@ -7,13 +7,13 @@ import inspect
 import pytest
 import torch
 import torch.utils.data as tud
-from compat.compat_cases import Items, Range, same
 
 import pipeloom.compat
 from pipeloom.compat import DataLoader, build_map_pipeline
 from pipeloom.compat._engine import build_service
 from pipeloom.compat._plan import EpochPlan, PlanBoard, PlanEntries
 from pipeloom.reading_service import MultiProcessingReadingService
+from tests.compat.compat_cases import Items, Range, same
 
 
 def test_signature_accepts_every_torch_argument_with_torchs_defaults():

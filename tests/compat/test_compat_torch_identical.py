@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
-from compat.compat_cases import epochs, same
 
 from pipeloom.compat import STRATEGIES, DataLoader
+from tests.compat.compat_cases import epochs, same
 
 
 class Augmented(tud.Dataset):
@@ -144,9 +144,9 @@ def test_item_by_item_strategies_are_reproducible_but_not_torchs_streams(strateg
 
 SPAWN_CHECK = """
 import sys
-sys.path.insert(0, {tests!r})
-from compat.compat_cases import same
-from compat.test_compat_torch_identical import Augmented, run_both, shuffled
+
+from tests.compat.compat_cases import same
+from tests.compat.test_compat_torch_identical import Augmented, run_both, shuffled
 
 if __name__ == "__main__":
     make = shuffled(multiprocessing_context="spawn", timeout=60)
@@ -160,7 +160,7 @@ if __name__ == "__main__":
 def test_spawned_workers_equal_torchs_by_default(tmp_path):
     # A fresh interpreter: spawn-context semaphores may outlive the test in /dev/shm.
     script = tmp_path / "spawn_check.py"
-    script.write_text(SPAWN_CHECK.format(tests=str(pathlib.Path(__file__).parents[1])))
+    script.write_text(SPAWN_CHECK)
     root = str(pathlib.Path(__file__).parents[2])
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run([sys.executable, str(script)], env=env, timeout=170, cwd=root)

@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._add_index import IndexAdder
+from pipeloom.datapipes import IndexAdder, IterableWrapper
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 def test_numbers_copies_of_the_items():

@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._async_map_batches import AsyncBatchMapper
+from pipeloom.datapipes import AsyncBatchMapper, IterableWrapper
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 async def times_ten(x):

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Stutter, drive
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import item_lists, positive_sizes
 
 from pipeloom.datapipes import (
+    Batcher,
     IterableWrapper,
     IterDataPipe,
+    MapBatcher,
     MapDataPipe,
     NotAvailable,
     SequenceWrapper,
+    Unbatcher,
     reset_pipeline,
 )
-from pipeloom.datapipes._batch import Batcher, MapBatcher, Unbatcher
 from pipeloom.events import Signal
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Stutter, drive
+from tests.strategies import item_lists, positive_sizes
 
 
 class OldStyleSource(IterDataPipe):
@@ -65,7 +67,9 @@ def test_bad_batch_size_is_a_value_error(bad):
 
 
 def test_bad_drop_last_and_wrapper_class_are_type_errors():
-    with pytest.raises(TypeError, match="drop_last to be True or False, got 'yes'"):
+    with pytest.raises(
+        TypeError, match="drop_last must be a bool, got str 'yes'; pass True or False"
+    ):
         IterableWrapper([1]).batch(2, drop_last="yes")
     with pytest.raises(TypeError, match="wrapper_class to be a callable"):
         IterableWrapper([1]).batch(2, wrapper_class=3)

@@ -7,14 +7,14 @@ import pickle
 from collections import Counter
 
 import pytest
-from datapipes.helpers import Flaky, WithPosition
-from datapipes.sequences import check_services_and_elastic_resume
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeloom.datapipes import IterableWrapper, reset_pipeline
 from pipeloom.datapipes._bucket_by_length import equal_cost_boundaries
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, WithPosition
+from tests.datapipes.sequences import check_services_and_elastic_resume
 
 
 def words(lengths):
@@ -219,7 +219,7 @@ def test_errors_while_iterating_say_what_was_wrong():
         ({"num_buckets": 0, "batch_sizes": 1}, ValueError, r"num_buckets to be int\(s\) >= 1"),
         ({"boundaries": [2], "max_tokens": 0}, ValueError, r"max_tokens to be int\(s\) >= 1"),
         ({"boundaries": [2], "batch_sizes": 1, "buffer_size": 0}, ValueError, r"buffer_size"),
-        ({"boundaries": [2], "batch_sizes": 1, "drop_last": 0}, TypeError, r"drop_last to be"),
+        ({"boundaries": [2], "batch_sizes": 1, "drop_last": 0}, TypeError, r"drop_last must be"),
     ],
 )
 def test_bad_arguments_say_what_was_expected(kwargs, error, match):

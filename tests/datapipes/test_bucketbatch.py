@@ -6,14 +6,13 @@ import random
 from collections import Counter
 
 import pytest
-from datapipes.helpers import Stutter, drive
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import item_lists, positive_sizes, seeds
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._bucketbatch import BucketBatcher
+from pipeloom.datapipes import BucketBatcher, IterableWrapper
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Stutter, drive
+from tests.strategies import item_lists, positive_sizes, seeds
 
 configs = st.fixed_dictionaries(
     {
@@ -90,7 +89,7 @@ def test_sort_key_returning_the_wrong_number_of_items_is_a_value_error():
         (
             {"batch_size": 2, "use_in_batch_shuffle": 1},
             TypeError,
-            "use_in_batch_shuffle to be True or False",
+            "use_in_batch_shuffle must be a bool, got int 1; pass True or False",
         ),
     ],
 )

@@ -11,9 +11,13 @@ import torch.utils.data
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._collate import Collator, default_collate
-from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from pipeloom.datapipes import Collator, IterableWrapper, default_collate
+from pipeloom.testing import (
+    check_resume_from_every_step,
+    check_same_output_everywhere,
+    collect,
+    collect_async,
+)
 
 Pair = collections.namedtuple("Pair", "left right")
 
@@ -148,6 +152,19 @@ def test_batches_of_python_numbers_collate_exactly_as_torch_does(batch):
     got = default_collate(batch)
     assert got.dtype == expected.dtype and got.shape == expected.shape
     assert torch.equal(got, expected)
+
+
+def sample(x):
+    return {"x": torch.full((2,), float(x)), "label": x % 3}
+
+
+@pytest.mark.timeout(120)
+def test_same_collated_batches_under_every_service():
+    ran = check_same_output_everywhere(
+        lambda: IterableWrapper(range(10)).sharding_filter().map(sample).batch(4).collate(),
+        epochs=2,
+    )
+    assert ran == ["in-process", "threads", "classic", "economic", "chunked"]
 
 
 # -- torchdata 0.9's arguments --------------------------------------------------------

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._columns import Dropper, Flattener, Slicer
+from pipeloom.datapipes import Dropper, Flattener, IterableWrapper, Slicer
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 ROWS = [(0, 10, (100, 1000)), (1, 11, (111, 1001)), (2, 12, (122, 1002))]
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeloom.datapipes._compact import CompactStringList
+from pipeloom.datapipes import CompactStringList
 
 MIB = 1 << 20
 

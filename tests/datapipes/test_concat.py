@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import item_lists
 
-from pipeloom.datapipes import IterableWrapper, SequenceWrapper
-from pipeloom.datapipes._concat import Concater, MapConcater
+from pipeloom.datapipes import Concater, IterableWrapper, MapConcater, SequenceWrapper
 from pipeloom.testing import check_resume_from_every_step, collect_async
+from tests.datapipes.helpers import Flaky, drain_retrying
+from tests.strategies import item_lists
 
 
 @settings(max_examples=50, deadline=None)

@@ -6,13 +6,13 @@ import pickle
 
 import pytest
 import torch
-from datapipes.helpers import Flaky, WithPosition
-from datapipes.sequences import check_services_and_elastic_resume, numbered_sequences, plain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeloom.datapipes import IterableWrapper, reset_pipeline
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, WithPosition
+from tests.datapipes.sequences import check_services_and_elastic_resume, numbered_sequences, plain
 
 
 @settings(max_examples=80, deadline=None)

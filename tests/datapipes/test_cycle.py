@@ -5,14 +5,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import item_lists
 
-from pipeloom.datapipes import IterableWrapper, reset_pipeline
-from pipeloom.datapipes._cycle import Cycler
+from pipeloom.datapipes import Cycler, IterableWrapper, reset_pipeline
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, drain_retrying
+from tests.strategies import item_lists
 
 
 @settings(max_examples=50, deadline=None)
@@ -47,7 +46,9 @@ def test_count_zero_yields_nothing_and_stop_repeats():
 
 @pytest.mark.parametrize("count", [-1, 1.5, True])
 def test_invalid_count_is_rejected(count):
-    with pytest.raises(ValueError, match=r"count must be None \(repeat forever\) or an int >= 0"):
+    with pytest.raises(
+        ValueError, match=r"count must be an int >= 0 or None, got .*; use None to repeat forever"
+    ):
         IterableWrapper([1]).cycle(count)
 
 

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._decode import Decoder, default_decoders
+from pipeloom.datapipes import Decoder, IterableWrapper, default_decoders
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 
 

@@ -10,7 +10,6 @@ import tarfile
 import zipfile
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
 from pipeloom.datapipes import FileLister, IterableWrapper
 from pipeloom.datapipes._decompress import (
@@ -20,6 +19,7 @@ from pipeloom.datapipes._decompress import (
     XzFileLoader,
 )
 from pipeloom.testing import check_resume_from_every_step, collect
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 COMPRESS = {".gz": gzip.compress, ".xz": lzma.compress, ".bz2": bz2.compress}
 

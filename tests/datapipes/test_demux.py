@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import item_lists
 
-from pipeloom.datapipes import IterableWrapper, SequenceWrapper, reset_pipeline
-from pipeloom.datapipes._demux import Demultiplexer, demux
+from pipeloom.datapipes import Demultiplexer, IterableWrapper, SequenceWrapper, reset_pipeline
+from pipeloom.datapipes._demux import demux
 from pipeloom.testing import check_resume_from_every_step, collect_async
+from tests.datapipes.helpers import Flaky, drain_retrying
+from tests.strategies import item_lists
 
 
 def mod3(x):
@@ -69,7 +69,11 @@ def test_interleaved_children_need_little_buffer():
     [
         ((0, mod3), ValueError, r"num_instances must be an int >= 1, got 0"),
         ((2, 3), TypeError, r"classifier_fn must be callable .* got int"),
-        ((2, mod3, False, 0), ValueError, r"buffer_size must be an int >= 1, or -1 .* got 0"),
+        (
+            (2, mod3, False, 0),
+            ValueError,
+            r"buffer_size must be an int >= 1, got 0; use -1 for an unbounded buffer",
+        ),
         ((2, mod3, "yes"), TypeError, r"drop_none must be a bool, got str"),
     ],
 )

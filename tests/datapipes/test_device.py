@@ -14,21 +14,23 @@ from types import MappingProxyType
 
 import pytest
 import torch
-from datapipes.helpers import Flaky, WithPosition, raise_in_source
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import small_ints
 
 from pipeloom.datapipes import (
     BlockingReader,
     IterableWrapper,
     IterDataPipe,
+    Mapper,
+    PinMemory,
+    ToDevice,
     pipeline_state_dict,
     reset_pipeline,
 )
-from pipeloom.datapipes._device import PinMemory, ToDevice, apply_to_tensors
-from pipeloom.datapipes._map import Mapper
+from pipeloom.datapipes._device import apply_to_tensors
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, WithPosition, raise_in_source
+from tests.strategies import small_ints
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import item_lists
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._enumerate import Enumerator
+from pipeloom.datapipes import Enumerator, IterableWrapper
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.strategies import item_lists
 
 
 def test_enumerate_pairs_each_item_with_its_index():

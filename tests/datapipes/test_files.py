@@ -8,25 +8,26 @@ import os
 import random
 
 import pytest
-from datapipes.helpers import drain_retrying
 from hypothesis import given, settings
-from strategies import shard_counts
 
 from pipeloom.datapipes import (
+    CompactStringList,
+    Decoder,
+    FileLister,
+    FileOpener,
+    HttpReader,
     IterableWrapper,
     IterDataPipe,
     NotAvailable,
+    TarArchiveLoader,
     current_position,
     reset_pipeline,
 )
 from pipeloom.datapipes import _files as files_module
-from pipeloom.datapipes._compact import CompactStringList
-from pipeloom.datapipes._decode import Decoder
-from pipeloom.datapipes._files import FileLister, FileOpener
-from pipeloom.datapipes._http import HttpReader
-from pipeloom.datapipes._tar import TarArchiveLoader
 from pipeloom.errors import StateError
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import drain_retrying
+from tests.strategies import shard_counts
 
 
 def _fds() -> int:

@@ -5,14 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from datapipes.helpers import Stutter, drive
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import item_lists
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._filter import Filter
-from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from pipeloom.datapipes import Filter, IterableWrapper, item_rng
+from pipeloom.testing import (
+    check_resume_from_every_step,
+    check_same_output_everywhere,
+    collect,
+    collect_async,
+)
+from tests.datapipes.helpers import Stutter, drive
+from tests.strategies import item_lists
 
 
 def is_even(x):
@@ -87,3 +91,15 @@ def test_matches_a_list_comprehension_sync_and_async(items, seed):
 
     expected = [x for x in items if is_even(x)]
     assert collect(make()) == collect_async(make()) == expected
+
+
+def keep_most(x):
+    return item_rng().random() < 0.7
+
+
+@pytest.mark.timeout(120)
+def test_same_items_under_every_service_that_takes_a_filter():
+    ran = check_same_output_everywhere(
+        lambda: IterableWrapper(range(16)).sharding_filter().filter(keep_most).batch(3)
+    )
+    assert ran == ["in-process", "threads", "classic", "chunked"]  # economic refuses a filter

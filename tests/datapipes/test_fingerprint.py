@@ -9,8 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from pipeloom.datapipes import FileLister, IterableWrapper, IterDataPipe, UnfingerprintableError
-from pipeloom.datapipes._fingerprint import fingerprint, random_blocks
+from pipeloom.datapipes import (
+    FileLister,
+    IterableWrapper,
+    IterDataPipe,
+    UnfingerprintableError,
+    fingerprint,
+)
+from pipeloom.datapipes._fingerprint import random_blocks
 
 SCALE = 3
 

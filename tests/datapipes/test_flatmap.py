@@ -5,20 +5,25 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from datapipes.helpers import Stutter, drive
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import item_lists
 
 from pipeloom.datapipes import (
+    FlatMapper,
     IterableWrapper,
     current_position,
     load_pipeline_state_dict,
     pipeline_state_dict,
     reset_pipeline,
 )
-from pipeloom.datapipes._flatmap import FlatMapper
-from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from pipeloom.testing import (
+    check_resume_from_every_step,
+    check_same_output_everywhere,
+    collect,
+    collect_async,
+)
+from tests.datapipes.helpers import Stutter, drive
+from tests.strategies import item_lists
 
 
 def repeat(x):
@@ -109,3 +114,11 @@ def test_matches_a_nested_comprehension_sync_and_async(items, seed):
         return Stutter(IterableWrapper(items), seed=seed).flatmap(repeat)
 
     assert collect(make()) == collect_async(make()) == [y for x in items for y in repeat(x)]
+
+
+@pytest.mark.timeout(120)
+def test_same_items_and_stamps_under_every_service_that_takes_a_flatmap():
+    ran = check_same_output_everywhere(
+        lambda: IterableWrapper(range(12)).sharding_filter().flatmap(repeat).batch(4)
+    )
+    assert ran == ["in-process", "threads", "classic", "chunked"]  # economic refuses a flatmap

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import item_lists
 
 from pipeloom.datapipes import (
+    Forker,
     IterableWrapper,
     IterDataPipe,
     SequenceWrapper,
     current_position,
     reset_pipeline,
-    upstream_blocks,
 )
-from pipeloom.datapipes._fork import Forker, _ForkHub, fork
+from pipeloom.datapipes._fork import _ForkHub, fork
+from pipeloom.graph import upstream
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, drain_retrying
+from tests.strategies import item_lists
 
 
 class CountingSource(IterDataPipe):
@@ -69,7 +70,7 @@ def test_source_is_read_once_and_reset_once_per_epoch():
     assert list(dp) == [(i, i, i) for i in range(6)]
     assert source.resets == before + 1
     assert source.reads == 6
-    hubs = [blk for blk in upstream_blocks(dp) if isinstance(blk, _ForkHub)]
+    hubs = [blk for blk in upstream(dp) if isinstance(blk, _ForkHub)]
     assert len(hubs) == 1
 
 
@@ -101,7 +102,11 @@ def test_unbounded_buffer():
     ("kwargs", "error", "match"),
     [
         ({"num_instances": 0}, ValueError, r"num_instances must be an int >= 1, got 0"),
-        ({"num_instances": 2, "buffer_size": 0}, ValueError, r"must be an int >= 1, or -1"),
+        (
+            {"num_instances": 2, "buffer_size": 0},
+            ValueError,
+            r"must be an int >= 1, got 0; use -1 for an unbounded",
+        ),
         ({"num_instances": 2, "buffer_size": -2}, ValueError, r"got -2"),
     ],
 )

@@ -13,7 +13,7 @@ from pipeloom.testing import check_resume_from_every_step, collect, collect_asyn
 
 fsspec = pytest.importorskip("fsspec", reason="fsspec is an optional extra")
 
-from pipeloom.datapipes._fsspec import FSSpecFileLister, FSSpecFileOpener  # noqa: E402
+from pipeloom.datapipes import FSSpecFileLister, FSSpecFileOpener  # noqa: E402
 
 
 @pytest.fixture

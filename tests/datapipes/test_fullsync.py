@@ -16,12 +16,11 @@ import socket
 
 import pytest
 import torch.distributed as dist
-from datapipes.everywhere import check_same_output_everywhere
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._fullsync import FullSync, RankStopped
+from pipeloom.datapipes import FullSync, IterableWrapper, RankStopped
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 WORLD = 2
 

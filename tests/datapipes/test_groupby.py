@@ -6,14 +6,13 @@ import os
 from collections import defaultdict
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
-from datapipes.helpers import Flaky
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._groupby import Grouper
+from pipeloom.datapipes import Grouper, IterableWrapper
 from pipeloom.testing import check_resume_from_every_step, collect_async
+from tests.datapipes.everywhere import check_same_output_everywhere
+from tests.datapipes.helpers import Flaky
 
 FILES = ["a.png", "b.png", "a.json", "b.json", "a.jpg", "c.json"]
 

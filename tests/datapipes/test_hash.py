@@ -6,11 +6,10 @@ import hashlib
 import io
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
-from pipeloom.datapipes import FileLister, IterableWrapper
-from pipeloom.datapipes._hash import HashChecker
+from pipeloom.datapipes import FileLister, HashChecker, IterableWrapper
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 @pytest.fixture

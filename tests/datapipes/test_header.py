@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import item_lists
 
-from pipeloom.datapipes import IterableWrapper, IterDataPipe, reset_pipeline
-from pipeloom.datapipes._header import Header
+from pipeloom.datapipes import Header, IterableWrapper, IterDataPipe, reset_pipeline
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.strategies import item_lists
 
 
 class Counting(IterDataPipe):

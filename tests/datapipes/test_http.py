@@ -10,12 +10,10 @@ import tarfile
 import threading
 
 import pytest
-from datapipes.hostile_http import HostileServer, Route
 
-from pipeloom.datapipes import IterableWrapper, reset_pipeline
-from pipeloom.datapipes._http import HttpReader
-from pipeloom.datapipes._tar import TarArchiveLoader
+from pipeloom.datapipes import HttpReader, IterableWrapper, TarArchiveLoader, reset_pipeline
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.hostile_http import HostileServer, Route
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given
-from strategies import item_lists, positive_sizes, seeds
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._in_batch_shuffle import InBatchShuffler
+from pipeloom.datapipes import InBatchShuffler, IterableWrapper
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.strategies import item_lists, positive_sizes, seeds
 
 
 def make(n=40, size=8, seed=None):

@@ -7,11 +7,10 @@ import json
 from decimal import Decimal
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
-from pipeloom.datapipes import FileLister, IterableWrapper
-from pipeloom.datapipes._json import JsonParser
+from pipeloom.datapipes import FileLister, IterableWrapper, JsonParser
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 @pytest.fixture

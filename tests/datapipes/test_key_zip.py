@@ -5,14 +5,20 @@ from __future__ import annotations
 from operator import itemgetter
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
-from datapipes.helpers import Flaky
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper, SequenceWrapper, current_position, reset_pipeline
-from pipeloom.datapipes._key_zip import IterKeyZipper, MapKeyZipper
+from pipeloom.datapipes import (
+    IterableWrapper,
+    IterKeyZipper,
+    MapKeyZipper,
+    SequenceWrapper,
+    current_position,
+    reset_pipeline,
+)
 from pipeloom.testing import check_resume_from_every_step, collect_async
+from tests.datapipes.everywhere import check_same_output_everywhere
+from tests.datapipes.helpers import Flaky
 
 
 def first(pair):

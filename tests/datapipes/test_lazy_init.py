@@ -6,9 +6,9 @@ import copy
 import pickle
 
 import pytest
-from datapipes.helpers import OldStyleDouble
 
 from pipeloom.datapipes import IterDataPipe, MapDataPipe, reset_pipeline
+from tests.datapipes.helpers import OldStyleDouble
 
 
 class CountingIter(IterDataPipe):

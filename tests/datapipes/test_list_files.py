@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
-from pipeloom.datapipes import FileLister, IterableWrapper
-from pipeloom.datapipes._list_files import RootLister
+from pipeloom.datapipes import FileLister, IterableWrapper, RootLister
 from pipeloom.testing import check_resume_from_every_step, collect
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 @pytest.fixture
@@ -108,7 +107,7 @@ def memory_roots():
 
 
 def test_list_files_by_fsspec_lists_each_root_sorted(memory_roots):
-    from pipeloom.datapipes._list_files import FSSpecRootLister
+    from pipeloom.datapipes import FSSpecRootLister
 
     dp = IterableWrapper(memory_roots).list_files_by_fsspec()
     assert isinstance(dp, FSSpecRootLister)

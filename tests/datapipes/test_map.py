@@ -7,21 +7,28 @@ import pickle
 import traceback
 
 import pytest
-from datapipes.helpers import Stutter, drive
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import item_lists, small_ints
 
 from pipeloom.datapipes import (
     IterableWrapper,
     IterDataPipe,
     MapDataPipe,
+    MapMapper,
+    Mapper,
     NotAvailable,
     SequenceWrapper,
+    item_rng,
 )
-from pipeloom.datapipes._map import MapMapper, Mapper
 from pipeloom.events import Signal
-from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from pipeloom.testing import (
+    check_resume_from_every_step,
+    check_same_output_everywhere,
+    collect,
+    collect_async,
+)
+from tests.datapipes.helpers import Stutter, drive
+from tests.strategies import item_lists, small_ints
 
 
 class OldStyleAddOne(IterDataPipe):
@@ -254,6 +261,18 @@ def test_map_mapper_notes_the_index_on_errors():
 
 def test_mapper_class_is_what_map_builds():
     assert type(IterableWrapper([1]).map(double)) is Mapper
+
+
+def jitter(x):
+    return x + item_rng().random()
+
+
+@pytest.mark.timeout(120)
+def test_same_items_and_item_rng_draws_under_every_service():
+    ran = check_same_output_everywhere(
+        lambda: IterableWrapper(range(12)).shuffle().sharding_filter().map(jitter).batch(3)
+    )
+    assert ran == ["in-process", "threads", "classic", "economic", "chunked"]
 
 
 def test_map_style_map_without_fn_is_the_identity_as_in_torchdata():

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
-from datapipes.helpers import Flaky
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper, current_position, reset_pipeline
-from pipeloom.datapipes._map_batches import BatchMapper
+from pipeloom.datapipes import BatchMapper, IterableWrapper, current_position, reset_pipeline
 from pipeloom.testing import check_resume_from_every_step, collect_async
+from tests.datapipes.everywhere import check_same_output_everywhere
+from tests.datapipes.helpers import Flaky
 
 
 def plus_one(batch):

@@ -1,7 +1,7 @@
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
 from pipeloom.datapipes import MapInMemoryCacheHolder, SequenceWrapper
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 def counted(values):

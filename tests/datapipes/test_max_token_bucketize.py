@@ -7,13 +7,13 @@ import pathlib
 import pickle
 
 import pytest
-from datapipes.helpers import Flaky, WithPosition
-from datapipes.sequences import check_services_and_elastic_resume
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeloom.datapipes import IterableWrapper, reset_pipeline
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, WithPosition
+from tests.datapipes.sequences import check_services_and_elastic_resume
 
 FIXTURES = json.loads(
     (pathlib.Path(__file__).parent / "fixtures" / "torchdata_mixing.json").read_text()
@@ -111,7 +111,12 @@ def test_async_path_and_a_plain_state_holding_the_heap_as_it_is():
         ((5,), {"min_len": 4, "max_len": 3}, ValueError, r"min_len <= max_len"),
         ((5,), {"max_len": 6}, ValueError, r"max_len <= max_token_count"),
         ((5,), {"buffer_size": 0}, ValueError, r"buffer_size to be an int >= 1, got 0"),
-        ((5,), {"include_padding": "yes"}, TypeError, r"include_padding to be True or False"),
+        (
+            (5,),
+            {"include_padding": "yes"},
+            TypeError,
+            r"include_padding must be a bool, got str .yes.",
+        ),
         ((5,), {"len_fn": 3}, TypeError, r"expects len_fn to be a callable"),
     ],
 )

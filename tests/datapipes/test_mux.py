@@ -8,15 +8,13 @@ import pickle
 from fractions import Fraction
 
 import pytest
-from datapipes.helpers import Flaky, drain_retrying
-from datapipes.sequences import check_services_and_elastic_resume
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import item_lists
 
 from pipeloom.datapipes import (
     IterableWrapper,
     IterDataPipe,
+    Multiplexer,
     SequenceWrapper,
     current_position,
     load_pipeline_state_dict,
@@ -24,9 +22,11 @@ from pipeloom.datapipes import (
     reset_pipeline,
     seed_pipeline,
 )
-from pipeloom.datapipes._mux import Multiplexer
 from pipeloom.errors import StateError
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, drain_retrying
+from tests.datapipes.sequences import check_services_and_elastic_resume
+from tests.strategies import item_lists
 
 
 class WithPosition(IterDataPipe):

@@ -15,9 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import pipeloom
-from pipeloom.datapipes import HttpReader, IterableWrapper
+from pipeloom.datapipes import EndOnDiskCacheHolder, HttpReader, IterableWrapper, OnDiskCacheHolder
 from pipeloom.datapipes._cache_files import FileLock
-from pipeloom.datapipes._on_disk_cache import LIST_SUFFIX, EndOnDiskCacheHolder, OnDiskCacheHolder
+from pipeloom.datapipes._on_disk_cache import LIST_SUFFIX
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.testing import check_resume_from_every_step, collect
 

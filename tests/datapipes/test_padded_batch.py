@@ -5,8 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from datapipes.helpers import Flaky
-from datapipes.sequences import numbered_sequences, plain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +12,8 @@ from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper, PadCollate, PaddedBatch
 from pipeloom.reading_service import MultiProcessingReadingService
 from pipeloom.testing import check_resume_from_every_step, collect
+from tests.datapipes.helpers import Flaky
+from tests.datapipes.sequences import numbered_sequences, plain
 
 
 @settings(max_examples=60, deadline=None)

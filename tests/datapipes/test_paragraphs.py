@@ -6,14 +6,13 @@ import io
 import itertools
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
-from datapipes.helpers import Flaky
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper, item_rng
-from pipeloom.datapipes._paragraphs import ParagraphAggregator
+from pipeloom.datapipes import IterableWrapper, ParagraphAggregator, item_rng
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.everywhere import check_same_output_everywhere
+from tests.datapipes.helpers import Flaky
 
 
 def reference(items, joiner="\n".join):

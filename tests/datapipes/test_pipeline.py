@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Flaky, OldStyleDouble
 
 from pipeloom.datapipes import (
     IterableWrapper,
@@ -14,9 +13,10 @@ from pipeloom.datapipes import (
     pipeline_state_dict,
     seed_pipeline,
     set_pipeline_epoch,
-    upstream_blocks,
 )
 from pipeloom.errors import StateError
+from pipeloom.graph import upstream
+from tests.datapipes.helpers import Flaky, OldStyleDouble
 
 
 class Join(IterDataPipe):
@@ -34,13 +34,13 @@ def test_upstream_blocks_lists_shared_blocks_once_consumers_first():
     source = IterableWrapper([1])
     left, right = OldStyleDouble(source), OldStyleDouble(source)
     out = Join(left, right)
-    assert upstream_blocks(out) == [out, right, left, source] or upstream_blocks(out) == [
+    assert upstream(out) == [out, right, left, source] or upstream(out) == [
         out,
         left,
         right,
         source,
     ]
-    blocks = upstream_blocks(out)
+    blocks = upstream(out)
     assert blocks.index(source) > blocks.index(left) and blocks.index(source) > blocks.index(right)
 
 
@@ -49,12 +49,12 @@ def test_cycles_are_rejected_with_the_path():
     b = OldStyleDouble(a)
     a.source = b
     with pytest.raises(ValueError, match="cycle: .*OldStyleDouble -> OldStyleDouble.*DAG"):
-        upstream_blocks(b)
+        upstream(b)
 
 
 def test_upstream_blocks_rejects_non_blocks():
     with pytest.raises(TypeError, match="wrap plain iterables with IterableWrapper"):
-        upstream_blocks([1, 2])  # type: ignore[arg-type]
+        upstream([1, 2])  # type: ignore[arg-type]
 
 
 def random_pipe():

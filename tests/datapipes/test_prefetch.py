@@ -9,16 +9,16 @@ import time
 import traceback
 
 import pytest
-from datapipes.helpers import Flaky, WithPosition, raise_in_source
 
 from pipeloom.datapipes import (
     BlockingReader,
     IterableWrapper,
     IterDataPipe,
+    Prefetcher,
     reset_pipeline,
 )
-from pipeloom.datapipes._prefetch import Prefetcher
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, WithPosition, raise_in_source
 
 
 def prefetch_threads():

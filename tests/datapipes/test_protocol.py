@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Flaky, OldStyleDouble
 from hypothesis import given, settings
-from strategies import item_lists
 
 from pipeloom.datapipes import (
     BlockingReader,
@@ -17,6 +15,8 @@ from pipeloom.datapipes import (
     reset_pipeline,
 )
 from pipeloom.testing import collect, collect_async
+from tests.datapipes.helpers import Flaky, OldStyleDouble
+from tests.strategies import item_lists
 
 
 class AsyncPlusOne(IterDataPipe):

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._random_split import SplitPart
+from pipeloom.datapipes import IterableWrapper, SplitPart
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 def test_parts_partition_the_stream_in_the_ratio_of_the_weights():

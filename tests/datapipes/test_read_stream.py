@@ -5,11 +5,10 @@ from __future__ import annotations
 import io
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
-from pipeloom.datapipes import FileLister, IterableWrapper
-from pipeloom.datapipes._read_stream import StreamChunkReader
+from pipeloom.datapipes import FileLister, IterableWrapper, StreamChunkReader
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 @pytest.fixture

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
-from pipeloom.datapipes import IterableWrapper, current_position, reset_pipeline
-from pipeloom.datapipes._context import restore_stamp
-from pipeloom.datapipes._repeat import Repeater
+from pipeloom.datapipes import IterableWrapper, Repeater, current_position, reset_pipeline
+from pipeloom.datapipes.runtime import restore_stamp
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 def test_repeats_each_item_in_place():

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 def test_deals_items_in_turn():

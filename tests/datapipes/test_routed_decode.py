@@ -8,12 +8,12 @@ import pickle
 
 import numpy as np
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 from torch.utils.data.datapipes.utils.decoder import imagehandler
 
-from pipeloom.datapipes import FileLister, IterableWrapper
-from pipeloom.datapipes._routed_decode import RoutedDecoder, extension_of
+from pipeloom.datapipes import FileLister, IterableWrapper, RoutedDecoder
+from pipeloom.datapipes._routed_decode import extension_of
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 def png_bytes():

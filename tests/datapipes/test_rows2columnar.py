@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._rows2columnar import Rows2Columnar
+from pipeloom.datapipes import IterableWrapper, Rows2Columnar
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 def test_dict_rows_keep_every_key_or_the_named_ones():

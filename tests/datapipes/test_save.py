@@ -6,11 +6,10 @@ import io
 import os
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._save import FSSpecSaver, Saver
+from pipeloom.datapipes import FSSpecSaver, IterableWrapper, Saver
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 def test_writes_bytes_text_and_streams_creating_directories(tmp_path):

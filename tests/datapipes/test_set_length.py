@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._set_length import LengthSetter
+from pipeloom.datapipes import IterableWrapper, LengthSetter
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 def test_declares_the_length_without_changing_the_items():

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._shard_expand import ShardExpander, expand_shards
+from pipeloom.datapipes import IterableWrapper, ShardExpander
+from pipeloom.datapipes._shard_expand import expand_shards
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 def test_expands_ranges_with_and_without_padding():

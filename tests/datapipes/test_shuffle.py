@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import pytest
 import torch
-from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
-from strategies import item_lists, positive_sizes, seeds
 
 from pipeloom.datapipes import (
     IterableWrapper,
     IterDataPipe,
     MapDataPipe,
+    MapShuffler,
     NotAvailable,
     SequenceWrapper,
+    Shuffler,
     current_position,
     reset_pipeline,
     seed_pipeline,
     set_pipeline_epoch,
 )
-from pipeloom.datapipes._shuffle import MapShuffler, Shuffler
 from pipeloom.events import Signal
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, drain_retrying
+from tests.strategies import item_lists, positive_sizes, seeds
 
 
 class WithPosition(IterDataPipe):

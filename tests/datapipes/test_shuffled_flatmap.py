@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper, current_position, reset_pipeline
-from pipeloom.datapipes._shuffled_flatmap import ShuffledFlatMapper
+from pipeloom.datapipes import IterableWrapper, ShuffledFlatMapper, current_position, reset_pipeline
 from pipeloom.testing import check_resume_from_every_step, collect
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 @settings(max_examples=60, deadline=None)

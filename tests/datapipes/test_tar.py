@@ -15,9 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper, IterDataPipe, NotAvailable, reset_pipeline
-from pipeloom.datapipes._files import FileLister
-from pipeloom.datapipes._tar import TarArchiveLoader, TarMemberPath
+from pipeloom.datapipes import (
+    FileLister,
+    IterableWrapper,
+    IterDataPipe,
+    NotAvailable,
+    TarArchiveLoader,
+    TarMemberPath,
+    reset_pipeline,
+)
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 
 

@@ -35,8 +35,7 @@ from typing import Any
 
 import pytest
 
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.datapipes._tar import TarArchiveLoader
+from pipeloom.datapipes import IterableWrapper, TarArchiveLoader
 
 SHARD = "fuzz.tar"
 COMPRESSORS = {

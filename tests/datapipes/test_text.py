@@ -8,9 +8,15 @@ import random
 
 import pytest
 
-from pipeloom.datapipes import IterableWrapper, IterDataPipe, NotAvailable, reset_pipeline
-from pipeloom.datapipes._files import FileLister
-from pipeloom.datapipes._text import CSVParser, LineReader
+from pipeloom.datapipes import (
+    CSVParser,
+    FileLister,
+    IterableWrapper,
+    IterDataPipe,
+    LineReader,
+    NotAvailable,
+    reset_pipeline,
+)
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 
 
@@ -93,7 +99,7 @@ def test_bad_arguments_are_rejected():
         CSVParser(source, delimiter=";;")
     with pytest.raises(ValueError, match="skip_lines must be an int >= 0, got -1"):
         CSVParser(source, skip_lines=-1)
-    with pytest.raises(TypeError, match="return_path must be True or False, got 'yes'"):
+    with pytest.raises(TypeError, match="return_path must be a bool, got str 'yes'"):
         LineReader(source, return_path="yes")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"expects \(path, stream\) items, got str"):
         list(LineReader(IterableWrapper(["a.txt"])))
@@ -196,7 +202,7 @@ def test_parse_csv_as_dict_resumes_mid_file(csvs):
 
 
 def test_readers_give_the_same_rows_everywhere(csvs):
-    from datapipes.everywhere import check_same_output_everywhere
+    from tests.datapipes.everywhere import check_same_output_everywhere
 
     epochs = check_same_output_everywhere(
         lambda: (

@@ -8,13 +8,13 @@ import struct
 
 import pytest
 import torch
-from datapipes.everywhere import check_same_output_everywhere
-from migration.encoding import encode
-from migration.make_data import _feature, _features, _field, _frame, make_data
 
-from pipeloom.datapipes import FileLister, IterableWrapper
-from pipeloom.datapipes._tfrecord import TFRecordLoader, crc32c, masked_crc32c
+from pipeloom.datapipes import FileLister, IterableWrapper, TFRecordLoader
+from pipeloom.datapipes._tfrecord import crc32c, masked_crc32c
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
+from tests.migration.encoding import encode
+from tests.migration.make_data import _feature, _features, _field, _frame, make_data
 
 
 def example(**features):

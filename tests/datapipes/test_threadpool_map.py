@@ -5,12 +5,11 @@ from __future__ import annotations
 import threading
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
-from datapipes.helpers import Flaky
 
-from pipeloom.datapipes import IterableWrapper, item_rng
-from pipeloom.datapipes._threadpool_map import ThreadPoolMapper
+from pipeloom.datapipes import IterableWrapper, ThreadPoolMapper, item_rng
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.everywhere import check_same_output_everywhere
+from tests.datapipes.helpers import Flaky
 
 
 def square(x):

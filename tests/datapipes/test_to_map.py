@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
-from pipeloom.datapipes import IterableWrapper, SequenceWrapper
-from pipeloom.datapipes._to_map import IterToMapConverter
+from pipeloom.datapipes import IterableWrapper, IterToMapConverter, SequenceWrapper
 from pipeloom.testing import check_resume_from_every_step
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 def test_pairs_or_a_key_value_fn():

@@ -12,10 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper, IterDataPipe, NotAvailable, reset_pipeline
-from pipeloom.datapipes._files import FileLister
-from pipeloom.datapipes._tar import TarMemberPath
-from pipeloom.datapipes._webdataset import WebDataset, split_key, split_shard
+from pipeloom.datapipes import (
+    FileLister,
+    IterableWrapper,
+    IterDataPipe,
+    NotAvailable,
+    TarMemberPath,
+    WebDataset,
+    reset_pipeline,
+)
+from pipeloom.datapipes._webdataset import split_key, split_shard
 from pipeloom.errors import StateError
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import pytest
-from datapipes.helpers import Flaky, drain_retrying
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import item_lists
 
 from pipeloom.datapipes import (
     IterableWrapper,
     MapDataPipe,
+    MapZipper,
     NotAvailable,
     SequenceWrapper,
+    Zipper,
     reset_pipeline,
 )
-from pipeloom.datapipes._zip import MapZipper, Zipper
 from pipeloom.events import Signal
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
+from tests.datapipes.helpers import Flaky, drain_retrying
+from tests.strategies import item_lists
 
 
 @settings(max_examples=50, deadline=None)

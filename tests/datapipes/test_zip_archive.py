@@ -7,11 +7,10 @@ import os
 import zipfile
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
 
-from pipeloom.datapipes import FileLister, IterableWrapper
-from pipeloom.datapipes._zip_archive import ZipArchiveLoader
+from pipeloom.datapipes import FileLister, IterableWrapper, ZipArchiveLoader
 from pipeloom.testing import check_resume_from_every_step, collect
+from tests.datapipes.everywhere import check_same_output_everywhere
 
 
 def zip_bytes(members):

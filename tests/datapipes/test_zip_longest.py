@@ -5,14 +5,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from datapipes.everywhere import check_same_output_everywhere
-from datapipes.helpers import Flaky
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper, SequenceWrapper
-from pipeloom.datapipes._zip_longest import ZipperLongest
+from pipeloom.datapipes import IterableWrapper, SequenceWrapper, ZipperLongest
 from pipeloom.testing import check_resume_from_every_step, collect_async
+from tests.datapipes.everywhere import check_same_output_everywhere
+from tests.datapipes.helpers import Flaky
 
 
 @settings(max_examples=50, deadline=None)

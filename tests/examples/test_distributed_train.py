@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from reading_service.distributed_ranks import free_port
+
+from tests.reading_service.distributed_ranks import free_port
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "distributed_train.py"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeloom.datapipes import DataPipe, IterableWrapper, IterDataPipe
-from pipeloom.graph import Placement, find, remove, replace, to_dot, traverse
+from pipeloom.graph import Placement, copy, find, remove, replace, to_dot, traverse, upstream
 
 
 class Step(IterDataPipe):
@@ -124,3 +124,34 @@ def test_to_dot_draws_nodes_edges_and_placement_clusters():
 
 def test_to_dot_escapes_quotes_in_labels():
     assert '\\"' in to_dot(Step(IterableWrapper([1]), 'say "hi"'))
+
+
+def test_copy_is_deep_and_keeps_shared_blocks_shared():
+    source, left, right, out = diamond()
+    twin = copy(out)
+    nodes = traverse(twin).nodes
+    assert len(nodes) == 4 and not {id(n) for n in nodes} & {id(source), id(left), id(right)}
+    twin_left, twin_right = twin.datapipes
+    assert twin_left.source is twin_right.source  # one copy of the shared source
+    assert list(twin) == list(out)
+
+
+def test_copy_puts_the_replacement_in_place_without_copying_it():
+    source, left, right, out = diamond()
+    other = IterableWrapper([7])
+    twin = copy(out, replace={source: other})
+    assert all(step.source is other for step in twin.datapipes)
+    assert list(twin) == [("left", 7), ("right", 7)] and list(out) == [("left", 1), ("right", 1)]
+    assert copy(out, replace={out: other}) is other
+
+
+def test_copy_refuses_a_replacement_for_a_block_not_in_the_pipeline():
+    _, _, _, out = diamond()
+    with pytest.raises(ValueError, match=r"IterableWrapper\(\[2\]\) is not part of the pipeline"):
+        copy(out, replace={IterableWrapper([2]): IterableWrapper([3])})
+
+
+def test_upstream_is_traverse_nodes():
+    source, left, right, out = diamond()
+    assert upstream(out) == list(traverse(out).nodes)
+    assert upstream(left) == [left, source]

@@ -11,7 +11,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from types import ModuleType
 from typing import Any
 
-from encoding import encode
+from tests.migration.encoding import encode
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):

@@ -12,18 +12,15 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-import sys
 import types
 
 import pytest
 
+from pipeloom.datapipes import IterDataPipe
+from tests.migration.harness import canonical, run, serve
+from tests.migration.make_data import make_data
+
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from harness import canonical, run, serve  # noqa: E402
-from make_data import make_data  # noqa: E402
-
-from pipeloom.datapipes import IterDataPipe  # noqa: E402
 
 PIPELINES = sorted(p.stem for p in (HERE / "pipelines").glob("*.py"))
 IMPORT = re.compile(r"^(import|from)\s+torchdata\.datapipes\b")

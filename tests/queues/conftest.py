@@ -1,10 +1,6 @@
 import os
-import pathlib
-import sys
 
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 
 def _shm_entries() -> set[str]:

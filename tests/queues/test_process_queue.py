@@ -2,12 +2,12 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
-import queue_workers
 import torch
 
 from pipeloom.errors import NotAvailable, QueueError
 from pipeloom.events import Waiter
 from pipeloom.queues import ProcessQueue, QueueClosed
+from tests.queues import queue_workers
 
 
 def _drain(q):

@@ -5,10 +5,10 @@ import os
 import time
 
 import pytest
-import queue_workers
 import torch
 
 from pipeloom.queues import ProcessQueue, QueueBroken
+from tests.queues import queue_workers
 
 
 def _open_fds():

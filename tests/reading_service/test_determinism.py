@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reading_service.random_pipelines import batched, build, recipes
 
 from pipeloom import DataLoader
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from tests.reading_service.random_pipelines import batched, build, recipes
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

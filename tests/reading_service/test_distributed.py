@@ -13,8 +13,6 @@ import pytest
 import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reading_service import distributed_ranks
-from reading_service.test_resume import resume_case
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
@@ -26,9 +24,11 @@ from pipeloom.reading_service import (
     SequentialReadingService,
     ThreadReadingService,
 )
-from pipeloom.reading_service._merge import next_owned_group
-from pipeloom.reading_service._rank_epoch import check_start
-from pipeloom.reading_service._worker_loop import apply_sharding
+from pipeloom.reading_service.distributed.rank_epoch import check_start
+from pipeloom.reading_service.planning.sharding import keep_shard
+from pipeloom.reading_service.strategies.classic.merge import next_owned_group
+from tests.reading_service import distributed_ranks
+from tests.reading_service.test_resume import resume_case
 
 # -- sharding arithmetic (no processes) ------------------------------------------
 
@@ -42,7 +42,7 @@ def test_next_owned_group_is_the_first_group_of_the_shard(group, total, data):
 
 def _kept(length: int, total: int, index: int, group: int, outer=(1, 0)) -> list[int]:
     pipe = IterableWrapper(range(length)).sharding_filter()
-    apply_sharding(pipe, (0,), total, index, group, outer)
+    keep_shard(pipe, workers=total, index=index, group_size=group, outer=outer)
     return list(pipe)
 
 
@@ -108,6 +108,7 @@ def test_economic_and_chunked_under_outer_sharding_give_the_in_process_shard(str
         service = MultiProcessingReadingService(2, strategy=strategy, timeout=30)
         with DataLoader(build(), _outer(service, 2, rank), seed=1) as loader:
             assert list(loader) == expected
+            assert len(loader) == len(expected)  # the rank's share, also before an epoch
     for stop in (0, 2):
         resume_case(
             build,
@@ -187,7 +188,7 @@ def test_world_size_one_is_a_no_op(no_job):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"uneven": "drop"}, r"uneven must be one of \('shortest', 'pad'\), got 'drop'"),
+        ({"uneven": "drop"}, r"uneven must be one of 'shortest', 'pad', got 'drop'"),
         ({"end_check": "never"}, r"end_check must be one of .*got 'never'"),
         ({"timeout": 0}, r"timeout must be a number of seconds > 0 .*got 0"),
     ],

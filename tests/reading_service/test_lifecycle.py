@@ -19,12 +19,12 @@ import threading
 
 import psutil
 import pytest
-from reading_service import pipelines
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import FileLister, IterableWrapper, _files
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from tests.reading_service import pipelines
 
 ITEM = pipelines.BIG_ITEM_BYTES
 

@@ -9,13 +9,13 @@ import threading
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reading_service import pipelines
 
 import pipeloom
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService
+from tests.reading_service import pipelines
 
 
 def shm_entries():
@@ -174,6 +174,21 @@ def test_bad_arguments_are_explained(kwargs, message):
         MultiProcessingReadingService(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"persistent_workers": "no"}, "persistent_workers must be a bool, got str 'no'"),
+        ({"in_order": "yes"}, "in_order must be a bool, got str 'yes'"),
+        ({"persistent_workers": 1}, "persistent_workers must be a bool, got int 1"),
+        ({"worker_init_fn": 3}, "worker_init_fn must be callable or None, got int"),
+    ],
+)
+def test_options_of_the_wrong_type_are_refused(kwargs, message):
+    # "no" is truthy: accepted, it would have turned persistent workers on
+    with pytest.raises(TypeError, match=message):
+        MultiProcessingReadingService(2, **kwargs)
+
+
 def test_item_rng_draws_continue_across_the_process_merge():
     expected = list(DataLoader(pipelines.draws_on_both_sides_of_the_merge(), seed=4))
     with DataLoader(
@@ -199,16 +214,16 @@ def _slow_first(x):
 
 
 def test_the_merge_sleeps_while_a_worker_that_is_ahead_has_unread_items(monkeypatch):
-    from pipeloom.reading_service import _processes
+    from pipeloom.reading_service.strategies.classic import process_pool
 
     calls = [0]
-    get_nowait = _processes._ProcessChannel.get_nowait
+    get_nowait = process_pool._ProcessChannel.get_nowait
 
     def counting(self):
         calls[0] += 1
         return get_nowait(self)
 
-    monkeypatch.setattr(_processes._ProcessChannel, "get_nowait", counting)
+    monkeypatch.setattr(process_pool._ProcessChannel, "get_nowait", counting)
     pipe = IterableWrapper(range(8)).sharding_filter().map(_slow_first)
     with DataLoader(pipe, MultiProcessingReadingService(2, start_method="fork"), seed=0) as loader:
         assert list(loader) == list(range(8))
@@ -221,7 +236,7 @@ def test_the_merge_sleeps_while_a_worker_that_is_ahead_has_unread_items(monkeypa
 def test_a_fork_server_is_asked_to_preload_pipeloom():
     from multiprocessing import forkserver
 
-    from pipeloom.reading_service._start import PRELOAD, worker_context
+    from pipeloom.reading_service.workers.process import PRELOAD, worker_context
 
     context = worker_context("forkserver")
     assert context.get_start_method() == "forkserver"

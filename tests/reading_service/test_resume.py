@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reading_service import pipelines
-from reading_service.resuming import resume_case
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
@@ -16,6 +14,8 @@ from pipeloom.reading_service import (
     MultiProcessingReadingService,
     ThreadReadingService,
 )
+from tests.reading_service import pipelines
+from tests.reading_service.resuming import resume_case
 
 
 def services():

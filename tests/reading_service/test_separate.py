@@ -22,8 +22,6 @@ from multiprocessing import forkserver
 
 import psutil
 import pytest
-from reading_service import pipelines, test_lifecycle
-from reading_service.test_lifecycle import Release, worker_pid
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper, IterDataPipe, MapDataPipe, item_rng
@@ -33,7 +31,9 @@ from pipeloom.reading_service import (
     MultiProcessingReadingService,
     ThreadReadingService,
 )
-from pipeloom.reading_service._start import worker_context
+from pipeloom.reading_service.workers.process import worker_context
+from tests.reading_service import pipelines, test_lifecycle
+from tests.reading_service.test_lifecycle import Release, worker_pid
 
 BATCH = 3
 
@@ -265,10 +265,12 @@ def test_an_exception_in_the_separate_process_reraises_with_its_type_and_origin(
         del iterator
     origin = info.value.__cause__
     assert isinstance(origin, WorkerError)
-    assert origin.worker == f"separate process {pid} for InOwnProcess()"
+    assert origin.worker == f"separate process for InOwnProcess() (pid {pid})"
     assert origin.block.startswith("Mapper(fn=explode_at_seven")
     assert (origin.item, origin.original_type) == (7, "KeyError")
-    assert f"raised in separate process {pid} for InOwnProcess(), block Mapper(" in str(info.value)
+    assert f"raised in separate process for InOwnProcess() (pid {pid}), block Mapper(" in str(
+        info.value
+    )
     leftovers.assert_none()
 
 
@@ -294,7 +296,7 @@ def test_the_separate_process_killed_while_the_main_waits_raises_naming_it(lefto
     killer.start()
     try:
         expected = (
-            rf"the separate process of InOwnProcess\(\) \(pid {pid}\) was killed by signal SIGKILL"
+            rf"separate process for InOwnProcess\(\) \(pid {pid}\) was killed by signal SIGKILL"
         )
         with pytest.raises(WorkerError, match=expected) as info:
             list(iterator)
@@ -304,7 +306,8 @@ def test_the_separate_process_killed_while_the_main_waits_raises_naming_it(lefto
         release.set()
     cpu = psutil.Process().cpu_times()
     assert (cpu.user + cpu.system) - (cpu_before.user + cpu_before.system) < 1.5, "busy-waited"
-    assert info.value.worker == f"separate process {pid}" and info.value.block == "InOwnProcess()"
+    assert info.value.worker == f"separate process for InOwnProcess() (pid {pid})"
+    assert info.value.block == "InOwnProcess()"
     loader.shutdown()
     del iterator, loader
     release.close()

@@ -9,16 +9,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reading_service import pipelines
-from reading_service.resuming import resume_case
 
 import pipeloom
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService
-from pipeloom.reading_service._dispatch_workers import MAIN
-from pipeloom.reading_service._dispatcher import Dispatcher
+from pipeloom.reading_service.strategies.dispatch.dispatcher import Dispatcher
+from pipeloom.reading_service.workers.messages import MAIN, BatchResult, BatchSize, Task
+from tests.reading_service import pipelines
+from tests.reading_service.resuming import resume_case
 
 
 def plain(value):
@@ -215,9 +215,9 @@ class FakePool:
     def __init__(self, item_workers: int, batch_workers: int) -> None:
         self.num_item_workers = item_workers
         self.num_batch_workers = batch_workers
-        self.tasks: list[tuple[int, tuple]] = []
-        self.controls: list[tuple[int, tuple]] = []
-        self.outbox: list[tuple] = []
+        self.tasks: list[tuple[int, Task]] = []
+        self.controls: list[tuple[int, BatchSize]] = []
+        self.outbox: list[BatchResult] = []
 
     def send_task(self, worker, message):
         self.tasks.append((worker, message))
@@ -238,11 +238,12 @@ class FakePool:
     def finish_batches(self):
         """Batch workers answer every batch announced so far (one batch per unit)."""
         items = {}
-        for _, (_, _gen, unit, _dest, entries) in self.tasks:
-            items.setdefault(unit, []).extend(entries)
-        for _, (_, gen, unit, _size) in self.controls:
-            entries = sorted(items[unit])
-            self.outbox.append((gen, unit, [(entries[0][0], 0, [v for _, v in entries])]))
+        for _, task in self.tasks:
+            items.setdefault(task.unit, []).extend(task.entries)
+        for _, size in self.controls:
+            entries = sorted(items[size.unit])
+            outputs = [(entries[0][0], 0, [v for _, v in entries])]
+            self.outbox.append(BatchResult(size.gen, size.unit, outputs))
         self.controls = []
 
 
@@ -252,7 +253,7 @@ def test_economic_keeps_at_most_prefetch_batches_in_flight_and_balances_items():
     dispatcher.attach(IterableWrapper(range(40)), pool, gen=1, seed=None, epoch=0)
     with pytest.raises(pipeloom.errors.NotAvailable):
         dispatcher.async_next()
-    entries = [(worker, entry) for worker, message in pool.tasks for entry in message[4]]
+    entries = [(worker, entry) for worker, task in pool.tasks for entry in task.entries]
     assert len(entries) == 8  # 2 batches x 4 items, no more
     first_batch_workers = [worker for worker, _ in entries[:4]]
     assert sorted(first_batch_workers) == [0, 1, 2, 3]  # built by every item worker at once
@@ -262,7 +263,7 @@ def test_economic_keeps_at_most_prefetch_batches_in_flight_and_balances_items():
     assert dispatcher.async_next() == [4, 5, 6, 7]
     with pytest.raises(pipeloom.errors.NotAvailable):
         dispatcher.async_next()
-    assert sum(len(message[4]) for _, message in pool.tasks) == 16  # room for two more
+    assert sum(len(task.entries) for _, task in pool.tasks) == 16  # room for two more
 
 
 def test_chunked_hands_whole_chunks_to_the_least_loaded_worker():
@@ -271,7 +272,7 @@ def test_chunked_hands_whole_chunks_to_the_least_loaded_worker():
     dispatcher.attach(IterableWrapper(range(9)), pool, gen=1, seed=None, epoch=0)
     with pytest.raises(pipeloom.errors.NotAvailable):
         dispatcher.async_next()
-    assert [(w, m[2], m[3], m[4]) for w, m in pool.tasks] == [
+    assert [(w, task.unit, task.dest, task.entries) for w, task in pool.tasks] == [
         (0, 0, MAIN, [(0, 0), (1, 1)]),
         (1, 1, MAIN, [(2, 2), (3, 3)]),
         (2, 2, MAIN, [(4, 4), (5, 5)]),

@@ -101,8 +101,13 @@ def test_bad_thread_counts_are_explained(bad):
         ThreadReadingService(bad)
 
 
+def test_in_order_must_be_a_bool():
+    with pytest.raises(TypeError, match="in_order must be a bool, got str 'yes'; pass True or"):
+        ThreadReadingService(2, in_order="yes")
+
+
 def test_item_rng_draws_continue_across_the_merge():
-    from reading_service.pipelines import draws_on_both_sides_of_the_merge as build
+    from tests.reading_service.pipelines import draws_on_both_sides_of_the_merge as build
 
     expected = list(DataLoader(build(), seed=4))
     for threads in (1, 3):

@@ -1,0 +1,42 @@
+"""A block's attribute values, read without slowing the block down.
+
+CPython 3.11+ keeps an object's attributes in an inline array and specializes
+attribute access on it; ``vars(obj)`` turns that array into a real ``__dict__``
+for the rest of the object's life, and every later ``self.x`` in the block's
+per-item code gets slower (about 40% for a source's ``async_next``). The
+graph walk looks at blocks at every epoch, so it reads their values through
+``gc.get_referents`` instead, which leaves the array alone. ``vars()`` is kept
+for the rare paths that need attribute *names* (editing the graph, errors).
+
+Example:
+    >>> class Box:
+    ...     def __init__(self):
+    ...         self.a, self.b = 1, [2]
+    >>> attribute_values(Box())
+    [1, [2]]
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+__all__ = ["attribute_values"]
+
+_MISSING = object()
+
+
+def attribute_values(obj: Any) -> list[Any]:
+    """The values of ``obj``'s instance attributes, in the order they were set."""
+    values = [value for value in gc.get_referents(obj) if value is not type(obj)]
+    if len(values) == 1 and type(values[0]) is dict and _is_instance_dict(obj, values[0]):
+        return list(values[0].values())  # the dict exists already: nothing more to lose
+    return values
+
+
+def _is_instance_dict(obj: Any, candidate: dict) -> bool:
+    """True when ``candidate`` is ``obj.__dict__`` (asked without creating that dict)."""
+    return all(
+        type(name) is str and getattr(obj, name, _MISSING) is value
+        for name, value in candidate.items()
+    )

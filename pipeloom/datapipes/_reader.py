@@ -1,0 +1,81 @@
+"""Waiting for a block's next item on the readiness events of the blocks upstream."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .._walk import walk_upstream
+from ..errors import NotAvailable
+from ..events import ReadinessSource, Waiter
+
+__all__ = ["BlockingReader"]
+
+
+class BlockingReader:
+    """Waits for a block's items on its readiness events (never polls).
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> BlockingReader(IterableWrapper([7])).next()
+        7
+    """
+
+    def __init__(self, pipe: Any) -> None:
+        self.pipe = pipe
+        self._waiter: Waiter | None = None
+        self._sources: list[ReadinessSource] = []
+
+    def next(self, timeout: float | None = None) -> Any:
+        """The next item of an iterable block; ``StopIteration`` at the end."""
+        return self._call(self.pipe.async_next, (), timeout)
+
+    def get(self, index: int, timeout: float | None = None) -> Any:
+        """Item ``index`` of a map-style block."""
+        return self._call(self.pipe.async_get, (index,), timeout)
+
+    def _call(self, fn, args, timeout: float | None) -> Any:
+        try:
+            return fn(*args)
+        except NotAvailable:
+            pass
+        waiter = self._attach()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            seen = waiter.generation
+            try:
+                return fn(*args)
+            except NotAvailable:
+                left = None if deadline is None else deadline - time.monotonic()
+                if (left is not None and left <= 0) or not waiter.wait(seen, left):
+                    raise TimeoutError(f"no item from {self.pipe!r} within {timeout} s") from None
+
+    def _attach(self) -> Waiter:
+        if self._waiter is not None:
+            return self._waiter
+        sources = [s for block in walk_upstream(self.pipe) for s in block.readiness_sources()]
+        if not sources:
+            raise RuntimeError(
+                f"{self.pipe!r} raised NotAvailable, but no block upstream of it offers "
+                f"a readiness source to wait on; a block that can raise NotAvailable must "
+                f"return its Signal/FdReadiness from readiness_sources()"
+            )
+        waiter = Waiter()
+        for source in sources:
+            source.attach(waiter)
+        self._waiter, self._sources = waiter, sources
+        return waiter
+
+    def close(self) -> None:
+        """Detach from the readiness sources."""
+        if self._waiter is not None:
+            for source in self._sources:
+                source.detach(self._waiter)
+            self._waiter.close()
+            self._waiter, self._sources = None, []
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass

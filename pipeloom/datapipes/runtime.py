@@ -1,0 +1,83 @@
+"""What code that runs pipelines needs from blocks; building a pipeline never does.
+
+The seam between ``pipeloom.datapipes`` and the reading services, the compat
+loader and ``pipeloom.testing``:
+
+* the *item stamp* ``(seed, epoch, position, draws)`` of the item a thread
+  works on, which a worker sends along with each output and the consumer
+  restores, so ``item_rng()`` continues identically in every process
+  (``stamp_item`` starts one, for a block that stands in for a sharding point);
+* which worker runs the current code (``set_worker_info``; the reading
+  services set it, ``pipeloom.get_worker_info()`` and blocks read it);
+* per-block framework state, changed through the block base's methods:
+  restarting a part of a pipeline, forgetting ``lazy_init`` in a forked
+  copy, reading the seed a block derives its randomness from.
+
+Example:
+    >>> from pipeloom.datapipes import IterableWrapper, seed_pipeline
+    >>> from pipeloom.datapipes.runtime import block_seed, derive_seed
+    >>> pipe = IterableWrapper(range(3))
+    >>> seed_pipeline(pipe, 7)
+    >>> block_seed(pipe) == derive_seed(7, 0)
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ._base import DataPipe
+from ._context import (
+    NO_STAMP,
+    ItemStamp,
+    current_draws,
+    current_position,
+    current_stamp,
+    derive_seed,
+    restore_stamp,
+    set_worker_info,
+    stamp_item,
+    worker_info,
+)
+from ._pipeline import check_declared_inputs, upstream_blocks
+
+__all__ = [
+    "NO_STAMP",
+    "ItemStamp",
+    "block_seed",
+    "check_declared_inputs",
+    "current_draws",
+    "current_position",
+    "current_stamp",
+    "derive_seed",
+    "forget_lazy_init",
+    "restart_blocks",
+    "restore_stamp",
+    "set_worker_info",
+    "stamp_item",
+    "worker_info",
+]
+
+
+def block_seed(block: DataPipe) -> int | None:
+    """The seed ``block``'s randomness derives from (None when no pipeline seed was given)."""
+    return block._block_seed()
+
+
+def restart_blocks(blocks: Iterable[DataPipe]) -> None:
+    """Restart each of ``blocks`` (given consumers first), as ``reset_pipeline`` does.
+
+    For a caller that restarts the same part many times and walked it once.
+    """
+    for block in blocks:
+        block._restart()
+
+
+def forget_lazy_init(pipeline: DataPipe) -> None:
+    """Mark every block of a forked copy uninitialized: ``lazy_init`` runs again here.
+
+    A pipeline that crossed into a worker by pickling is fresh already; one
+    inherited through ``fork`` still carries what ``lazy_init`` did in the parent.
+    """
+    for block in upstream_blocks(pipeline):
+        block._forget_lazy_init()

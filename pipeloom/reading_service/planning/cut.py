@@ -1,0 +1,289 @@
+"""Where a pipeline is cut between workers and the main process, from the blocks' traits.
+
+The rule (DESIGN.md): the *sharding point* is the shardable block with no
+shardable block upstream of it (``sharding_filter``, a file opener, a
+map-style source read by index). Workers run a copy of everything up to it
+(deterministic, so every copy agrees), the sharding point keeps only its
+shard, and the blocks that follow and work on one item at a time
+(``per_item = True``: map, filter, decode..., and shardable blocks below the
+sharding point) run in the workers too. The first block that needs the whole
+ordered stream (shuffle, batch, zip...) and everything after it run in the
+main process.
+
+When the per-item blocks map one input to one output, the block after them
+combines runs of consecutive inputs (``batches_of()``: a ``batch``), and the
+sharding point can deal out runs of positions (``can_shard_in_groups()``),
+that block and the per-item blocks after it (``collate``) run in the workers
+too: each worker then receives runs of ``batch_size`` consecutive positions,
+so its batches are the in-process batches (:func:`cut_for_workers`).
+
+The economic and chunked strategies keep the sharding point in the main
+process and cut after the per-item blocks instead (:func:`cut_for_dispatch`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from ...datapipes import DataPipe, IterDataPipe, ShardingFilter
+from ...graph import Graph, traverse, upstream
+
+__all__ = [
+    "DispatchCut",
+    "PlanError",
+    "WorkerCut",
+    "cut_for_dispatch",
+    "cut_for_workers",
+    "find_sharding_point",
+    "single_output",
+]
+
+
+class PlanError(ValueError):
+    """The pipeline cannot be placed the way a service was asked to; the message says why."""
+
+
+@dataclass(frozen=True)
+class WorkerCut:
+    """The part of a pipeline every worker replicates.
+
+    Attributes:
+        sharding_point: where each worker keeps its shard.
+        exit: the last block run in workers; its output is merged.
+        worker_blocks: every block that runs in the workers (graph order).
+        group_size: consecutive source positions that go to the same worker.
+        single_output: each group of ``group_size`` positions yields at most one
+            output, so the merge moves on as soon as it delivered one (instead of
+            waiting for the owner's next message to learn the group is done).
+    """
+
+    sharding_point: DataPipe
+    exit: IterDataPipe
+    worker_blocks: tuple[DataPipe, ...]
+    group_size: int
+    single_output: bool
+
+
+@dataclass(frozen=True)
+class DispatchCut:
+    """Where the main process, item workers and batch workers meet (economic, chunked).
+
+    Attributes:
+        sharding_point: read in the main process, with everything upstream.
+        item_exit: the last block item workers run.
+        batcher: the block that combines items into batches, after ``item_exit``.
+        batch_exit: the last block batch workers run (economic), else None.
+        item_blocks: the blocks item workers run.
+        batch_blocks: the blocks batch workers run (economic).
+    """
+
+    sharding_point: IterDataPipe
+    item_exit: IterDataPipe
+    batcher: IterDataPipe
+    batch_exit: IterDataPipe | None
+    item_blocks: tuple[DataPipe, ...]
+    batch_blocks: tuple[DataPipe, ...]
+
+    @property
+    def batch_size(self) -> int:
+        size = self.batcher.batches_of()
+        assert size is not None  # found by its trait
+        return size
+
+
+def find_sharding_point(pipeline: DataPipe) -> DataPipe:
+    """The one shardable block with no shardable block upstream.
+
+    Raises:
+        ValueError: no sharding point, or several on separate branches.
+    """
+    points = []
+    for block in traverse(pipeline).nodes:
+        if not block.is_shardable():
+            continue
+        shadowing = [u for u in upstream(block)[1:] if u.is_shardable()]
+        if shadowing and isinstance(block, ShardingFilter):  # a redundant explicit one
+            warnings.warn(
+                f"{block!r} is downstream of another sharding point ({shadowing[0]!r}); "
+                f"only the upstream one splits the data, {block!r} passes every item "
+                f"through. Remove one of them to silence this warning",
+                stacklevel=5,
+            )
+        elif not shadowing:
+            points.append(block)
+    if not points:
+        raise PlanError(
+            "the pipeline has no sharding point, so every worker would produce every "
+            "item; add .sharding_filter() where the stream can be split (after any "
+            "shuffle of the file list, before the expensive per-item work)"
+        )
+    if len(points) > 1:
+        raise PlanError(
+            f"the pipeline has {len(points)} independent sharding points "
+            f"({', '.join(repr(r) for r in points)}); an ordered merge needs exactly one. "
+            f"Merge the branches first (e.g. concat/zip), then add one .sharding_filter()"
+        )
+    return points[0]
+
+
+def cut_for_workers(
+    pipeline: IterDataPipe, *, batches_in_workers: bool = True, refuse_separate: bool = True
+) -> WorkerCut:
+    """The part of ``pipeline`` that workers replicate (see the module docstring).
+
+    ``refuse_separate=False`` lets blocks marked ``is_separate_process()`` be in
+    the worker part: for a caller that runs everything in one thread anyway.
+
+    Raises:
+        ValueError: no sharding point, several sharding points on separate
+            branches, a worker part with several exits, or (``refuse_separate``)
+            a block marked ``is_separate_process()`` in the worker part.
+    """
+    graph = traverse(pipeline)
+    nodes = graph.nodes
+    point = find_sharding_point(pipeline)
+    in_workers = {id(b) for b in upstream(point)}  # the sharding point and its upstream
+    for block in reversed(nodes):  # sources first, so parents are decided before consumers
+        runs_on_a_shard = block.per_item or block.is_shardable()
+        if runs_on_a_shard and block.parents and all(id(p) in in_workers for p in block.parents):
+            in_workers.add(id(block))
+    marked = [n for n in nodes if id(n) in in_workers and n.is_separate_process()]
+    if marked and refuse_separate:
+        raise PlanError(
+            f"{marked[0]!r} asks for a separate process, but it is in the part of the pipeline "
+            f"that every worker replicates; a separate process can only serve one consumer. "
+            f"Drop the mark, or mark a block on a branch that the workers neither run nor "
+            f"feed (e.g. a side stream zipped with their output)"
+        )
+    exit_block = _single_exit(graph, in_workers)
+    group_size = 1
+    if batches_in_workers:
+        exit_block, group_size = _extend_over_batch(graph, exit_block, point, in_workers)
+    return WorkerCut(
+        sharding_point=point,
+        exit=exit_block,
+        worker_blocks=tuple(n for n in nodes if id(n) in in_workers),
+        group_size=group_size,
+        single_output=single_output(exit_block, point, group_size),
+    )
+
+
+def cut_for_dispatch(pipeline: IterDataPipe, strategy: str) -> DispatchCut:
+    """Cut ``pipeline`` for ``strategy`` (``"economic"`` or ``"chunked"``).
+
+    Raises:
+        ValueError: no sharding point, no batch right after the per-item
+            blocks, or (economic) a block between the sharding point and the
+            batch that does not yield exactly one output per item.
+    """
+    base = cut_for_workers(pipeline, batches_in_workers=False)
+    point = base.sharding_point
+    assert isinstance(point, IterDataPipe)
+    graph = traverse(pipeline)
+    item_exit = base.exit
+    batcher = _following_batcher(graph, item_exit, strategy)
+    upstream_of_point = {id(b) for b in upstream(point)}
+    item_blocks = tuple(b for b in base.worker_blocks if id(b) not in upstream_of_point)
+    if strategy == "chunked":
+        return DispatchCut(point, item_exit, batcher, None, item_blocks, ())
+    _check_one_to_one(item_blocks)
+    batch_blocks: list[DataPipe] = [batcher]
+    batch_exit: IterDataPipe = batcher
+    for block in _per_item_chain_after(graph, batcher):
+        batch_exit = block  # type: ignore[assignment]  # per_item blocks are iterable
+        batch_blocks.append(block)
+    return DispatchCut(point, item_exit, batcher, batch_exit, item_blocks, tuple(batch_blocks))
+
+
+def single_output(exit_block: DataPipe, point: DataPipe, group_size: int) -> bool:
+    """At most one output per group of positions (see ``WorkerCut.single_output``)."""
+    chain = upstream(exit_block)
+    below_point = chain[: _index_in(chain, point)]
+    if group_size > 1:  # a batching block builds one output per group; what follows it counts
+        batchers = [i for i, b in enumerate(below_point) if b.batches_of() is not None]
+        below_point = below_point[: batchers[-1]] if batchers else below_point
+    return all(b.one_to_one or b.at_most_one for b in below_point)
+
+
+def _single_exit(graph: Graph, in_workers: set[int]) -> IterDataPipe:
+    exits: list[DataPipe] = []
+    for parent_index, consumer_index in graph.edges:
+        parent, consumer = graph.nodes[parent_index], graph.nodes[consumer_index]
+        if id(parent) in in_workers and id(consumer) not in in_workers:
+            if all(e is not parent for e in exits):
+                exits.append(parent)
+    if id(graph.output) in in_workers:
+        exits.append(graph.output)
+    if len(exits) != 1:
+        raise PlanError(
+            f"the part of the pipeline that runs in workers must feed the rest through "
+            f"one block, but it has {len(exits)} exits: {', '.join(repr(e) for e in exits)}"
+            f"; move the fork/zip after the per-item blocks or before the sharding point"
+        )
+    assert isinstance(exits[0], IterDataPipe)
+    return exits[0]
+
+
+def _extend_over_batch(
+    graph: Graph, exit_block: IterDataPipe, point: DataPipe, in_workers: set[int]
+) -> tuple[IterDataPipe, int]:
+    consumers = graph.consumers(exit_block) if exit_block is not graph.output else []
+    if len(consumers) != 1 or consumers[0].batches_of() is None:
+        return exit_block, 1
+    batcher = consumers[0]
+    chain = upstream(exit_block)
+    between = chain[: _index_in(chain, point)]
+    if not all(b.one_to_one for b in between) or not point.can_shard_in_groups():
+        return exit_block, 1
+    in_workers.add(id(batcher))
+    new_exit = batcher
+    for block in _per_item_chain_after(graph, batcher):
+        new_exit = block
+        in_workers.add(id(block))
+    assert isinstance(new_exit, IterDataPipe)
+    return new_exit, batcher.batches_of()  # type: ignore[return-value]
+
+
+def _per_item_chain_after(graph: Graph, block: DataPipe) -> list[DataPipe]:
+    """The per-item blocks that follow ``block`` one after another (e.g. ``collate``)."""
+    chain = []
+    while block is not graph.output:
+        after = graph.consumers(block)
+        if len(after) != 1 or not after[0].per_item or len(after[0].parents) != 1:
+            break
+        block = after[0]
+        chain.append(block)
+    return chain
+
+
+def _following_batcher(graph: Graph, item_exit: IterDataPipe, strategy: str) -> IterDataPipe:
+    consumers = [] if item_exit is graph.output else graph.consumers(item_exit)
+    if len(consumers) == 1 and consumers[0].batches_of() is not None:
+        batcher = consumers[0]
+        assert isinstance(batcher, IterDataPipe)
+        return batcher
+    found = "the end of the pipeline" if not consumers else repr(consumers[0])
+    raise PlanError(
+        f"strategy={strategy!r} builds batches from items made by many workers, so it needs "
+        f".batch(n) right after the per-item blocks; after {item_exit!r} comes {found}. "
+        f"Add .batch(n) (and .collate()) after the per-item work, or use strategy='classic'"
+    )
+
+
+def _check_one_to_one(item_blocks: tuple[DataPipe, ...]) -> None:
+    for block in item_blocks:
+        if not block.one_to_one:
+            raise PlanError(
+                f"strategy='economic' assigns each item of a batch to a worker before it is "
+                f"made, so every block between the sharding point and .batch() must yield "
+                f"exactly one output per input, but {block!r} may not; move it before "
+                f".sharding_filter() or after .batch(), or use strategy='chunked' or 'classic'"
+            )
+
+
+def _index_in(nodes: list[DataPipe], block: DataPipe) -> int:
+    for i, node in enumerate(nodes):
+        if node is block:
+            return i
+    raise ValueError(f"{block!r} not found")

@@ -1,0 +1,277 @@
+"""The planner: one frozen, printable :class:`~pipeloom.graph.Plan` per loader.
+
+Every reading service asks :func:`make_plan` once, at ``initialize``, and runs
+what the plan says; ``DataLoader.placement()`` returns the plan. The decisions
+come from the blocks' declared traits (``per_item``, ``one_to_one``,
+``batches_of()``, ``is_shardable()``, ``is_separate_process()``, ...; see
+``cut.py``), never from their types:
+
+* the *parts*: the main part, the workers' part (replicated by every worker
+  under threads/classic; item and batch workers under economic/chunked), and
+  one part per block marked to run in a separate process;
+* the *sharding point* and how positions are dealt out;
+* the *unit* the main process hands out (economic: batches; chunked: chunks)
+  and how many are in flight;
+* the *queues* between the parts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...datapipes import DataPipe, IterDataPipe
+from ...graph import Part, Plan, QueueLink, traverse, upstream
+from .cut import PlanError, cut_for_dispatch, cut_for_workers
+
+__all__ = ["LINK_CAPACITY", "Settings", "make_plan", "outer_group_size"]
+
+LINK_CAPACITY = 4
+"""Items in flight on one item worker -> batch worker queue (economic).
+
+The link's producer keeps freed segments for reuse (a fresh segment costs a
+page fault per 4 KiB, ~120 ms per 128 MiB, more than the copy itself); what it
+keeps is bounded by the items in flight, which the main process bounds by
+``prefetch_factor``.
+"""
+_OUTPUTS = "(position, draws, item)"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a service asks of the planner.
+
+    Attributes:
+        strategy: ``"in-process"``, ``"threads"``, ``"classic"``, ``"economic"``
+            or ``"chunked"``.
+        workers: worker threads or (item) worker processes.
+        batch_workers: batch worker processes (economic).
+        prefetch: outputs per worker (threads, classic), batches in flight
+            (economic, chunked), outputs of a separate process.
+        chunk_size: items per chunk (chunked); None spreads a batch over the workers.
+        outer: ``(total, index)``: this process's share (e.g. a rank's).
+    """
+
+    strategy: str
+    workers: int = 0
+    batch_workers: int = 0
+    prefetch: int = 2
+    chunk_size: int | None = None
+    outer: tuple[int, int] = (1, 0)
+
+
+def make_plan(pipeline: IterDataPipe, settings: Settings) -> Plan:
+    """Plan ``pipeline`` as ``settings`` ask.
+
+    Raises:
+        ValueError: when the pipeline cannot run that way, saying why and what
+            to change (no sharding point, a filter before an economic batch, a
+            separate process inside the workers' part, ...).
+    """
+    if settings.strategy == "in-process":
+        return _plan_in_process(pipeline, settings)
+    if settings.strategy in ("threads", "classic"):
+        return _plan_replicas(pipeline, settings)
+    return _plan_dispatch(pipeline, settings)
+
+
+def outer_group_size(pipeline: IterDataPipe) -> int:
+    """How a process's outer share (a rank's) is cut: as the classic strategy cuts it.
+
+    So a rank keeps the same items whatever its service and strategy.
+    """
+    return cut_for_workers(pipeline, refuse_separate=False).group_size
+
+
+def _plan_in_process(pipeline: IterDataPipe, settings: Settings) -> Plan:
+    nodes = traverse(pipeline).nodes
+    main = Part("main", "main thread", nodes)
+    if settings.outer == (1, 0):
+        return Plan.from_parts(pipeline, (main,), strategy="in-process")
+    # Cut as the worker services do (runs of batch_size positions when they would
+    # build batches in workers), so a rank's items do not depend on its service.
+    cut = cut_for_workers(pipeline, refuse_separate=False)  # the marks are ignored here
+    return Plan.from_parts(
+        pipeline,
+        (main,),
+        strategy="in-process",
+        sharding_point=cut.sharding_point,
+        group_size=cut.group_size,
+        outer=settings.outer,
+        notes=(_outer_note(settings.outer),),
+    )
+
+
+def _plan_replicas(pipeline: IterDataPipe, settings: Settings) -> Plan:
+    """Threads and classic: every worker replicates the part up to the sharding point."""
+    threads = settings.strategy == "threads"
+    main_location = "main thread" if threads else "main process"
+    workers_location = f"worker {'threads' if threads else 'processes'} x{settings.workers}"
+    cut = cut_for_workers(pipeline)
+    workers = Part("workers", workers_location, cut.worker_blocks, cut.exit, settings.workers)
+    separate = _separate_parts(pipeline, (workers,), settings)
+    main = _main_part(pipeline, main_location, (workers, *separate))
+    queue_kind = "ThreadQueue" if threads else "ProcessQueue"
+    queues = [
+        QueueLink(
+            workers_location,
+            main_location,
+            queue_kind,
+            settings.workers,
+            settings.prefetch,
+            _OUTPUTS,
+        ),
+        *_separate_queues(separate, main_location, settings),
+    ]
+    if cut.group_size == 1:
+        dealt = "positions go to the workers one at a time"
+    else:
+        dealt = f"runs of {cut.group_size} positions go to one worker, which builds whole batches"
+    notes = [f"{dealt}; their outputs are merged back in position order"]
+    if settings.outer != (1, 0):
+        notes.append(_outer_note(settings.outer))
+    return Plan.from_parts(
+        pipeline,
+        (main, workers, *separate),
+        strategy=settings.strategy,
+        sharding_point=cut.sharding_point,
+        group_size=cut.group_size,
+        queues=tuple(queues),
+        outer=settings.outer,
+        notes=tuple(notes),
+    )
+
+
+def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
+    """Economic and chunked: the main process reads the sharding point and hands out work."""
+    strategy = settings.strategy
+    cut = cut_for_dispatch(pipeline, strategy)
+    batch_size = cut.batch_size
+    n = settings.workers
+    item_location = f"item worker processes x{n}"
+    item = Part("item workers", item_location, cut.item_blocks, cut.item_exit, n)
+    parts: tuple[Part, ...] = (item,)
+    if strategy == "chunked":
+        chunk_size = _chunk_size(settings.chunk_size, batch_size, n)
+        unit = ("chunk", chunk_size, max(1, math.ceil(settings.prefetch * batch_size / chunk_size)))
+        max_tasks = unit[2]
+    else:
+        unit = ("batch", batch_size, settings.prefetch)
+        max_tasks = unit[2] * batch_size
+        batch_location = f"batch workers x{settings.batch_workers}"
+        batch = Part(
+            "batch workers",
+            batch_location,
+            cut.batch_blocks,
+            cut.batch_exit,
+            settings.batch_workers,
+        )
+        parts = (item, batch)
+    separate = _separate_parts(pipeline, parts, settings)
+    main = _main_part(pipeline, "main process", (*parts, *separate))
+    queues = [QueueLink("main process", item_location, "ProcessQueue", n, max_tasks + 2, "tasks")]
+    if strategy == "chunked":
+        queues.append(
+            QueueLink(item_location, "main process", "ProcessQueue", n, unit[2] + 2, "chunks")
+        )
+    else:
+        m = settings.batch_workers
+        queues += [
+            QueueLink("main process", batch_location, "ProcessQueue", m, max_tasks + 2, "sizes"),
+            QueueLink(item_location, batch_location, "ProcessQueue", n * m, LINK_CAPACITY, "items"),
+            QueueLink(batch_location, "main process", "ProcessQueue", m, unit[2] + 2, "batches"),
+        ]
+    queues += _separate_queues(separate, "main process", settings)
+    name, size, in_flight = unit
+    notes = [
+        f"the main process reads the sharding point and gives each "
+        f"{'item' if strategy == 'economic' else 'chunk'} to the least loaded item worker"
+        + ("; each batch to the least loaded batch worker" if strategy == "economic" else "")
+    ]
+    if settings.outer != (1, 0):
+        notes.append(_outer_note(settings.outer))
+    return Plan.from_parts(
+        pipeline,
+        (main, *parts, *separate),
+        strategy=strategy,
+        sharding_point=cut.sharding_point,
+        group_size=outer_group_size(pipeline) if settings.outer != (1, 0) else 1,
+        unit=(name, size, in_flight),
+        queues=tuple(queues),
+        outer=settings.outer,
+        notes=tuple(notes),
+    )
+
+
+def _chunk_size(asked: int | None, batch_size: int, workers: int) -> int:
+    if asked is None:
+        return max(1, math.ceil(batch_size / workers))
+    if asked > batch_size:
+        raise PlanError(
+            f"chunk_size must be at most the batch size ({batch_size}), got "
+            f"{asked}; a chunk is a part of one batch. Use chunk_size <= "
+            f"{batch_size}, or leave it None to spread each batch over the workers"
+        )
+    return asked
+
+
+def _separate_parts(
+    pipeline: IterDataPipe, worker_parts: tuple[Part, ...], settings: Settings
+) -> tuple[Part, ...]:
+    """One part per block marked ``is_separate_process()`` outside the workers' parts."""
+    in_workers = {id(b) for part in worker_parts for b in part.blocks}
+    exits = [part.exit for part in worker_parts if part.exit is not None]
+    nodes = traverse(pipeline).nodes
+    marked = [b for b in nodes if id(b) not in in_workers and b.is_separate_process()]
+    for block in marked:
+        if not isinstance(block, IterDataPipe):
+            raise TypeError(f"only iterable blocks can run in a separate process, got {block!r}")
+        if any(b is e for b in upstream(block) for e in exits):
+            raise PlanError(
+                f"{block!r} asks for a separate process, but it reads the workers' output, "
+                f"which only the main process can receive. Drop the mark, or mark a block on a "
+                f"branch that the workers neither run nor feed (e.g. a side stream zipped with "
+                f"their output)"
+            )
+    seen_by_main = _reachable_without(pipeline, {id(b) for b in marked} | in_workers)
+    parts = []
+    for number, block in enumerate(marked, 1):
+        location = "separate process" if len(marked) == 1 else f"separate process {number}"
+        own = tuple(b for b in upstream(block) if id(b) not in seen_by_main | in_workers)
+        parts.append(Part("separate process", location, own, block))
+    return tuple(parts)
+
+
+def _separate_queues(
+    separate: tuple[Part, ...], main_location: str, settings: Settings
+) -> list[QueueLink]:
+    return [
+        QueueLink(
+            part.location, main_location, "ProcessQueue", 1, settings.prefetch, "(stamp, item)"
+        )
+        for part in separate
+    ]
+
+
+def _main_part(pipeline: IterDataPipe, location: str, others: tuple[Part, ...]) -> Part:
+    elsewhere = {id(b) for part in others for b in part.blocks}
+    return Part(
+        "main", location, tuple(b for b in traverse(pipeline).nodes if id(b) not in elsewhere)
+    )
+
+
+def _reachable_without(output: DataPipe, stop: set[int]) -> set[int]:
+    """Ids of the blocks reached from ``output`` without passing through ``stop``."""
+    seen: set[int] = set()
+    stack = [output]
+    while stack:
+        block = stack.pop()
+        if id(block) in seen or id(block) in stop:
+            continue
+        seen.add(id(block))
+        stack.extend(block.parents)
+    return seen
+
+
+def _outer_note(outer: tuple[int, int]) -> str:
+    return f"this process keeps shard {outer[1]} of {outer[0]} of the positions"

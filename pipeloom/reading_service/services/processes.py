@@ -1,0 +1,217 @@
+"""Worker processes: the classic, economic or chunked strategy, chosen once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from ..._validate import (
+    check_bool,
+    check_callable,
+    check_choice,
+    check_int,
+    check_seconds,
+)
+from ...datapipes import IterDataPipe
+from ...datapipes.runtime import block_seed
+from ..planning.planner import Settings, make_plan
+from ..strategies.chunked import ChunkedRunner
+from ..strategies.classic.process_pool import ProcessPool
+from ..strategies.classic.runner import ClassicRunner
+from ..strategies.economic import EconomicRunner
+from ..strategies.in_process import InProcessRunner
+from ..strategies.runner import Runner
+from .base import PlannedService
+
+__all__ = ["STRATEGIES", "MultiProcessingReadingService"]
+
+STRATEGIES = ("classic", "economic", "chunked")
+
+
+class MultiProcessingReadingService(PlannedService):
+    """Run the sharded, per-item part of the pipeline in worker processes.
+
+    Each worker runs a copy of the pipeline up to the sharding point, keeps
+    its shard, and runs the per-item blocks after it (and, when the items map
+    one-to-one, ``batch``/``collate`` too). Outputs cross shared memory and
+    are merged by source position: the result equals the in-process result
+    for any ``num_workers``.
+
+    Args:
+        num_workers: worker processes; 0 runs everything in the calling thread.
+        prefetch_factor: outputs each worker may hold ahead of the consumer.
+        start_method: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None (the
+            platform default). Under spawn/forkserver the pipeline is sent with
+            cloudpickle, so lambdas work.
+        worker_init_fn: called as ``worker_init_fn(worker_id)`` once in each
+            worker, after its RNGs are seeded.
+        persistent_workers: keep the workers alive between epochs.
+        timeout: seconds to wait for the next output before raising
+            ``TimeoutError`` (None: wait as long as the workers live).
+        in_order: merge by source position (True) or by arrival (False).
+        strategy: how work is split (``docs/reading_services.md``; each in
+            ``strategies/`` under its own name):
+
+            * ``"classic"``: each worker runs a copy of the source, keeps its
+              shard and, when items map one-to-one, builds whole batches;
+              ``prefetch_factor`` outputs per worker.
+            * ``"economic"``: the main process reads the source and hands each
+              item to the least loaded of ``num_workers`` item workers; batch
+              workers assemble and collate; at most ``prefetch_factor``
+              batches are in flight in total, so memory does not grow with
+              ``num_workers``. Needs ``.batch()`` after the per-item blocks.
+            * ``"chunked"``: runs of ``chunk_size`` items of a batch go to
+              different workers and are reassembled in order in the main
+              process, so the first batch is built by many workers at once.
+
+            Every strategy yields the same items in the same order.
+        num_batch_workers: batch workers under ``"economic"`` (default:
+            ``prefetch_factor``; more cannot help).
+        chunk_size: items per chunk under ``"chunked"`` (default: the batch
+            spread evenly over the workers); at most the batch size.
+
+    Example:
+        >>> from pipeloom import DataLoader
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> pipe = IterableWrapper(range(6)).sharding_filter().map(lambda x: -x)
+        >>> with DataLoader(pipe, MultiProcessingReadingService(2), seed=0) as loader:
+        ...     list(loader)
+        [0, -1, -2, -3, -4, -5]
+    """
+
+    def __init__(
+        self,
+        num_workers: int,
+        prefetch_factor: int = 2,
+        start_method: str | None = None,
+        worker_init_fn: Callable[[int], None] | None = None,
+        persistent_workers: bool = False,
+        timeout: float | None = None,
+        *,
+        in_order: bool = True,
+        strategy: str = "classic",
+        num_batch_workers: int | None = None,
+        chunk_size: int | None = None,
+    ) -> None:
+        check_int("num_workers", num_workers, minimum=0, hint="use 0 to load in the calling thread")
+        check_int(
+            "prefetch_factor", prefetch_factor, minimum=1, hint="it counts outputs per worker"
+        )
+        check_bool("persistent_workers", persistent_workers)
+        check_bool("in_order", in_order)
+        _check_strategy_args(strategy, prefetch_factor, num_batch_workers, chunk_size, in_order)
+        choices = multiprocessing.get_all_start_methods()
+        check_choice("start_method", start_method, choices, allow_none=True)
+        check_callable("worker_init_fn", worker_init_fn, allow_none=True)
+        check_seconds("timeout", timeout, allow_none=True)
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.start_method = start_method
+        self.worker_init_fn = worker_init_fn
+        self.persistent_workers = persistent_workers
+        self.timeout = timeout
+        self.in_order = in_order
+        self.strategy = strategy
+        self.num_batch_workers = prefetch_factor if num_batch_workers is None else num_batch_workers
+        self.chunk_size = chunk_size
+        # The one place the strategy matters: which runner initialize() builds.
+        self._make: Callable[[IterDataPipe], Runner] = (
+            self._in_process
+            if num_workers == 0
+            else {"classic": self._classic, "economic": self._dispatch, "chunked": self._dispatch}[
+                strategy
+            ]
+        )
+
+    def make_runner(self, pipeline: IterDataPipe) -> Runner:
+        return self._make(pipeline)
+
+    def _settings(self, strategy: str) -> Settings:
+        return Settings(
+            strategy,
+            workers=self.num_workers,
+            batch_workers=self.num_batch_workers,
+            prefetch=self.prefetch_factor,
+            chunk_size=self.chunk_size,
+            outer=self.outer,
+        )
+
+    def _in_process(self, pipeline: IterDataPipe) -> Runner:
+        return InProcessRunner(
+            pipeline, make_plan(pipeline, Settings("in-process", outer=self.outer))
+        )
+
+    def _classic(self, pipeline: IterDataPipe) -> Runner:
+        plan = make_plan(pipeline, self._settings("classic"))
+        pool = ProcessPool(
+            plan,
+            seed=block_seed(plan.part("workers").exit) or 0,  # type: ignore[arg-type]
+            count=self.num_workers,
+            prefetch=self.prefetch_factor,
+            start_method=self.start_method,
+            worker_init_fn=self.worker_init_fn,
+            persistent=self.persistent_workers,
+        )
+        return ClassicRunner(
+            pipeline,
+            plan,
+            pool,
+            in_order=self.in_order,
+            timeout=self.timeout,
+            start_method=self.start_method,
+            prefetch=self.prefetch_factor,
+        )
+
+    def _dispatch(self, pipeline: IterDataPipe) -> Runner:
+        plan = make_plan(pipeline, self._settings(self.strategy))
+        runner = EconomicRunner if self.strategy == "economic" else ChunkedRunner
+        return runner(
+            pipeline,
+            plan,
+            start_method=self.start_method,
+            worker_init_fn=self.worker_init_fn,
+            persistent_workers=self.persistent_workers,
+            timeout=self.timeout,
+            prefetch=self.prefetch_factor,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiProcessingReadingService(num_workers={self.num_workers}, "
+            f"prefetch_factor={self.prefetch_factor}, start_method={self.start_method!r}, "
+            f"persistent_workers={self.persistent_workers}, strategy={self.strategy!r})"
+        )
+
+
+def _check_strategy_args(
+    strategy: Any, prefetch_factor: int, num_batch_workers: Any, chunk_size: Any, in_order: bool
+) -> None:
+    """Explain strategy arguments that cannot work."""
+    check_choice("strategy", strategy, STRATEGIES)
+    _check_option("num_batch_workers", num_batch_workers, strategy, "economic")
+    _check_option("chunk_size", chunk_size, strategy, "chunked")
+    if num_batch_workers is not None and num_batch_workers > prefetch_factor:
+        warnings.warn(
+            f"num_batch_workers={num_batch_workers} > prefetch_factor={prefetch_factor}: "
+            f"at most prefetch_factor batches are in flight, so the extra batch workers "
+            f"stay idle; raise prefetch_factor or lower num_batch_workers",
+            stacklevel=3,
+        )
+    if strategy != "classic" and not in_order:
+        raise ValueError(
+            f"in_order=False only applies to strategy='classic'; strategy={strategy!r} "
+            f"delivers in order at no cost"
+        )
+
+
+def _check_option(name: str, value: Any, strategy: str, owner: str) -> None:
+    if value is None:
+        return
+    if strategy != owner:
+        raise ValueError(
+            f"{name} only applies to strategy={owner!r}, got it with strategy={strategy!r}; "
+            f"drop it or use strategy={owner!r}"
+        )
+    check_int(name, value, minimum=1)

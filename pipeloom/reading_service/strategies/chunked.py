@@ -1,0 +1,27 @@
+"""Chunked: one batch split into chunks built by several workers, reassembled in order.
+
+The sharding point and its upstream run in the main process, which cuts the
+stream into runs of ``chunk_size`` consecutive items (by default a batch
+spread evenly over the workers) and gives each chunk to the item worker with
+the fewest items in flight (``dispatch/dispatcher.py`` with
+``dispatch/least_loaded.py``). The worker runs the per-item blocks on it
+(filters and flatmaps allowed) and sends the chunk back
+(``dispatch/item_worker.py``); the main process reassembles chunks strictly
+in order and runs ``batch``, ``collate`` and the rest. The first batch (and
+batches of large items) arrive about ``num_workers`` times sooner.
+
+Needs ``.batch(n)`` right after the per-item blocks; ``chunk_size`` is at
+most the batch size.
+"""
+
+from __future__ import annotations
+
+from .dispatch.runner import DispatchRunner
+
+__all__ = ["ChunkedRunner"]
+
+
+class ChunkedRunner(DispatchRunner):
+    """Run a chunked plan: whole chunks to the least loaded item worker, batches in main."""
+
+    per_item_tasks = False

@@ -1,0 +1,194 @@
+"""The classic strategy's merge: the workers' outputs in the order of their source positions.
+
+Each worker sends ``Output`` triples ``(position, draws, item)`` (``draws``:
+item seeds already drawn for the item, so ``item_rng()`` continues where it
+was) in increasing position order, then ``END``. Position ``p`` belongs to
+worker ``(p // group_size) % num_workers``. The merge walks positions in
+order and asks only the owner of the current position, so the result is the
+in-process order whatever the timing; a worker whose next output is past
+``p`` has dropped ``p`` (e.g. a ``filter``), and several outputs at ``p`` (a
+``flatmap``) come out together.
+With ``in_order=False`` outputs are taken from whichever worker has one ready.
+
+Under *outer sharding* (this process is shard ``r`` of ``R``, e.g. a rank)
+worker ``i`` of ``n`` holds shard ``i * R + r`` of ``R * n``: group ``q = p //
+group_size`` belongs here iff ``q % R == r`` (as when one process keeps shard
+``r`` of ``R``, whatever ``n``), its owner is worker ``(q // R) % n``, and the
+merge jumps over the other processes' groups arithmetically
+(:func:`next_owned_group`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ....datapipes import IterDataPipe, StateFields
+from ....datapipes.runtime import restore_stamp
+from ....errors import NotAvailable, StateError
+from ....events import ReadinessSource
+from ...workers.failure import Failure
+from ...workers.messages import END
+
+__all__ = ["WorkerChannel", "WorkerMerge", "next_owned_group"]
+
+
+def next_owned_group(group: int, outer: tuple[int, int] = (1, 0)) -> int:
+    """The first group number ``>= group`` of outer shard ``outer = (R, r)``: ``q % R == r``.
+
+    Example:
+        >>> [next_owned_group(q, (3, 1)) for q in range(7)]
+        [1, 1, 4, 4, 4, 7, 7]
+    """
+    total, index = outer
+    return group + (index - group) % total
+
+
+class WorkerChannel(Protocol):
+    """The main process's view of one worker's output."""
+
+    def get_nowait(self) -> Any:
+        """The next message, or raise ``NotAvailable``; raises if the worker died."""
+
+    def readiness(self) -> Sequence[ReadinessSource]:
+        """Where to wait for the next message (or for the worker's death)."""
+
+
+class WorkerMerge(IterDataPipe):
+    """The workers' outputs as one stream, in source-position order."""
+
+    inputs = ()
+
+    def __init__(
+        self,
+        *,
+        group_size: int = 1,
+        in_order: bool = True,
+        single_output: bool = False,
+        outer: tuple[int, int] = (1, 0),
+    ) -> None:
+        self.group_size = group_size
+        self.in_order = in_order
+        self.single_output = single_output
+        self.outer = outer  # (total, index): this process's shard (see the module docstring)
+        self.channels: list[WorkerChannel] = []
+        self._stamp_seed: int | None = None
+        self._stamp_epoch = 0
+        self.reset()
+
+    def attach(self, channels: Sequence[WorkerChannel], *, seed: int | None, epoch: int) -> None:
+        """Read this epoch from ``channels``, stamping items with ``seed`` and ``epoch``."""
+        self.channels = list(channels)
+        self._heads: list[Any] = [None] * len(self.channels)
+        self._ended = [False] * len(self.channels)
+        self._stamp_seed, self._stamp_epoch = seed, epoch
+
+    def reset(self) -> None:
+        self._position = 0
+        self._delivered_here = 0  # outputs delivered at self._position
+        self._skip_here = 0  # outputs at self._position already delivered before a resume
+        self._next_channel = 0
+        self._heads = [None] * len(self.channels)
+        self._ended = [False] * len(self.channels)
+
+    def readiness_sources(self) -> Sequence[ReadinessSource]:
+        return [source for channel in self.channels for source in channel.readiness()]
+
+    def async_next(self) -> Any:
+        if self.in_order:
+            position, draws, item = self._next_in_order()
+        else:
+            position, draws, item = self._next_any()
+        restore_stamp((self._stamp_seed, self._stamp_epoch, position, draws))
+        return item
+
+    def _head(self, worker: int) -> Any:
+        head = self._heads[worker]
+        if head is None:
+            head = self.channels[worker].get_nowait()  # NotAvailable propagates
+            if isinstance(head, Failure):
+                head.raise_here()
+            if head is END:
+                self._ended[worker] = True
+            self._heads[worker] = head
+        return head
+
+    def _next_in_order(self) -> tuple[int, int, Any]:
+        workers = len(self.channels)
+        while True:
+            if all(self._ended) and all(h is END or h is None for h in self._heads):
+                raise StopIteration
+            position = self._position
+            group = position // self.group_size
+            total = self.outer[0]
+            if total != 1:
+                owned = next_owned_group(group, self.outer)
+                if owned != group:  # another process's group: jump over
+                    group, position = owned, owned * self.group_size
+                    self._advance_to(position)
+                group //= total  # the owner counts this process's groups only
+            owner = group % workers
+            head = self._head(owner)
+            if head is END or head[0] > position:  # the owner has nothing (more) here
+                self._advance_to(position + 1)
+                continue
+            self._heads[owner] = None
+            if self._skip_here:  # delivered before the checkpoint this resumes from
+                self._skip_here -= 1
+                self._delivered_here += 1
+                continue
+            if self.single_output:  # the group is complete: do not wait for more
+                self._advance_to((position // self.group_size + 1) * self.group_size)
+            else:
+                self._delivered_here += 1
+            return head
+
+    def _advance_to(self, position: int) -> None:
+        self._position = position
+        self._delivered_here = self._skip_here = 0
+
+    def _next_any(self) -> tuple[int, int, Any]:
+        workers = len(self.channels)
+        for offset in range(workers):
+            worker = (self._next_channel + offset) % workers
+            if self._ended[worker]:
+                continue
+            try:
+                head = self._head(worker)
+            except NotAvailable:
+                continue
+            if head is END:
+                continue
+            self._heads[worker] = None
+            self._next_channel = (worker + 1) % workers
+            return head
+        if all(self._ended):
+            raise StopIteration
+        raise NotAvailable
+
+    @property
+    def exhausted(self) -> bool:
+        """True once every worker's END was read (the workers finished the epoch)."""
+        return all(self._ended)
+
+    @property
+    def resume_position(self) -> int:
+        """The first position workers must produce again after a resume."""
+        return self._position
+
+    def state_dict(self) -> dict[str, Any]:
+        if not self.in_order:
+            raise StateError(
+                "a reading service with in_order=False delivers items in arrival order, "
+                "which cannot be replayed; use in_order=True (the default) to checkpoint"
+            )
+        return {"position": self._position, "delivered_here": self._delivered_here}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        fields = StateFields(self, state)
+        self._position = fields.int("position")
+        self._skip_here = fields.int("delivered_here")
+        self._delivered_here = 0
+
+    def __repr__(self) -> str:
+        return f"WorkerMerge(workers={len(self.channels)}, in_order={self.in_order})"

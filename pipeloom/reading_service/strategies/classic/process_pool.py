@@ -1,0 +1,290 @@
+"""Classic workers in processes: each runs a replica of the workers' part, epoch after epoch.
+
+Processes start at the first epoch (started, watched and stopped with
+``workers/process.py``). Each waits on its control pipe for a
+:class:`~...workers.messages.StartEpoch`, produces that epoch into its
+shared-memory queue, and waits again; persistent workers live on between
+epochs, and an abandoned epoch is cancelled through an event.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ....errors import NotAvailable, QueueError, WorkerError
+from ....events import FdReadiness, ReadinessSource
+from ....graph import Plan
+from ....queues import ProcessQueue
+from ...planning.sharding import find_in_copy, index_in_part, keep_shard
+from ...workers.epoch import EpochCancelled, produce_epoch
+from ...workers.failure import Failure, capture_failure
+from ...workers.info import WorkerInfo, set_process_worker_info
+from ...workers.messages import END, StartEpoch, Stop
+from ...workers.process import (
+    Payload,
+    WorkerProcess,
+    bootstrap,
+    parent_watch,
+    stop_processes,
+    worker_context,
+)
+from ...workers.rngs import seed_worker_rngs, worker_seed
+from .merge import WorkerChannel
+
+__all__ = ["ProcessPool"]
+
+CANCEL_TIMEOUT = 5.0
+"""Seconds persistent workers get to end a cancelled epoch before they are stopped."""
+
+
+class ProcessPool:
+    """``count`` worker processes running the workers' part of a classic plan.
+
+    Args:
+        plan: the plan; its ``"workers"`` part is what each process runs.
+        seed: the seed worker seeds derive from.
+        count, prefetch, start_method, worker_init_fn, persistent: as for
+            ``MultiProcessingReadingService``.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        seed: int,
+        count: int,
+        prefetch: int,
+        start_method: str | None,
+        worker_init_fn: Callable[[int], None] | None,
+        persistent: bool,
+    ) -> None:
+        workers = plan.part("workers")
+        assert workers.exit is not None and plan.sharding_point is not None
+        self.context: Any = worker_context(start_method)
+        self.payload = Payload(workers.exit, self.context)
+        self.shard = _Shard(
+            index_in_part(workers.exit, plan.sharding_point), count, plan.group_size, plan.outer
+        )
+        self.seed = seed
+        self.count = count
+        self.prefetch = prefetch
+        self.worker_init_fn = worker_init_fn
+        self.persistent = persistent
+        self._processes: _Processes | None = None
+
+    def start_epoch(self, epoch: int, resume: int | None) -> Sequence[WorkerChannel]:
+        if self._processes is None:
+            self._processes = _Processes(self)
+        self._processes.start_epoch(epoch, resume)
+        return self._processes.channels
+
+    def finish_epoch(self, *, abandoned: bool) -> None:
+        if self._processes is None or (self.persistent and not abandoned):
+            return
+        if self.persistent:
+            try:
+                self._processes.cancel_epoch()
+                return
+            except (WorkerError, TimeoutError, QueueError):
+                pass
+        self.stop()
+
+    def stop(self) -> None:
+        if self._processes is not None:
+            self._processes.stop()
+            self._processes = None
+
+
+class _Shard:
+    """Which shard worker ``index`` keeps, in its copy of the workers' part."""
+
+    def __init__(
+        self, point_index: int, count: int, group_size: int, outer: tuple[int, int]
+    ) -> None:
+        self.point_index = point_index
+        self.count = count
+        self.group_size = group_size
+        self.outer = outer
+
+    def apply(self, pipe: Any, index: int) -> Any:
+        point = find_in_copy(pipe, self.point_index)
+        keep_shard(
+            point, workers=self.count, index=index, group_size=self.group_size, outer=self.outer
+        )
+        return point
+
+
+class _ProcessChannel:
+    """The main process's end of one worker: its queue and its liveness."""
+
+    def __init__(
+        self, worker: WorkerProcess, queue: ProcessQueue, siblings: list[WorkerProcess]
+    ) -> None:
+        self.worker = worker
+        self.queue = queue
+        self.siblings = siblings  # every worker of the pool, this one included
+
+    def get_nowait(self) -> Any:
+        try:
+            return self.queue.get(block=False)
+        except NotAvailable:
+            if self.worker.exit_code() is not None:
+                raise self.worker.died() from None
+            self._check_siblings()
+            raise
+        except QueueError as error:
+            raise self.worker.died(error) from error
+
+    def _check_siblings(self) -> None:
+        """Raise if another worker was killed: its sentinel wakes the merge once, but the
+        merge asks only this worker (the owner of the next position), so without this it
+        would wait for this worker's next item before noticing the death.
+        A clean exit (code 0, e.g. after sending a worker_init_fn failure) is left to the merge.
+        """
+        for other in self.siblings:
+            if other is not self.worker and other.exit_code() not in (None, 0):
+                raise other.died()
+
+    def readiness(self) -> Sequence[ReadinessSource]:
+        return [self.queue.readiness(), FdReadiness(self.worker.sentinel)]
+
+
+class _Processes:
+    """The started processes of a pool, their queues, control pipes and cancel events."""
+
+    def __init__(self, pool: ProcessPool) -> None:
+        self.workers: list[WorkerProcess] = []
+        self.channels: list[_ProcessChannel] = []
+        self.controls: list[Any] = []
+        self.cancels: list[Any] = []
+        for index in range(pool.count):
+            queue = ProcessQueue(capacity=pool.prefetch, owner="consumer")
+            receive, send = pool.context.Pipe(duplex=False)
+            cancel = pool.context.Event()
+            worker = WorkerProcess(
+                pool.context,
+                f"worker process {index}",
+                _worker_main,
+                (
+                    pool.payload,
+                    queue,
+                    receive,
+                    cancel,
+                    index,
+                    pool.count,
+                    pool.seed,
+                    pool.shard,
+                    pool.worker_init_fn,
+                ),
+                process_name=f"pipeloom-worker-{index}",
+            )
+            receive.close()
+            self.workers.append(worker)
+            self.channels.append(_ProcessChannel(worker, queue, self.workers))
+            self.controls.append(send)
+            self.cancels.append(cancel)
+        self._finalizer = weakref.finalize(
+            self, _stop, self.workers, [c.queue for c in self.channels], self.controls
+        )
+
+    def start_epoch(self, epoch: int, resume: int | None) -> None:
+        for channel, control, cancel in zip(self.channels, self.controls, self.cancels):
+            cancel.clear()
+            try:
+                control.send(StartEpoch(epoch, resume))
+            except OSError:
+                raise channel.worker.died() from None
+
+    def cancel_epoch(self, timeout: float = CANCEL_TIMEOUT) -> None:
+        """Make persistent workers end the current epoch early; drop what they sent."""
+        for cancel in self.cancels:
+            cancel.set()
+        for channel in self.channels:
+            while True:
+                message = channel.queue.get(timeout=timeout)
+                if message is END or isinstance(message, Failure):
+                    break
+
+    def stop(self) -> None:
+        self._finalizer()
+
+
+def _stop(workers: list[WorkerProcess], queues: list[ProcessQueue], controls: list[Any]) -> None:
+    for control in controls:
+        try:
+            control.send(Stop())
+        except OSError:
+            pass
+        control.close()
+    for queue in queues:
+        queue.close()
+    stop_processes(workers)
+
+
+def _worker_main(
+    payload: Payload,
+    queue: ProcessQueue,
+    control: Any,
+    cancel: Any,
+    index: int,
+    count: int,
+    seed: int,
+    shard: _Shard,
+    worker_init_fn: Callable[[int], None] | None,
+) -> None:
+    """A classic worker process: wait for an epoch, produce it, repeat until told to stop."""
+    label = bootstrap(f"worker process {index}", reuse_freed_memory=True)
+    pipe = payload.load()
+    point = shard.apply(pipe, index)
+    parent = parent_watch()
+    initialized = False
+    while True:
+        command = _receive(control, parent)
+        if not isinstance(command, StartEpoch):
+            return  # Stop, or the main process is gone
+        own_seed = worker_seed(seed, command.epoch, index)
+        seed_worker_rngs(own_seed)
+        set_process_worker_info(WorkerInfo(index, count, own_seed, pipe))
+        if not initialized:
+            initialized = True
+            if worker_init_fn is not None and not _run_init(worker_init_fn, index, queue, label):
+                return
+
+        cancelled: list[bool] = []
+
+        def put(message: Any, cancelled: list = cancelled) -> None:
+            if cancel.is_set():
+                cancelled.append(True)
+                raise EpochCancelled
+            queue.put(message)
+
+        resume = None if command.resume is None else (point, command.resume)
+        if not produce_epoch(pipe, put, epoch=command.epoch, worker_label=label, resume=resume):
+            return  # the main process is gone
+        if cancelled:  # the epoch was abandoned: end it with exactly one END
+            queue.put(END)
+
+
+def _receive(control: Any, parent: list[int]) -> Any:
+    """The next message on the control pipe; ``Stop()`` when the main process is gone."""
+    try:
+        ready = multiprocessing.connection.wait([control, *parent])
+        if control not in ready:
+            return Stop()
+        return control.recv()
+    except (EOFError, OSError):
+        return Stop()
+
+
+def _run_init(
+    worker_init_fn: Callable[[int], None], index: int, queue: ProcessQueue, label: str
+) -> bool:
+    try:
+        worker_init_fn(index)
+        return True
+    except Exception as error:  # noqa: BLE001 - surfaced in the main process
+        queue.put(capture_failure(error, f"{label}, in worker_init_fn({index})"))
+        return False

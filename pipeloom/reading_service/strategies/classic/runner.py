@@ -1,0 +1,109 @@
+"""The classic strategy's epochs: replicas in workers, the tail after an ordered merge.
+
+Each worker runs a copy of the workers' part (everything up to the sharding
+point, which keeps the worker's shard, and the per-item blocks after it) and
+sends its outputs through its own queue; the main process runs the rest of
+the pipeline on a :class:`~.merge.WorkerMerge` of them. The workers are
+threads (``thread_pool.py``) or processes (``process_pool.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+from ....datapipes import IterDataPipe
+from ....datapipes.runtime import block_seed, derive_seed
+from ....graph import Plan
+from ...planning.cut import single_output
+from ...planning.sharding import keep_shard
+from ..main_part import MainPart
+from ..runner import Runner, drain
+from .merge import WorkerChannel, WorkerMerge
+
+__all__ = ["ClassicRunner", "WorkerPool"]
+
+
+class WorkerPool(Protocol):
+    """The classic workers, threads or processes."""
+
+    def start_epoch(self, epoch: int, resume: int | None) -> Sequence[WorkerChannel]:
+        """Start producing ``epoch`` (from position ``resume``); one channel per worker."""
+
+    def finish_epoch(self, *, abandoned: bool) -> None:
+        """The epoch is over (``abandoned``: before the workers finished it)."""
+
+    def stop(self) -> None:
+        """Stop every worker; idempotent."""
+
+
+class ClassicRunner(Runner):
+    """Run a classic plan with ``pool``'s workers.
+
+    Args:
+        pipeline, plan: the pipeline and its plan (strategy ``"threads"`` or ``"classic"``).
+        pool: the workers, built from the plan's ``"workers"`` part.
+        in_order: merge by source position (True) or by arrival (False).
+        timeout: seconds to wait for the next output (None: as long as the workers live).
+        start_method, prefetch: for separate processes.
+    """
+
+    def __init__(
+        self,
+        pipeline: IterDataPipe,
+        plan: Plan,
+        pool: WorkerPool,
+        *,
+        in_order: bool,
+        timeout: float | None,
+        start_method: str | None,
+        prefetch: int,
+    ) -> None:
+        super().__init__(pipeline, plan)
+        workers = plan.part("workers")
+        point = plan.sharding_point
+        assert point is not None and workers.exit is not None
+        if plan.outer != (1, 0):  # so that len(pipeline) counts this process's items
+            keep_shard(point, group_size=plan.group_size, outer=plan.outer)
+        self.merge = WorkerMerge(
+            group_size=plan.group_size,
+            in_order=in_order,
+            single_output=single_output(workers.exit, point, plan.group_size),
+            outer=plan.outer,
+        )
+        self.main = MainPart(
+            pipeline, plan, self.merge, workers.exit, start_method=start_method, prefetch=prefetch
+        )
+        self.pool = pool
+        self.timeout = timeout
+        self._point_seed = block_seed(point)
+        self._epoch_open = False
+
+    def start_epoch(self, epoch: int, state: dict[str, Any] | None) -> Iterator[Any]:
+        self._finish_epoch(abandoned=True)  # an epoch still open is abandoned
+        self.main.start_epoch(epoch, state)
+        resume = self.merge.resume_position if state is not None else None
+        channels = self.pool.start_epoch(epoch, resume)
+        self._epoch_open = True
+        seed = None if self._point_seed is None else derive_seed(self._point_seed, epoch)
+        self.merge.attach(channels, seed=seed, epoch=epoch)
+        self.main.start_separate_processes(epoch)
+        return drain(self.main.pipeline, on_close=self._on_epoch_closed, timeout=self.timeout)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.main.state_dict()
+
+    def shutdown(self) -> None:
+        self._epoch_open = False
+        self.pool.stop()
+        self.main.stop()
+
+    def _on_epoch_closed(self, finished: bool) -> None:
+        # The tail may stop before the workers do (e.g. a header): then the
+        # workers' epoch is abandoned too, and persistent workers must cancel it.
+        self._finish_epoch(abandoned=not (finished and self.merge.exhausted))
+
+    def _finish_epoch(self, *, abandoned: bool) -> None:
+        if self._epoch_open:
+            self._epoch_open = False
+            self.pool.finish_epoch(abandoned=abandoned)

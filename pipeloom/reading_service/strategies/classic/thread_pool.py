@@ -1,0 +1,69 @@
+"""Classic workers in threads: one replica of the workers' part per thread, for one epoch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ....datapipes import IterDataPipe
+from ....datapipes.runtime import block_seed
+from ....graph import Plan, copy
+from ...planning.sharding import find_in_copy, index_in_part, keep_shard
+from ...workers.thread import WorkerThread
+from .merge import WorkerChannel
+
+__all__ = ["ThreadPool"]
+
+
+class ThreadPool:
+    """``count`` worker threads, started for each epoch and stopped at its end.
+
+    Each thread has its own copy of the workers' part (made once), whose
+    sharding point keeps that worker's shard.
+    """
+
+    def __init__(self, plan: Plan, *, count: int, prefetch: int) -> None:
+        workers = plan.part("workers")
+        point = plan.sharding_point
+        assert isinstance(workers.exit, IterDataPipe) and point is not None
+        point_index = index_in_part(workers.exit, point)
+        self.count = count
+        self.prefetch = prefetch
+        self.seed = block_seed(workers.exit) or 0
+        self.copies: list[IterDataPipe] = [copy(workers.exit) for _ in range(count)]
+        self.points = [find_in_copy(c, point_index) for c in self.copies]
+        for index, own_point in enumerate(self.points):
+            keep_shard(
+                own_point,
+                workers=count,
+                index=index,
+                group_size=plan.group_size,
+                outer=plan.outer,
+            )
+        self._threads: list[WorkerThread] = []
+
+    def start_epoch(self, epoch: int, resume: int | None) -> Sequence[WorkerChannel]:
+        self._threads = [
+            WorkerThread(
+                pipe,
+                index=index,
+                count=self.count,
+                seed=self.seed,
+                capacity=self.prefetch,
+                epoch=epoch,
+                resume=None if resume is None else (self.points[index], resume),
+            )
+            for index, pipe in enumerate(self.copies)
+        ]
+        for thread in self._threads:
+            thread.start()
+        return self._threads
+
+    def finish_epoch(self, *, abandoned: bool) -> None:
+        self.stop()  # threads live for one epoch
+
+    def stop(self) -> None:
+        threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.close()
+        for thread in threads:
+            thread.join()

@@ -1,0 +1,141 @@
+"""The part of the pipeline an economic/chunked worker runs, once per task.
+
+An item worker runs a copy of the per-item blocks with a :class:`TaskFeed`
+in place of the sharding point; a batch worker runs a copy of ``batch`` and
+the per-item blocks after it with a :class:`BatchFeed` in place of the item
+workers. :class:`WorkerChain` restarts the copy for each task and collects
+its outputs with their item stamps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ....datapipes import (
+    BlockingReader,
+    DataPipe,
+    IterDataPipe,
+    MapDataPipe,
+    current_position,
+    set_pipeline_epoch,
+)
+from ....datapipes.runtime import (
+    current_draws,
+    derive_seed,
+    restart_blocks,
+    restore_stamp,
+    stamp_item,
+)
+from ....graph import upstream
+from ...workers.failure import Failure, capture_failure
+from ...workers.messages import Output
+from ...workers.rngs import seed_item_rngs
+
+__all__ = ["BatchFeed", "TaskFeed", "WorkerChain"]
+
+_GLOBAL_RNG_TAG = 0x610B
+
+
+class TaskFeed(IterDataPipe):
+    """Stands in for the sharding point in an item worker: yields one task's values.
+
+    Each value is stamped with its source position, as the sharding point
+    would have. With ``source`` (a map-style block the sharding point read by
+    index) the value is the index and the item is read here.
+    """
+
+    inputs = ("source",)
+
+    def __init__(self, source: MapDataPipe | None = None) -> None:
+        self.source = source
+        self._entries: list[tuple[int, Any]] = []
+        self._next = 0
+        self._seed: int | None = None
+        self.epoch = 0
+
+    def load(self, entries: list[tuple[int, Any]], seed: int | None) -> None:
+        """Yield ``entries`` (``(position, value)`` pairs) next, stamped with ``seed``."""
+        self._entries, self._next, self._seed = entries, 0, seed
+
+    def async_next(self) -> Any:
+        if self._next >= len(self._entries):
+            raise StopIteration
+        position, value = self._entries[self._next]
+        stamp_item(self._seed, self.epoch, position)  # before the read: errors name it
+        if self._seed is not None:  # global RNG draws depend on the item, not the worker
+            seed_item_rngs(derive_seed(self._seed, position, _GLOBAL_RNG_TAG))
+        if self.source is None:
+            item = value
+        else:
+            item = self.source.async_get(value)
+            stamp_item(self._seed, self.epoch, position)  # a source may stamp its own
+        self._next += 1
+        return item
+
+    def __repr__(self) -> str:
+        return "TaskFeed()" if self.source is None else f"TaskFeed({self.source!r})"
+
+
+class BatchFeed(IterDataPipe):
+    """Stands in for the item workers in a batch worker: yields one batch's items."""
+
+    inputs = ()
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[int, int, Any]] = []
+        self._next = 0
+        self._seed: int | None = None
+        self.epoch = 0
+
+    def load(self, entries: list[tuple[int, int, Any]], seed: int | None) -> None:
+        """Yield ``entries`` next, restoring their stamps."""
+        self._entries, self._next, self._seed = entries, 0, seed
+
+    def async_next(self) -> Any:
+        if self._next >= len(self._entries):
+            raise StopIteration
+        position, draws, item = self._entries[self._next]
+        if self._next == 0 and self._seed is not None:  # as for items: per batch, not worker
+            seed_item_rngs(derive_seed(self._seed, position, _GLOBAL_RNG_TAG + 1))
+        self._next += 1
+        restore_stamp((self._seed, self.epoch, position, draws))
+        return item
+
+    def __repr__(self) -> str:
+        return "BatchFeed()"
+
+
+class WorkerChain:
+    """A worker's copy of its part of the pipeline, run once per task."""
+
+    def __init__(self, pipe: IterDataPipe) -> None:
+        self.pipe = pipe
+        self._blocks: list[DataPipe] = upstream(pipe)
+        feed = next(b for b in self._blocks if isinstance(b, (TaskFeed, BatchFeed)))
+        self.feed: TaskFeed | BatchFeed = feed
+        self._reader = BlockingReader(pipe)
+        self.epochs: dict[int, tuple[int, int | None]] = {}  # gen -> (epoch, stamp seed)
+
+    def start_epoch(self, gen: int, epoch: int, stamp_seed: int | None) -> None:
+        self.epochs = {gen: (epoch, stamp_seed)}
+        set_pipeline_epoch(self.pipe, epoch)
+        self.feed.epoch = epoch
+
+    def run(self, gen: int, entries: list, label: str) -> list[Output] | Failure:
+        """Every output of the chain for ``entries``, or the failure it raised."""
+        _, stamp_seed = self.epochs[gen]
+        try:
+            restart_blocks(self._blocks)
+            self.feed.load(entries, stamp_seed)
+            outputs: list[Output] = []
+            reader = self._reader
+            while True:
+                try:
+                    item = reader.next()
+                except StopIteration:
+                    return outputs
+                outputs.append((current_position(), current_draws(), item))
+        except Exception as error:  # noqa: BLE001 - surfaced in the main process, in order
+            return capture_failure(error, label)
+        finally:
+            self.feed.load([], stamp_seed)  # hold no item past its task

@@ -1,0 +1,286 @@
+"""The main process's side of the economic and chunked strategies.
+
+:class:`Dispatcher` reads the sharding point in the main process, gives each
+item (economic) or each run of ``chunk_size`` items (chunked) to the least
+loaded item worker, each batch (economic) to the least loaded batch worker
+(``least_loaded.py``), and keeps at most ``max_units`` batches or chunks in
+flight. It yields the workers' outputs in source order, so the result is the
+in-process result.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ....datapipes import IterDataPipe, StateFields, current_position
+from ....datapipes.runtime import restore_stamp
+from ....errors import NotAvailable
+from ....events import ReadinessSource
+from ....graph import upstream
+from ...workers.failure import Failure
+from ...workers.messages import MAIN, BatchSize, InitFailed, Task
+from .least_loaded import LeastLoaded
+
+__all__ = ["Dispatcher", "WorkerPool"]
+
+
+class WorkerPool(Protocol):
+    """What the dispatcher needs from the processes (see ``pool.py``)."""
+
+    num_item_workers: int
+    num_batch_workers: int
+
+    def send_task(self, worker: int, message: Task) -> None: ...
+
+    def send_control(self, worker: int, message: BatchSize) -> None: ...
+
+    def receive(self) -> list[Any]:
+        """Every message the workers sent to the main process so far (non-blocking)."""
+
+    def check_alive(self) -> None:
+        """Raise ``WorkerError`` if a worker died."""
+
+    def readiness(self) -> Sequence[ReadinessSource]: ...
+
+
+@dataclass
+class _Unit:
+    """A batch (economic) or a chunk (chunked) on its way through the workers."""
+
+    id: int
+    batch_worker: int
+    positions: list[int] = field(default_factory=list)
+    item_workers: list[int] = field(default_factory=list)
+
+
+class Dispatcher(IterDataPipe):
+    """Hands out the source's items and yields the workers' outputs in order.
+
+    Args:
+        unit_size: items per batch (economic) or per chunk (chunked).
+        max_units: batches or chunks in flight at most.
+        per_item_tasks: send each item as its own task to the least loaded
+            item worker (economic); otherwise a whole unit is one task.
+    """
+
+    inputs = ()  # the source is attached per epoch: it runs beside the main part, not in it
+
+    def __init__(self, *, unit_size: int, max_units: int, per_item_tasks: bool) -> None:
+        self.unit_size = unit_size
+        self.max_units = max_units
+        self.per_item_tasks = per_item_tasks
+        self._source: IterDataPipe | None = None
+        self._pool: WorkerPool | None = None
+        self._gen = 0
+        self._stamp: tuple[int | None, int] = (None, 0)
+        self.reset()
+
+    # -- epochs ----------------------------------------------------------------
+    def attach(
+        self, source: IterDataPipe, pool: WorkerPool, *, gen: int, seed: int | None, epoch: int
+    ) -> None:
+        """Read this epoch's items from ``source`` and have ``pool`` work on them."""
+        self._source, self._pool, self._gen = source, pool, gen
+        self._stamp = (seed, epoch)
+        self._item_workers = LeastLoaded(pool.num_item_workers)
+        self._batch_workers = LeastLoaded(max(1, pool.num_batch_workers))
+
+    def reset(self) -> None:
+        self._units: deque[_Unit] = deque()
+        self._open: _Unit | None = None
+        self._pending_chunk: list[tuple[int, Any]] = []
+        self._assigned: dict[int, list[tuple[int, Any]]] = {}  # worker -> open unit's items
+        self._results: dict[int, Any] = {}
+        self._outputs: deque[tuple[int, int, Any]] = deque()
+        self._next_id = 0
+        self._source_done = False
+        self._count = 0  # items read from the source (the position when it stamps none)
+        # Where a resume starts: the position after the last finished unit, or the
+        # position of the last output delivered and how many outputs it had.
+        self._resume_position = 0
+        self._skip_at_resume = 0
+        self._last_position = -1
+        self._delivered_here = 0
+        self._unit_end: int | None = None
+        self._skip = 0  # outputs at self._skip_position delivered before the resume
+        self._skip_position = 0
+        if self._pool is not None:
+            self._item_workers = LeastLoaded(self._pool.num_item_workers)
+            self._batch_workers = LeastLoaded(max(1, self._pool.num_batch_workers))
+
+    def readiness_sources(self) -> Sequence[ReadinessSource]:
+        sources = list(self._pool.readiness()) if self._pool is not None else []
+        if self._source is not None:
+            sources += [s for b in upstream(self._source) for s in b.readiness_sources()]
+        return sources
+
+    # -- delivering ------------------------------------------------------------
+    def async_next(self) -> Any:
+        while True:
+            if self._outputs:
+                position, draws, item = self._outputs.popleft()
+                skipped = bool(self._skip) and position == self._skip_position
+                if skipped:
+                    self._skip -= 1
+                else:
+                    self._count_delivered(position)
+                if not self._outputs and self._unit_end is not None:
+                    self._resume_position, self._skip_at_resume = self._unit_end, 0
+                    self._unit_end = None
+                if skipped:
+                    continue
+                restore_stamp((self._stamp[0], self._stamp[1], position, draws))
+                return item
+            self._fill()
+            if not self._units:
+                if self._source_done:
+                    raise StopIteration
+                raise NotAvailable
+            self._take_finished_unit()
+
+    def _count_delivered(self, position: int) -> None:
+        if position == self._last_position:
+            self._delivered_here += 1
+        else:
+            self._last_position, self._delivered_here = position, 1
+        if self._unit_end is not None:  # inside a unit: resume at this very output
+            self._resume_position, self._skip_at_resume = position, self._delivered_here
+
+    def _take_finished_unit(self) -> None:
+        assert self._pool is not None
+        head = self._units[0]
+        if head.id not in self._results:
+            self._receive()
+        if head.id not in self._results:
+            self._pool.check_alive()
+            raise NotAvailable
+        result = self._results.pop(head.id)
+        if isinstance(result, Failure):
+            result.raise_here()
+        self._units.popleft()
+        amount = 1 if self.per_item_tasks else len(head.positions)
+        for worker in head.item_workers:
+            self._item_workers.done(worker, amount)
+        if head.batch_worker != MAIN:
+            self._batch_workers.done(head.batch_worker)
+        self._outputs.extend(result)
+        end = max(head.positions) + 1
+        if self._outputs:
+            self._unit_end = end
+        else:
+            self._resume_position, self._skip_at_resume = end, 0
+
+    def _receive(self) -> None:
+        assert self._pool is not None
+        for message in self._pool.receive():
+            if message.gen != self._gen:
+                continue  # an abandoned epoch's output
+            if isinstance(message, InitFailed):
+                message.failure.raise_here()
+            self._results[message.unit] = message.outputs
+
+    # -- handing out ------------------------------------------------------------
+    def _fill(self) -> None:
+        """Give workers items while fewer than ``max_units`` units are in flight."""
+        try:
+            self._read_source()
+        finally:
+            if self._open is not None:  # what was assigned goes out now: workers start at once
+                self._flush(self._open)
+
+    def _read_source(self) -> None:
+        source = self._source
+        assert source is not None
+        while not self._source_done:
+            unit = self._open
+            if unit is None:
+                if len(self._units) >= self.max_units:
+                    return
+                unit = self._open = self._new_unit()
+            try:
+                value = source.async_next()
+            except NotAvailable:
+                return
+            except StopIteration:
+                self._source_done = True
+                self._close(unit)
+                return
+            position = current_position()
+            if position is None:
+                position = self._count
+            self._count += 1
+            self._add(unit, position, value)
+            if len(unit.positions) == self.unit_size:
+                self._close(unit)
+
+    def _new_unit(self) -> _Unit:
+        assert self._pool is not None
+        batch_worker = MAIN
+        if self._pool.num_batch_workers:
+            batch_worker = self._batch_workers.assign(self._next_id)
+        unit = _Unit(self._next_id, batch_worker)
+        self._next_id += 1
+        self._units.append(unit)
+        return unit
+
+    def _add(self, unit: _Unit, position: int, value: Any) -> None:
+        assert self._pool is not None
+        unit.positions.append(position)
+        if not self.per_item_tasks:
+            self._pending_chunk.append((position, value))
+            return
+        worker = self._item_workers.assign(position)
+        unit.item_workers.append(worker)
+        self._assigned.setdefault(worker, []).append((position, value))
+
+    def _flush(self, unit: _Unit) -> None:
+        """Send each item worker the items of ``unit`` assigned to it, as one task."""
+        assert self._pool is not None
+        for worker, entries in self._assigned.items():
+            self._pool.send_task(worker, Task(self._gen, unit.id, unit.batch_worker, entries))
+        self._assigned = {}
+
+    def _close(self, unit: _Unit) -> None:
+        assert self._pool is not None
+        self._open = None
+        if not unit.positions:  # the source ended at a unit boundary
+            self._units.remove(unit)
+            if unit.batch_worker != MAIN:
+                self._batch_workers.done(unit.batch_worker)
+            return
+        if self.per_item_tasks:
+            self._flush(unit)
+            self._pool.send_control(
+                unit.batch_worker, BatchSize(self._gen, unit.id, len(unit.positions))
+            )
+            return
+        worker = self._item_workers.assign(unit.id, len(unit.positions))
+        unit.item_workers.append(worker)
+        chunk, self._pending_chunk = self._pending_chunk, []
+        self._pool.send_task(worker, Task(self._gen, unit.id, MAIN, chunk))
+
+    # -- checkpoints -------------------------------------------------------------
+    @property
+    def resume_from(self) -> tuple[int, int]:
+        """``(position, outputs at it already delivered)`` where a resumed epoch starts."""
+        return self._resume_position, self._skip_at_resume
+
+    def resume(self, position: int, skip: int) -> None:
+        """Start where :attr:`resume_from` said (after ``reset``, before reading)."""
+        self._resume_position, self._skip_at_resume = position, skip
+        self._skip, self._skip_position = skip, position
+
+    def state_dict(self) -> dict[str, Any]:
+        position, skip = self.resume_from
+        return {"position": position, "delivered_here": skip}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        fields = StateFields(self, state)
+        self.resume(fields.int("position"), fields.int("delivered_here"))
+
+    def __repr__(self) -> str:
+        kind = "items" if self.per_item_tasks else "chunks"
+        return f"Dispatcher({kind}, unit_size={self.unit_size}, max_units={self.max_units})"

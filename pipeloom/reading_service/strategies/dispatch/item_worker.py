@@ -1,0 +1,106 @@
+"""An item worker process of the economic and chunked strategies.
+
+It waits for :class:`~...workers.messages.Task` messages, runs the per-item
+blocks on each (``chain.py``) and sends the outputs to the task's batch
+worker, or to the main process (chunked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ....errors import NotAvailable, QueueError
+from ....events import Waiter
+from ....queues import ProcessQueue
+from ...workers.failure import Failure, capture_failure
+from ...workers.info import WorkerInfo, set_process_worker_info
+from ...workers.messages import MAIN, EpochStart, InitFailed, Task, TaskResult
+from ...workers.process import Payload, bootstrap
+from ...workers.rngs import seed_worker_rngs, worker_seed
+from .chain import WorkerChain
+
+__all__ = ["item_worker_main"]
+
+
+def item_worker_main(
+    payload: Payload,
+    tasks: ProcessQueue,
+    to_main: ProcessQueue,
+    to_batch: list[ProcessQueue],
+    index: int,
+    count: int,
+    seed: int,
+    worker_init_fn: Callable[[int], None] | None,
+) -> None:
+    """An item worker: run the per-item blocks for each task it is given."""
+    label = bootstrap(f"item worker {index}")
+    chain = WorkerChain(payload.load())
+    initialized = False
+    next_task = _TaskWaiter(tasks, to_batch)
+    while True:
+        try:
+            message = next_task()
+        except QueueError:  # the main process is gone
+            return
+        if isinstance(message, EpochStart):
+            own_seed = worker_seed(seed, message.epoch, index)
+            seed_worker_rngs(own_seed)
+            set_process_worker_info(WorkerInfo(index, count, own_seed, chain.pipe))
+            chain.start_epoch(message.gen, message.epoch, message.stamp_seed)
+            if not initialized:
+                initialized = True
+                if worker_init_fn is not None:
+                    failure = _run_init(worker_init_fn, index, label)
+                    if failure is not None:
+                        to_main.put(InitFailed(message.gen, failure))
+                        return
+            continue
+        if not isinstance(message, Task):
+            return  # Stop
+        if message.gen not in chain.epochs:
+            continue  # a task of an abandoned epoch
+        outputs = chain.run(message.gen, message.entries, label)
+        result = TaskResult(message.gen, message.unit, outputs, len(message.entries))
+        try:
+            (to_main if message.dest == MAIN else to_batch[message.dest]).put(result)
+        except QueueError:
+            if message.dest == MAIN:
+                return
+            # the batch worker died; the main process sees it and raises
+
+
+class _TaskWaiter:
+    """Waits for an item worker's next task, giving back freed memory meanwhile.
+
+    A batch worker frees an item's shared memory once the batch is collated;
+    the item worker hears of it on its link. Reclaiming while idle (not only
+    at the next put on that link, maybe batches later) keeps memory flat.
+    """
+
+    def __init__(self, tasks: ProcessQueue, links: list[ProcessQueue]) -> None:
+        self.tasks = tasks
+        self.links = links
+        self.waiter = Waiter()
+        tasks.readiness().attach(self.waiter)
+        for link in links:
+            link.space_readiness().attach(self.waiter)
+
+    def __call__(self) -> Any:
+        while True:
+            seen = self.waiter.generation
+            try:
+                return self.tasks.get(block=False)
+            except NotAvailable:
+                pass
+            for link in self.links:
+                link.reclaim()
+            self.waiter.wait(seen)
+
+
+def _run_init(worker_init_fn: Callable[[int], None], index: int, label: str) -> Failure | None:
+    try:
+        worker_init_fn(index)
+        return None
+    except Exception as error:  # noqa: BLE001 - surfaced in the main process
+        return capture_failure(error, f"{label}, in worker_init_fn({index})")

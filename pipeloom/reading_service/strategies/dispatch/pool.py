@@ -1,0 +1,185 @@
+"""The processes and queues of the economic and chunked strategies.
+
+Item workers (and, for economic, batch workers), started, watched and stopped
+with ``workers/process.py``; one task queue per item worker, one control
+queue per batch worker, a link from every item worker to every batch worker,
+and result queues to the main process (sizes in ``planning/planner.py``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ....errors import NotAvailable, QueueError, WorkerError
+from ....events import FdReadiness, ReadinessSource
+from ....queues import ProcessQueue
+from ...planning.planner import LINK_CAPACITY
+from ...workers.messages import EpochStart, Stop
+from ...workers.process import EXIT_GRACE, Payload, WorkerProcess, stop_processes
+from .batch_worker import batch_worker_main
+from .item_worker import item_worker_main
+
+__all__ = ["DispatchPool"]
+
+SEND_TIMEOUT = 60.0
+"""Seconds to wait for room in a worker's task queue (tasks of an abandoned epoch drain fast)."""
+
+
+class DispatchPool:
+    """Item workers (and batch workers) with their queues to and from the main process.
+
+    Args:
+        context: a ``multiprocessing`` context.
+        item_payload: the item workers' chain.
+        batch_payload: the batch workers' chain; None: no batch workers.
+        max_tasks: the most tasks one worker can be given before it answers.
+        max_results: the most results a worker can owe the main process.
+    """
+
+    def __init__(
+        self,
+        context: Any,
+        *,
+        item_payload: Payload,
+        batch_payload: Payload | None,
+        num_item_workers: int,
+        num_batch_workers: int,
+        max_tasks: int,
+        max_results: int,
+        seed: int,
+        worker_init_fn: Callable[[int], None] | None,
+    ) -> None:
+        self.num_item_workers = num_item_workers
+        self.num_batch_workers = num_batch_workers if batch_payload is not None else 0
+        self._tasks = [
+            ProcessQueue(max_tasks + 2, owner="producer") for _ in range(num_item_workers)
+        ]
+        self._item_results = [
+            ProcessQueue(max_results + 2, owner="consumer") for _ in range(num_item_workers)
+        ]
+        self._control = [
+            ProcessQueue(max_tasks + 2, owner="producer") for _ in range(self.num_batch_workers)
+        ]
+        self._batch_results = [
+            ProcessQueue(max_results + 2, owner="consumer") for _ in range(self.num_batch_workers)
+        ]
+        links = [
+            [ProcessQueue(LINK_CAPACITY) for _ in range(self.num_batch_workers)]
+            for _ in range(num_item_workers)
+        ]
+        self._workers: list[WorkerProcess] = []
+        for j in range(self.num_batch_workers):
+            self._workers.append(
+                WorkerProcess(
+                    context,
+                    f"batch worker {j}",
+                    batch_worker_main,
+                    (
+                        batch_payload,
+                        self._control[j],
+                        [links[i][j] for i in range(num_item_workers)],
+                        self._batch_results[j],
+                        j,
+                        self.num_batch_workers,
+                        seed,
+                    ),
+                )
+            )
+        for i in range(num_item_workers):
+            self._workers.append(
+                WorkerProcess(
+                    context,
+                    f"item worker {i}",
+                    item_worker_main,
+                    (
+                        item_payload,
+                        self._tasks[i],
+                        self._item_results[i],
+                        links[i],
+                        i,
+                        num_item_workers,
+                        seed,
+                        worker_init_fn,
+                    ),
+                )
+            )
+        for row in links:  # only the workers use these; drop the main process's copies
+            for link in row:
+                link.close()
+        self._results = self._item_results + self._batch_results
+        self._finalizer = weakref.finalize(
+            self, _stop, self._workers, self._tasks + self._control, self._results
+        )
+
+    # -- talking to the workers ------------------------------------------------
+    def start_epoch(self, gen: int, epoch: int, stamp_seed: int | None) -> None:
+        message = EpochStart(gen, epoch, stamp_seed)
+        for worker in range(self.num_batch_workers):
+            self.send_control(worker, message)
+        for worker in range(self.num_item_workers):
+            self.send_task(worker, message)
+
+    def send_task(self, worker: int, message: Any) -> None:
+        self._send(self._tasks[worker], message)
+
+    def send_control(self, worker: int, message: Any) -> None:
+        self._send(self._control[worker], message)
+
+    def _send(self, queue: ProcessQueue, message: Any) -> None:
+        try:
+            try:
+                queue.put(message, block=False)
+            except NotAvailable:  # tasks of an abandoned epoch still queued: they go fast
+                queue.put(message, timeout=SEND_TIMEOUT)
+        except (QueueError, TimeoutError) as error:
+            self.check_alive()
+            raise WorkerError(f"a worker stopped taking work: {error}") from error
+
+    def receive(self) -> list[Any]:
+        """Every message the workers sent the main process so far (never waits)."""
+        messages = []
+        for queue in self._results:
+            while True:
+                try:
+                    messages.append(queue.get(block=False))
+                except NotAvailable:
+                    break
+                except QueueError as error:
+                    self.check_alive(wait=EXIT_GRACE)
+                    raise WorkerError(f"a worker closed its queue: {error}") from error
+        return messages
+
+    def check_alive(self, wait: float = 0.0) -> None:
+        """Raise ``WorkerError`` naming a worker that exited (they never exit on their own).
+
+        ``wait``: seconds to give a worker whose queue just broke to be reaped.
+        """
+        if wait:
+            multiprocessing.connection.wait([w.sentinel for w in self._workers], wait)
+        for worker in self._workers:
+            if worker.exit_code() is not None:
+                raise worker.died()
+
+    def readiness(self) -> Sequence[ReadinessSource]:
+        return [q.readiness() for q in self._results] + [
+            FdReadiness(worker.sentinel) for worker in self._workers
+        ]
+
+    def stop(self) -> None:
+        self._finalizer()
+
+
+def _stop(
+    workers: list[WorkerProcess], senders: list[ProcessQueue], receivers: list[ProcessQueue]
+) -> None:
+    for queue in senders:
+        try:
+            queue.put(Stop(), block=False)
+        except (NotAvailable, QueueError, RuntimeError):
+            pass  # full or broken: the worker is killed below if it does not exit
+    for queue in senders + receivers:
+        queue.close()
+    stop_processes(workers)

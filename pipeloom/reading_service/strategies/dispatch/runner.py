@@ -1,0 +1,170 @@
+"""The epochs of the economic and chunked strategies (``economic.py``, ``chunked.py``).
+
+The main process runs the sharding point and everything upstream of it (on
+the pipeline itself), and a copy of the rest with a :class:`Dispatcher` in
+place of the workers' exit. Each epoch the dispatcher reads the sharding
+point and hands out the work; the worker processes live in a
+:class:`DispatchPool`, started at the first epoch.
+
+A map-style source read through ``MapToIter`` is not read in the main
+process: only its index crosses to the worker, which reads the item itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+from ....datapipes import IterDataPipe, MapDataPipe, MapToIter, reset_pipeline, set_pipeline_epoch
+from ....datapipes.runtime import block_seed, derive_seed
+from ....graph import Plan, copy
+from ...planning.sharding import keep_shard
+from ...workers.process import Payload, worker_context
+from ..main_part import MainPart
+from ..runner import Runner, drain
+from .chain import BatchFeed, TaskFeed
+from .dispatcher import Dispatcher
+from .pool import DispatchPool
+
+__all__ = ["DispatchRunner"]
+
+
+class DispatchRunner(Runner):
+    """What economic and chunked share; a subclass says how work is handed out.
+
+    Args:
+        pipeline, plan: the pipeline and its economic or chunked plan.
+        start_method, worker_init_fn, persistent_workers, timeout, prefetch:
+            as for ``MultiProcessingReadingService``.
+    """
+
+    #: Each item is its own task for the least loaded item worker (economic);
+    #: otherwise a whole unit (a chunk) is one task.
+    per_item_tasks: ClassVar[bool]
+
+    def __init__(
+        self,
+        pipeline: IterDataPipe,
+        plan: Plan,
+        *,
+        start_method: str | None,
+        worker_init_fn: Callable[[int], None] | None,
+        persistent_workers: bool,
+        timeout: float | None,
+        prefetch: int,
+    ) -> None:
+        super().__init__(pipeline, plan)
+        assert plan.unit is not None and isinstance(plan.sharding_point, IterDataPipe)
+        _, unit_size, max_units = plan.unit
+        self.point = plan.sharding_point
+        self.worker_init_fn = worker_init_fn
+        self.persistent_workers = persistent_workers
+        self.timeout = timeout
+        self._context = worker_context(start_method)
+        item_part = plan.part("item workers")
+        batch_parts = [p for p in plan.parts if p.role == "batch workers"]
+        exit = batch_parts[0].exit if batch_parts else item_part.exit
+        assert item_part.exit is not None and exit is not None
+        self.num_item_workers = item_part.copies
+        self.num_batch_workers = batch_parts[0].copies if batch_parts else 0
+        if plan.outer != (1, 0):  # this process's share (a rank's), cut as classic would
+            keep_shard(self.point, group_size=plan.group_size, outer=plan.outer)
+        self.dispatcher = Dispatcher(
+            unit_size=unit_size, max_units=max_units, per_item_tasks=self.per_item_tasks
+        )
+        self.main = MainPart(
+            pipeline, plan, self.dispatcher, exit, start_method=start_method, prefetch=prefetch
+        )
+        self._max_units = max_units
+        self._max_tasks = max_units * (unit_size if self.per_item_tasks else 1)
+        source = self.point.source if isinstance(self.point, MapToIter) else None
+        item_chain = copy(item_part.exit, replace={self.point: TaskFeed(source)})
+        self._item_payload = Payload(item_chain, self._context)
+        self._batch_payload: Payload | None = None
+        if batch_parts:
+            batch_chain = copy(exit, replace={item_part.exit: BatchFeed()})
+            self._batch_payload = Payload(batch_chain, self._context)
+        self._pool: DispatchPool | None = None
+        self._gen = 0
+        self._epoch_open = False
+
+    def start_epoch(self, epoch: int, state: dict[str, Any] | None) -> Iterator[Any]:
+        self._finish_epoch()
+        self.main.start_epoch(epoch, state)
+        source = self._epoch_source(epoch)
+        position, _ = self.dispatcher.resume_from
+        if state is not None and position:
+            source.resume_at(position)
+        point_seed = block_seed(self.point)
+        stamp_seed = None if point_seed is None else derive_seed(point_seed, epoch)
+        if self._pool is None:
+            self._pool = self._start_pool()
+        self._gen += 1
+        self._pool.start_epoch(self._gen, epoch, stamp_seed)
+        self.dispatcher.attach(source, self._pool, gen=self._gen, seed=stamp_seed, epoch=epoch)
+        self._epoch_open = True
+        self.main.start_separate_processes(epoch)
+        return drain(self.main.pipeline, on_close=self._on_epoch_closed, timeout=self.timeout)
+
+    def _epoch_source(self, epoch: int) -> IterDataPipe:
+        """The sharding point (and its upstream) as the main process reads it this epoch."""
+        point = self.point
+        set_pipeline_epoch(point, epoch)
+        reset_pipeline(point)
+        if isinstance(point, MapToIter):  # hand out indices; workers read the items
+            indices = copy(point, replace={point.source: _IndexSpace(point.source)})
+            indices.reset()
+            return indices
+        return point
+
+    def _start_pool(self) -> DispatchPool:
+        return DispatchPool(
+            self._context,
+            item_payload=self._item_payload,
+            batch_payload=self._batch_payload,
+            num_item_workers=self.num_item_workers,
+            num_batch_workers=self.num_batch_workers,
+            max_tasks=self._max_tasks,
+            max_results=self._max_units,
+            seed=block_seed(self.plan.part("item workers").exit) or 0,  # type: ignore[arg-type]
+            worker_init_fn=self.worker_init_fn,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.main.state_dict()
+
+    def shutdown(self) -> None:
+        self.main.stop()
+        self._stop_pool()
+        self._epoch_open = False
+
+    def _on_epoch_closed(self, finished: bool) -> None:
+        self._finish_epoch()
+
+    def _finish_epoch(self) -> None:
+        """End the open epoch; persistent workers drop its leftovers by generation."""
+        if not self._epoch_open:
+            return
+        self._epoch_open = False
+        if not self.persistent_workers:
+            self._stop_pool()
+
+    def _stop_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool = None
+
+
+class _IndexSpace(MapDataPipe):
+    """``index -> index`` over the indices of a map-style block (its length only)."""
+
+    inputs = ()  # the map-style block is read only for its length, in the main process
+
+    def __init__(self, of: MapDataPipe) -> None:
+        self._of = [of]
+
+    def async_get(self, index: int) -> Any:
+        return index
+
+    def __len__(self) -> int:
+        return len(self._of[0])

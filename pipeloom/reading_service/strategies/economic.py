@@ -1,0 +1,30 @@
+"""Economic: memory bounded by ``prefetch_factor`` batches, whatever ``num_workers`` is.
+
+The sharding point and its upstream (a shuffled file list, the indices of a
+map-style dataset) run in the main process. Each item goes to the item worker
+with the fewest items in flight, and each batch to the batch worker with the
+fewest batches (``dispatch/dispatcher.py`` decides, with
+``dispatch/least_loaded.py``). Item workers run the per-item blocks
+(``dispatch/item_worker.py``); the batch worker receives the batch's items
+from whichever item workers made them and runs ``batch`` and the per-item
+blocks after it, e.g. ``collate`` (``dispatch/batch_worker.py``). The main
+process keeps at most ``prefetch_factor`` batches in flight across all
+workers, so the first batch is built by up to ``batch_size`` workers at once
+and shared memory holds about ``prefetch_factor + 1`` batches.
+
+Needs ``.batch(n)`` right after the per-item blocks, each of which must yield
+exactly one output per input (``planning/cut.py`` refuses the rest, naming
+the block).
+"""
+
+from __future__ import annotations
+
+from .dispatch.runner import DispatchRunner
+
+__all__ = ["EconomicRunner"]
+
+
+class EconomicRunner(DispatchRunner):
+    """Run an economic plan: items to item workers one by one, batches to batch workers."""
+
+    per_item_tasks = True

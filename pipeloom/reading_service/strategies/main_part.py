@@ -1,0 +1,84 @@
+"""What the main process runs beside its workers: the tail, and the separate processes.
+
+When workers run a part of the pipeline, the main process runs a copy of the
+rest: a *stand-in* block (the classic merge, the economic/chunked dispatcher)
+takes the place of the workers' exit, and a :class:`SeparateProcessReader`
+takes the place of each block marked to run in a process of its own. Its
+checkpoint is the state of that copy, stand-in included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...datapipes import (
+    DataPipe,
+    IterDataPipe,
+    load_pipeline_state_dict,
+    pipeline_state_dict,
+    reset_pipeline,
+    set_pipeline_epoch,
+)
+from ...errors import StateError
+from ...graph import Plan, copy
+from ..workers.separate_process import SeparateProcessReader
+
+__all__ = ["MainPart"]
+
+
+class MainPart:
+    """The main process's copy of the pipeline, ``stand_in`` in place of ``exit``.
+
+    Args:
+        pipeline: the whole pipeline (left as it is).
+        plan: its plan (the separate-process parts are read from it).
+        stand_in: the block the main process reads the workers through.
+        exit: the block of ``pipeline`` the workers' output comes from.
+        start_method, prefetch: for the separate processes.
+    """
+
+    def __init__(
+        self,
+        pipeline: IterDataPipe,
+        plan: Plan,
+        stand_in: IterDataPipe,
+        exit: DataPipe,
+        *,
+        start_method: str | None,
+        prefetch: int,
+    ) -> None:
+        readers: dict[DataPipe, SeparateProcessReader] = {}
+        for part in plan.parts:
+            if part.role == "separate process":
+                assert isinstance(part.exit, IterDataPipe)
+                readers[part.exit] = SeparateProcessReader(
+                    part.exit, start_method=start_method, prefetch=prefetch
+                )
+        self.stand_in = stand_in
+        self.readers = list(readers.values())
+        self.pipeline: IterDataPipe = copy(pipeline, replace={exit: stand_in, **readers})
+
+    def start_epoch(self, epoch: int, state: dict[str, Any] | None) -> None:
+        """Restart the copy for ``epoch``, restoring ``state`` (a :meth:`state_dict`)."""
+        set_pipeline_epoch(self.pipeline, epoch)
+        reset_pipeline(self.pipeline)
+        if state is not None:
+            kind = state.get("kind") if isinstance(state, dict) else None
+            if kind != "workers":
+                raise StateError(
+                    f"this state was saved by a {kind or 'different'} reading service; a "
+                    f"thread or process service can only resume a state saved by a thread or "
+                    f"process service (with num_workers > 0)"
+                )
+            load_pipeline_state_dict(self.pipeline, state.get("tail", {}))
+
+    def start_separate_processes(self, epoch: int) -> None:
+        for reader in self.readers:
+            reader.start(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "workers", "tail": pipeline_state_dict(self.pipeline)}
+
+    def stop(self) -> None:
+        for reader in self.readers:
+            reader.stop()

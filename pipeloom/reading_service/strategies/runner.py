@@ -1,0 +1,77 @@
+"""The interface every reading service delegates to: one runner per planned pipeline.
+
+A service validates its arguments, plans the pipeline once
+(``planning/planner.py``) and hands the plan to the runner of its strategy;
+from then on each service method is one call on the runner::
+
+    runner = SomeRunner(pipeline, plan, ...)   # at initialize
+    items = runner.start_epoch(epoch, state)   # each epoch (state: resume)
+    runner.state_dict()                        # a checkpoint of the running epoch
+    runner.shutdown()                          # stop every thread and process
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ...datapipes import BlockingReader, IterDataPipe
+from ...graph import Plan
+
+__all__ = ["Runner", "drain"]
+
+
+class Runner(abc.ABC):
+    """Runs the epochs of one planned pipeline.
+
+    Attributes:
+        pipeline: the pipeline as the loader holds it (seeded).
+        plan: the planner's decisions for it.
+    """
+
+    def __init__(self, pipeline: IterDataPipe, plan: Plan) -> None:
+        self.pipeline = pipeline
+        self.plan = plan
+
+    @abc.abstractmethod
+    def start_epoch(self, epoch: int, state: dict[str, Any] | None) -> Iterator[Any]:
+        """Start ``epoch`` (resuming from ``state`` if given); its items."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The running epoch's state, enough for ``start_epoch(epoch, state)`` to resume."""
+
+    def shutdown(self) -> None:  # noqa: B027 - optional: nothing to stop by default
+        """Stop every thread and process the runner started; idempotent."""
+
+
+def drain(
+    pipeline: IterDataPipe,
+    on_close: Callable[[bool], None] | None = None,
+    timeout: float | None = None,
+) -> Iterator[Any]:
+    """Yield a pipeline's items, waiting on its readiness events.
+
+    ``on_close(finished)`` runs when the generator ends: ``finished`` is True
+    after the last item, False when the consumer stopped early or it raised.
+    """
+    reader = BlockingReader(pipeline)
+    finished = False
+    try:
+        while True:
+            try:
+                item = reader.next(timeout)
+            except StopIteration:
+                finished = True
+                return
+            except TimeoutError:
+                raise TimeoutError(
+                    f"no item arrived within timeout={timeout} s; raise the timeout or "
+                    f"check for a stuck worker"
+                ) from None
+            yield item
+    finally:
+        reader.close()
+        if on_close is not None:
+            on_close(finished)

@@ -1,0 +1,87 @@
+"""What a replica of a part of the pipeline does for one epoch, wherever it runs.
+
+A classic worker (a thread or a process) and a separate process each call
+:func:`produce_epoch`: start the epoch, send every output with its item stamp,
+then ``END`` (or a ``Failure`` when the pipeline raised).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...datapipes import (
+    BlockingReader,
+    DataPipe,
+    IterDataPipe,
+    load_pipeline_state_dict,
+    reset_pipeline,
+    set_pipeline_epoch,
+)
+from ...datapipes.runtime import current_draws, current_position, current_stamp, restore_stamp
+from ...errors import QueueError
+from .failure import capture_failure
+from .messages import END
+
+__all__ = ["EpochCancelled", "produce_epoch"]
+
+
+class EpochCancelled(QueueError):
+    """Raised by a worker's ``put`` when the main process abandoned the epoch."""
+
+
+def produce_epoch(
+    pipe: IterDataPipe,
+    put: Callable[[Any], None],
+    *,
+    epoch: int,
+    worker_label: str,
+    state: dict | None = None,
+    full_stamp: bool = False,
+    resume: tuple[DataPipe, int] | None = None,
+) -> bool:
+    """Send an ``Output`` for every output of ``pipe`` this epoch, then ``END``.
+
+    ``resume=(sharding point, position)`` fast-forwards the sharding point (a
+    block of ``pipe``) to ``position``: only the cheap part upstream replays.
+    With ``full_stamp`` each message is a ``StampedOutput`` instead. An
+    exception from the pipeline is sent as a ``Failure``. Returns False when
+    the consumer is gone for good (its queue is closed or broken); True
+    otherwise, also when the epoch was cancelled (``put`` raised
+    :class:`EpochCancelled`).
+    """
+    restore_stamp((None, epoch, None))  # nothing inherited from a parent or a past epoch
+    try:
+        set_pipeline_epoch(pipe, epoch)
+        reset_pipeline(pipe)
+        if state is not None:
+            load_pipeline_state_dict(pipe, state)
+        if resume is not None:
+            sharding_point, position = resume
+            sharding_point.resume_at(position)
+        reader = BlockingReader(pipe)
+        while True:
+            try:
+                item = reader.next()
+            except StopIteration:
+                break
+            put(
+                (current_stamp(), item)
+                if full_stamp
+                else (current_position(), current_draws(), item)
+            )
+    except QueueError as error:
+        return isinstance(error, EpochCancelled)
+    except BaseException as error:  # noqa: BLE001 - every failure goes to the consumer
+        try:
+            put(capture_failure(error, worker_label))
+        except QueueError as queue_error:
+            return isinstance(queue_error, EpochCancelled)
+        if not isinstance(error, Exception):
+            raise
+        return True
+    try:
+        put(END)
+    except QueueError as error:
+        return isinstance(error, EpochCancelled)
+    return True

@@ -1,0 +1,136 @@
+"""Everything that crosses between the main process and its workers.
+
+Outputs travel one message per item, so they stay plain tuples (the queues
+send small tuples of builtins fastest); everything else is a small
+``NamedTuple`` whose type says what it is.
+
+Outputs, from a worker to whoever reads it:
+
+* :data:`Output` ``(position, draws, item)``: one output of a worker; ``draws``
+  counts the item seeds already drawn for it, so ``item_rng()`` goes on where
+  the worker stopped. Classic workers (threads and processes) send these, and
+  economic/chunked workers send lists of them.
+* :data:`StampedOutput` ``(stamp, item)``: one output of a separate process,
+  whose blocks stamp items with seeds of their own.
+* :data:`END` after a worker's last output of an epoch; a
+  :class:`~.failure.Failure` instead of an output when the pipeline raised.
+
+Control of a classic worker process (over its control pipe):
+:class:`StartEpoch`, :class:`Stop`.
+
+Economic and chunked (every message carries the *generation* ``gen`` of the
+epoch it belongs to, so the leftovers of an abandoned epoch are dropped):
+main -> item worker :class:`EpochStart`, :class:`Task`, :class:`Stop`;
+item worker -> batch worker (or main, when ``dest`` is :data:`MAIN`)
+:class:`TaskResult`; main -> batch worker :class:`EpochStart`,
+:class:`BatchSize`, :class:`Stop`; batch worker -> main :class:`BatchResult`;
+item worker -> main :class:`InitFailed`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ...datapipes.runtime import ItemStamp
+from .failure import Failure
+
+__all__ = [
+    "END",
+    "MAIN",
+    "BatchResult",
+    "BatchSize",
+    "EpochStart",
+    "InitFailed",
+    "Output",
+    "StampedOutput",
+    "StartEpoch",
+    "Stop",
+    "Task",
+    "TaskResult",
+]
+
+Output = tuple[int | None, int, Any]
+"""``(position, draws, item)``: one output of a worker."""
+
+StampedOutput = tuple[ItemStamp, Any]
+"""``(stamp, item)``: one output of a separate process, with its full item stamp."""
+
+MAIN = -1
+"""The ``dest`` of a :class:`TaskResult` that goes straight to the main process."""
+
+
+class _End:
+    """Sent by a worker after its last output of the epoch."""
+
+    def __reduce__(self) -> str:
+        return "END"  # unpickles as this module's END: identity survives the queue
+
+    def __repr__(self) -> str:
+        return "END"
+
+
+END = _End()
+
+
+class StartEpoch(NamedTuple):
+    """Classic worker process: produce ``epoch``, from ``resume`` (a position) when given."""
+
+    epoch: int
+    resume: int | None = None
+
+
+class Stop(NamedTuple):
+    """Any worker process: exit."""
+
+
+class EpochStart(NamedTuple):
+    """Economic/chunked worker: epoch generation ``gen`` is ``epoch``; stamp with ``stamp_seed``."""
+
+    gen: int
+    epoch: int
+    stamp_seed: int | None
+
+
+class Task(NamedTuple):
+    """Item worker: run the per-item blocks on ``entries`` (``(position, value)`` pairs).
+
+    The outputs belong to unit ``unit`` (a batch or a chunk) and go to batch
+    worker ``dest`` (or the main process when ``dest`` is :data:`MAIN`).
+    """
+
+    gen: int
+    unit: int
+    dest: int
+    entries: list[tuple[int, Any]]
+
+
+class TaskResult(NamedTuple):
+    """Item worker -> ``dest``: the outputs of a task of ``task_size`` items, or its failure."""
+
+    gen: int
+    unit: int
+    outputs: list[Output] | Failure
+    task_size: int
+
+
+class BatchSize(NamedTuple):
+    """Batch worker: unit ``unit`` has ``size`` items, all assigned to item workers."""
+
+    gen: int
+    unit: int
+    size: int
+
+
+class BatchResult(NamedTuple):
+    """Batch worker -> main: the outputs of unit ``unit`` (the batch), or its failure."""
+
+    gen: int
+    unit: int
+    outputs: list[Output] | Failure
+
+
+class InitFailed(NamedTuple):
+    """Item worker -> main: ``worker_init_fn`` raised; the worker exits."""
+
+    gen: int
+    failure: Failure

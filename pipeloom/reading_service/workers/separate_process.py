@@ -1,0 +1,111 @@
+"""A block marked ``is_separate_process()``, run with its upstream in a process of its own.
+
+The main part reads it through a :class:`SeparateProcessReader` that stands in
+its place: each epoch a process (started with ``process.py``, like every
+worker) runs a copy of the block and everything upstream of it, and sends
+``StampedOutput`` messages through a shared-memory queue, so item stamps (and
+``item_rng()``) are the same as in-process.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from ...datapipes import IterDataPipe
+from ...datapipes.runtime import restore_stamp
+from ...errors import NotAvailable, QueueError
+from ...events import FdReadiness, ReadinessSource
+from ...queues import ProcessQueue
+from .epoch import produce_epoch
+from .failure import Failure
+from .messages import END
+from .process import Payload, WorkerProcess, bootstrap, stop_processes, worker_context
+
+__all__ = ["SeparateProcessReader"]
+
+
+class SeparateProcessReader(IterDataPipe):
+    """Reads a block that runs in a process of its own.
+
+    Args:
+        block: the marked block (with its upstream) to run there.
+        start_method: as for the worker processes.
+        prefetch: outputs the process may send ahead of the consumer.
+    """
+
+    inputs = ()  # the block runs in the other process, not in this pipeline
+
+    def __init__(self, block: IterDataPipe, *, start_method: str | None, prefetch: int) -> None:
+        self.block_repr = repr(block)
+        self._context: Any = worker_context(start_method)
+        self._payload = Payload(block, self._context)
+        self.capacity = prefetch
+        self._worker: WorkerProcess | None = None
+        self._queue: ProcessQueue | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._ended = False
+
+    def start(self, epoch: int) -> None:
+        """Start the process for ``epoch`` (stopping a previous one)."""
+        self.stop()
+        queue = ProcessQueue(capacity=self.capacity, owner="consumer")
+        name = f"separate process for {self.block_repr}"
+        worker = WorkerProcess(
+            self._context,
+            name,
+            _separate_main,
+            (self._payload, queue, epoch, name),
+            block=self.block_repr,
+            process_name="pipeloom-separate",
+        )
+        self._queue, self._worker = queue, worker
+        self._finalizer = weakref.finalize(self, _stop, worker, queue)
+        self._ended = False
+
+    def stop(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+
+    def readiness_sources(self) -> Sequence[ReadinessSource]:
+        if self._queue is None or self._worker is None:
+            return ()
+        return [self._queue.readiness(), FdReadiness(self._worker.sentinel)]
+
+    def async_next(self) -> Any:
+        if self._ended or self._queue is None or self._worker is None:
+            raise StopIteration
+        try:
+            message = self._queue.get(block=False)
+        except NotAvailable:
+            if self._worker.exit_code() is not None:
+                raise self._worker.died() from None
+            raise
+        except QueueError as error:
+            raise self._worker.died(error) from error
+        if message is END:
+            self._ended = True
+            raise StopIteration
+        if isinstance(message, Failure):
+            message.raise_here()
+        stamp, item = message
+        restore_stamp(stamp)
+        return item
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("a SeparateProcessReader cannot be copied to another process")
+
+    def __repr__(self) -> str:
+        return f"SeparateProcessReader({self.block_repr})"
+
+
+def _stop(worker: WorkerProcess, queue: ProcessQueue) -> None:
+    queue.close()
+    stop_processes([worker])
+
+
+def _separate_main(payload: Payload, queue: ProcessQueue, epoch: int, name: str) -> None:
+    label = bootstrap(name)
+    produce_epoch(payload.load(), queue.put, epoch=epoch, worker_label=label, full_stamp=True)

@@ -1,0 +1,91 @@
+"""Worker threads: each runs one replica's epoch and sends its outputs to a queue.
+
+The thread counterpart of ``process.py``: how a worker thread is started,
+identified (``get_worker_info()``) and stopped. Threads live for one epoch;
+closing a thread's queue makes its next ``put`` fail, which ends it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ...datapipes import DataPipe, IterDataPipe
+from ...events import ReadinessSource
+from ...queues import ThreadQueue
+from .epoch import produce_epoch
+from .info import WorkerInfo, set_thread_worker_info
+from .rngs import worker_seed
+
+__all__ = ["STOP_TIMEOUT", "WorkerThread"]
+
+STOP_TIMEOUT = 10.0
+"""Seconds to wait for a worker thread to end after its queue was closed."""
+
+
+class WorkerThread:
+    """One worker thread for one epoch, with the queue it fills.
+
+    Args:
+        pipe: the thread's own copy of the workers' part.
+        index, count: which worker of how many.
+        seed: the seed worker seeds derive from.
+        capacity: outputs the queue holds ahead of the consumer.
+        epoch: the epoch to produce.
+        resume: ``(sharding point in pipe, position)`` to start the epoch from.
+    """
+
+    def __init__(
+        self,
+        pipe: IterDataPipe,
+        *,
+        index: int,
+        count: int,
+        seed: int,
+        capacity: int,
+        epoch: int,
+        resume: tuple[DataPipe, int] | None,
+    ) -> None:
+        self.label = f"worker thread {index}"
+        self.queue = ThreadQueue(capacity=capacity)
+        info = WorkerInfo(index, count, worker_seed(seed, epoch, index), pipe)
+        self.thread = threading.Thread(
+            target=_run,
+            args=(pipe, self.queue, info, epoch, self.label, resume),
+            name=f"pipeloom-worker-{index}",
+            daemon=True,
+        )
+
+    def start(self) -> None:
+        self.thread.start()
+
+    # -- the channel the merge reads -------------------------------------------------
+    def get_nowait(self) -> Any:
+        return self.queue.get(block=False)
+
+    def readiness(self) -> Sequence[ReadinessSource]:
+        return [self.queue.readiness()]
+
+    def close(self) -> None:
+        """Close the queue: the thread's next put fails, which ends it."""
+        self.queue.close()
+
+    def join(self) -> None:
+        if self.thread.ident is not None:
+            self.thread.join(timeout=STOP_TIMEOUT)
+
+
+def _run(
+    pipe: IterDataPipe,
+    queue: ThreadQueue,
+    info: WorkerInfo,
+    epoch: int,
+    label: str,
+    resume: tuple[DataPipe, int] | None,
+) -> None:
+    set_thread_worker_info(info)
+    try:
+        produce_epoch(pipe, queue.put, epoch=epoch, worker_label=label, resume=resume)
+    finally:
+        set_thread_worker_info(None)

@@ -1,0 +1,1 @@
+"""pipeloom's tests, a package: helpers are imported as ``tests.<folder>.<module>``."""

@@ -1,0 +1,1 @@
+"""pipeloom's tests."""

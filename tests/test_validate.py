@@ -1,0 +1,35 @@
+"""The shared argument checks: one wording per mistake, the value returned."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from pipeloom import DataLoader
+from pipeloom.datapipes import IterableWrapper
+from pipeloom.reading_service import DistributedReadingService
+
+
+def test_loader_refuses_a_truthy_string_for_a_bool_option():
+    with pytest.raises(TypeError, match="resume_by_replay must be a bool, got str 'yes'"):
+        DataLoader(IterableWrapper([1]), resume_by_replay="yes")
+
+
+@pytest.mark.parametrize("epoch", [-1, 1.0, True])
+def test_loader_epochs_are_ints_from_zero(epoch):
+    loader = DataLoader(IterableWrapper([1]), seed=0)
+    with pytest.raises(ValueError, match=f"epoch must be an int >= 0, got {epoch!r}"):
+        loader.set_epoch(epoch)
+
+
+def test_loader_seed_is_an_int_or_none():
+    with pytest.raises(TypeError, match="seed must be an int or None, got float 1.5"):
+        DataLoader(IterableWrapper([1]), seed=1.5)  # type: ignore[arg-type]
+
+
+def test_distributed_timeout_accepts_a_timedelta_and_explains_other_values():
+    service = DistributedReadingService(timeout=datetime.timedelta(seconds=3))
+    assert service.timeout == 3
+    with pytest.raises(ValueError, match="or a datetime.timedelta, got '3'"):
+        DistributedReadingService(timeout="3")  # type: ignore[arg-type]
