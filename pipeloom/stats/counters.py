@@ -1,0 +1,312 @@
+"""What a loader collecting statistics keeps (the loader's seam into ``pipeloom.stats``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from ..events import blocked_waits
+from ..graph import Placement, Plan
+from ..reading_service import DistributedReadingService, ReadingService
+from ..reading_service.workers.epoch import produce_epoch
+from ._report import (
+    STRAGGLER_RATIO,
+    LoaderStats,
+    RankStats,
+    StageStats,
+    TimelinePoint,
+    verdict,
+)
+from ._sampler import ENV_DIR, WINDOW, Key, read_reports, register_boundary, report_target, sampler
+
+__all__ = ["LoaderCounters", "assemble"]
+
+register_boundary(produce_epoch, "worker")
+
+_HANDOFF, _TRANSFER = "(hand-off)", "(transfer)"
+
+
+class LoaderCounters:
+    """One loader's statistics: per ``next()`` (wait, readiness) and the process samplers'.
+
+    ``next()`` is timed per delivered output (a batch, usually), never per item
+    inside the pipeline; the stages' time comes from sampling (``_sampler.py``).
+    """
+
+    def __init__(self) -> None:
+        self.outputs = 0
+        self.ready = 0
+        self.wait_s = 0.0
+        self.step_s = 0.0
+        self.first_call: float | None = None
+        self.first_output_s: float | None = None
+        self.last_output: float | None = None
+        self.windows: dict[int, list[float]] = {}  # window -> [outputs, ready]
+        self.headspace_step_s: float | None = None
+        self._sampler = sampler()
+        self._baseline: Counter[Key] = Counter()
+        self._samples0 = 0
+        self._started = time.time()
+        self._dir: str | None = None
+        self._previous_env: str | None = None
+        self._final: tuple[Counter[Key], dict[int, Counter[Key]], int] | None = None
+        self._lock = threading.Lock()
+
+    # -- lifetime -----------------------------------------------------------------------
+    def start(self) -> None:
+        """Start sampling; worker processes started from now on report to this loader."""
+        self._dir = tempfile.mkdtemp(prefix="pipeloom-stats-")
+        self._previous_env = os.environ.get(ENV_DIR)
+        os.environ[ENV_DIR] = report_target(self._dir)
+        self._sampler.acquire()
+        self._baseline, _, self._samples0 = self._sampler.snapshot()
+
+    def stop(self) -> None:
+        """Keep the figures as they are now, stop sampling (idempotent)."""
+        if self._dir is None:
+            return
+        self._final = self._samples()
+        self._sampler.release()
+        if os.environ.get(ENV_DIR) == report_target(self._dir):
+            if self._previous_env is None:
+                os.environ.pop(ENV_DIR, None)
+            else:
+                os.environ[ENV_DIR] = self._previous_env
+        shutil.rmtree(self._dir, ignore_errors=True)
+        self._dir = None
+
+    def watch(self, items: Iterator[Any]) -> Iterator[Any]:
+        """``items``, each ``next()`` timed."""
+        return _Watched(items, self)
+
+    # -- per output -------------------------------------------------------------------------
+    def record(self, called: float, returned: float, ready: bool, previous: float | None) -> None:
+        with self._lock:
+            if self.first_call is None:
+                self.first_call = called
+                self.first_output_s = returned - called
+            elif previous is not None:
+                self.step_s += called - previous
+            self.outputs += 1
+            self.wait_s += returned - called
+            self.ready += ready
+            self.last_output = returned
+            window = self.windows.setdefault(int((time.time() - self._started) // WINDOW), [0, 0])
+            window[0] += 1
+            window[1] += ready
+
+    # -- the record --------------------------------------------------------------------------
+    def _samples(self) -> tuple[Counter[Key], dict[int, Counter[Key]], int]:
+        if self._final is not None:
+            return self._final
+        counts, timeline, samples = self._sampler.snapshot()
+        counts.subtract(self._baseline)
+        start = self._sampler.started
+        shift = int((self._started - start) // WINDOW)
+        timeline = {w - shift: c for w, c in timeline.items() if w >= shift}
+        for report in read_reports(self._dir) if self._dir else []:
+            for placement, stage, kind, n in report["counts"]:
+                counts[(placement, stage, kind)] += n
+            offset = int((report["started"] - self._started) // WINDOW)
+            for window, placement, stage, kind, n in report["timeline"]:
+                timeline.setdefault(window + offset, Counter())[(placement, stage, kind)] += n
+        return +counts, timeline, samples - self._samples0
+
+    def build(
+        self, *, service: str, workers: int, ranks: tuple[RankStats, ...] = ()
+    ) -> LoaderStats:
+        """The frozen record of what happened so far."""
+        counts, timeline, samples = self._samples()
+        interval = self._sampler.interval
+        elapsed = (
+            0.0
+            if self.first_call is None or self.last_output is None
+            else self.last_output - self.first_call
+        )
+        stages = _stages(counts, interval, self.outputs)
+        readiness = None
+        if service != "in-process" and self.outputs:
+            readiness = self.ready / self.outputs
+        return LoaderStats(
+            service=service,
+            workers=workers,
+            outputs=self.outputs,
+            elapsed_s=elapsed,
+            outputs_per_s=self.outputs / elapsed if elapsed > 0 else 0.0,
+            first_output_s=self.first_output_s,
+            wait_s=self.wait_s,
+            step_s=self.step_s,
+            readiness=readiness,
+            stages=stages,
+            ranks=ranks,
+            samples=samples,
+            verdict=verdict(
+                service=service,
+                workers=workers,
+                readiness=readiness,
+                wait_s=self.wait_s,
+                step_s=self.step_s,
+                outputs=self.outputs,
+                stages=stages,
+                ranks=ranks,
+            ),
+            timeline=_timeline(timeline, self.windows, service),
+            headspace_step_s=self.headspace_step_s,
+        )
+
+
+class _Watched(Iterator[Any]):
+    """An epoch's items with each ``next()`` timed (one per output, not per item)."""
+
+    def __init__(self, items: Iterator[Any], counters: LoaderCounters) -> None:
+        self._items = items
+        self._counters = counters
+        self._returned: float | None = None
+
+    def __next__(self) -> Any:
+        blocked = blocked_waits()
+        called = time.perf_counter()
+        item = next(self._items)
+        returned = time.perf_counter()
+        self._counters.record(called, returned, blocked_waits() == blocked, self._returned)
+        self._returned = returned
+        return item
+
+    def close(self) -> None:
+        close = getattr(self._items, "close", None)
+        if close is not None:
+            close()
+
+
+register_boundary(_Watched.__next__, "loader")
+
+
+def _stages(counts: Counter[Key], interval: float, outputs: int) -> tuple[StageStats, ...]:
+    """Per (placement, stage): busy and waiting time, and the share of the consumer's wait.
+
+    The main thread's samples inside ``next(loader)`` are the wait: a block busy
+    there takes its samples; the main thread waiting (for workers) is shared
+    among the worker stages by their busy samples (Grain's wait attribution).
+    """
+    busy: Counter[tuple[str, str]] = Counter()
+    waiting: Counter[tuple[str, str]] = Counter()
+    main_waiting = 0
+    for (placement, stage, kind), n in counts.items():
+        if kind == "busy":
+            busy[(placement, stage)] += n
+        elif kind == "handoff":
+            busy[(placement, _HANDOFF)] += n
+        elif kind == "transfer":
+            busy[(placement, _TRANSFER)] += n
+        elif kind in ("waiting", "idle"):
+            if placement == "main process":
+                main_waiting += n
+            if stage:
+                waiting[(placement, stage)] += n
+    main = {key: n for key, n in busy.items() if key[0] == "main process"}
+    others = {key: n for key, n in busy.items() if key[0] != "main process" and key[1] != _HANDOFF}
+    total_wait = sum(main.values()) + main_waiting
+    others_total = sum(others.values())
+    share: dict[tuple[str, str], float] = {}
+    if total_wait and (others_total or not main_waiting):
+        for key, n in main.items():
+            share[key] = n / total_wait
+        for key, n in others.items():
+            share[key] = main_waiting / total_wait * n / others_total
+    elif others_total:  # the consumer never waited in a sample: the stages' weight alone
+        for key, n in others.items():
+            share[key] = n / others_total
+    elif total_wait:
+        share[("main process", "(waiting, no worker reported)")] = 1.0
+    keys = set(busy) | set(waiting) | set(share)
+    stages = [
+        StageStats(
+            placement=placement,
+            stage=stage,
+            busy_s=busy[(placement, stage)] * interval,
+            waiting_s=waiting[(placement, stage)] * interval,
+            wait_share=share.get((placement, stage), 0.0),
+            outputs_per_s=(
+                outputs / (busy[(placement, stage)] * interval)
+                if busy[(placement, stage)] and outputs
+                else None
+            ),
+        )
+        for placement, stage in keys
+    ]
+    stages.sort(key=lambda s: (-s.wait_share, -s.busy_s, s.placement, s.stage))
+    return tuple(stages)
+
+
+def _timeline(
+    timeline: dict[int, Counter[Key]], windows: dict[int, list[float]], service: str
+) -> tuple[TimelinePoint, ...]:
+    points = []
+    for window in sorted(set(windows) | {w for w in timeline if w >= 0}):
+        outputs, ready = windows.get(window, [0, 0])
+        bucket = timeline.get(window, Counter())
+        busy_total = sum(n for (_, _, kind), n in bucket.items() if kind == "busy") or 1
+        busy: dict[str, float] = {}
+        for (placement, stage, kind), n in bucket.items():
+            if kind == "busy":
+                name = f"{stage} ({placement})"
+                busy[name] = busy.get(name, 0.0) + n / busy_total
+        points.append(
+            TimelinePoint(
+                start_s=window * WINDOW,
+                outputs_per_s=outputs / WINDOW,
+                readiness=None if service == "in-process" or not outputs else ready / outputs,
+                busy=busy,
+            )
+        )
+    return tuple(points)
+
+
+def rank_stats(rows: list[tuple[int, int, float, float, float | None]]) -> tuple[RankStats, ...]:
+    """Per-rank figures from ``(rank, outputs, elapsed, wait, readiness)``; flags stragglers."""
+    per_output = [wait / outputs if outputs else 0.0 for _, outputs, _, wait, _ in rows]
+    result = []
+    for (rank, outputs, elapsed, _, readiness), mine in zip(rows, per_output, strict=True):
+        others = sorted(p for p, (r, *_rest) in zip(per_output, rows, strict=True) if r != rank)
+        median = others[len(others) // 2] if others else mine
+        straggler = len(rows) > 1 and mine > STRAGGLER_RATIO * median and mine - median > 1e-3
+        result.append(
+            RankStats(
+                rank=rank,
+                outputs=outputs,
+                outputs_per_s=outputs / elapsed if elapsed > 0 else 0.0,
+                wait_per_output_s=mine,
+                readiness=readiness,
+                straggler=straggler,
+            )
+        )
+    return tuple(result)
+
+
+def assemble(
+    counters: LoaderCounters, service: ReadingService, placement: Placement
+) -> LoaderStats:
+    """``loader.stats()``: the record, with every rank's figures when distributed.
+
+    Distributed, this is a collective: every rank must call it.
+    """
+    strategy, workers = "custom", 0
+    if isinstance(placement, Plan):
+        strategy = placement.strategy
+        workers = max((p.copies for p in placement.parts if p.role != "main"), default=0)
+    ranks: tuple[RankStats, ...] = ()
+    if isinstance(service, DistributedReadingService) and service.world_size > 1:
+        import torch.distributed as dist
+
+        mine = counters.build(service=strategy, workers=workers)
+        row = (service.rank, mine.outputs, mine.elapsed_s, mine.wait_s, mine.readiness)
+        rows: list[Any] = [None] * service.world_size
+        dist.all_gather_object(rows, row, group=service.group)
+        ranks = rank_stats(rows)
+    return counters.build(service=strategy, workers=workers, ranks=ranks)
