@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -211,15 +212,18 @@ def _advice(
     if top is None:
         return "too few samples to say which stage"
     if top.placement.startswith("worker") or top.placement.endswith("workers"):
-        if step_s <= 0 or outputs == 0:
-            more = 1
+        cores = os.cpu_count() or 1
+        if step_s < 0.05 * wait_s or outputs == 0:  # a consumer that does (almost) nothing
+            workers_tip = f"more workers (this machine has {cores} cores)"
         else:  # workers deliver n / T_p per second; the consumer takes 1 / T_c
             needed = math.ceil(max(workers, 1) * (step_s + wait_s) / step_s)
             more = max(1, needed - workers)
-        tip = f"{more} more worker{'s' if more > 1 else ''} would help"
+            workers_tip = f"{more} more worker{'s' if more > 1 else ''}"
+            if needed > cores:
+                workers_tip += f" (more than this machine's {cores} cores)"
         if service == "classic" and top.placement == "worker processes":
-            tip = f"{more} more worker{'s' if more > 1 else ''} or strategy='chunked' would help"
-        return tip
+            return f"{workers_tip} or strategy='chunked' would help"
+        return f"{workers_tip} would help"
     if top.stage == "(transfer)":
         return (
             "receiving outputs from the workers dominates: larger batches, fewer copies "
