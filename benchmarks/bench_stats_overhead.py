@@ -1,4 +1,4 @@
-"""What collecting statistics costs on the cheap-items pipeline (issue #18: on by default if <= 3 %).
+"""What collecting statistics costs on the cheap-items pipeline (#18: on by default if <= 3 %).
 
     python benchmarks/bench_stats_overhead.py [--quick]
 
@@ -6,8 +6,9 @@ The pipeline of ``bench_cheap_items.py`` (20,000 rows of 16 floats, batches of
 256 and of 16, collated by ``torch.stack``), in-process and under
 ``MultiProcessingReadingService(2)``, each loader built with
 ``stats=False`` and ``stats=True``. Epochs alternate off/on in one run
-(interleaved, so a noisy neighbour hits both alike); the figure is the median
-items/s of each and the ratio on/off (< 1: statistics cost that much).
+(interleaved, so a noisy neighbour hits both alike); the figures are the median
+items/s of each, and the median of the on/off ratios of consecutive pairs
+(< 1: statistics cost that much), with its spread (quartiles).
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ def epoch_rate(dl: pipeloom.DataLoader, items: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer items and epochs")
+    parser.add_argument("--pairs", type=int, default=15, help="off/on epoch pairs per setting")
     args = parser.parse_args()
-    n, repeats = (4000, 3) if args.quick else (20000, 7)
+    n, repeats = (4000, 3) if args.quick else (20000, args.pairs)
     dataset = SmallRows(n)
     torch.set_num_threads(1)
-    print(f"{'setting':<28} {'off items/s':>12} {'on items/s':>12} {'on/off':>7}")
+    print(f"{'setting':<28} {'off items/s':>12} {'on items/s':>12} {'on/off':>7} {'quartiles':>13}")
     for workers in (0, 2):
         for batch in (256, 16):
             loaders = {flag: loader(dataset, batch, workers, flag) for flag in (False, True)}
@@ -62,8 +64,13 @@ def main() -> None:
             for dl in loaders.values():
                 dl.shutdown()
             off, on = statistics.median(rates[False]), statistics.median(rates[True])
+            ratios = [b / a for a, b in zip(rates[False], rates[True], strict=True)]
+            low, mid, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
             label = f"{workers} workers, batch {batch}" if workers else f"in-process, batch {batch}"
-            print(f"{label:<28} {off:>12.0f} {on:>12.0f} {on / off:>7.3f}")
+            print(
+                f"{label:<28} {off:>12.0f} {on:>12.0f} {statistics.median(ratios):>7.3f} "
+                f"{low:>6.3f}-{high:.3f}"
+            )
 
 
 if __name__ == "__main__":

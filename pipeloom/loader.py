@@ -174,7 +174,7 @@ class DataLoader(ShutsDown):
                 "this DataLoader collects no statistics; create it with "
                 "DataLoader(..., stats=True) to call stats()"
             )
-        return assemble(self._counters, self.reading_service, self.placement())
+        return assemble(self._counters, self.reading_service, self.placement(), self)
 
     # -- checkpoints ------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

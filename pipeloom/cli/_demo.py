@@ -26,6 +26,7 @@ import torch.utils.data
 from ..datapipes import FileLister, IterableWrapper, IterDataPipe
 from ..loader import DataLoader
 from ..reading_service import MultiProcessingReadingService, ThreadReadingService
+from ..stats import shared_memory_in_use
 
 __all__ = ["demo"]
 
@@ -134,36 +135,6 @@ class Row:
     first_batch_s: float
     peak_shm_mib: float
     identical: bool | None
-
-
-def shared_memory_in_use() -> int:
-    """Resident bytes of shared memory (``/dev/shm``, memfd) this process tree maps (Linux).
-
-    Each segment counts once (its largest resident size in any process); 0 without ``/proc``.
-    """
-    pids: list[int] = [os.getpid()]
-    resident: dict[str, int] = {}
-    while pids:
-        pid = pids.pop()
-        try:
-            segment = None
-            with open(f"/proc/{pid}/smaps") as smaps:
-                for line in smaps:
-                    if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
-                        fields = line.split()
-                        shared = len(fields) > 5 and (
-                            fields[5].startswith("/dev/shm/") or fields[5].startswith("/memfd:")
-                        )
-                        segment = fields[4] if shared else None
-                    elif segment is not None and line.startswith("Rss:"):
-                        size = int(line.split()[1]) * 1024
-                        resident[segment] = max(resident.get(segment, 0), size)
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/children") as children:
-                    pids.extend(int(c) for c in children.read().split())
-        except (OSError, ValueError):
-            continue  # a process that just exited, or no /proc
-    return sum(resident.values())
 
 
 def measure(name: str, make: Callable[[], Iterable[Any]], reference: list[Any] | None) -> Row:

@@ -3,6 +3,7 @@
 Turn statistics on with ``DataLoader(..., stats=True)``; ``loader.stats()``
 then returns a frozen :class:`LoaderStats`: throughput, the consumer's wait
 and which stage it is attributed to, the loader's readiness, a verdict.
+:class:`Headspace` replays cached outputs to measure the loop's best-case step.
 
 Example:
     >>> import pipeloom
@@ -16,6 +17,16 @@ Example:
     True
 """
 
-from ._report import LoaderStats, RankStats, StageStats, TimelinePoint
+from ._headspace import Headspace
+from ._report import LoaderStats, ProcessUse, RankStats, StageStats, TimelinePoint
+from ._resources import shared_memory_in_use
 
-__all__ = ["LoaderStats", "RankStats", "StageStats", "TimelinePoint"]
+__all__ = [
+    "Headspace",
+    "LoaderStats",
+    "ProcessUse",
+    "RankStats",
+    "StageStats",
+    "TimelinePoint",
+    "shared_memory_in_use",
+]

@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["LoaderStats", "RankStats", "StageStats", "TimelinePoint"]
+__all__ = ["LoaderStats", "ProcessUse", "RankStats", "StageStats", "TimelinePoint"]
 
 LOADER_BOUND_READINESS = 0.5
 """With workers: below this share of ready ``next()`` calls the loader is the bottleneck."""
@@ -41,6 +41,24 @@ class StageStats:
     waiting_s: float
     wait_share: float
     outputs_per_s: float | None
+
+
+@dataclass(frozen=True)
+class ProcessUse:
+    """What the processes of one placement used (worker processes report theirs).
+
+    Attributes:
+        placement: ``"main process"``, ``"worker processes"``, ...
+        processes: how many processes reported.
+        cpu_s: CPU seconds they used (the main process: since statistics started;
+            a worker: since it started).
+        peak_rss_mib: the largest peak resident memory among them.
+    """
+
+    placement: str
+    processes: int
+    cpu_s: float
+    peak_rss_mib: float
 
 
 @dataclass(frozen=True)
@@ -84,8 +102,11 @@ class LoaderStats:
         ranks: per rank, when distributed.
         samples: sampling periods the figures come from.
         verdict: one line: ``"loader-bound: ..."`` or ``"consumer-bound: ..."``.
-        headspace_step_s: the mean step time over replayed cached batches,
-            when measured (:func:`pipeloom.stats.headspace`).
+        timeline: per half second: throughput, readiness, each stage's busy share.
+        headspace_step_s: the mean step time over replayed cached outputs,
+            when a :class:`pipeloom.stats.Headspace` measured it.
+        processes: CPU time and peak memory per placement.
+        shared_memory_mib: shared memory resident in this process tree now.
     """
 
     service: str
@@ -103,6 +124,8 @@ class LoaderStats:
     verdict: str
     timeline: tuple[TimelinePoint, ...] = ()
     headspace_step_s: float | None = None
+    processes: tuple[ProcessUse, ...] = ()
+    shared_memory_mib: float = 0.0
 
     @property
     def loader_bound(self) -> bool:
@@ -144,8 +167,18 @@ class LoaderStats:
                 f"  rank {r.rank}: {r.outputs_per_s:.1f} outputs/s, "
                 f"{r.wait_per_output_s * 1000:.1f} ms loading per output{flag}"
             )
+        for p in self.processes:
+            lines.append(
+                f"  {p.placement} ({p.processes}): {p.cpu_s:.2f} CPU s, "
+                f"peak RSS {p.peak_rss_mib:.0f} MiB"
+            )
+        lines.append(f"  shared memory in use: {self.shared_memory_mib:.1f} MiB")
         if self.headspace_step_s is not None:
-            lines.append(f"  headspace: best-case step {self.headspace_step_s * 1000:.1f} ms")
+            loop = (self.wait_s + self.step_s) / self.outputs if self.outputs else 0.0
+            lines.append(
+                f"  headspace: best-case step {self.headspace_step_s * 1000:.1f} ms "
+                f"(replayed cached outputs), against {loop * 1000:.1f} ms per output with loading"
+            )
         lines.append(f"  verdict: {self.verdict}")
         return "\n".join(lines)
 

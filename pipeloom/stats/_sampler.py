@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.util
 import os
 import re
 import sys
@@ -31,6 +32,7 @@ from typing import Any
 
 from ..datapipes import DataPipe
 from ..events import Waiter
+from ._resources import own_usage
 
 __all__ = [
     "ENV_DIR",
@@ -129,7 +131,8 @@ def _placement_of_thread(thread: threading.Thread | None) -> str:
         return "main process"
     if thread.name.startswith("pipeloom-worker-"):
         return "worker threads"
-    return "thread " + re.sub(r"[-_ ]?\d+$", "", thread.name)
+    name = re.sub(r"\(.*\)$|[-_ ]?\d+$", "", thread.name).removeprefix("pipeloom")
+    return name.strip(" -_") + " thread"  # e.g. "Prefetcher thread"
 
 
 def _process_placement() -> str | None:
@@ -269,8 +272,12 @@ class Sampler:
         if self.report_dir is None:
             return
         counts, timeline, samples = self.snapshot()
+        cpu_s, peak_rss_mib = own_usage()
         report = {
             "pid": os.getpid(),
+            "placement": _process_placement(),
+            "cpu_s": cpu_s,
+            "peak_rss_mib": peak_rss_mib,
             "started": self.started,
             "samples": samples,
             "counts": [[*key, n] for key, n in counts.items()],
@@ -342,6 +349,19 @@ def _start_in_worker_process() -> None:
     worker.acquire()
 
 
+def _at_worker_bootstrap(_: object) -> None:
+    """In a ``multiprocessing`` child, as it starts: write a last report when it exits."""
+    current = _SAMPLER[0]
+    if current is not None and current.report_dir is not None:
+        multiprocessing.util.Finalize(None, current.write_report, exitpriority=0)
+
+
+class _Key:  # the after-fork registry holds its keys weakly: this one lives with the module
+    pass
+
+
+_KEY = _Key()
 os.register_at_fork(after_in_child=_start_in_worker_process)
+multiprocessing.util.register_after_fork(_KEY, _at_worker_bootstrap)
 if _report_dir() is not None:
     _start_in_worker_process()

@@ -15,14 +15,17 @@ from ..events import blocked_waits
 from ..graph import Placement, Plan
 from ..reading_service import DistributedReadingService, ReadingService
 from ..reading_service.workers.epoch import produce_epoch
+from ._headspace import headspace_of
 from ._report import (
     STRAGGLER_RATIO,
     LoaderStats,
+    ProcessUse,
     RankStats,
     StageStats,
     TimelinePoint,
     verdict,
 )
+from ._resources import own_usage, shared_memory_in_use
 from ._sampler import ENV_DIR, WINDOW, Key, read_reports, register_boundary, report_target, sampler
 
 __all__ = ["LoaderCounters", "assemble"]
@@ -57,6 +60,8 @@ class LoaderCounters:
         self._previous_env: str | None = None
         self._final: tuple[Counter[Key], dict[int, Counter[Key]], int] | None = None
         self._lock = threading.Lock()
+        self._cpu0 = 0.0
+        self._processes: list[ProcessUse] = []
 
     # -- lifetime -----------------------------------------------------------------------
     def start(self) -> None:
@@ -66,6 +71,7 @@ class LoaderCounters:
         os.environ[ENV_DIR] = report_target(self._dir)
         self._sampler.acquire()
         self._baseline, _, self._samples0 = self._sampler.snapshot()
+        self._cpu0 = own_usage()[0]
 
     def stop(self) -> None:
         """Keep the figures as they are now, stop sampling (idempotent)."""
@@ -110,12 +116,20 @@ class LoaderCounters:
         start = self._sampler.started
         shift = int((self._started - start) // WINDOW)
         timeline = {w - shift: c for w, c in timeline.items() if w >= shift}
+        cpu_s, peak = own_usage()
+        uses: dict[str, list[float]] = {"main process": [1, cpu_s - self._cpu0, peak]}
         for report in read_reports(self._dir) if self._dir else []:
+            if report["placement"] is not None:
+                use = uses.setdefault(report["placement"], [0, 0.0, 0.0])
+                use[0] += 1
+                use[1] += report["cpu_s"]
+                use[2] = max(use[2], report["peak_rss_mib"])
             for placement, stage, kind, n in report["counts"]:
                 counts[(placement, stage, kind)] += n
             offset = int((report["started"] - self._started) // WINDOW)
             for window, placement, stage, kind, n in report["timeline"]:
                 timeline.setdefault(window + offset, Counter())[(placement, stage, kind)] += n
+        self._processes = [ProcessUse(name, int(n), c, p) for name, (n, c, p) in uses.items()]
         return +counts, timeline, samples - self._samples0
 
     def build(
@@ -158,6 +172,8 @@ class LoaderCounters:
             ),
             timeline=_timeline(timeline, self.windows, service),
             headspace_step_s=self.headspace_step_s,
+            processes=tuple(self._processes),
+            shared_memory_mib=shared_memory_in_use() / 2**20,
         )
 
 
@@ -290,7 +306,7 @@ def rank_stats(rows: list[tuple[int, int, float, float, float | None]]) -> tuple
 
 
 def assemble(
-    counters: LoaderCounters, service: ReadingService, placement: Placement
+    counters: LoaderCounters, service: ReadingService, placement: Placement, loader: Any
 ) -> LoaderStats:
     """``loader.stats()``: the record, with every rank's figures when distributed.
 
@@ -309,4 +325,5 @@ def assemble(
         rows: list[Any] = [None] * service.world_size
         dist.all_gather_object(rows, row, group=service.group)
         ranks = rank_stats(rows)
+    counters.headspace_step_s = headspace_of(loader)
     return counters.build(service=strategy, workers=workers, ranks=ranks)

@@ -15,7 +15,7 @@ import pytest
 import pipeloom
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
-from pipeloom.stats import LoaderStats
+from pipeloom.stats import Headspace, LoaderStats
 from tests.stats import ranks
 
 
@@ -40,7 +40,7 @@ def run(pipe, service, *, step: float) -> LoaderStats:
     with pipeloom.DataLoader(pipe, service, seed=0, stats=True) as loader:
         for _ in loader:
             time.sleep(step)  # the training step
-        return loader.stats()
+    return loader.stats()  # after shutdown: every worker wrote its last report
 
 
 def producer_consumer(stage_s: float, items: int = 30):
@@ -124,3 +124,37 @@ def test_a_distributed_job_names_the_slow_rank(tmp_path):
         assert isinstance(result, dict), (rank, result)
         assert [r["straggler"] for r in result["ranks"]] == [False, True], result
         assert "rank 1 is the straggler" in result["verdict"], result
+
+
+@pytest.mark.timeout(60)
+def test_worker_processes_report_their_cpu_and_memory():
+    stats = run(one_slow_map_among_fast_ones(8), MultiProcessingReadingService(2), step=0.0)
+    uses = {use.placement: use for use in stats.processes}
+    assert uses["main process"].processes == 1
+    assert uses["worker processes"].processes == 2, stats
+    assert uses["worker processes"].peak_rss_mib > 0 and stats.shared_memory_mib >= 0
+    assert "worker processes (2):" in str(stats)
+
+
+@pytest.mark.timeout(60)
+def test_headspace_measures_the_step_without_loading():
+    pipe = IterableWrapper(range(12)).map(slow)  # 30 ms of loading per output
+    with pipeloom.DataLoader(pipe, stats=True) as loader:
+        replayed = Headspace(loader, cache=4, replays=8)
+        seen = []
+        for item in replayed:
+            time.sleep(0.005)  # the training step
+            seen.append(item)
+        stats = loader.stats()
+    assert seen == [0, 1, 2, 3] * 3
+    loop = (stats.wait_s + stats.step_s) / stats.outputs
+    assert stats.headspace_step_s == replayed.step_s
+    assert stats.headspace_step_s < loop / 2, stats  # no 30 ms of loading in it
+    assert "headspace: best-case step" in str(stats)
+
+
+def test_headspace_checks_its_arguments():
+    with pipeloom.DataLoader(IterableWrapper(range(3)), stats=True) as loader:
+        with pytest.raises(ValueError, match="cache"):
+            Headspace(loader, cache=0, replays=1)
+        assert list(Headspace(loader, cache=5, replays=2)) == [0, 1, 2, 0, 1]
