@@ -8,7 +8,8 @@ The pipeline of ``bench_cheap_items.py`` (20,000 rows of 16 floats, batches of
 ``stats=False`` and ``stats=True``. Epochs alternate off/on in one run
 (interleaved, so a noisy neighbour hits both alike); the figures are the median
 items/s of each, and the median of the on/off ratios of consecutive pairs
-(< 1: statistics cost that much), with its spread (quartiles).
+(< 1: statistics cost that much), with its spread (quartiles), and the CPU the
+sampling thread used as a share of the statistics' elapsed time.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def main() -> None:
     n, repeats = (4000, 3) if args.quick else (20000, args.pairs)
     dataset = SmallRows(n)
     torch.set_num_threads(1)
-    print(f"{'setting':<28} {'off items/s':>12} {'on items/s':>12} {'on/off':>7} {'quartiles':>13}")
+    header = f"{'setting':<28} {'off items/s':>12} {'on items/s':>12} {'on/off':>7}"
+    print(f"{header} {'quartiles':>13} {'sampler':>9}")
     for workers in (0, 2):
         for batch in (256, 16):
             loaders = {flag: loader(dataset, batch, workers, flag) for flag in (False, True)}
@@ -61,15 +63,17 @@ def main() -> None:
             for _ in range(repeats):
                 for flag in (False, True):
                     rates[flag].append(epoch_rate(loaders[flag], n))
+            sampled = loaders[True].stats()
             for dl in loaders.values():
                 dl.shutdown()
             off, on = statistics.median(rates[False]), statistics.median(rates[True])
             ratios = [b / a for a, b in zip(rates[False], rates[True], strict=True)]
             low, mid, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
             label = f"{workers} workers, batch {batch}" if workers else f"in-process, batch {batch}"
+            share = sampled.sampler_cpu_s / max(sampled.elapsed_s, 1e-9)
             print(
                 f"{label:<28} {off:>12.0f} {on:>12.0f} {statistics.median(ratios):>7.3f} "
-                f"{low:>6.3f}-{high:.3f}"
+                f"{low:>6.3f}-{high:.3f} {share:>9.2%}"
             )
 
 

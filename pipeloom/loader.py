@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -133,7 +134,8 @@ class DataLoader(ShutsDown):
             if resume is not None and resume["kind"] == "replay":
                 replayed, delivered, resume = delivered, 0, None
             try:
-                items = self.reading_service.start_epoch(epoch, resume)
+                with self._exporting_stats():
+                    items = self.reading_service.start_epoch(epoch, resume)
             except BaseException:
                 self._next_epoch = epoch  # a retry starts this epoch afresh
                 raise
@@ -335,8 +337,13 @@ class DataLoader(ShutsDown):
         if not self._initialized:
             if self._counters is not None:  # before workers start: they report to it
                 self._counters.start()
-            self.reading_service.initialize(self.datapipe)
+            with self._exporting_stats():
+                self.reading_service.initialize(self.datapipe)
             self._initialized = True
+
+    def _exporting_stats(self) -> AbstractContextManager[None]:
+        """Worker processes started meanwhile report their statistics (with stats on)."""
+        return nullcontext() if self._counters is None else self._counters.exporting()
 
     def _epoch_finished(self, iterator: _EpochIterator) -> None:
         if self._current is iterator:

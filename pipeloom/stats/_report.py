@@ -106,7 +106,9 @@ class LoaderStats:
         headspace_step_s: the mean step time over replayed cached outputs,
             when a :class:`pipeloom.stats.Headspace` measured it.
         processes: CPU time and peak memory per placement.
-        shared_memory_mib: shared memory resident in this process tree now.
+        shared_memory_mib: shared memory this process tree holds now.
+        sampler_cpu_s: CPU seconds the main process's sampling thread used
+            (what statistics cost, besides timing each ``next()``).
     """
 
     service: str
@@ -126,6 +128,7 @@ class LoaderStats:
     headspace_step_s: float | None = None
     processes: tuple[ProcessUse, ...] = ()
     shared_memory_mib: float = 0.0
+    sampler_cpu_s: float = 0.0
 
     @property
     def loader_bound(self) -> bool:
@@ -151,7 +154,7 @@ class LoaderStats:
             f"  outputs {self.outputs} in {self.elapsed_s:.2f} s: {self.outputs_per_s:.1f}/s; "
             f"first output after {first}",
             f"  consumer waited {self.wait_s:.2f} s, stepped {self.step_s:.2f} s; "
-            f"readiness {ready}; {self.samples} samples",
+            f"readiness {ready}; {self.samples} samples ({self.sampler_cpu_s:.2f} CPU s)",
             f"  {'stage':<32} {'placement':<20} {'wait share':>10} {'busy s':>8} "
             f"{'waiting s':>9} {'capacity/s':>10}",
         ]

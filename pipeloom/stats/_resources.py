@@ -16,34 +16,33 @@ def own_usage() -> tuple[float, float]:
 
 
 def shared_memory_in_use() -> int:
-    """Resident bytes of shared memory (``/dev/shm``, memfd) this process tree maps (Linux).
+    """Bytes of shared memory (``/dev/shm`` files, memfds) this process tree holds open (Linux).
 
-    Each segment counts once (its largest resident size in any process); 0 without ``/proc``.
+    Counted from the open file descriptors: each segment once, by the blocks
+    allocated to it (memory of a segment is allocated as it is touched). 0
+    without ``/proc``.
 
     Example:
         >>> shared_memory_in_use() >= 0
         True
     """
     pids: list[int] = [os.getpid()]
-    resident: dict[str, int] = {}
+    allocated: dict[tuple[int, int], int] = {}
     while pids:
         pid = pids.pop()
         try:
-            segment = None
-            with open(f"/proc/{pid}/smaps") as smaps:
-                for line in smaps:
-                    if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
-                        fields = line.split()
-                        shared = len(fields) > 5 and (
-                            fields[5].startswith("/dev/shm/") or fields[5].startswith("/memfd:")
-                        )
-                        segment = fields[4] if shared else None
-                    elif segment is not None and line.startswith("Rss:"):
-                        size = int(line.split()[1]) * 1024
-                        resident[segment] = max(resident.get(segment, 0), size)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                path = f"/proc/{pid}/fd/{fd}"
+                try:
+                    target = os.readlink(path)
+                    if target.startswith(("/memfd:", "/dev/shm/")):
+                        info = os.stat(path)
+                        allocated[(info.st_dev, info.st_ino)] = info.st_blocks * 512
+                except OSError:
+                    continue  # closed meanwhile
             for task in os.listdir(f"/proc/{pid}/task"):
                 with open(f"/proc/{pid}/task/{task}/children") as children:
                     pids.extend(int(c) for c in children.read().split())
         except (OSError, ValueError):
             continue  # a process that just exited, or no /proc
-    return sum(resident.values())
+    return sum(allocated.values())

@@ -161,6 +161,7 @@ class Sampler:
         self.counts: Counter[Key] = Counter()
         self.timeline: dict[int, Counter[Key]] = {}
         self.samples = 0
+        self.cpu_s = 0.0  # CPU seconds the sampling thread used
         self._lock = threading.Lock()
         self._codes = _BlockCodes()
         self._stop = threading.Event()
@@ -203,8 +204,10 @@ class Sampler:
         written = time.monotonic()
         stop = self._stop
         # A clock, not a poll: the wait ends a sampling period (or the sampler).
+        spent = self.cpu_s - time.thread_time()  # this thread's CPU time adds to cpu_s
         while not stop.wait(self.interval):
             self.sample_once(skip=me)
+            self.cpu_s = spent + time.thread_time()
             if self.report_dir is not None and time.monotonic() - written >= _WRITE_EVERY:
                 written = time.monotonic()
                 self.write_report()

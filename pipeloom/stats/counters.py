@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -26,7 +27,16 @@ from ._report import (
     verdict,
 )
 from ._resources import own_usage, shared_memory_in_use
-from ._sampler import ENV_DIR, WINDOW, Key, read_reports, register_boundary, report_target, sampler
+from ._sampler import (
+    ENV_DIR,
+    WINDOW,
+    Key,
+    Sampler,
+    read_reports,
+    register_boundary,
+    report_target,
+    sampler,
+)
 
 __all__ = ["LoaderCounters", "assemble"]
 
@@ -52,43 +62,55 @@ class LoaderCounters:
         self.last_output: float | None = None
         self.windows: dict[int, list[float]] = {}  # window -> [outputs, ready]
         self.headspace_step_s: float | None = None
-        self._sampler = sampler()
+        self.sampler = sampler()
         self._baseline: Counter[Key] = Counter()
         self._samples0 = 0
         self._started = time.time()
         self._dir: str | None = None
-        self._previous_env: str | None = None
         self._final: tuple[Counter[Key], dict[int, Counter[Key]], int] | None = None
         self._lock = threading.Lock()
         self._cpu0 = 0.0
+        self._sampler_cpu0 = 0.0
         self._processes: list[ProcessUse] = []
 
     # -- lifetime -----------------------------------------------------------------------
     def start(self) -> None:
-        """Start sampling; worker processes started from now on report to this loader."""
+        """Make the folder worker processes report to; the figures count from now."""
         self._dir = tempfile.mkdtemp(prefix="pipeloom-stats-")
-        self._previous_env = os.environ.get(ENV_DIR)
-        os.environ[ENV_DIR] = report_target(self._dir)
-        self._sampler.acquire()
-        self._baseline, _, self._samples0 = self._sampler.snapshot()
+        self._baseline, _, self._samples0 = self.sampler.snapshot()
         self._cpu0 = own_usage()[0]
+        self._sampler_cpu0 = self.sampler.cpu_s
+
+    @contextlib.contextmanager
+    def exporting(self) -> Iterator[None]:
+        """Worker processes started inside this block report to this loader.
+
+        (Through an environment variable, set only meanwhile: workers of other
+        loaders, started at other times, do not report here.)
+        """
+        if self._dir is None:
+            yield
+            return
+        previous = os.environ.get(ENV_DIR)
+        os.environ[ENV_DIR] = report_target(self._dir)
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop(ENV_DIR, None)
+            else:
+                os.environ[ENV_DIR] = previous
 
     def stop(self) -> None:
-        """Keep the figures as they are now, stop sampling (idempotent)."""
+        """Keep the figures as they are now (call after the workers stopped; idempotent)."""
         if self._dir is None:
             return
         self._final = self._samples()
-        self._sampler.release()
-        if os.environ.get(ENV_DIR) == report_target(self._dir):
-            if self._previous_env is None:
-                os.environ.pop(ENV_DIR, None)
-            else:
-                os.environ[ENV_DIR] = self._previous_env
         shutil.rmtree(self._dir, ignore_errors=True)
         self._dir = None
 
     def watch(self, items: Iterator[Any]) -> Iterator[Any]:
-        """``items``, each ``next()`` timed."""
+        """``items``, each ``next()`` timed; this process is sampled until they end."""
         return _Watched(items, self)
 
     # -- per output -------------------------------------------------------------------------
@@ -111,9 +133,9 @@ class LoaderCounters:
     def _samples(self) -> tuple[Counter[Key], dict[int, Counter[Key]], int]:
         if self._final is not None:
             return self._final
-        counts, timeline, samples = self._sampler.snapshot()
+        counts, timeline, samples = self.sampler.snapshot()
         counts.subtract(self._baseline)
-        start = self._sampler.started
+        start = self.sampler.started
         shift = int((self._started - start) // WINDOW)
         timeline = {w - shift: c for w, c in timeline.items() if w >= shift}
         cpu_s, peak = own_usage()
@@ -137,7 +159,7 @@ class LoaderCounters:
     ) -> LoaderStats:
         """The frozen record of what happened so far."""
         counts, timeline, samples = self._samples()
-        interval = self._sampler.interval
+        interval = self.sampler.interval
         elapsed = (
             0.0
             if self.first_call is None or self.last_output is None
@@ -174,30 +196,49 @@ class LoaderCounters:
             headspace_step_s=self.headspace_step_s,
             processes=tuple(self._processes),
             shared_memory_mib=shared_memory_in_use() / 2**20,
+            sampler_cpu_s=self.sampler.cpu_s - self._sampler_cpu0,
         )
 
 
 class _Watched(Iterator[Any]):
-    """An epoch's items with each ``next()`` timed (one per output, not per item)."""
+    """An epoch's items with each ``next()`` timed (one per output, not per item).
+
+    The process's sampler runs from the epoch's start until its end or close.
+    """
 
     def __init__(self, items: Iterator[Any], counters: LoaderCounters) -> None:
         self._items = items
         self._counters = counters
         self._returned: float | None = None
+        self._sampler: Sampler | None = counters.sampler
+        counters.sampler.acquire()
 
     def __next__(self) -> Any:
         blocked = blocked_waits()
         called = time.perf_counter()
-        item = next(self._items)
+        try:
+            item = next(self._items)
+        except BaseException:
+            self._release()
+            raise
         returned = time.perf_counter()
         self._counters.record(called, returned, blocked_waits() == blocked, self._returned)
         self._returned = returned
         return item
 
     def close(self) -> None:
+        self._release()
         close = getattr(self._items, "close", None)
         if close is not None:
             close()
+
+    def _release(self) -> None:
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.release()
+
+    def __del__(self) -> None:
+        self._release()
 
 
 register_boundary(_Watched.__next__, "loader")
