@@ -6,7 +6,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -66,9 +65,9 @@ class LoaderCounters:
         self._baseline: Counter[Key] = Counter()
         self._samples0 = 0
         self._started = time.time()
+        self._perf_started = time.perf_counter()  # the same moment, on the clock next() uses
         self._dir: str | None = None
         self._final: tuple[Counter[Key], dict[int, Counter[Key]], int] | None = None
-        self._lock = threading.Lock()
         self._cpu0 = 0.0
         self._sampler_cpu0 = 0.0
         self._processes: list[ProcessUse] = []
@@ -115,19 +114,25 @@ class LoaderCounters:
 
     # -- per output -------------------------------------------------------------------------
     def record(self, called: float, returned: float, ready: bool, previous: float | None) -> None:
-        with self._lock:
-            if self.first_call is None:
-                self.first_call = called
-                self.first_output_s = returned - called
-            elif previous is not None:
-                self.step_s += called - previous
-            self.outputs += 1
-            self.wait_s += returned - called
-            self.ready += ready
-            self.last_output = returned
-            window = self.windows.setdefault(int((time.time() - self._started) // WINDOW), [0, 0])
-            window[0] += 1
-            window[1] += ready
+        """One output: ``next()`` ran from ``called`` to ``returned`` (``perf_counter``).
+
+        Called by the consumer's thread only; no lock (a ``stats()`` from another
+        thread may see one output half counted).
+        """
+        if self.first_call is None:
+            self.first_call = called
+            self.first_output_s = returned - called
+        elif previous is not None:
+            self.step_s += called - previous
+        self.outputs += 1
+        self.wait_s += returned - called
+        self.ready += ready
+        self.last_output = returned
+        window = self.windows.get(index := int((returned - self._perf_started) // WINDOW))
+        if window is None:
+            window = self.windows[index] = [0, 0]
+        window[0] += 1
+        window[1] += ready
 
     # -- the record --------------------------------------------------------------------------
     def _samples(self) -> tuple[Counter[Key], dict[int, Counter[Key]], int]:
