@@ -42,6 +42,8 @@ def write_timeline(stats: LoaderStats, path: str) -> str:
         )
         ready.set_ylim(0, 105)
         ready.set_ylabel("next() ready (%)")
+        ready.legend(loc="lower right", fontsize=7)
+    top.legend(loc="lower left", fontsize=7)
     title = textwrap.fill(f"{stats.service}, {stats.workers} worker(s): {stats.verdict}", 110)
     top.set_title(title, fontsize=7)
     names = [f"{s.stage} ({s.placement})" for s in stats.stages if s.busy_s > 0][:_TOP_STAGES]

@@ -249,6 +249,15 @@ def _advice(
         return "too few samples to say which stage"
     if top.placement.startswith("worker") or top.placement.endswith("workers"):
         cores = os.cpu_count() or 1
+        elapsed = wait_s + step_s
+        achieved = outputs / elapsed if elapsed > 0 else 0.0
+        if top.outputs_per_s is not None and achieved and top.outputs_per_s > 1.5 * achieved:
+            return (
+                f"its workers ran only part of the time (it could give "
+                f"{top.outputs_per_s:.0f} outputs/s, the loader gave {achieved:.0f}): the "
+                f"{cores} cores are busy with other work; fewer competing processes or a cheaper "
+                f"{top.stage} would help, more workers would not"
+            )
         if step_s < 0.05 * wait_s or outputs == 0:  # a consumer that does (almost) nothing
             workers_tip = f"more workers (this machine has {cores} cores)"
         else:  # workers deliver n / T_p per second; the consumer takes 1 / T_c

@@ -170,7 +170,9 @@ class LoaderCounters:
             if self.first_call is None or self.last_output is None
             else self.last_output - self.first_call
         )
-        stages = _stages(counts, interval, self.outputs)
+        replicas = {use.placement: use.processes for use in self._processes}
+        replicas["worker threads"] = max(workers, 1)
+        stages = _stages(counts, interval, self.outputs, replicas)
         readiness = None
         if service != "in-process" and self.outputs:
             readiness = self.ready / self.outputs
@@ -249,7 +251,9 @@ class _Watched(Iterator[Any]):
 register_boundary(_Watched.__next__, "loader")
 
 
-def _stages(counts: Counter[Key], interval: float, outputs: int) -> tuple[StageStats, ...]:
+def _stages(
+    counts: Counter[Key], interval: float, outputs: int, replicas: dict[str, int]
+) -> tuple[StageStats, ...]:
     """Per (placement, stage): busy and waiting time, and the share of the consumer's wait.
 
     The main thread's samples inside ``next(loader)`` are the wait: a block busy
@@ -295,7 +299,7 @@ def _stages(counts: Counter[Key], interval: float, outputs: int) -> tuple[StageS
             waiting_s=waiting[(placement, stage)] * interval,
             wait_share=share.get((placement, stage), 0.0),
             outputs_per_s=(
-                outputs / (busy[(placement, stage)] * interval)
+                outputs * replicas.get(placement, 1) / (busy[(placement, stage)] * interval)
                 if busy[(placement, stage)] and outputs
                 else None
             ),

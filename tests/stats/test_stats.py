@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 
 import pytest
@@ -158,3 +159,23 @@ def test_headspace_checks_its_arguments():
         with pytest.raises(ValueError, match="cache"):
             Headspace(loader, cache=0, replays=1)
         assert list(Headspace(loader, cache=5, replays=2)) == [0, 1, 2, 0, 1]
+
+
+def sampler_running() -> bool:
+    return any(t.name == "pipeloom-stats-sampler" for t in threading.enumerate())
+
+
+def test_the_sampler_runs_only_while_a_loader_with_statistics_reads_an_epoch():
+    pipe = IterableWrapper(range(4))
+    with pipeloom.DataLoader(pipe) as plain:
+        seen = [sampler_running() for _ in plain]
+    assert seen == [False] * 4
+    with pipeloom.DataLoader(pipe, stats=True) as counted:
+        seen = [sampler_running() for _ in counted]
+        assert not sampler_running()  # the epoch ended
+        items = iter(counted)
+        next(items)
+        assert sampler_running()
+    assert seen == [True] * 4
+    assert not sampler_running()  # shutdown closed the open epoch
+    assert counted.stats().outputs == 5
