@@ -50,7 +50,7 @@ INTERVAL = 0.005
 """Seconds between two samples."""
 WINDOW = 0.5
 """Seconds per bucket of the timeline."""
-_WRITE_EVERY = 0.25  # seconds between two reports of a worker process
+_WRITE_EVERY = 0.25  # seconds between two reports of a worker process (at least)
 
 Key = tuple[str, str, str]  # (placement, stage, kind)
 
@@ -175,9 +175,12 @@ class Sampler:
         with self._lock:
             self._users += 1
             if self._thread is None:
-                self._stop.clear()
+                self._stop = threading.Event()  # its own: a stopping sampler stays stopped
                 self._thread = threading.Thread(
-                    target=self._run, name="pipeloom-stats-sampler", daemon=True
+                    target=self._run,
+                    args=(self._stop,),
+                    name="pipeloom-stats-sampler",
+                    daemon=True,
                 )
                 self._thread.start()
 
@@ -199,16 +202,17 @@ class Sampler:
             return Counter(self.counts), timeline, self.samples
 
     # -- sampling -------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         me = threading.get_ident()
         written = time.monotonic()
-        stop = self._stop
         # A clock, not a poll: the wait ends a sampling period (or the sampler).
         spent = self.cpu_s - time.thread_time()  # this thread's CPU time adds to cpu_s
         while not stop.wait(self.interval):
             self.sample_once(skip=me)
             self.cpu_s = spent + time.thread_time()
-            if self.report_dir is not None and time.monotonic() - written >= _WRITE_EVERY:
+            # Every 0.25 s, less often as the report (the timeline) grows with the run.
+            every = max(_WRITE_EVERY, (time.time() - self.started) / 100)
+            if self.report_dir is not None and time.monotonic() - written >= every:
                 written = time.monotonic()
                 self.write_report()
         if self.report_dir is not None:

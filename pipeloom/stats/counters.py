@@ -367,6 +367,7 @@ def assemble(
         strategy = placement.strategy
         workers = max((p.copies for p in placement.parts if p.role != "main"), default=0)
     ranks: tuple[RankStats, ...] = ()
+    service = _distributed_in(service) or service
     if isinstance(service, DistributedReadingService) and service.world_size > 1:
         import torch.distributed as dist
 
@@ -377,3 +378,13 @@ def assemble(
         ranks = rank_stats(rows)
     counters.headspace_step_s = headspace_of(loader)
     return counters.build(service=strategy, workers=workers, ranks=ranks)
+
+
+def _distributed_in(service: ReadingService) -> DistributedReadingService | None:
+    """The ``DistributedReadingService`` of ``service`` (itself, or one it chains)."""
+    if isinstance(service, DistributedReadingService):
+        return service
+    for inner in getattr(service, "services", ()):  # SequentialReadingService
+        if isinstance(inner, DistributedReadingService):
+            return inner
+    return None
