@@ -27,7 +27,18 @@ import threading
 import weakref
 from typing import Protocol, runtime_checkable
 
-__all__ = ["FdReadiness", "ReadinessSource", "Signal", "Waiter"]
+__all__ = ["FdReadiness", "ReadinessSource", "Signal", "Waiter", "blocked_waits"]
+
+_BLOCKED = threading.local()  # per thread: waits that found nothing new (statistics)
+
+
+def blocked_waits() -> int:
+    """How many times the calling thread called ``Waiter.wait`` with nothing new yet.
+
+    A loader collecting statistics compares it around ``next()``: unchanged
+    means the output was ready. One increment per blocking wait, none per item.
+    """
+    return getattr(_BLOCKED, "count", 0)
 
 
 class Waiter:
@@ -66,6 +77,8 @@ class Waiter:
         Returns False only when ``timeout`` (seconds) expired first. A wake-up
         means "try again", never "an item is there": callers loop.
         """
+        if self._generation == seen_generation:
+            _BLOCKED.count = getattr(_BLOCKED, "count", 0) + 1
         if not self._fd_refs:
             with self._cond:
                 return self._cond.wait_for(lambda: self._generation != seen_generation, timeout)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -24,11 +25,14 @@ from .datapipes.runtime import check_declared_inputs
 from .errors import StateError
 from .graph import Placement
 from .reading_service import InProcessReadingService, ReadingService
+from .stats import LoaderStats
+from .stats.counters import LoaderCounters, assemble
 
 __all__ = ["DataLoader"]
 
 _STATE_VERSION = 2  # 2: a fingerprint of the pipeline and the count of delivered items
 _UNCHECKED_VERSION = 1  # states from before fingerprints: loaded with a warning
+STATS_BY_DEFAULT = False  # see docs/performance.md, "Where the time goes": the measured cost
 
 
 class DataLoader(ShutsDown):
@@ -45,6 +49,8 @@ class DataLoader(ShutsDown):
             raises naming it; with True it records instead how many items of
             the epoch were delivered, and a resumed loader re-reads and drops
             them (exact, but as slow as reading them again).
+        stats: collect statistics for :meth:`stats` (a sampling thread, and
+            each ``next()`` timed). ``None``: ``STATS_BY_DEFAULT`` (off).
 
     Each ``iter(loader)`` is a new epoch (0, 1, 2, ...); ``set_epoch(n)`` picks
     the next one. With the same seed and epoch the items and their order are
@@ -70,6 +76,7 @@ class DataLoader(ShutsDown):
         *,
         seed: int | None = None,
         resume_by_replay: bool = False,
+        stats: bool | None = None,
     ) -> None:
         pipeline = as_datapipe(datapipe)
         if isinstance(pipeline, MapDataPipe):
@@ -106,6 +113,8 @@ class DataLoader(ShutsDown):
         self._steps = StepGate()
         self._final_state: dict[str, Any] | None = None  # taken by shutdown() mid-epoch
         self._final_error: StateError | None = None  # why shutdown() could not take it
+        collect = STATS_BY_DEFAULT if stats is None else check_bool("stats", stats)
+        self._counters = LoaderCounters() if collect else None
 
     # -- iteration -----------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -125,10 +134,13 @@ class DataLoader(ShutsDown):
             if resume is not None and resume["kind"] == "replay":
                 replayed, delivered, resume = delivered, 0, None
             try:
-                items = self.reading_service.start_epoch(epoch, resume)
+                with self._exporting_stats():
+                    items = self.reading_service.start_epoch(epoch, resume)
             except BaseException:
                 self._next_epoch = epoch  # a retry starts this epoch afresh
                 raise
+            if self._counters is not None:
+                items = self._counters.watch(items)
             self._current = _EpochIterator(self, epoch, items, self._steps, delivered)
             for _ in range(replayed):  # re-read and drop what was delivered before
                 next(self._current, None)
@@ -151,6 +163,20 @@ class DataLoader(ShutsDown):
         """Which block runs where; ``print()`` it or call ``.to_dot()``."""
         self._ensure_initialized()
         return self.reading_service.placement()
+
+    def stats(self) -> LoaderStats:
+        """Where the time went so far: throughput, wait per stage, readiness, a verdict.
+
+        Needs ``DataLoader(..., stats=True)``; see ``pipeloom.stats``. Under a
+        ``DistributedReadingService`` every rank must call it (it gathers each
+        rank's figures and flags the straggler).
+        """
+        if self._counters is None:
+            raise RuntimeError(
+                "this DataLoader collects no statistics; create it with "
+                "DataLoader(..., stats=True) to call stats()"
+            )
+        return assemble(self._counters, self.reading_service, self.placement(), self)
 
     # -- checkpoints ------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -304,11 +330,20 @@ class DataLoader(ShutsDown):
         if current is not None:
             current.invalidate(close_items)
         self.reading_service.shutdown()
+        if self._counters is not None:
+            self._counters.stop()
 
     def _ensure_initialized(self) -> None:
         if not self._initialized:
-            self.reading_service.initialize(self.datapipe)
+            if self._counters is not None:  # before workers start: they report to it
+                self._counters.start()
+            with self._exporting_stats():
+                self.reading_service.initialize(self.datapipe)
             self._initialized = True
+
+    def _exporting_stats(self) -> AbstractContextManager[None]:
+        """Worker processes started meanwhile report their statistics (with stats on)."""
+        return nullcontext() if self._counters is None else self._counters.exporting()
 
     def _epoch_finished(self, iterator: _EpochIterator) -> None:
         if self._current is iterator:

@@ -1,0 +1,135 @@
+"""``python -m pipeloom profile module:function``: run a pipeline, show where the time goes."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..loader import DataLoader
+from ..reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ReadingService,
+    ThreadReadingService,
+)
+from ..stats import LoaderStats
+from ._plots import write_placement_graph, write_timeline
+from ._progress import Progress
+
+__all__ = ["load_target", "make_loader", "profile", "items_in"]
+
+STRATEGIES = ("in-process", "threads", "classic", "economic", "chunked")
+
+
+def load_target(spec: str) -> Callable[[], Any]:
+    """``"package.module:function"`` -> the function (the current directory is importable)."""
+    module_name, sep, function_name = spec.partition(":")
+    if not sep or not module_name or not function_name:
+        raise ValueError(
+            f"expected module:function (e.g. my_project.data:build_pipeline), got {spec!r}"
+        )
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ValueError(
+            f"{module_name} has no function {function_name!r}; it should return a pipeline "
+            f"or a DataLoader"
+        )
+    return function
+
+
+def service_for(strategy: str | None, workers: int | None) -> ReadingService:
+    """The reading service the command-line options name."""
+    if strategy is None:
+        strategy = "classic" if workers else "in-process"
+    if strategy == "in-process":
+        if workers:
+            raise ValueError("--workers needs a strategy other than in-process")
+        return InProcessReadingService()
+    count = workers or 2
+    if strategy == "threads":
+        return ThreadReadingService(count)
+    return MultiProcessingReadingService(count, strategy=strategy)
+
+
+def make_loader(made: Any, strategy: str | None, workers: int | None) -> DataLoader:
+    """A loader collecting statistics, from what the user's function returned."""
+    if isinstance(made, DataLoader):
+        if strategy is not None or workers is not None:
+            raise ValueError(
+                "the function returned a DataLoader, which has its reading service already; "
+                "--workers and --strategy apply to a function that returns a pipeline"
+            )
+        # A new loader on the same pipeline, service and seed, with statistics on.
+        return DataLoader(made.datapipe, made.reading_service, seed=made.seed, stats=True)
+    return DataLoader(made, service_for(strategy, workers), stats=True)
+
+
+def items_in(output: Any) -> int:
+    """How many items an output holds: a batch's length, else 1."""
+    try:
+        return len(output)
+    except TypeError:
+        return 1
+
+
+def run(
+    loader: DataLoader,
+    *,
+    batches: int | None,
+    label: str,
+    use_tqdm: bool = True,
+) -> LoaderStats:
+    """Iterate ``loader`` (up to ``batches`` outputs), with a progress line; its statistics."""
+    refreshed = 0.0
+    readiness: float | None = None
+    with Progress(label, total=batches, use_tqdm=use_tqdm) as progress:
+        for count, output in enumerate(loader, 1):
+            now = time.perf_counter()
+            if now - refreshed >= 0.5:
+                refreshed = now
+                readiness = loader.stats().readiness
+            progress.update(items=items_in(output), readiness=readiness)
+            if batches is not None and count >= batches:
+                break
+    return loader.stats()
+
+
+def profile(
+    spec: str,
+    *,
+    workers: int | None,
+    strategy: str | None,
+    batches: int | None,
+    out: str,
+    auto: bool,
+) -> int:
+    """The ``profile`` command; returns the exit status."""
+    if auto:
+        print(
+            "autotune is not available yet (issue #18 part 2); running with the configuration "
+            "given",
+            file=sys.stderr,
+        )
+    made = load_target(spec)()
+    with make_loader(made, strategy, workers) as loader:
+        placement = loader.placement()
+        print(placement)
+        stats = run(loader, batches=batches, label="profile")
+    print(stats)
+    os.makedirs(out, exist_ok=True)
+    report = {"target": spec, "placement": str(placement), "stats": stats.to_dict()}
+    report_path = os.path.join(out, "report.json")
+    with open(report_path, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"report: {report_path}")
+    print(write_timeline(stats, os.path.join(out, "timeline.png")))
+    print(write_placement_graph(placement, os.path.join(out, "placement")))
+    return 0
