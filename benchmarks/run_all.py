@@ -40,6 +40,7 @@ BENCHMARKS = [
     "bench_packing",
     "bench_cache",
     "bench_startup",
+    "bench_ray",
 ]
 MARKDOWN_ENV = "PIPELOOM_BENCH_MARKDOWN"  # read by _common.print_table and _common.note
 
