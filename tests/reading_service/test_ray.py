@@ -122,11 +122,16 @@ def test_tar_shards_and_whole_batches_built_in_the_actors(tmp_path):
             .batch(3)
         )
 
-    expected = in_process(pipe)
+    expected = in_process(pipe, count=3)
     assert sum(len(batch) for batch in expected[0]) == 20
     with DataLoader(pipe(), service(2), seed=0) as loader:
-        assert [list(loader) for _ in range(2)] == expected
+        assert next(iter(loader)) == expected[0][0]  # epoch 0 abandoned after one batch
+        assert [list(loader) for _ in range(2)] == expected[1:]
         assert loader.placement().strategy == "ray"
+    with DataLoader(pipe(), service(2, in_order=False), seed=0) as loader:
+        unordered = list(loader)
+    names = sorted(name for batch in unordered for name in batch)  # batched in arrival order
+    assert names == sorted(name for batch in expected[0] for name in batch)
 
 
 def test_seeds_worker_info_lazy_init_and_worker_init_fn_as_in_processes():
