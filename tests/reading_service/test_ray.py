@@ -74,7 +74,7 @@ def in_process(pipe_factory, count=2, seed=0):
 # -- the output ---------------------------------------------------------------------
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recipe=recipes, actors=st.integers(1, 3), seed=st.integers(0, 2**20))
 def test_random_pipelines_give_the_in_process_output(recipe, actors, seed):
     assert epochs(lambda: build(recipe), service(actors), seed=seed) == in_process(
@@ -183,7 +183,7 @@ def test_an_actor_killed_mid_epoch_is_restarted_and_replays_exactly(tmp_path):
     assert marker.exists()  # an actor was killed
 
 
-def test_an_actor_killed_from_outside_is_replaced_without_a_gap():
+def test_an_actor_killed_from_outside_is_replaced_and_shutdown_leaves_no_actor():
     def pipe():
         return IterableWrapper(range(300)).sharding_filter().map(ray_pipelines.with_pid).batch(5)
 
@@ -194,7 +194,16 @@ def test_an_actor_killed_from_outside_is_replaced_without_a_gap():
         os.kill(head[1][0][1], 9)  # the actor that built batch 1
         rest = list(iterator)
     assert [[x for x, _ in batch] for batch in head + rest] == expected
-    assert len({pid for batch in rest[-4:] for _, pid in batch}) == 2
+    pids = {pid for batch in head + rest for _, pid in batch}
+    assert len(pids) == 3 and os.getpid() not in pids  # two actors, one restarted
+    processes = []
+    for pid in pids:
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass  # already gone
+    _, alive = psutil.wait_procs(processes, timeout=30)
+    assert alive == []  # shutdown() ended every actor process
 
 
 def test_exhausted_restarts_raise_a_worker_error_naming_actor_node_and_cause():
@@ -211,17 +220,6 @@ def test_exhausted_restarts_raise_a_worker_error_naming_actor_node_and_cause():
     assert message.startswith("ray actor 1 (actor ")
     assert "node " in message and "max_restarts" in message and "Cause (" in message
     assert time.monotonic() - started < 100  # raised, not hung until the test's timeout
-
-
-def test_shutdown_leaves_no_actor_process_running():
-    pipe = IterableWrapper(range(100)).sharding_filter().map(ray_pipelines.with_pid)
-    loader = DataLoader(pipe, service(2), seed=0)
-    iterator = iter(loader)
-    pids = {next(iterator)[1] for _ in range(10)}
-    assert len(pids) == 2 and os.getpid() not in pids
-    loader.shutdown()
-    _, alive = psutil.wait_procs([psutil.Process(pid) for pid in pids], timeout=30)
-    assert alive == []
 
 
 def test_a_slow_consumer_keeps_each_actor_bounded(tmp_path):
@@ -254,7 +252,7 @@ def test_a_checkpoint_resumes_exactly_under_ray_and_moves_to_processes_and_back(
         head = [next(iterator) for _ in range(3)]
         saved = pickle.loads(pickle.dumps(loader.state_dict()))
     expected = epochs(pipe, None, count=1, seed=1)[0]
-    with DataLoader(pipe(), service(3), seed=1) as loader:
+    with DataLoader(pipe(), service(2), seed=1) as loader:
         loader.load_state_dict(saved)
         iterator = iter(loader)
         middle = [next(iterator) for _ in range(2)]
