@@ -9,9 +9,10 @@ import pytest
 
 HIDE_RAY = """
 import sys
-sys.modules["ray"] = None  # import ray raises ImportError, as when it is not installed
 import pipeloom
 from pipeloom.reading_service import RayReadingService
+assert "ray" not in sys.modules, "import pipeloom must not import Ray (a second per worker)"
+sys.modules["ray"] = None  # import ray raises ImportError, as when it is not installed
 try:
     RayReadingService(2)
 except ImportError as error:
@@ -22,7 +23,7 @@ else:
 
 
 @pytest.mark.timeout(120)
-def test_without_ray_the_service_raises_import_error_naming_the_extra():
+def test_pipeloom_imports_without_ray_and_the_service_names_the_extra():
     result = subprocess.run(
         [sys.executable, "-c", HIDE_RAY], capture_output=True, text=True, timeout=110
     )

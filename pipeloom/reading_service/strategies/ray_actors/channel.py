@@ -26,7 +26,7 @@ from ....events import ReadinessSource
 from ....queues import ThreadQueue
 from ...workers.failure import Failure
 from ...workers.messages import END
-from .handle import ActorHandle, ray
+from .handle import ActorHandle, require_ray
 
 __all__ = ["ActorChannel", "Replay"]
 
@@ -110,7 +110,7 @@ class ActorChannel:
             self._cancelled = True
             call, self._call = self._call, None
         if call is not None:
-            ray.cancel(call)
+            require_ray().cancel(call)
         self.queue.close()
         self.join()
 
@@ -120,6 +120,7 @@ class ActorChannel:
 
     # -- the reader thread -------------------------------------------------------------
     def _read(self) -> None:
+        ray = require_ray()
         try:
             call = self._submit()
             while call is not None:

@@ -1,7 +1,7 @@
 """Ray itself, as the Ray strategy sees it: the import, the cluster, one actor's handle.
 
-Ray is optional (``pipeloom[ray]``): this module imports without it, and
-:func:`require_ray` is what the service calls first. :class:`Cluster`
+Ray is optional (``pipeloom[ray]``): nothing imports it before
+:func:`require_ray`, which the service calls first. :class:`Cluster`
 connects to a running cluster (or starts a local one) and, when it started
 it, stops it again. :class:`ActorHandle` is one actor as the pool and its
 channel see it: its label (actor, pid, node), its epoch call, its restarts.
@@ -13,27 +13,25 @@ from typing import Any
 
 from ....errors import WorkerError
 
-ray: Any  # the module, or None without it (typed loosely: it is optional)
-try:
-    import ray as _ray
-    import ray.exceptions  # noqa: F401 - ray.exceptions.* below
-
-    ray = _ray
-except ImportError:  # the service refuses to start without it (require_ray)
-    ray = None
-
-__all__ = ["ActorHandle", "Cluster", "ray", "require_ray"]
+__all__ = ["ActorHandle", "Cluster", "require_ray"]
 
 EXTRA = "pipeloom[ray]"
 
 
 def require_ray(what: str = "RayReadingService") -> Any:
-    """The ``ray`` module, or ImportError naming the extra that installs it."""
-    if ray is None:
+    """The ``ray`` module, imported on first use; ImportError naming the extra without it.
+
+    Importing Ray takes a second: ``import pipeloom`` (in every worker process
+    too) must not pay for it, so nothing imports Ray before a Ray service runs.
+    """
+    try:
+        import ray
+        import ray.exceptions  # noqa: F401 - ray.exceptions.* is used by the callers
+    except ImportError as error:
         raise ImportError(
             f"{what} needs Ray, which is not installed; install the extra with "
-            f"pip install '{EXTRA}' (or pip install 'ray>=2.60')"
-        )
+            f"pip install '{EXTRA}' (or pip install 'ray==2.60.*')"
+        ) from error
     return ray
 
 
@@ -51,6 +49,7 @@ class Cluster:
         self.owned = False
 
     def connect(self) -> None:
+        ray = require_ray()
         if not ray.is_initialized():
             ray.init(address=self.address, include_dashboard=False, configure_logging=False)
             self.owned = True
@@ -59,7 +58,7 @@ class Cluster:
         """Stop the cluster if this object started it; idempotent."""
         if self.owned:
             self.owned = False
-            ray.shutdown()
+            require_ray().shutdown()
 
 
 class ActorHandle:
@@ -114,6 +113,7 @@ class ActorHandle:
             WorkerError: when ``max_restarts`` restarts are spent, or the actor
                 did not run again within ``start_timeout`` seconds.
         """
+        ray = require_ray()
         spent = (
             f"and its {self.max_restarts} restarts (max_restarts) are spent; raise "
             f"max_restarts, or read the actor's log (ray logs) for why it dies"
@@ -148,6 +148,6 @@ class ActorHandle:
     def kill(self) -> None:
         """End the actor for good (no restart); idempotent."""
         try:
-            ray.kill(self.handle, no_restart=True)
+            require_ray().kill(self.handle, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone, or Ray is shut down
             pass

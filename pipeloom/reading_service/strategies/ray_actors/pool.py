@@ -21,7 +21,7 @@ from ...workers.process import Payload
 from ..classic.merge import WorkerChannel
 from .actor import EpochActor, Shard
 from .channel import ActorChannel, Replay
-from .handle import ActorHandle, Cluster, ray
+from .handle import ActorHandle, Cluster, require_ray
 
 __all__ = ["RUN_LENGTH", "ActorOptions", "RayPool"]
 
@@ -138,6 +138,7 @@ class RayPool:
 
     def _start_actors(self) -> list[ActorHandle]:
         self.cluster.connect()
+        ray = require_ray()
         remote = ray.remote(
             num_cpus=self.options.num_cpus,
             max_restarts=self.options.max_restarts,
@@ -171,6 +172,7 @@ class RayPool:
 
     def _locate(self, actors: list[ActorHandle]) -> None:
         """Wait (at most ``start_timeout``) for every actor to run; learn where it runs."""
+        ray = require_ray()
         calls = {actor.locate(): actor for actor in actors}
         ready, pending = ray.wait(
             list(calls), num_returns=len(calls), timeout=self.options.start_timeout
