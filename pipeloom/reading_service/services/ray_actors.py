@@ -30,13 +30,15 @@ class RayReadingService(PlannedService):
     output for any ``num_actors``, and a checkpoint taken under Ray resumes
     under processes or threads and back.
 
-    Each epoch is one streaming call per actor that yields runs of outputs
+    The actors start at the first epoch and live until ``shutdown()``. Each
+    epoch is one streaming call per actor that yields runs of outputs
     (whole batches one per object), at most ``prefetch_factor`` of them waiting
     in the object store; NumPy arrays come back as zero-copy, read-only views
     of the object store when the actor runs on the same node. An actor that
     dies is restarted by Ray (``max_restarts`` times) and replays its epoch from
     the last output the main process received: nothing is lost or repeated.
-    Then a ``WorkerError`` names the actor, its node and the cause.
+    Once the restarts are spent, a ``WorkerError`` names the actor, its node and
+    the cause.
 
     Args:
         num_actors: actors; 0 runs everything in the calling thread.

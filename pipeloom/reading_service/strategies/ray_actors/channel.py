@@ -121,6 +121,7 @@ class ActorChannel:
     # -- the reader thread -------------------------------------------------------------
     def _read(self) -> None:
         ray = require_ray()
+        lost = _lost_errors(ray)
         try:
             call = self._submit()
             while call is not None:
@@ -130,8 +131,8 @@ class ActorChannel:
                     return
                 except ray.exceptions.TaskCancelledError:
                     return
-                except ray.exceptions.RayActorError as error:
-                    call = self._restart(error)
+                except lost as error:
+                    call = self._restart(call, error)
                     continue
                 for message in run:
                     if message is not END and not isinstance(message, Failure):
@@ -153,10 +154,11 @@ class ActorChannel:
             )
             return self._call
 
-    def _restart(self, error: BaseException) -> Any:
+    def _restart(self, call: Any, error: BaseException) -> Any:
         """The call again on the restarted actor, or raise once the restarts are spent."""
         if self._cancelled:
             return None
+        require_ray().cancel(call)  # still running if only its objects were lost
         if not self.replay.replayable:
             raise self.actor.lost(
                 error, "and its outputs carry no source position, so the epoch cannot be replayed"
@@ -169,6 +171,11 @@ class ActorChannel:
             self.queue.put(error)
         except QueueError:
             pass
+
+
+def _lost_errors(ray: Any) -> tuple[type[BaseException], ...]:
+    """What ends a call when its actor or its node dies (objects in flight lost with it)."""
+    return (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
 
 
 def _as_worker_error(error: Exception, label: str) -> Exception:
