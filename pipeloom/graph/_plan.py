@@ -85,8 +85,8 @@ class Plan(Placement):
     """Every placement decision a reading service made for one pipeline.
 
     Attributes:
-        strategy: ``"in-process"``, ``"threads"``, ``"classic"``, ``"economic"``
-            or ``"chunked"``.
+        strategy: ``"in-process"``, ``"threads"``, ``"classic"``, ``"ray"``,
+            ``"economic"`` or ``"chunked"``.
         parts: the parts of the pipeline, the main part first.
         sharding_point: the block where the work is split (None when nothing is).
         group_size: runs of consecutive positions that go to the same worker

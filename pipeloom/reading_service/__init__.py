@@ -9,7 +9,8 @@ internals, grouped by role:
   blocks' traits (``cut.py``, ``planner.py``, ``sharding.py``).
 * ``strategies/``: one runner per strategy behind one interface
   (``runner.py``): ``in_process.py``, ``classic/``, ``economic.py``,
-  ``chunked.py`` (the last two share ``dispatch/``).
+  ``chunked.py`` (the last two share ``dispatch/``), ``ray_actors/`` (classic
+  workers as Ray actors, ``pipeloom[ray]``).
 * ``workers/``: worker processes (``process.py``: start, watch, stop) and
   threads (``thread.py``), one epoch of a replica (``epoch.py``), the
   messages between them and the main process (``messages.py``).
@@ -27,6 +28,7 @@ from .services.base import ReadingService
 from .services.distributed import DistributedReadingService
 from .services.in_process import InProcessReadingService
 from .services.processes import MultiProcessingReadingService
+from .services.ray_actors import RayReadingService
 from .services.sequential import SequentialReadingService
 from .services.threads import ThreadReadingService
 from .workers.info import WorkerInfo, get_worker_info
@@ -35,6 +37,7 @@ __all__ = [
     "DistributedReadingService",
     "InProcessReadingService",
     "MultiProcessingReadingService",
+    "RayReadingService",
     "ReadingService",
     "SequentialReadingService",
     "ThreadReadingService",

@@ -35,6 +35,13 @@ keeps is bounded by the items in flight, which the main process bounds by
 ``prefetch_factor``.
 """
 _OUTPUTS = "(position, draws, item)"
+# Strategies whose workers replicate the part up to the sharding point:
+# strategy -> (main location, workers' location, what carries their outputs).
+_REPLICAS = {
+    "threads": ("main thread", "worker threads", "ThreadQueue"),
+    "classic": ("main process", "worker processes", "ProcessQueue"),
+    "ray": ("main process", "ray actors", "ObjectRefGenerator"),
+}
 
 
 @dataclass(frozen=True)
@@ -42,8 +49,8 @@ class Settings:
     """What a service asks of the planner.
 
     Attributes:
-        strategy: ``"in-process"``, ``"threads"``, ``"classic"``, ``"economic"``
-            or ``"chunked"``.
+        strategy: ``"in-process"``, ``"threads"``, ``"classic"``, ``"ray"``,
+            ``"economic"`` or ``"chunked"``.
         workers: worker threads or (item) worker processes.
         batch_workers: batch worker processes (economic).
         prefetch: outputs per worker (threads, classic), batches in flight
@@ -70,7 +77,7 @@ def make_plan(pipeline: IterDataPipe, settings: Settings) -> Plan:
     """
     if settings.strategy == "in-process":
         return _plan_in_process(pipeline, settings)
-    if settings.strategy in ("threads", "classic"):
+    if settings.strategy in _REPLICAS:
         return _plan_replicas(pipeline, settings)
     return _plan_dispatch(pipeline, settings)
 
@@ -103,15 +110,13 @@ def _plan_in_process(pipeline: IterDataPipe, settings: Settings) -> Plan:
 
 
 def _plan_replicas(pipeline: IterDataPipe, settings: Settings) -> Plan:
-    """Threads and classic: every worker replicates the part up to the sharding point."""
-    threads = settings.strategy == "threads"
-    main_location = "main thread" if threads else "main process"
-    workers_location = f"worker {'threads' if threads else 'processes'} x{settings.workers}"
+    """Threads, classic and Ray: every worker replicates the part up to the sharding point."""
+    main_location, workers_kind, queue_kind = _REPLICAS[settings.strategy]
+    workers_location = f"{workers_kind} x{settings.workers}"
     cut = cut_for_workers(pipeline)
     workers = Part("workers", workers_location, cut.worker_blocks, cut.exit, settings.workers)
     separate = _separate_parts(pipeline, (workers,), settings)
     main = _main_part(pipeline, main_location, (workers, *separate))
-    queue_kind = "ThreadQueue" if threads else "ProcessQueue"
     queues = [
         QueueLink(
             workers_location,

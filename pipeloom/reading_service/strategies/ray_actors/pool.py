@@ -1,0 +1,193 @@
+"""Classic workers as Ray actors: the pool the classic runner drives, one actor per worker.
+
+The Ray strategy is the classic strategy with actors for processes: the same
+plan (``planning/planner.py``, strategy ``"ray"``), the same runner and merge
+(``strategies/classic/``), the same epoch of a worker (``workers/epoch.py``).
+This pool starts the actors at the first epoch and keeps them until
+:meth:`RayPool.stop`; each epoch is one streaming call per actor, read by an
+:class:`~.channel.ActorChannel`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ....graph import Plan
+from ...planning.cut import single_output
+from ...planning.sharding import index_in_part
+from ...workers.process import Payload
+from ..classic.merge import WorkerChannel
+from .actor import EpochActor, Shard
+from .channel import ActorChannel, Replay
+from .handle import ActorHandle, Cluster, require_ray
+
+__all__ = ["RUN_LENGTH", "ActorOptions", "RayPool"]
+
+RUN_LENGTH = 64
+"""The most item outputs in one object of the stream (whole batches travel one per object)."""
+
+
+class ActorOptions:
+    """How the actors are started (the service's arguments).
+
+    Attributes:
+        num_cpus: CPUs Ray reserves for each actor (fractions allowed).
+        max_restarts: restarts of each actor before its death ends the epoch.
+        start_timeout: seconds an actor may take to run (again).
+        worker_init_fn: called as ``worker_init_fn(index)`` in each actor process.
+        ray_options: more ``ray.remote`` options for the actors (e.g. ``resources``).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_cpus: float,
+        max_restarts: int,
+        start_timeout: float,
+        worker_init_fn: Callable[[int], None] | None,
+        ray_options: dict[str, Any] | None,
+    ) -> None:
+        self.num_cpus = num_cpus
+        self.max_restarts = max_restarts
+        self.start_timeout = start_timeout
+        self.worker_init_fn = worker_init_fn
+        self.ray_options = dict(ray_options or {})
+
+
+class RayPool:
+    """``count`` Ray actors running the workers' part of a plan.
+
+    Args:
+        plan: the plan; its ``"workers"`` part is what each actor runs.
+        seed: the seed worker seeds derive from.
+        count: actors.
+        prefetch: runs each actor may hold in the object store ahead of the main process.
+        options: how the actors are started.
+        cluster: the cluster they run on (stopped at :meth:`stop` if started here).
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        seed: int,
+        count: int,
+        prefetch: int,
+        options: ActorOptions,
+        cluster: Cluster,
+    ) -> None:
+        workers = plan.part("workers")
+        point = plan.sharding_point
+        assert workers.exit is not None and point is not None
+        try:
+            self.payload = Payload(workers.exit, multiprocessing.get_context("spawn"))
+        except TypeError as error:
+            raise TypeError(
+                f"RayReadingService cannot send the pipeline to its actors: {error}"
+            ) from None
+        self.shard = Shard(
+            point_index=index_in_part(workers.exit, point),
+            count=count,
+            group_size=plan.group_size,
+            outer=plan.outer,
+        )
+        self.group_size = plan.group_size
+        self.single_output = single_output(workers.exit, point, plan.group_size)
+        self.run_length = 1 if plan.group_size > 1 else RUN_LENGTH
+        self.seed = seed
+        self.count = count
+        self.prefetch = prefetch
+        self.options = options
+        self.cluster = cluster
+        self.actors: list[ActorHandle] = []
+        self._channels: list[ActorChannel] = []
+
+    def start_epoch(self, epoch: int, resume: int | None) -> Sequence[WorkerChannel]:
+        if not self.actors:
+            self.actors = self._start_actors()
+        self._channels = [
+            ActorChannel(
+                actor,
+                epoch=epoch,
+                replay=Replay(
+                    resume=resume, group_size=self.group_size, single_output=self.single_output
+                ),
+                prefetch=self.prefetch,
+            )
+            for actor in self.actors
+        ]
+        return self._channels
+
+    def finish_epoch(self, *, abandoned: bool) -> None:
+        channels, self._channels = self._channels, []
+        for channel in channels:
+            if abandoned:
+                channel.cancel()
+            else:
+                channel.join()
+
+    def stop(self) -> None:
+        """Cancel the epoch, end every actor, release the cluster; idempotent."""
+        self.finish_epoch(abandoned=True)
+        actors, self.actors = self.actors, []
+        for actor in actors:
+            actor.kill()
+        self.cluster.release()
+
+    def _start_actors(self) -> list[ActorHandle]:
+        self.cluster.connect()
+        ray = require_ray()
+        remote = ray.remote(
+            num_cpus=self.options.num_cpus,
+            max_restarts=self.options.max_restarts,
+            max_task_retries=0,  # the channel replays the epoch itself, from where it stopped
+            concurrency_groups={"control": 1},  # where() answers beside a running epoch
+            **self.options.ray_options,
+        )(EpochActor)
+        actors = [
+            ActorHandle(
+                remote.remote(
+                    self.payload,  # by value: Ray keeps a restartable actor's arguments
+                    self.shard,
+                    index,
+                    self.seed,
+                    self.run_length,
+                    self.options.worker_init_fn,
+                ),
+                index,
+                max_restarts=self.options.max_restarts,
+                start_timeout=self.options.start_timeout,
+            )
+            for index in range(self.count)
+        ]
+        try:
+            self._locate(actors)
+        except BaseException:
+            for actor in actors:
+                actor.kill()
+            raise
+        return actors
+
+    def _locate(self, actors: list[ActorHandle]) -> None:
+        """Wait (at most ``start_timeout``) for every actor to run; learn where it runs."""
+        ray = require_ray()
+        calls = {actor.locate(): actor for actor in actors}
+        ready, pending = ray.wait(
+            list(calls), num_returns=len(calls), timeout=self.options.start_timeout
+        )
+        for call in ready:
+            actor = calls[call]
+            try:
+                actor.where = ray.get(call)
+            except ray.exceptions.RayActorError as error:
+                raise actor.lost(error, "while starting (its constructor failed)") from error
+        if pending:
+            free = ray.available_resources().get("CPU", 0)
+            raise TimeoutError(
+                f"{len(pending)} of {len(actors)} Ray actors did not start within "
+                f"start_timeout={self.options.start_timeout} s; each asks for "
+                f"num_cpus_per_actor={self.options.num_cpus} CPUs and the cluster has {free} "
+                f"free: lower num_actors or num_cpus_per_actor, or add nodes"
+            )

@@ -1,0 +1,73 @@
+"""Module-level functions for the Ray tests, importable by the actors."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+
+import pipeloom
+from pipeloom.datapipes import IterDataPipe, item_rng
+
+
+def kill_once(x, at, marker):
+    """SIGKILL the calling process at item ``at`` the first time only (``marker`` remembers)."""
+    if x == at and not os.path.exists(marker):
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def kill_always(x, at):
+    if x == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def with_pid(x):
+    return x, os.getpid()
+
+
+def counted(x, path):
+    """Append a line to ``path`` per item made (what a producer has made so far)."""
+    with open(path, "a") as f:
+        f.write("x\n")
+    return x
+
+
+def who(x):
+    info = pipeloom.get_worker_info()
+    return x, info.id, info.num_workers, int(np.random.randint(0, 2**31))
+
+
+def array_of(x):
+    return np.full((4, 4), x, dtype=np.float32) + np.float32(item_rng().random())
+
+
+def wide(x):
+    return [x, -x]
+
+
+def odd(x):
+    return x % 2 == 1
+
+
+class LazyPid(IterDataPipe):
+    """Yields ``(i, pid of the process where lazy_init ran)``."""
+
+    def __init__(self, n):
+        self.n = n
+        self.pid = None
+
+    def lazy_init(self):
+        self.pid = os.getpid()
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield i, self.pid
+
+
+def init_marks(worker_id):
+    assert pipeloom.get_worker_info().id == worker_id
