@@ -63,7 +63,7 @@ class Filter(IterDataPipe):
 
     def _run_stage(self) -> Stage:
         """In a fused run (``_runs.py``): the item, or ``DROP`` when the predicate is false."""
-        return Stage(self._keep_or_drop, None)
+        return Stage(self._keep_or_drop, None, drops=True)
 
     def _keep_or_drop(self, item: Any) -> Any:
         try:

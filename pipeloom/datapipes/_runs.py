@@ -74,11 +74,18 @@ class Stage:
     A stage with state reads it in :meth:`start` and writes it back in :meth:`finish`.
     """
 
-    __slots__ = ("apply", "note")
+    __slots__ = ("apply", "note", "drops")
 
-    def __init__(self, apply: Callable[[Any], Any], note: Callable[[Exception], None] | None):
+    def __init__(
+        self,
+        apply: Callable[[Any], Any],
+        note: Callable[[Exception], None] | None,
+        *,
+        drops: bool = False,
+    ):
         self.apply = apply
         self.note = note
+        self.drops = drops  # may return DROP
 
     def start(self) -> None:
         """Read the block's state before a run."""
@@ -277,6 +284,8 @@ class _Chain:
         self.fns = tuple(stage.apply for stage in stages)
         self.notes = tuple(stage.note for stage in stages)
         self.stateful = tuple(s for s in stages if type(s).start is not Stage.start)
+        self.drops = any(stage.drops for stage in stages)
+        self._last = 0  # the last position a run took
 
     def extend(self, out: list[Any], count: int) -> None:
         before = len(out)
@@ -302,41 +311,97 @@ class _Chain:
         if span is None:
             return False
         items, first, step = span
-        stamper = head.stamper
-        if stamper is not None:
-            seed, epoch = stamper.epoch_seed(), stamper._epoch_number()
-        item_state = _ITEM
-        fns, notes, append = self.fns, self.notes, out.append
         stateful = self.stateful
         for stage in stateful:
             stage.start()
-        last = first - step
+        self._last = first - step
+        took = False
         try:
-            for item in items:
-                last += step
-                if stamper is not None:
-                    item_state.stamp = (seed, epoch, last, 0)
-                k = 0
-                try:
-                    for fn in fns:
-                        item = fn(item)
-                        if item is DROP:
-                            break
-                        k += 1
-                    else:
-                        append(item)
-                except Exception as error:
-                    note = notes[k]
-                    if note is None:
-                        raise
-                    note(error)
-                    raise
+            if head.stamper is None:  # the head's block stamps its items
+                took = self._loop(items, out.append)
+            else:
+                self._stamped_loop(items, first, step, out.append)
+                took = self._last != first - step
         finally:
-            if last != first - step:
-                head.advance(last)
+            if self._last != first - step:
+                head.advance(self._last)
             for stage in stateful:
                 stage.finish()
-        return last != first - step
+        return took
+
+    def _stamped_loop(self, items: Iterable[Any], first: int, step: int, append: Any) -> None:
+        """Stamp each item, run it through the stages; ``_last``: the last position taken.
+
+        Three shapes of the same loop, the fastest one that fits the stages.
+        """
+        stamper = self.head.stamper
+        assert stamper is not None
+        seed, epoch = stamper.epoch_seed(), stamper._epoch_number()
+        stamps = _ITEM.__dict__  # this thread's: one dict store per item
+        fns, last, k = self.fns, first - step, 0
+        try:
+            if len(fns) == 1 and not self.drops:
+                fn = fns[0]
+                for item in items:
+                    last += step
+                    stamps["stamp"] = (seed, epoch, last, 0)
+                    try:
+                        append(fn(item))
+                    except Exception as error:
+                        self._note(0, error)
+            elif not self.drops:
+                for item in items:
+                    last += step
+                    stamps["stamp"] = (seed, epoch, last, 0)
+                    k = 0
+                    try:
+                        for fn in fns:
+                            item = fn(item)
+                            k += 1
+                    except Exception as error:
+                        self._note(k, error)
+                    append(item)
+            else:
+                for item in items:
+                    last += step
+                    stamps["stamp"] = (seed, epoch, last, 0)
+                    k = 0
+                    try:
+                        for fn in fns:
+                            item = fn(item)
+                            if item is DROP:
+                                break
+                            k += 1
+                        else:
+                            append(item)
+                    except Exception as error:
+                        self._note(k, error)
+        finally:
+            self._last = last
+
+    def _loop(self, items: Iterable[Any], append: Any) -> bool:
+        """The stages over items the head stamped; False when there was none."""
+        fns, took = self.fns, False
+        for item in items:
+            took, k = True, 0
+            try:
+                for fn in fns:
+                    item = fn(item)
+                    if item is DROP:
+                        break
+                    k += 1
+                else:
+                    append(item)
+            except Exception as error:
+                self._note(k, error)
+        return took
+
+    def _note(self, k: int, error: Exception) -> None:
+        """Re-raise ``error`` of stage ``k``, noted as its block does."""
+        note = self.notes[k]
+        if note is not None:
+            note(error)
+        raise error
 
 
 class RunReader:

@@ -139,7 +139,7 @@ class ShardingFilter(IterDataPipe):
         """Any other source: count positions, keep this shard's, stamp them at the root."""
         if self._root is None:
             self._root = is_sharding_root(self)
-        return Stage(self._keep_or_drop, None)
+        return Stage(self._keep_or_drop, None, drops=True)
 
     def _keep_or_drop(self, item: Any) -> Any:
         position = self._position

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pipeloom.datapipes import (
     Batcher,
     IterableWrapper,
+    IterDataPipe,
     MapDataPipe,
     Mapper,
     SequenceWrapper,
@@ -66,6 +67,21 @@ class OneByOne(Batcher):
         return batch
 
 
+class PassOn(IterDataPipe):
+    """A custom block: a boundary of fused runs (read with ``async_next``)."""
+
+    inputs = ("source",)
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def async_next(self) -> Any:
+        return self.source.async_next()
+
+    def state_dict(self) -> dict:
+        return {}
+
+
 def draw(x: int) -> tuple[int, float]:
     return x, float(item_rng().random())
 
@@ -94,7 +110,7 @@ def keep(modulus: int):
 SOURCES = ("list", "tuple", "range", "ndarray", "opaque", "map_to_iter")
 
 stage_lists = st.lists(
-    st.sampled_from(["draw", "redraw", "filter2", "filter3", "fail", "set_length"]),
+    st.sampled_from(["draw", "redraw", "filter2", "filter3", "fail", "set_length", "custom"]),
     max_size=4,
 )
 
@@ -129,6 +145,8 @@ def build(spec: dict, fused: bool) -> Any:
             pipe = pipe.filter(keep(int(stage[-1])))
         elif stage == "fail":
             pipe = pipe.map(failing_on(spec["bad"]))
+        elif stage == "custom":
+            pipe = PassOn(pipe)
         else:
             pipe = pipe.set_length(n)
     batcher = Batcher if fused else OneByOne
