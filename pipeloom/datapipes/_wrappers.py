@@ -111,7 +111,7 @@ class IterableWrapper(IterDataPipe):
         self._position = position
 
     def shared_data(self) -> tuple[Any, ...]:
-        """A plain sequence is only read: thread copies share it (see ``DataPipe.shared_data``)."""
+        """A built-in sequence is only read: thread copies share it (``runtime.read_only_data``)."""
         return (self.iterable,) if self._positioned else ()
 
     def _start(self) -> Iterator[Any]:
@@ -190,7 +190,7 @@ class SequenceWrapper(MapDataPipe):
         return len(self.sequence)
 
     def shared_data(self) -> tuple[Any, ...]:
-        """A plain sequence is only read: thread copies share it (see ``DataPipe.shared_data``)."""
+        """A built-in sequence is only read: thread copies share it (``runtime.read_only_data``)."""
         return (self.sequence,) if is_positioned(self.sequence) else ()
 
     def state_dict(self) -> dict[str, Any]:

@@ -333,3 +333,23 @@ def test_positions_and_draws_of_a_sharded_indexable_source_are_the_global_ones()
         seed_pipeline(pipe, 7)
     assert list(a) == list(b)
     assert [x for batch in list(a) for x, _ in batch] == [4, 5, 10, 11, 16, 17]
+
+
+def test_threads_share_the_sequences_a_source_only_reads():
+    from pipeloom.datapipes.runtime import read_only_data
+    from pipeloom.graph import copy
+
+    class MyList(list):
+        pass
+
+    data = list(range(100))
+    pipe = IterableWrapper(data).sharding_filter().map(str).batch(4)
+    assert read_only_data(pipe) == [data]
+    twin = copy(pipe, share=read_only_data(pipe))
+    assert twin.source.source.source.iterable is data
+    assert list(twin) == list(pipe)
+    assert copy(pipe).source.source.source.iterable is not data
+    # only built-in containers: a subclass or an iterator may change as it is read
+    assert read_only_data(IterableWrapper(MyList(data)).batch(2)) == []
+    assert read_only_data(IterableWrapper(iter(data)).batch(2)) == []
+    assert read_only_data(SequenceWrapper(data).to_iter()) == [data]
