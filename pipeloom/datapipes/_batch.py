@@ -68,7 +68,7 @@ class Batcher(IterDataPipe):
             reader = self._reader = RunReader(self.source)
         try:
             if not batch:
-                reader.extend(batch, 1)
+                batch.append(self.source.async_next())  # the blocks one by one: a run of 1
                 self._first_stamp = current_stamp()
             while len(batch) < size:  # NotAvailable keeps the partial batch
                 reader.extend(batch, size - len(batch))

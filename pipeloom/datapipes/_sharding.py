@@ -97,8 +97,9 @@ class ShardingFilter(IterDataPipe):
         total, index, group = self.total, self.index, self.group_size
         if self._seekable is None:
             self._seekable = _positioned_source(source) is not None
-        if self._seekable and not _ITEM.watchers:
-            self._seek()  # shard at the source: jump to the next kept position
+        if self._seekable and (total > 1 or self._position < self._resume_from):
+            if not _ITEM.watchers:
+                self._seek()  # shard at the source: jump to the next kept position
         while True:
             item = source.async_next()
             position = self._position
@@ -122,7 +123,8 @@ class ShardingFilter(IterDataPipe):
             group=self.group_size,
         )
         source = self.source
-        if target != position and source._next_position() == position:
+        target = min(target, len(source._positioned_items()))  # the end, as a full pass ends
+        if target > position and source._next_position() == position:
             source._move_to(target)
             self._position = target
 
