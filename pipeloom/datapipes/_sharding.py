@@ -122,7 +122,7 @@ class ShardingFilter(IterDataPipe):
             index=self.index,
             group=self.group_size,
         )
-        source = self.source
+        source: Any = self.source  # a positioned source (``_positioned_source``)
         target = min(target, len(source._positioned_items()))  # the end, as a full pass ends
         if target > position and source._next_position() == position:
             source._move_to(target)
@@ -186,7 +186,7 @@ class _ShardHead(SeekHead):
 
     def __init__(self, block: ShardingFilter) -> None:
         self.block = block
-        self.source = block.source
+        self.source: Any = block.source
         self.stamper = block
         self.seed_blocks = (block, block.source)
 
