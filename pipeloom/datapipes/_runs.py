@@ -69,9 +69,10 @@ _NEVER = object()  # a sentinel async_next never returns
 class Stage:
     """One per-item block in a run: ``apply(item)`` returns the output or :data:`DROP`.
 
-    ``note`` is the block an error of ``apply`` is reported against (``map``:
-    "raised by the function of ..."); None when ``apply`` reports its own.
-    A stage with state reads it in :meth:`start` and writes it back in :meth:`finish`.
+    ``note(error)`` re-raises an error of ``apply`` noted as the block's
+    ``async_next`` would note it (``map``: "raised by the function of ...");
+    None when ``apply`` notes its own. A stage with state keeps it in its
+    block, as the block's ``async_next`` does.
     """
 
     __slots__ = ("apply", "note", "drops")
@@ -86,12 +87,6 @@ class Stage:
         self.apply = apply
         self.note = note
         self.drops = drops  # may return DROP
-
-    def start(self) -> None:
-        """Read the block's state before a run."""
-
-    def finish(self) -> None:
-        """Write the block's state back after a run (also when it raised)."""
 
 
 class Head:
@@ -283,7 +278,6 @@ class _Chain:
         self.stages = tuple(stages)
         self.fns = tuple(stage.apply for stage in stages)
         self.notes = tuple(stage.note for stage in stages)
-        self.stateful = tuple(s for s in stages if type(s).start is not Stage.start)
         self.drops = any(stage.drops for stage in stages)
         self._last = 0  # the last position a run took
 
@@ -311,9 +305,6 @@ class _Chain:
         if span is None:
             return False
         items, first, step = span
-        stateful = self.stateful
-        for stage in stateful:
-            stage.start()
         self._last = first - step
         took = False
         try:
@@ -325,8 +316,6 @@ class _Chain:
         finally:
             if self._last != first - step:
                 head.advance(self._last)
-            for stage in stateful:
-                stage.finish()
         return took
 
     def _stamped_loop(self, items: Iterable[Any], first: int, step: int, append: Any) -> None:

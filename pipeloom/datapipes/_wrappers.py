@@ -306,8 +306,9 @@ class _MapToIterHead(SeekHead):
     def __init__(self, block: MapToIter) -> None:
         self.block = block
         self.stamper = block
-        self.seed_blocks = (block, block.source)
         source = block.source
+        stamps = type(source) is SequenceWrapper  # the blocks that stamp when run one by one
+        self.seed_blocks = (block, source) if stamps else (block,)
         sequence = getattr(source, "sequence", None)
         plain = type(source) is SequenceWrapper and is_positioned(sequence)
         self._sequence = sequence if plain else None  # read directly: no user code runs

@@ -48,6 +48,22 @@ class Opaque:
         return len(self.items)
 
 
+class Indexable(MapDataPipe):
+    """A custom map-style block (it stamps nothing itself)."""
+
+    def __init__(self, items: list[int]) -> None:
+        self.items = items
+
+    def __getitem__(self, index: int) -> int:
+        return self.items[index]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def state_dict(self) -> dict:
+        return {}
+
+
 class OneByOne(Batcher):
     """A batcher that pulls single items through ``async_next`` (the unfused reference)."""
 
@@ -107,7 +123,7 @@ def keep(modulus: int):
     return lambda item: (item[0] if isinstance(item, tuple) else item) % modulus != 1
 
 
-SOURCES = ("list", "tuple", "range", "ndarray", "opaque", "map_to_iter")
+SOURCES = ("list", "tuple", "range", "ndarray", "opaque", "map_to_iter", "custom_map")
 
 stage_lists = st.lists(
     st.sampled_from(["draw", "redraw", "filter2", "filter3", "fail", "set_length", "custom"]),
@@ -120,6 +136,8 @@ def build(spec: dict, fused: bool) -> Any:
     items = list(range(n))
     if kind == "map_to_iter":
         pipe = SequenceWrapper(items).to_iter()
+    elif kind == "custom_map":
+        pipe = Indexable(items).to_iter()
     else:
         source = {
             "list": items,
