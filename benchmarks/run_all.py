@@ -25,6 +25,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 BENCHMARKS = [
     "bench_overhead",
     "bench_cheap_items",
+    "bench_fused",
     "bench_threads",
     "bench_workers",
     "bench_queues",

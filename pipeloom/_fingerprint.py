@@ -132,12 +132,14 @@ def _is_scalar(value: Any) -> bool:
 
 
 def _holds_blocks(value: Any) -> bool:
+    """A block, or a container whose first element is one (as the graph sees inputs):
+    a look at one element, so a list of 2M indices costs nothing."""
     if isinstance(value, DataPipe):
         return True
     if isinstance(value, (list, tuple)):
-        return any(isinstance(x, DataPipe) for x in value)
+        return bool(value) and isinstance(value[0], DataPipe)
     if isinstance(value, dict):
-        return any(isinstance(x, DataPipe) for x in value.values())
+        return bool(value) and isinstance(next(iter(value.values())), DataPipe)
     return False
 
 

@@ -10,6 +10,7 @@ from ..errors import NotAvailable
 from ._base import IterDataPipe, MapDataPipe
 from ._context import current_stamp, restore_stamp
 from ._map import fn_name
+from ._runs import RunReader
 from ._state_fields import StateFields
 
 __all__ = ["Batcher", "MapBatcher", "Unbatcher"]
@@ -49,6 +50,7 @@ class Batcher(IterDataPipe):
         self._wrap = None if wrapper_class is list else wrapper_class
         self._batch: list[Any] = []
         self._first_stamp: tuple = (None, 0, None, 0)
+        self._reader: RunReader | None = None
 
     def batches_of(self) -> int:
         """Each batch is a run of ``batch_size`` consecutive items (a placement trait)."""
@@ -56,16 +58,20 @@ class Batcher(IterDataPipe):
 
     def reset(self) -> None:
         self._batch = []
+        self._reader = None
 
     def async_next(self) -> Any:
         batch = self._batch
-        source, size = self.source, self.batch_size
+        size = self.batch_size
+        reader = self._reader
+        if reader is None:  # per-item blocks upstream run fused, a run per call
+            reader = self._reader = RunReader(self.source)
         try:
             if not batch:
-                batch.append(source.async_next())
+                batch.append(self.source.async_next())  # the blocks one by one: a run of 1
                 self._first_stamp = current_stamp()
             while len(batch) < size:  # NotAvailable keeps the partial batch
-                batch.extend(source.async_next_many(size - len(batch)))
+                reader.extend(batch, size - len(batch))
         except StopIteration:
             if not batch or self.drop_last:
                 batch.clear()
@@ -82,6 +88,11 @@ class Batcher(IterDataPipe):
 
     def state_dict(self) -> dict[str, Any]:
         return {"batch": list(self._batch), "first_stamp": self._first_stamp}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_reader"] = None  # found again where the copy runs
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)

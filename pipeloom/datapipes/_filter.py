@@ -11,6 +11,7 @@ import torch
 from ._base import IterDataPipe
 from ._context import current_position
 from ._map import Col, fn_name, make_reader, raise_with_note
+from ._runs import DROP, Stage
 
 __all__ = ["Filter"]
 
@@ -59,6 +60,21 @@ class Filter(IterDataPipe):
                 return item
             if keep is not False and self._as_bool(keep, item):
                 return item
+
+    def _run_stage(self) -> Stage:
+        """In a fused run (``_runs.py``): the item, or ``DROP`` when the predicate is false."""
+        return Stage(self._keep_or_drop, None, drops=True)
+
+    def _keep_or_drop(self, item: Any) -> Any:
+        try:
+            keep = self._test(item)
+        except Exception as error:
+            raise_with_note(error, self, current_position())
+        if keep is True:
+            return item
+        if keep is not False and self._as_bool(keep, item):
+            return item
+        return DROP
 
     def _as_bool(self, value: Any, item: Any) -> bool:
         if isinstance(value, np.bool_):

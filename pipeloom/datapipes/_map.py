@@ -16,6 +16,7 @@ from typing import Any
 
 from ._base import IterDataPipe, MapDataPipe
 from ._context import current_position
+from ._runs import Stage
 
 __all__ = ["Mapper", "MapMapper"]
 
@@ -65,6 +66,13 @@ class Mapper(IterDataPipe):
             return self._apply(item)
         except Exception as error:
             raise_with_note(error, self, current_position())
+
+    def _run_stage(self) -> Stage:
+        """In a fused run (``_runs.py``): the function, its errors noted as ``async_next`` does."""
+        return Stage(self._apply, self._note_error)
+
+    def _note_error(self, error: Exception) -> None:
+        raise_with_note(error, self, current_position())
 
     def __len__(self) -> int:
         return len(self.source)

@@ -40,6 +40,10 @@ class LengthSetter(IterDataPipe):
     def async_next_many(self, limit: int) -> list[Any]:
         return self.source.async_next_many(limit)
 
+    def _run_stage(self) -> None:
+        """In a fused run (``_runs.py``) items pass through: no stage."""
+        return None
+
     def __len__(self) -> int:
         return self.length
 

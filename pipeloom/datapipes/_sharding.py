@@ -6,7 +6,10 @@ from typing import Any
 
 from .._validate import check_index, check_int
 from ._base import IterDataPipe
+from ._context import _ITEM
 from ._pipeline import is_sharding_root
+from ._runs import DROP, SeekHead, Stage, owns_async_next
+from ._seek import first_kept
 from ._state_fields import StateFields
 
 __all__ = ["ShardingFilter"]
@@ -50,6 +53,7 @@ class ShardingFilter(IterDataPipe):
 
     inputs = ("source",)
     _root: bool | None = None
+    _seekable: bool | None = None
 
     def __init__(self, source: IterDataPipe) -> None:
         self.source = source
@@ -81,14 +85,21 @@ class ShardingFilter(IterDataPipe):
         self._position = 0
         self._resume_from = 0
         self._root: bool | None = None  # decided at the first item of the epoch
+        self._seekable: bool | None = None  # likewise
 
     def resume_at(self, position: int) -> None:
-        """Drop every item before ``position`` (the prefix is replayed, not processed)."""
+        """Drop every item before ``position``: skipped at once when the source is
+        read by position (a list, a range, ...), else replayed, not processed."""
         self._resume_from = position
 
     def async_next(self) -> Any:
         source = self.source
         total, index, group = self.total, self.index, self.group_size
+        if self._seekable is None:
+            self._seekable = _positioned_source(source) is not None
+        if self._seekable and (total > 1 or self._position < self._resume_from):
+            if not _ITEM.watchers:
+                self._seek()  # shard at the source: jump to the next kept position
         while True:
             item = source.async_next()
             position = self._position
@@ -101,6 +112,47 @@ class ShardingFilter(IterDataPipe):
                 if self._root:  # below another sharding point: keep its positions
                     self._stamp_item(position)
                 return item
+
+    def _seek(self) -> None:
+        """Move the source to the next kept position, skipping the others unread."""
+        position = self._position
+        target = first_kept(
+            max(position, self._resume_from),
+            total=self.total,
+            index=self.index,
+            group=self.group_size,
+        )
+        source: Any = self.source  # a positioned source (``_positioned_source``)
+        target = min(target, len(source._positioned_items()))  # the end, as a full pass ends
+        if target > position and source._next_position() == position:
+            source._move_to(target)
+            self._position = target
+
+    # -- fused runs (``_runs.py``) ------------------------------------------------
+    def _run_head(self) -> SeekHead | None:
+        """The root over a positioned source reads only its shard's positions."""
+        if self._root is None:
+            self._root = is_sharding_root(self)
+        if self._root and _positioned_source(self.source) is not None:
+            return _ShardHead(self)
+        return None
+
+    def _run_stage(self) -> Stage:
+        """Any other source: count positions, keep this shard's, stamp them at the root."""
+        if self._root is None:
+            self._root = is_sharding_root(self)
+        return Stage(self._keep_or_drop, None, drops=True)
+
+    def _keep_or_drop(self, item: Any) -> Any:
+        position = self._position
+        self._position = position + 1
+        if position < self._resume_from:
+            return DROP
+        if self.total == 1 or (position // self.group_size) % self.total == self.index:
+            if self._root:
+                self._stamp_item(position)
+            return item
+        return DROP
 
     def __len__(self) -> int:
         length = len(self.source)
@@ -120,3 +172,50 @@ class ShardingFilter(IterDataPipe):
     def __repr__(self) -> str:
         extra = f", group_size={self.group_size}" if self.group_size != 1 else ""
         return f"ShardingFilter(total={self.total}, index={self.index}{extra})"
+
+
+def _positioned_source(source: Any) -> Any:
+    """``source`` when it reads its items by position (``_seek.py``), else None."""
+    if not owns_async_next(source, "_positioned_items"):
+        return None
+    return source if source._positioned_items() is not None else None
+
+
+class _ShardHead(SeekHead):
+    """A fused run's head: the sharding root reading its shard's positions of its source."""
+
+    def __init__(self, block: ShardingFilter) -> None:
+        self.block = block
+        self.source: Any = block.source
+        self.stamper = block
+        self.seed_blocks = (block, block.source)
+
+    def ready(self) -> bool:
+        return self.source._next_position() == self.block._position and super().ready()
+
+    @property
+    def total(self) -> int:  # type: ignore[override]
+        return self.block.total
+
+    @property
+    def index(self) -> int:  # type: ignore[override]
+        return self.block.index
+
+    @property
+    def group(self) -> int:  # type: ignore[override]
+        return self.block.group_size
+
+    def start(self) -> int:
+        return max(self.block._position, self.block._resume_from)
+
+    def items(self) -> Any:
+        return self.source._positioned_items()
+
+    def advance(self, last: int) -> None:
+        self.block._position = last + 1
+        self.source._move_to(last + 1)
+
+    def at_end(self, length: int) -> None:
+        end = max(length, self.block._position)
+        self.block._position = end
+        self.source._move_to(end)

@@ -10,6 +10,8 @@ import torch.utils.data
 
 from .._validate import check_index, check_int
 from ._base import DataPipe, IterDataPipe, MapDataPipe
+from ._runs import Head, IteratorHead, SeekHead, SourceHead
+from ._seek import first_kept, is_positioned, read_span
 from ._state_fields import StateFields
 
 __all__ = ["IterableWrapper", "MapToIter", "SequenceWrapper", "as_datapipe"]
@@ -39,6 +41,7 @@ class IterableWrapper(IterDataPipe):
             )
         self.iterable = iterable
         self._one_shot = iter(iterable) is iterable if isinstance(iterable, Iterator) else False
+        self._positioned = is_positioned(iterable)  # read by index: seek, shard at the source
         self._it: Iterator[Any] | None = None
         self._position = 0
         self._started_once = False
@@ -54,26 +57,62 @@ class IterableWrapper(IterDataPipe):
         self._position = 0
 
     def async_next(self) -> Any:
-        it = self._it
-        if it is None:
-            it = self._it = self._start()
-        item = next(it)
         position = self._position
+        if self._positioned:
+            try:
+                item = self.iterable[position]  # type: ignore[index]
+            except IndexError:
+                raise StopIteration from None
+        else:
+            it = self._it
+            if it is None:
+                it = self._it = self._start()
+            item = next(it)
         self._position = position + 1
         self._stamp_item(position)
         return item
 
     def async_next_many(self, limit: int) -> list[Any]:
-        it = self._it
-        if it is None:
-            it = self._it = self._start()
-        items = list(islice(it, limit))
+        position = self._position
+        if self._positioned:
+            span = range(position, min(position + limit, len(self.iterable)))  # type: ignore[arg-type]
+            items = list(read_span(self.iterable, span))  # type: ignore[arg-type]
+        else:
+            it = self._it
+            if it is None:
+                it = self._it = self._start()
+            items = list(islice(it, limit))
         if not items:
             raise StopIteration
-        position = self._position + len(items)
+        position += len(items)
         self._position = position
         self._stamp_item(position - 1)
         return items
+
+    # -- a positioned source (``_seek.py``): read by the sharding point and fused runs --
+    def _run_head(self) -> Head:
+        if self._positioned:
+            return SourceHead(self)
+        return IteratorHead(self, self._iterator)
+
+    def _iterator(self) -> Iterator[Any]:
+        it = self._it
+        if it is None:
+            it = self._it = self._start()
+        return it
+
+    def _positioned_items(self) -> Sequence[Any] | None:
+        return self.iterable if self._positioned else None  # type: ignore[return-value]
+
+    def _next_position(self) -> int:
+        return self._position
+
+    def _move_to(self, position: int) -> None:
+        self._position = position
+
+    def shared_data(self) -> tuple[Any, ...]:
+        """A built-in sequence is only read: thread copies share it (``runtime.read_only_data``)."""
+        return (self.iterable,) if self._positioned else ()
 
     def _start(self) -> Iterator[Any]:
         self._started_once = True
@@ -150,6 +189,10 @@ class SequenceWrapper(MapDataPipe):
     def __len__(self) -> int:
         return len(self.sequence)
 
+    def shared_data(self) -> tuple[Any, ...]:
+        """A built-in sequence is only read: thread copies share it (``runtime.read_only_data``)."""
+        return (self.sequence,) if is_positioned(self.sequence) else ()
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -202,15 +245,9 @@ class MapToIter(IterDataPipe):
 
     def _first_index_from(self, index: int) -> int:
         """The first index >= ``index`` that belongs to this shard."""
-        total, group = self.num_shards, self.group_size
-        if total == 1:
-            return index
-        group_number = index // group
-        owner = group_number % total
-        if owner == self.shard_index:
-            return index
-        ahead = (self.shard_index - owner) % total
-        return (group_number + ahead) * group
+        return first_kept(
+            index, total=self.num_shards, index=self.shard_index, group=self.group_size
+        )
 
     def _epoch_length(self) -> int:
         if self._length is None:
@@ -240,6 +277,9 @@ class MapToIter(IterDataPipe):
         self._stamp_item(stop - 1)
         return items
 
+    def _run_head(self) -> Head:
+        return _MapToIterHead(self)
+
     def __len__(self) -> int:
         total = len(self.source)
         if self.num_shards == 1:
@@ -258,6 +298,56 @@ class MapToIter(IterDataPipe):
     def __repr__(self) -> str:
         shard = f", shard={self.shard_index}/{self.num_shards}" if self.num_shards > 1 else ""
         return f"MapToIter({self.source!r}{shard})"
+
+
+class _MapToIterHead(SeekHead):
+    """A fused run's head over :class:`MapToIter`: this shard's indices, read with ``async_get``."""
+
+    def __init__(self, block: MapToIter) -> None:
+        self.block = block
+        self.stamper = block
+        source = block.source
+        stamps = type(source) is SequenceWrapper  # the blocks that stamp when run one by one
+        self.seed_blocks = (block, source) if stamps else (block,)
+        sequence = getattr(source, "sequence", None)
+        plain = type(source) is SequenceWrapper and is_positioned(sequence)
+        self._sequence = sequence if plain else None  # read directly: no user code runs
+
+    @property
+    def total(self) -> int:  # type: ignore[override]
+        return self.block.num_shards
+
+    @property
+    def index(self) -> int:  # type: ignore[override]
+        return self.block.shard_index
+
+    @property
+    def group(self) -> int:  # type: ignore[override]
+        return self.block.group_size
+
+    def start(self) -> int:
+        return self.block._index
+
+    def items(self) -> Sequence[Any]:
+        if self._sequence is not None:
+            return self._sequence  # type: ignore[no-any-return]
+        return _Indexed(self.block.source.async_get, self.block._epoch_length())
+
+    def advance(self, last: int) -> None:
+        self.block._index = self.block._first_index_from(last + 1)
+
+
+class _Indexed(Sequence[Any]):
+    """``async_get`` of a map-style block seen as a sequence of ``length`` items."""
+
+    def __init__(self, get: Any, length: int) -> None:
+        self._get, self._length = get, length
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._get(index)
+
+    def __len__(self) -> int:
+        return self._length
 
 
 def _check_shard(total: int, index: int) -> None:

@@ -51,6 +51,7 @@ __all__ = [
     "current_stamp",
     "derive_seed",
     "forget_lazy_init",
+    "read_only_data",
     "restart_blocks",
     "restore_stamp",
     "set_worker_info",
@@ -81,3 +82,19 @@ def forget_lazy_init(pipeline: DataPipe) -> None:
     """
     for block in upstream_blocks(pipeline):
         block._forget_lazy_init()
+
+
+def read_only_data(pipeline: DataPipe) -> list[object]:
+    """The data the blocks of ``pipeline`` only read, which copies in threads may share.
+
+    A source over a built-in sequence (a ``list``, ``tuple``, ``range``, NumPy
+    array, ``CompactStringList``) never changes it, so threads read one object
+    concurrently instead of each deep-copying it, as torch's thread-based
+    loaders do with the dataset. A block names such data with ``shared_data()``.
+    """
+    found: list[object] = []
+    for block in upstream_blocks(pipeline):
+        hook = getattr(block, "shared_data", None)
+        if hook is not None:
+            found.extend(hook())
+    return found

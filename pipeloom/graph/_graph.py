@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import copy as _copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -139,13 +139,17 @@ def replace(output: DataPipe, old: DataPipe, new: DataPipe) -> DataPipe:
     return output
 
 
-def copy(output: B, *, replace: Mapping[DataPipe, DataPipe] | None = None) -> B:
+def copy(
+    output: B, *, replace: Mapping[DataPipe, DataPipe] | None = None, share: Iterable[object] = ()
+) -> B:
     """A deep copy of the pipeline ending at ``output``, ``replace[old]`` standing for ``old``.
 
     The replacements are used as they are, not copied, and the blocks only
     they depended on are left out. Copies start fresh: ``lazy_init`` runs
     again where a copy runs. Use it to give each worker its own part, or to
-    cut a pipeline where another part takes over.
+    cut a pipeline where another part takes over. The objects in ``share``
+    (data the blocks only read, e.g. a large list; see
+    ``pipeloom.datapipes.runtime.read_only_data``) are referred to, not copied.
 
     Example:
         >>> from pipeloom.datapipes import IterableWrapper
@@ -169,7 +173,9 @@ def copy(output: B, *, replace: Mapping[DataPipe, DataPipe] | None = None) -> B:
     # deepcopy's memo maps an object's id to its copy: seeded with the
     # replacements, every reference to ``old`` becomes ``new``.
     memo: dict[int, object] = {id(old): new for old, new in replace.items()}
-    memo[id(memo)] = list(replace)  # keep the originals alive while the ids are in use
+    shared = list(share)
+    memo.update((id(data), data) for data in shared)  # read-only data: the copy refers to it
+    memo[id(memo)] = [*replace, *shared]  # keep the originals alive while the ids are in use
     return _copy.deepcopy(output, memo)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ....datapipes import IterDataPipe
-from ....datapipes.runtime import block_seed
+from ....datapipes.runtime import block_seed, read_only_data
 from ....graph import Plan, copy
 from ...planning.sharding import find_in_copy, index_in_part, keep_shard
 from ...workers.thread import WorkerThread
@@ -29,7 +29,8 @@ class ThreadPool:
         self.count = count
         self.prefetch = prefetch
         self.seed = block_seed(workers.exit) or 0
-        self.copies: list[IterDataPipe] = [copy(workers.exit) for _ in range(count)]
+        shared = read_only_data(workers.exit)  # threads read it, none copies it
+        self.copies: list[IterDataPipe] = [copy(workers.exit, share=shared) for _ in range(count)]
         self.points = [find_in_copy(c, point_index) for c in self.copies]
         for index, own_point in enumerate(self.points):
             keep_shard(
