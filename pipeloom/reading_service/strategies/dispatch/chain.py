@@ -16,12 +16,12 @@ from ....datapipes import (
     DataPipe,
     IterDataPipe,
     MapDataPipe,
-    current_position,
     set_pipeline_epoch,
 )
 from ....datapipes.runtime import (
-    current_draws,
+    current_stamp,
     derive_seed,
+    key_position,
     restart_blocks,
     restore_stamp,
     stamp_item,
@@ -52,6 +52,11 @@ class TaskFeed(IterDataPipe):
         self._next = 0
         self._seed: int | None = None
         self.epoch = 0
+
+    def is_shardable(self) -> bool:
+        """It stands in for the sharding point: a shardable block below it (``open_files``
+        after ``sharding_filter``) passes its positions on instead of counting its own."""
+        return True
 
     def load(self, entries: list[tuple[int, Any]], seed: int | None) -> None:
         """Yield ``entries`` (``(position, value)`` pairs) next, stamped with ``seed``."""
@@ -94,11 +99,11 @@ class BatchFeed(IterDataPipe):
     def async_next(self) -> Any:
         if self._next >= len(self._entries):
             raise StopIteration
-        position, draws, item = self._entries[self._next]
+        key, draws, item = self._entries[self._next]
         if self._next == 0 and self._seed is not None:  # as for items: per batch, not worker
-            seed_item_rngs(derive_seed(self._seed, position, _GLOBAL_RNG_TAG + 1))
+            seed_item_rngs(derive_seed(self._seed, key_position(key), _GLOBAL_RNG_TAG + 1))
         self._next += 1
-        restore_stamp((self._seed, self.epoch, position, draws))
+        restore_stamp((self._seed, self.epoch, key, draws))
         return item
 
     def __repr__(self) -> str:
@@ -134,7 +139,8 @@ class WorkerChain:
                     item = reader.next()
                 except StopIteration:
                     return outputs
-                outputs.append((current_position(), current_draws(), item))
+                stamp = current_stamp()
+                outputs.append((stamp[2], stamp[3], item))
         except Exception as error:  # noqa: BLE001 - surfaced in the main process, in order
             return capture_failure(error, label)
         finally:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ....datapipes import IterDataPipe, StateFields, current_position
-from ....datapipes.runtime import restore_stamp
+from ....datapipes.runtime import key_position, restore_stamp
 from ....errors import NotAvailable
 from ....events import ReadinessSource
 from ....graph import upstream
@@ -121,7 +121,8 @@ class Dispatcher(IterDataPipe):
     def async_next(self) -> Any:
         while True:
             if self._outputs:
-                position, draws, item = self._outputs.popleft()
+                key, draws, item = self._outputs.popleft()
+                position = key_position(key)
                 skipped = bool(self._skip) and position == self._skip_position
                 if skipped:
                     self._skip -= 1
@@ -132,7 +133,7 @@ class Dispatcher(IterDataPipe):
                     self._unit_end = None
                 if skipped:
                     continue
-                restore_stamp((self._stamp[0], self._stamp[1], position, draws))
+                restore_stamp((self._stamp[0], self._stamp[1], key, draws))
                 return item
             self._fill()
             if not self._units:
