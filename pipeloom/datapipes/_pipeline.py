@@ -181,7 +181,11 @@ def pipeline_state_dict(output: DataPipe) -> dict:
             state = block.state_dict()
         except NotImplementedError as error:
             raise StateError(f"block #{index} {block!r}: {error}") from error
-        states.append({"type": type(block).__qualname__, "state": state})
+        entry = {"type": type(block).__qualname__, "state": state}
+        numbering = block._numbering()  # a user-defined source's count (stamps_positions)
+        if numbering.active:
+            entry["numbered"] = numbering.count
+        states.append(entry)
     return {"version": STATE_VERSION, "blocks": states}
 
 
@@ -218,6 +222,9 @@ def load_pipeline_state_dict(output: DataPipe, state: dict) -> None:
                 f"was saved from a {entry['type']}; the pipeline shape differs"
             )
     for index, (block, entry) in enumerate(zip(blocks, saved)):
+        numbered = entry.get("numbered")
+        if numbered is not None:
+            block._numbering().count = check_int("numbered", numbered, minimum=0)
         try:
             block.load_state_dict(entry["state"])
         except StateError as error:

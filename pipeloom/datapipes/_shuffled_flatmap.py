@@ -62,7 +62,7 @@ class ShuffledFlatMapper(IterDataPipe):
         self._expand = make_reader(
             _identity if fn is None else fn, input_col, "shuffled_flatmap", "fn"
         )
-        self._fix_seed(seed)
+        self.use_own_seed(seed)
         self.reset()
 
     def reset(self) -> None:
