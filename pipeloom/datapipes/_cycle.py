@@ -35,6 +35,8 @@ class Cycler(IterDataPipe):
         self.reset()
 
     def reset(self) -> None:
+        if getattr(self, "_round", 0):  # the source was left in a later round: back to 0
+            set_pipeline_round(self.source, 0)
         self._round = 0
         self._yielded = False  # whether the current round produced an item
         self._done = self.count == 0

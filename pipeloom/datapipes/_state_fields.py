@@ -151,6 +151,10 @@ class StateFields:
             )
         return default
 
+    def check_stamp(self, name: str, value: Any) -> tuple:
+        """``value`` (part of field ``name``) as an item stamp, or raise ``StateError``."""
+        return self._check_stamp(name, value)
+
     def _check_stamp(self, name: str, value: Any) -> tuple:
         ok = isinstance(value, (tuple, list)) and len(value) in (3, 4)
         if ok:

@@ -97,3 +97,15 @@ def test_item_rng_differs_between_rounds():
     values = collect(build(), seed=1)
     assert values[:4] != values[4:]
     check_resume_from_every_step(build, seed=1)
+
+
+def test_reading_the_same_epoch_again_starts_from_the_first_rounds_seeds():
+    # reset() left the upstream blocks in the last round: the second read of the
+    # epoch started with the last round's shuffle.
+    from pipeloom.datapipes import IterableWrapper, seed_pipeline
+
+    pipe = IterableWrapper(range(6)).shuffle().cycle(3)
+    seed_pipeline(pipe, 0)
+    first = list(pipe)
+    assert first[:6] != first[12:]  # each round has its own order
+    assert list(pipe) == first

@@ -17,6 +17,7 @@ from pipeloom.datapipes import (
     item_seed,
 )
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from pipeloom.testing import check_resume_from_every_step
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -256,3 +257,48 @@ def test_a_custom_source_resumes_in_process_with_its_positions():
     resumed = DataLoader(build(), seed=0)
     resumed.load_state_dict(state)
     assert head + list(resumed) == expected == [(x, x) for x in range(6)]
+
+
+# -- resuming in a fresh thread (pipeloom.testing) -------------------------------
+
+
+def test_resume_from_every_step_mid_tar_keeps_item_rng(shard_dir):
+    # A resume mid-shard in a fresh process raised "item_rng() was called outside a
+    # pipeline": the tar reader did not keep its shard's stamp in its state.
+    def build():
+        pipe = FileLister(shard_dir, "shard-*.tar").sharding_filter().open_files("rb")
+        return pipe.load_from_tar().webdataset().map(sample_draw)
+
+    check_resume_from_every_step(build, steps=[0, 1, 5, 30, 99])
+
+
+class RepeatsWithoutItsStamp(IterDataPipe):
+    """Yields each input twice, but its state forgets the input's stamp."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source, self.pending = source, []
+
+    def reset(self):
+        self.pending = []
+
+    def async_next(self):
+        if not self.pending:
+            item = self.source.async_next()
+            self.pending = [item, item]
+        return self.pending.pop()
+
+    def state_dict(self):
+        return {"pending": list(self.pending)}
+
+    def load_state_dict(self, state):
+        self.pending = list(state["pending"])
+
+
+def test_the_resume_check_catches_a_block_that_loses_its_stamp():
+    def build():
+        return RepeatsWithoutItsStamp(IterableWrapper(range(3))).map(number_draw)
+
+    with pytest.raises(RuntimeError, match="outside a pipeline"):
+        check_resume_from_every_step(build, steps=[1])
