@@ -302,3 +302,42 @@ def test_the_resume_check_catches_a_block_that_loses_its_stamp():
 
     with pytest.raises(RuntimeError, match="outside a pipeline"):
         check_resume_from_every_step(build, steps=[1])
+
+
+# -- blocks reading several sources ----------------------------------------------
+
+
+class TwiceWithoutRestamping(IterDataPipe):
+    """A user block yielding each input twice, relying on the thread's stamp in between."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        for item in self.source:
+            yield item
+            yield item
+
+
+def stream_with_draws():
+    return TwiceWithoutRestamping(IterableWrapper(range(3))).map(number_draw)
+
+
+def two_draws(x):
+    return x, float(item_rng().random()), float(item_rng().random())
+
+
+@pytest.mark.parametrize("zip_name", ["zip", "zip_longest"])
+def test_each_zipped_stream_goes_on_in_its_own_stamp(zip_name):
+    # The second copy was drawn from the other stream's stamp: a stream's draws
+    # depended on what it was zipped with.
+    def firsts(other):
+        zipped = getattr(stream_with_draws(), zip_name)(other)
+        return [first for first, _ in DataLoader(zipped, seed=0)]
+
+    with_one_draw = firsts(IterableWrapper(range(10, 16)).map(number_draw))
+    with_two_draws = firsts(IterableWrapper(range(20, 26)).map(two_draws))
+    assert with_one_draw == with_two_draws
+    assert len({draw for _, draw in with_one_draw}) == 6
