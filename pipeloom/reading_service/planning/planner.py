@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ...datapipes import DataPipe, IterDataPipe
 from ...graph import Part, Plan, QueueLink, traverse, upstream
-from .cut import PlanError, cut_for_dispatch, cut_for_workers
+from .cut import PlanError, cut_for_dispatch, cut_for_workers, refuse_restarting_the_workers
 
 __all__ = ["LINK_CAPACITY", "Settings", "make_plan", "outer_group_size"]
 
@@ -108,6 +108,7 @@ def _plan_replicas(pipeline: IterDataPipe, settings: Settings) -> Plan:
     main_location = "main thread" if threads else "main process"
     workers_location = f"worker {'threads' if threads else 'processes'} x{settings.workers}"
     cut = cut_for_workers(pipeline)
+    refuse_restarting_the_workers(pipeline, cut.exit)
     workers = Part("workers", workers_location, cut.worker_blocks, cut.exit, settings.workers)
     separate = _separate_parts(pipeline, (workers,), settings)
     main = _main_part(pipeline, main_location, (workers, *separate))
@@ -146,6 +147,7 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
     """Economic and chunked: the main process reads the sharding point and hands out work."""
     strategy = settings.strategy
     cut = cut_for_dispatch(pipeline, strategy)
+    refuse_restarting_the_workers(pipeline, cut.item_exit)
     batch_size = cut.batch_size
     n = settings.workers
     item_location = f"item worker processes x{n}"
