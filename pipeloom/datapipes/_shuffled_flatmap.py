@@ -8,8 +8,8 @@ from typing import Any
 
 from ._base import IterDataPipe
 from ._context import current_stamp, stamp_output
-from ._state_fields import StateFields
 from ._map import Col, fn_name, make_reader, raise_with_note
+from ._state_fields import StateFields
 
 
 def _identity(item: Any) -> Any:

@@ -102,8 +102,6 @@ def test_draws_after_tar_and_webdataset_are_distinct_and_the_same_everywhere(
     assert run(lambda: pipeline(shard_dir), SERVICES[name]()) == expected
 
 
-
-
 def test_chunked_keeps_the_sharding_points_positions_below_a_shardable_opener(shard_dir):
     # Item workers restarted open_files' positions per chunk (0, 1, 0, 1, ...).
     def build():
