@@ -42,7 +42,7 @@ from ._attributes import attribute_values, blocks_in
 from ._context import _ITEM, derive_seed
 from ._functional import IterFunctional, MapFunctional
 from ._nesting import NESTING, nested_call
-from ._numbering import Numbering, install_numbering
+from ._numbering import Numbering, install_numbering, stamp_position
 from ._numbering import overrides as _overrides
 from ._reader import BlockingReader
 
@@ -264,9 +264,7 @@ class DataPipe:
         self._pl_seed = seed
         self._pl_seed_fixed = True
 
-    def stamp_position(self, position: int) -> None:
-        """Stamp the next item returned as output ``position`` (``stamps_positions``)."""
-        self._stamp_item(position)
+    stamp_position = stamp_position  # public: see _numbering.py
 
     def _stamp_item(self, position: int) -> None:
         """Mark the current item as this block's output at ``position`` (sources, sharding)."""

@@ -26,8 +26,24 @@ import functools
 from typing import Any
 
 from .._walk import walk_upstream
+from ._context import current_stamp, stamp_output
 
-__all__ = ["Numbering", "install_numbering", "overrides"]
+__all__ = ["Numbering", "install_numbering", "overrides", "stamp_position"]
+
+
+def stamp_position(self: Any, position: int, output: int | None = None) -> None:
+    """Stamp the item this block is about to return as the item at ``position`` of the
+    epoch's stream, or (``output=j``) as the ``j``-th output made from it.
+
+    For a source or sharding point that knows its items' positions (set
+    ``stamps_positions = True`` on the class): ``item_rng()`` downstream draws
+    from the key (``position`` or ``(position, j)``), the workers' merge orders
+    by ``position``, and worker ``i`` of ``n`` must keep the positions ``p`` with
+    ``p % n == i``.
+    """
+    self._stamp_item(position)
+    if output is not None:
+        stamp_output(current_stamp(), output)
 
 
 class Numbering:

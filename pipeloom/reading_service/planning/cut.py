@@ -213,6 +213,8 @@ def cut_for_dispatch(pipeline: IterDataPipe, strategy: str) -> DispatchCut:
 
 def single_output(exit_block: DataPipe, point: DataPipe, group_size: int) -> bool:
     """At most one output per group of positions (see ``WorkerCut.single_output``)."""
+    if point.stamps_positions and not (point.one_to_one or point.at_most_one):
+        return False  # a custom sharding point may give one position several outputs
     chain = upstream(exit_block)
     below_point = chain[: _index_in(chain, point)]
     if group_size > 1:  # a batching block builds one output per group; what follows it counts

@@ -65,17 +65,24 @@ class TaskFeed(IterDataPipe):
     def async_next(self) -> Any:
         if self._next >= len(self._entries):
             raise StopIteration
-        position, value = self._entries[self._next]
-        stamp_item(self._seed, self.epoch, position)  # before the read: errors name it
+        key, value = self._entries[self._next]
+        self._stamp(key)  # before the read: errors name it
         if self._seed is not None:  # global RNG draws depend on the item, not the worker
-            seed_item_rngs(derive_seed(self._seed, position, _GLOBAL_RNG_TAG))
+            parts = key if isinstance(key, tuple) else (key,)
+            seed_item_rngs(derive_seed(self._seed, *parts, _GLOBAL_RNG_TAG))
         if self.source is None:
             item = value
         else:
             item = self.source.async_get(value)
-            stamp_item(self._seed, self.epoch, position)  # a source may stamp its own
+            self._stamp(key)  # a source may stamp its own
         self._next += 1
         return item
+
+    def _stamp(self, key: Any) -> None:
+        """Stamp the key the sharding point gave: ``p``, or ``(p, j, ...)``."""
+        stamp_item(self._seed, self.epoch, key_position(key))
+        if isinstance(key, tuple):
+            restore_stamp((self._seed, self.epoch, key, 0))
 
     def __repr__(self) -> str:
         return "TaskFeed()" if self.source is None else f"TaskFeed({self.source!r})"
