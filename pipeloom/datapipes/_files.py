@@ -462,9 +462,9 @@ class StreamReader(IterDataPipe):
     def state_dict(self) -> dict[str, Any]:
         if self._reader is not None:
             return {"skip": self._count, "stamp": self._stamp}
-        if self._skip:
+        if self._skip and self._resume_stamp is not None:
             return {"skip": self._skip, "stamp": self._resume_stamp}
-        return {"skip": 0}
+        return {"skip": self._skip}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         skip = state_count(self, state, "skip")

@@ -11,13 +11,19 @@ count, and an unsharded block (in-process, or read by the main process under
 economic and chunked) numbers ``0, 1, 2, ...``. A resume makes and drops the
 outputs before its position.
 
+A block that knows its positions stamps them itself (pipeloom's own blocks
+are never numbered here):
+
 Example:
     >>> from pipeloom.datapipes import IterDataPipe, current_position
-    >>> class Letters(IterDataPipe):
+    >>> class Tens(IterDataPipe):
+    ...     stamps_positions = True
     ...     def __iter__(self):
-    ...         yield from "abc"
-    >>> list(Letters().map(lambda x: (x, current_position())))
-    [('a', 0), ('b', 1), ('c', 2)]
+    ...         for position in range(3):
+    ...             self.stamp_position(position)
+    ...             yield position * 10
+    >>> list(Tens().map(lambda x: (x, current_position())))
+    [(0, 0), (10, 1), (20, 2)]
 """
 
 from __future__ import annotations

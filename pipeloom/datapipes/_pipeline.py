@@ -241,6 +241,10 @@ def is_sharding_root(block: DataPipe) -> bool:
 
     Only the root of a path splits work and stamps item positions; a shardable
     block below it (e.g. ``open_files`` after ``sharding_filter``) passes the
-    root's positions through.
+    root's positions through; so does one below a block that stands in for
+    the sharding point (an economic/chunked item worker's feed).
     """
-    return not any(parent.is_shardable() for parent in upstream_blocks(block)[1:])
+    return not any(
+        parent.is_shardable() or getattr(parent, "stands_in_for_sharding_point", False)
+        for parent in upstream_blocks(block)[1:]
+    )

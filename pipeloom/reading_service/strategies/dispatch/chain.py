@@ -45,6 +45,9 @@ class TaskFeed(IterDataPipe):
     """
 
     inputs = ("source",)
+    #: It stands in for the sharding point: a shardable block below it (``open_files``
+    #: after ``sharding_filter``) passes these positions on instead of counting its own.
+    stands_in_for_sharding_point = True
 
     def __init__(self, source: MapDataPipe | None = None) -> None:
         self.source = source
@@ -52,11 +55,6 @@ class TaskFeed(IterDataPipe):
         self._next = 0
         self._seed: int | None = None
         self.epoch = 0
-
-    def is_shardable(self) -> bool:
-        """It stands in for the sharding point: a shardable block below it (``open_files``
-        after ``sharding_filter``) passes its positions on instead of counting its own."""
-        return True
 
     def load(self, entries: list[tuple[int, Any]], seed: int | None) -> None:
         """Yield ``entries`` (``(position, value)`` pairs) next, stamped with ``seed``."""
