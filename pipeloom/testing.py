@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -94,7 +95,7 @@ def check_resume_from_every_step(
         reset_pipeline(pipe)
         head = _drain(BlockingReader(pipe), limit=step)
         state = pipeline_state_dict(pipe)
-        tail = _in_a_fresh_thread(lambda state=state: _resume(make_pipe(), state, seed, epoch))
+        tail = _in_a_fresh_thread(functools.partial(_resume, make_pipe(), state, seed, epoch))
         if head + tail != expected:
             raise AssertionError(
                 f"resuming after {step} items differs from the uninterrupted epoch:\n"

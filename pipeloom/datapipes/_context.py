@@ -184,7 +184,7 @@ def output_stamp(stamp: ItemStamp, index: int) -> ItemStamp:
         return (seed, epoch, None, 0)
     if key.__class__ is tuple:
         return (seed, epoch, (*key, index), 0)  # type: ignore[misc]
-    return (seed, epoch, (key, index), 0)
+    return (seed, epoch, (key, index), 0)  # type: ignore[return-value]
 
 
 def stamp_output(stamp: ItemStamp, index: int) -> None:
@@ -195,7 +195,7 @@ def stamp_output(stamp: ItemStamp, index: int) -> None:
     elif key.__class__ is tuple:
         _ITEM.stamp = (seed, epoch, (*key, index), 0)  # type: ignore[misc]
     else:
-        _ITEM.stamp = (seed, epoch, (key, index), 0)
+        _ITEM.stamp = (seed, epoch, (key, index), 0)  # type: ignore[assignment]
 
 
 def item_stamp() -> ItemStamp:

@@ -160,7 +160,7 @@ class OnDiskCacheHolder(IterDataPipe):
                 cached = self._cached(path)
             if cached is None:
                 self._lock = lock
-                self._making[stamp[2]] = _Origin(path)
+                self._making[key_position(stamp[2])] = _Origin(path)
                 return key
             if lock is not None:
                 lock.release()
@@ -361,7 +361,8 @@ class EndOnDiskCacheHolder(IterDataPipe):
                 raise
             return
         stamp = current_stamp()
-        self._queue(holder.done_before(key_position(stamp[2])))  # cached keys before this one come first
+        # cached keys before this one come first
+        self._queue(holder.done_before(key_position(stamp[2])))
         try:
             path = self._save(item)
         except BaseException:

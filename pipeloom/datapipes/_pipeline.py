@@ -7,6 +7,7 @@ per-block framework state is changed through the block base's methods.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from .._validate import check_int
 from .._walk import not_a_block, walk_upstream
@@ -181,7 +182,7 @@ def pipeline_state_dict(output: DataPipe) -> dict:
             state = block.state_dict()
         except NotImplementedError as error:
             raise StateError(f"block #{index} {block!r}: {error}") from error
-        entry = {"type": type(block).__qualname__, "state": state}
+        entry: dict[str, Any] = {"type": type(block).__qualname__, "state": state}
         numbering = block._numbering()  # a user-defined source's count (stamps_positions)
         if numbering.active:
             entry["numbered"] = numbering.count

@@ -218,7 +218,8 @@ class PositionReader:
             item = self.authority.async_next()  # NotAvailable / StopIteration pass through
             if isinstance(item, tuple) and len(item) == 2 and hasattr(item[1], "close"):
                 item[1].close()  # an opened stream we do not read
-            seed, epoch, position, _ = current_stamp()
+            seed, epoch, key, _ = current_stamp()
+            position = key_position(key)
             if position is None:
                 raise RuntimeError(f"{self.authority!r} gave an item without a position")
             start, stop = self.reader.lookup(position)

@@ -8,9 +8,13 @@ import pathlib
 
 import pytest
 
-from pipeloom.datapipes import IterableWrapper
 from pipeloom import item_rng
-from pipeloom.testing import check_resume_from_every_step, check_same_output_everywhere, collect_async
+from pipeloom.datapipes import IterableWrapper
+from pipeloom.testing import (
+    check_resume_from_every_step,
+    check_same_output_everywhere,
+    collect_async,
+)
 
 _PATH = pathlib.Path(__file__).parents[2] / "examples" / "custom_record_format.py"
 _spec = importlib.util.spec_from_file_location("custom_record_format", _PATH)

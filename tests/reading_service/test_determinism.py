@@ -146,9 +146,7 @@ def _resumes_under_another_service(recipe, saved, resumed, stop, seed):
     batched = saved_kind in ("economic", "chunked") or resumed_kind in ("economic", "chunked")
     if batched:
         recipe = rich_batched(recipe)
-    if refused(recipe, saved_kind, saved_workers) or refused(
-        recipe, resumed_kind, resumed_workers
-    ):
+    if refused(recipe, saved_kind, saved_workers) or refused(recipe, resumed_kind, resumed_workers):
         return
     first, second = rich_reference(recipe, seed)
     stop = min(stop, len(first))

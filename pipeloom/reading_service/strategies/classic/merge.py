@@ -45,6 +45,17 @@ def next_owned_group(group: int, outer: tuple[int, int] = (1, 0)) -> int:
     return group + (index - group) % total
 
 
+def _position_of(output: tuple) -> int:
+    position = key_position(output[0])
+    if position is None:
+        raise RuntimeError(
+            "a worker sent an output without a position: the sharding point or a block "
+            "after it replaced the item stamp with none; a block that hands items out later "
+            "must keep their stamps (item_stamp()/set_item_stamp())"
+        )
+    return position
+
+
 class WorkerChannel(Protocol):
     """The main process's view of one worker's output."""
 
@@ -134,7 +145,7 @@ class WorkerMerge(IterDataPipe):
                 group //= total  # the owner counts this process's groups only
             owner = group % workers
             head = self._head(owner)
-            if head is END or key_position(head[0]) > position:  # nothing (more) here
+            if head is END or _position_of(head) > position:  # nothing (more) here
                 self._advance_to(position + 1)
                 continue
             self._heads[owner] = None

@@ -78,7 +78,7 @@ class TaskFeed(IterDataPipe):
 
     def _stamp(self, key: Any) -> None:
         """Stamp the key the sharding point gave: ``p``, or ``(p, j, ...)``."""
-        stamp_item(self._seed, self.epoch, key_position(key))
+        stamp_item(self._seed, self.epoch, key_position(key))  # type: ignore[arg-type]
         if isinstance(key, tuple):
             restore_stamp((self._seed, self.epoch, key, 0))
 
@@ -106,7 +106,8 @@ class BatchFeed(IterDataPipe):
             raise StopIteration
         key, draws, item = self._entries[self._next]
         if self._next == 0 and self._seed is not None:  # as for items: per batch, not worker
-            seed_item_rngs(derive_seed(self._seed, key_position(key), _GLOBAL_RNG_TAG + 1))
+            position = key_position(key) or 0
+            seed_item_rngs(derive_seed(self._seed, position, _GLOBAL_RNG_TAG + 1))
         self._next += 1
         restore_stamp((self._seed, self.epoch, key, draws))
         return item

@@ -123,6 +123,7 @@ class Dispatcher(IterDataPipe):
             if self._outputs:
                 key, draws, item = self._outputs.popleft()
                 position = key_position(key)
+                assert position is not None  # the dispatcher numbers unstamped items
                 skipped = bool(self._skip) and position == self._skip_position
                 if skipped:
                     self._skip -= 1
@@ -230,6 +231,7 @@ class Dispatcher(IterDataPipe):
     def _add(self, unit: _Unit, key: Any, value: Any) -> None:
         assert self._pool is not None
         position = key_position(key)
+        assert position is not None  # _read_source numbers unstamped items
         unit.positions.append(position)
         if not self.per_item_tasks:
             self._pending_chunk.append((key, value))
