@@ -407,6 +407,10 @@ class StreamReader(IterDataPipe):
         self._skip = 0  # items to skip in the next stream (after a resume)
         self._stamp: tuple = NO_STAMP  # the current stream's (its outputs: (*key, j))
         self._resume_stamp: tuple | None = None  # the stream a resume reads first
+        # An input given as (path, bytes) (a member of an archive): no opener upstream
+        # replays it, so a checkpoint keeps it, and a resume reads it again first.
+        self._bytes: tuple[str, bytes] | None = None
+        self._replay_bytes: tuple[str, bytes] | None = None
 
     def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[Any]:
         raise NotImplementedError
@@ -414,8 +418,13 @@ class StreamReader(IterDataPipe):
     def async_next(self) -> Any:
         while True:
             if self._reader is None:
-                item = self.source.async_next()
+                if self._replay_bytes is not None:
+                    item, self._replay_bytes = self._replay_bytes, None
+                else:
+                    item = self.source.async_next()
+                self._bytes = None
                 if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bytes):
+                    self._bytes = item
                     item = (item[0], io.BytesIO(item[1]))  # e.g. a tar member, read like a file
                 if not (isinstance(item, tuple) and len(item) == 2 and hasattr(item[1], "read")):
                     raise TypeError(
@@ -458,9 +467,12 @@ class StreamReader(IterDataPipe):
         self._finish()
         self._skip = 0
         self._resume_stamp = None
+        self._replay_bytes = None
 
     def state_dict(self) -> dict[str, Any]:
         if self._reader is not None:
+            if self._bytes is not None:
+                return {"skip": self._count, "stamp": self._stamp, "input": self._bytes}
             return {"skip": self._count, "stamp": self._stamp}
         if self._skip and self._resume_stamp is not None:
             return {"skip": self._skip, "stamp": self._resume_stamp}
@@ -471,9 +483,21 @@ class StreamReader(IterDataPipe):
         stamp = None
         if skip and state.get("stamp") is not None:
             stamp = StateFields(self, state).stamp("stamp")
+        replay = state.get("input")
+        if replay is not None and not (
+            isinstance(replay, (tuple, list))
+            and len(replay) == 2
+            and isinstance(replay[0], str)
+            and isinstance(replay[1], bytes)
+        ):
+            raise StateError(
+                f"{self!r}: the state's field 'input' must be a (path, bytes) pair, got "
+                f"{type(replay).__name__}; the state is damaged or from another pipeline"
+            )
         self._finish()
         self._skip = skip
         self._resume_stamp = stamp
+        self._replay_bytes = None if replay is None else (replay[0], replay[1])
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
