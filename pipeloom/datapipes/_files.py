@@ -407,8 +407,7 @@ class StreamReader(IterDataPipe):
         self._skip = 0  # items to skip in the next stream (after a resume)
         self._stamp: tuple = NO_STAMP  # the current stream's (its outputs: (*key, j))
         self._resume_stamp: tuple | None = None  # the stream a resume reads first
-        # An input given as (path, bytes) (a member of an archive): no opener upstream
-        # replays it, so a checkpoint keeps it, and a resume reads it again first.
+        # A (path, bytes) input: no opener replays it, so a checkpoint keeps it.
         self._bytes: tuple[str, bytes] | None = None
         self._replay_bytes: tuple[str, bytes] | None = None
 
@@ -418,8 +417,9 @@ class StreamReader(IterDataPipe):
     def async_next(self) -> Any:
         while True:
             if self._reader is None:
-                if self._replay_bytes is not None:
-                    item, self._replay_bytes = self._replay_bytes, None
+                item: Any = self._replay_bytes
+                if item is not None:
+                    self._replay_bytes = None
                 else:
                     item = self.source.async_next()
                 self._bytes = None
@@ -471,9 +471,8 @@ class StreamReader(IterDataPipe):
 
     def state_dict(self) -> dict[str, Any]:
         if self._reader is not None:
-            if self._bytes is not None:
-                return {"skip": self._count, "stamp": self._stamp, "input": self._bytes}
-            return {"skip": self._count, "stamp": self._stamp}
+            extra = {} if self._bytes is None else {"input": self._bytes}
+            return {"skip": self._count, "stamp": self._stamp, **extra}
         if self._skip and self._resume_stamp is not None:
             return {"skip": self._skip, "stamp": self._resume_stamp}
         return {"skip": self._skip}
@@ -485,15 +484,9 @@ class StreamReader(IterDataPipe):
             stamp = StateFields(self, state).stamp("stamp")
         replay = state.get("input")
         if replay is not None and not (
-            isinstance(replay, (tuple, list))
-            and len(replay) == 2
-            and isinstance(replay[0], str)
-            and isinstance(replay[1], bytes)
+            isinstance(replay, (tuple, list)) and len(replay) == 2 and isinstance(replay[1], bytes)
         ):
-            raise StateError(
-                f"{self!r}: the state's field 'input' must be a (path, bytes) pair, got "
-                f"{type(replay).__name__}; the state is damaged or from another pipeline"
-            )
+            StateFields(self, state).fail("input", "a (path, bytes) pair", replay)
         self._finish()
         self._skip = skip
         self._resume_stamp = stamp
