@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from pipeloom.datapipes import IterableWrapper, IterDataPipe, MapDataPipe, functional_datapipe
-from pipeloom.datapipes._context import stamp_item
+from pipeloom.datapipes.runtime import forget_lazy_init
 
 _LENGTH = struct.Struct("<Q")
 
@@ -75,6 +75,10 @@ class RecordReader(IterDataPipe):
     """
 
     inputs = ("source",)  # the attribute holding the upstream block
+    # It stamps each record with its file's position and its index in the file
+    # (stamp_position below), so every reading service merges records in the
+    # in-process order and item_rng() draws the same for each record.
+    stamps_positions = True
 
     def __init__(self, source: IterDataPipe, *, return_path: bool = True) -> None:
         if not isinstance(source, IterDataPipe):  # validate at construction
@@ -104,15 +108,21 @@ class RecordReader(IterDataPipe):
         self._records = 0  # records emitted from the current file
         self._path: str | None = None
         self._offset = 0  # byte offset of the next record in the current file
-        self._emitted = 0  # records emitted this epoch (the item position)
+        self._emitted = 0  # records emitted this epoch
+        self._resume_from = 0  # files before it were read before a resume
+
+    def resume_at(self, position: int) -> None:
+        """Skip the files before ``position`` (a reading service resuming mid-epoch)."""
+        self._resume_from = position
 
     def async_next(self) -> Any:
         while True:
             if self._path is None:
                 path = self.source.async_next()  # may raise NotAvailable / StopIteration
                 self._files += 1
-                if (self._files - 1) % self._total != self._index:
-                    continue  # another worker's file
+                position = self._files - 1  # the file's position in the stream of paths
+                if position % self._total != self._index or position < self._resume_from:
+                    continue  # another worker's file, or one read before a resume
                 self._path, self._offset, self._records = str(path), 0, 0
             if self._file is None:
                 self._file = open(self._path, "rb")  # noqa: SIM115 (closed in _close)
@@ -124,7 +134,8 @@ class RecordReader(IterDataPipe):
                 continue
             self._offset = self._file.tell()
             self._records += 1
-            stamp_item(self.epoch_seed(), self._pl_epoch, self._emitted)
+            # record j of the file at position p: its key is (p, j)
+            self.stamp_position(self._files - 1, output=self._records - 1)
             self._emitted += 1
             return (self._path, record) if self.return_path else record
 
@@ -200,7 +211,6 @@ class RecordDataset(MapDataPipe):
             )
         self._file.seek(int(self._offsets[index]))
         record = _read_record(self._file, self.path)
-        stamp_item(self.epoch_seed(), self._pl_epoch, index % len(self._offsets))
         return record if record is not None else b""
 
     def __len__(self) -> int:
@@ -218,7 +228,7 @@ class RecordDataset(MapDataPipe):
     def close(self) -> None:
         """Close the data file (``lazy_init`` re-opens it on the next use)."""
         file, self._file = getattr(self, "_file", None), None
-        self._pl_initialized = False
+        forget_lazy_init(self)
         if file is not None:
             file.close()
 

@@ -46,6 +46,11 @@ class StateError(PipeloomError):
     """A pipeline state could not be saved or restored."""
 
 
+class StateOfAnotherService(StateError):
+    """A state saved by another reading service or strategy, whose blocks at the point where
+    the main process reads the workers differ: ``DataLoader`` then resumes it by replay."""
+
+
 class DistributedError(PipeloomError):
     """The ranks of a distributed job could not agree: one failed, crashed or is stuck.
 

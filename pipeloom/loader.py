@@ -22,7 +22,7 @@ from .datapipes import (
     seed_pipeline,
 )
 from .datapipes.runtime import check_declared_inputs
-from .errors import StateError
+from .errors import StateError, StateOfAnotherService
 from .graph import Placement
 from .reading_service import InProcessReadingService, ReadingService
 from .stats import LoaderStats
@@ -135,7 +135,11 @@ class DataLoader(ShutsDown):
                 replayed, delivered, resume = delivered, 0, None
             try:
                 with self._exporting_stats():
-                    items = self.reading_service.start_epoch(epoch, resume)
+                    try:
+                        items = self.reading_service.start_epoch(epoch, resume)
+                    except StateOfAnotherService:  # portable: replay what was delivered
+                        items = self.reading_service.start_epoch(epoch, None)
+                        replayed, delivered = delivered, 0
             except BaseException:
                 self._next_epoch = epoch  # a retry starts this epoch afresh
                 raise

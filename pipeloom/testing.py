@@ -9,6 +9,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -79,7 +81,8 @@ def check_resume_from_every_step(
 
     For every ``k`` (or each of ``steps``): the first ``k`` items of an epoch,
     then the items of a freshly built pipeline restored from the state saved
-    at ``k``, must equal the uninterrupted epoch.
+    at ``k`` and read in a fresh thread (as a new process would), must equal
+    the uninterrupted epoch, ``item_rng()`` draws included.
 
     Raises:
         AssertionError: naming the step where the resumed stream differs.
@@ -92,17 +95,40 @@ def check_resume_from_every_step(
         reset_pipeline(pipe)
         head = _drain(BlockingReader(pipe), limit=step)
         state = pipeline_state_dict(pipe)
-        resumed = make_pipe()
-        seed_pipeline(resumed, seed)
-        set_pipeline_epoch(resumed, epoch)
-        reset_pipeline(resumed)
-        load_pipeline_state_dict(resumed, state)
-        tail = _drain(BlockingReader(resumed))
+        tail = _in_a_fresh_thread(functools.partial(_resume, make_pipe(), state, seed, epoch))
         if head + tail != expected:
             raise AssertionError(
                 f"resuming after {step} items differs from the uninterrupted epoch:\n"
                 f"  expected {expected!r}\n  got      {head + tail!r}"
             )
+
+
+def _resume(pipe: DataPipe, state: dict, seed: int, epoch: int) -> list[Any]:
+    seed_pipeline(pipe, seed)
+    set_pipeline_epoch(pipe, epoch)
+    reset_pipeline(pipe)
+    load_pipeline_state_dict(pipe, state)
+    return _drain(BlockingReader(pipe))
+
+
+def _in_a_fresh_thread(work: Callable[[], list[Any]]) -> list[Any]:
+    """``work()`` run in a new thread, as a resume in a fresh process runs: nothing of the
+    interrupted run (such as the thread's item stamp) can leak into the resumed one."""
+    result: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.extend(work())
+        except BaseException as error:  # noqa: BLE001 - re-raised in the caller
+            errors.append(error)
+
+    thread = threading.Thread(target=run, name="pipeloom-resume-check")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return result
 
 
 def _as_iter(pipe: DataPipe) -> IterDataPipe:

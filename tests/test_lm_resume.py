@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 
 from pipeloom import DataLoader, item_rng
 from pipeloom.datapipes import FileLister, IterableWrapper, PadCollate
-from pipeloom.errors import StateError
 from pipeloom.reading_service import (
     InProcessReadingService,
     MultiProcessingReadingService,
@@ -208,16 +207,11 @@ def test_elastic_resume_between_threads_and_processes_in_the_middle(shards, refe
     assert stop_and_resume(packed, shards, save, load, len(epoch) // 2) == (epoch, following)
 
 
-def test_a_state_saved_in_process_is_refused_by_a_worker_service_with_a_clear_error(shards):
-    """Today's limit (pipeloom/reading_service): in-process and worker states differ in kind."""
-    with DataLoader(packed(shards), seed=11) as loader:
-        iterator = iter(loader)
-        next(iterator)
-        state = loader.state_dict()
-    with DataLoader(packed(shards), ThreadReadingService(2), seed=11) as other:
-        other.load_state_dict(state)
-        with pytest.raises(StateError, match="saved by a in-process reading service"):
-            iter(other)
+@pytest.mark.timeout(120)
+def test_a_state_saved_in_process_resumes_under_a_worker_service(shards, reference):
+    """States are portable: in-process and worker states load into each other."""
+    assert stop_and_resume(packed, shards, "in-process", "threads-3", 1) == reference["packed"]
+    assert stop_and_resume(packed, shards, "threads-1", "in-process", 2) == reference["packed"]
 
 
 def books_and_code():

@@ -23,7 +23,7 @@ from ._collate import Collator, default_collate
 from ._columns import Dropper, Flattener, Slicer
 from ._compact import CompactStringList
 from ._concat import Concater, MapConcater
-from ._context import current_position, item_rng, item_seed
+from ._context import current_key, current_position, item_rng, item_seed, item_stamp, set_item_stamp
 from ._cycle import Cycler
 from ._decode import Decoder, default_decoders
 from ._decompress import Bz2FileLoader, CompressionType, Decompressor, XzFileLoader
@@ -102,6 +102,7 @@ __all__ = [
     "CompressionType",
     "Concater",
     "CSVParser",
+    "current_key",
     "current_position",
     "Cycler",
     "DataPipe",
@@ -136,6 +137,7 @@ __all__ = [
     "InMemoryCacheHolder",
     "item_rng",
     "item_seed",
+    "item_stamp",
     "IterableWrapper",
     "IterDataPipe",
     "IterKeyZipper",
@@ -200,4 +202,5 @@ __all__ = [
     "ZipArchiveLoader",
     "Zipper",
     "ZipperLongest",
+    "set_item_stamp",
 ]

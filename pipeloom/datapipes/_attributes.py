@@ -21,7 +21,7 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-__all__ = ["attribute_values"]
+__all__ = ["attribute_values", "blocks_in"]
 
 _MISSING = object()
 
@@ -40,3 +40,22 @@ def _is_instance_dict(obj: Any, candidate: dict) -> bool:
         type(name) is str and getattr(obj, name, _MISSING) is value
         for name, value in candidate.items()
     )
+
+
+def blocks_in(value: Any, kind: type) -> list[Any]:
+    """The blocks (instances of ``kind``) an input attribute holds: a block, or a
+    list/tuple/dict of them.
+
+    A container counts when its first element is a block (a look at one
+    element, so a long list of file names costs nothing).
+    """
+    if isinstance(value, kind):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        if value and isinstance(value[0], kind):
+            return [v for v in value if isinstance(v, kind)]
+    elif isinstance(value, dict) and value:
+        values = list(value.values())
+        if isinstance(values[0], kind):
+            return [v for v in values if isinstance(v, kind)]
+    return []

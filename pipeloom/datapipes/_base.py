@@ -38,10 +38,12 @@ import torch
 from .._validate import check_int
 from ..errors import NotAvailable
 from ..events import ReadinessSource
-from ._attributes import attribute_values
+from ._attributes import attribute_values, blocks_in
 from ._context import _ITEM, derive_seed
 from ._functional import IterFunctional, MapFunctional
 from ._nesting import NESTING, nested_call
+from ._numbering import Numbering, install_numbering, stamp_position
+from ._numbering import overrides as _overrides
 from ._reader import BlockingReader
 
 __all__ = ["DataPipe", "IterDataPipe", "MapDataPipe"]
@@ -84,6 +86,8 @@ class DataPipe:
     #: True when the block yields at most one output per input (filter); implied
     #: by ``one_to_one``. Lets the workers' merge move on without waiting.
     at_most_one: ClassVar[bool] = False
+    #: True when the block stamps its outputs' positions itself (:meth:`stamp_position`).
+    stamps_positions: ClassVar[bool] = False
 
     # Framework-owned per-instance state, kept out of __init__ so subclasses
     # need not call super().__init__(). Only this module reads or writes it.
@@ -95,6 +99,8 @@ class DataPipe:
     _pl_epoch: int = 0
     _pl_round: int = 0  # repetitions of the stream within an epoch (cycle)
     _pl_epoch_seed: int | None = None
+    _pl_numbers_outputs: ClassVar[bool] = False  # see _numbering.py
+    _pl_numbering: Numbering | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -192,6 +198,9 @@ class DataPipe:
         Called on a sharding point after ``reset()`` when a reading service
         resumes an epoch mid-way: only the cheap part upstream is replayed.
         """
+        if type(self)._pl_numbers_outputs:  # numbered by the framework: replays (_numbering.py)
+            self._numbering().skip_before = position
+            return
         raise NotImplementedError(
             f"{type(self).__name__} is a sharding point but cannot fast-forward to a "
             f"position, so an epoch read through workers cannot resume mid-way; implement "
@@ -248,12 +257,14 @@ class DataPipe:
                 self._pl_epoch_seed = derive_seed(self._pl_seed, self._pl_epoch)
         return self._pl_epoch_seed
 
-    def _fix_seed(self, seed: int | None) -> None:
-        """Give this block its own seed (its ``seed=`` argument), which pipeline seeding keeps."""
+    def use_own_seed(self, seed: int | None) -> None:
+        """Give this block its own seed (its ``seed=`` argument; None: the pipeline's)."""
         if check_int("seed", seed, allow_none=True) is None:
             return
         self._pl_seed = seed
         self._pl_seed_fixed = True
+
+    stamp_position = stamp_position  # public: see _numbering.py
 
     def _stamp_item(self, position: int) -> None:
         """Mark the current item as this block's output at ``position`` (sources, sharding)."""
@@ -317,7 +328,16 @@ class DataPipe:
         """Reset framework state, then the block's own (``reset`` hook)."""
         self._pl_ensure_init()
         self._pl_epoch_seed = None
+        if self._pl_numbering is not None:
+            self._pl_numbering.restart()
         self.reset()
+
+    def _numbering(self) -> Numbering:
+        """How the framework numbers this user-defined block's outputs (``stamps_positions``)."""
+        numbering = self._pl_numbering
+        if numbering is None:
+            numbering = self._pl_numbering = Numbering()
+        return numbering
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -346,6 +366,7 @@ class IterDataPipe(IterFunctional, DataPipe):
         has_async = _overrides(cls, "async_next", IterDataPipe)
         has_sync = _overrides(cls, "__iter__", IterDataPipe)
         cls._pl_sync_style = has_sync and not has_async
+        cls._pl_numbers_outputs = install_numbering(cls)  # user-defined: see _numbering.py
 
     def async_next(self) -> Any:
         """Return the next item, or raise ``NotAvailable`` / ``StopIteration``.
@@ -447,31 +468,8 @@ class MapDataPipe(MapFunctional, DataPipe):
             yield self[index]
 
 
-def _overrides(cls: type, name: str, base: type) -> bool:
-    for klass in cls.__mro__:
-        if klass is base:
-            return False
-        if name in klass.__dict__:
-            return True
-    return False
-
-
 def _blocks_in(value: Any) -> list[DataPipe]:
-    """The blocks an input attribute holds: a block, or a list/tuple/dict of them.
-
-    A container counts when its first element is a block (a look at one
-    element, so a long list of file names costs nothing).
-    """
-    if isinstance(value, DataPipe):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        if value and isinstance(value[0], DataPipe):
-            return [v for v in value if isinstance(v, DataPipe)]
-    elif isinstance(value, dict) and value:
-        values = list(value.values())
-        if isinstance(values[0], DataPipe):
-            return [v for v in values if isinstance(v, DataPipe)]
-    return []
+    return blocks_in(value, DataPipe)
 
 
 class _BlockingIterator(Iterator[Any]):

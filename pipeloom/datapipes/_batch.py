@@ -8,7 +8,7 @@ from typing import Any
 from .._validate import check_bool, check_int
 from ..errors import NotAvailable
 from ._base import IterDataPipe, MapDataPipe
-from ._context import current_stamp, restore_stamp
+from ._context import current_stamp, restore_stamp, stamp_output
 from ._map import fn_name
 from ._runs import RunReader
 from ._state_fields import StateFields
@@ -216,17 +216,21 @@ class Unbatcher(IterDataPipe):
         self.unbatch_level = unbatch_level
         self._buffer: list[Any] | tuple[Any, ...] = ()
         self._index = 0
+        self._offset = 0  # the output index of self._buffer[0] (after a resume: > 0)
+        self._stamp: tuple = (None, 0, None, 0)  # the batch's
 
     def reset(self) -> None:
-        self._buffer, self._index = (), 0
+        self._buffer, self._index, self._offset = (), 0, 0
 
     def async_next(self) -> Any:
         buffer, index = self._buffer, self._index
         while index >= len(buffer):
             batch = self.source.async_next()  # NotAvailable: nothing pulled, nothing lost
             buffer, index = self._flatten(batch), 0
-            self._buffer = buffer
+            self._buffer, self._offset, self._stamp = buffer, 0, current_stamp()
         self._index = index + 1
+        # Element j of the batch keyed k is keyed (*k, j): its own item_rng() draws.
+        stamp_output(self._stamp, self._offset + index)  # type: ignore[arg-type]
         return buffer[index]
 
     def _flatten(self, batch: Any) -> list[Any] | tuple[Any, ...]:
@@ -243,10 +247,16 @@ class Unbatcher(IterDataPipe):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pending": list(self._buffer[self._index :])}
+        pending = list(self._buffer[self._index :])
+        if not pending:
+            return {"pending": pending}
+        return {"pending": pending, "stamp": self._stamp, "output": self._offset + self._index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._buffer, self._index = StateFields(self, state).list("pending"), 0
+        fields = StateFields(self, state)
+        self._buffer, self._index = fields.list("pending"), 0
+        self._stamp = fields.stamp("stamp", default=(None, 0, None, 0))
+        self._offset = fields.int("output", default=0)
 
     def __repr__(self) -> str:
         return f"Unbatcher(unbatch_level={self.unbatch_level})"

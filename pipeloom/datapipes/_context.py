@@ -2,9 +2,13 @@
 
 Every random decision in pipeloom is drawn from a seed derived from
 ``(loader seed, block, epoch)`` or, for work on one item, from
-``(seed, epoch, item position)``. The *position* of an item is stamped by the
+``(seed, epoch, item key)``. An item's *key* is its *position*, stamped by the
 block where items originate or are sharded (a source, ``sharding_filter``),
-so it does not depend on which worker processes the item.
+so it does not depend on which worker processes the item. A block that makes
+several outputs of one input (``flatmap``, tar members, ``unbatch``) gives
+output ``j`` the key ``(position, j)`` (nested: ``(position, j, k)``), whose
+draws start afresh; a block that groups several inputs into one output
+(``batch``, ``webdataset``) stamps it with its first input's stamp.
 
 User functions get per-item randomness with :func:`item_rng` / :func:`item_seed`:
 
@@ -29,13 +33,19 @@ __all__ = [
     "NO_STAMP",
     "ItemStamp",
     "current_draws",
+    "current_key",
     "current_position",
     "current_stamp",
     "derive_seed",
     "item_rng",
     "item_seed",
+    "item_stamp",
+    "key_position",
+    "output_stamp",
     "restore_stamp",
+    "set_item_stamp",
     "stamp_item",
+    "stamp_output",
 ]
 
 _MASK64 = (1 << 64) - 1
@@ -60,8 +70,15 @@ def derive_seed(*parts: int) -> int:
     return value >> 1
 
 
-ItemStamp = tuple[int | None, int, int | None, int]
-"""``(seed, epoch, position, draws)``: which item a thread works on, and its draws so far."""
+Key = int | tuple[int, ...]
+"""An item's key: its position ``p``, or ``(p, j, ...)`` for output ``j`` of the item at ``p``."""
+
+ItemStamp = tuple[int | None, int, Key | None, int]
+"""``(seed, epoch, key, draws)``: which item a thread works on, and its draws so far.
+
+The key sits where a plain stamp has its position, so a plain stamp is
+``(seed, epoch, position, draws)``: the cheapest thing to set per item.
+"""
 
 NO_STAMP: ItemStamp = (None, 0, None, 0)
 
@@ -118,7 +135,10 @@ def restore_stamp(stamp: tuple) -> None:
 
     A 3-tuple ``(seed, epoch, position)`` restores with no draws made yet.
     """
-    _ITEM.stamp = tuple(stamp) if len(stamp) == 4 else (stamp[0], stamp[1], stamp[2], 0)
+    if stamp.__class__ is tuple and len(stamp) == 4:
+        _ITEM.stamp = stamp  # type: ignore[assignment]
+    else:
+        _ITEM.stamp = (stamp[0], stamp[1], stamp[2], stamp[3] if len(stamp) == 4 else 0)
 
 
 def current_draws() -> int:
@@ -126,30 +146,133 @@ def current_draws() -> int:
     return _ITEM.stamp[3]
 
 
+def key_position(key: Key | None) -> int | None:
+    """The source position of an item ``key`` (``p`` of ``p`` or ``(p, j, ...)``).
+
+    >>> key_position(7), key_position((7, 2)), key_position(None)
+    (7, 7, None)
+    """
+    return key if key.__class__ is not tuple else key[0]  # type: ignore[index,return-value]
+
+
 def current_position() -> int | None:
-    """Position (within its epoch) of the item the current thread works on."""
+    """Position (within its epoch) of the source item the current thread works on.
+
+    For output ``j`` of the item at position ``p`` (see :func:`current_key`) it is ``p``.
+    """
+    key = _ITEM.stamp[2]
+    return key if key.__class__ is not tuple else key[0]  # type: ignore[index,return-value]
+
+
+def current_key() -> Key | None:
+    """The key of the item the current thread works on: ``p``, or ``(p, j, ...)``.
+
+    Output ``j`` of the item at key ``k`` (``flatmap``, tar members, ``unbatch``)
+    has the key ``(*k, j)``; ``item_rng()`` derives from the key.
+    """
     return _ITEM.stamp[2]
+
+
+def output_stamp(stamp: ItemStamp, index: int) -> ItemStamp:
+    """The stamp of output ``index`` of the item stamped ``stamp``: key ``(*key, index)``, no draws.
+
+    >>> output_stamp((1, 0, 5, 3), 2), output_stamp((1, 0, (5, 2), 0), 0)
+    ((1, 0, (5, 2), 0), (1, 0, (5, 2, 0), 0))
+    """
+    seed, epoch, key, _ = stamp
+    if key is None:
+        return (seed, epoch, None, 0)
+    if key.__class__ is tuple:
+        return (seed, epoch, (*key, index), 0)  # type: ignore[misc]
+    return (seed, epoch, (key, index), 0)  # type: ignore[return-value]
+
+
+def stamp_output(stamp: ItemStamp, index: int) -> None:
+    """Mark the current item as output ``index`` of the item stamped ``stamp``."""
+    seed, epoch, key, _ = stamp
+    if key is None:
+        _ITEM.stamp = (seed, epoch, None, 0)
+    elif key.__class__ is tuple:
+        _ITEM.stamp = (seed, epoch, (*key, index), 0)  # type: ignore[misc]
+    else:
+        _ITEM.stamp = (seed, epoch, (key, index), 0)  # type: ignore[assignment]
+
+
+def item_stamp() -> ItemStamp:
+    """The stamp of the item the current thread works on (plain, picklable: keep it in a state).
+
+    For a custom block that keeps items and hands them out later (or makes
+    several outputs of one input): take the stamp right after pulling an
+    input, and give it back with :func:`set_item_stamp` before returning what
+    came from that input.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper, seed_pipeline
+        >>> pipe = IterableWrapper("ab").map(lambda x: (x, item_stamp()))
+        >>> seed_pipeline(pipe, 0)
+        >>> [stamp[2] for _, stamp in pipe]  # the key: here the position
+        [0, 1]
+    """
+    return _ITEM.stamp
+
+
+def set_item_stamp(stamp: ItemStamp, output: int | None = None) -> None:
+    """Make ``stamp`` (from :func:`item_stamp`) current again; ``output=j``: its ``j``-th output.
+
+    The ``j``-th output of an input gets its own key (the input's key and
+    ``j``), so its ``item_rng()`` draws differ from the input's and from every
+    other output's, identically under every reading service.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper, IterDataPipe, seed_pipeline
+        >>> class Twice(IterDataPipe):  # two outputs per input, each with its own key
+        ...     inputs = ("source",)
+        ...     def __init__(self, source):
+        ...         self.source, self._pending = source, []
+        ...     def reset(self):
+        ...         self._pending = []
+        ...     def async_next(self):
+        ...         if not self._pending:
+        ...             item = self.source.async_next()
+        ...             stamp = item_stamp()
+        ...             self._pending = [(item, stamp, 0), (item, stamp, 1)]
+        ...         item, stamp, j = self._pending.pop(0)
+        ...         set_item_stamp(stamp, output=j)
+        ...         return item
+        >>> pipe = Twice(IterableWrapper("ab")).map(lambda x: (x, current_key()))
+        >>> seed_pipeline(pipe, 0)
+        >>> list(pipe)
+        [('a', (0, 0)), ('a', (0, 1)), ('b', (1, 0)), ('b', (1, 1))]
+    """
+    if output is None:
+        restore_stamp(stamp)
+    else:
+        stamp_output(tuple(stamp), output)  # type: ignore[arg-type]
 
 
 def item_seed() -> int:
     """A seed for random work on the current item.
 
-    It depends only on the pipeline seed, the epoch, the item's position and
-    how many seeds were already drawn for this item, so augmentations are the
-    same whichever worker, thread or reading service processes the item.
+    It depends only on the pipeline seed, the epoch, the item's key (its
+    position, or ``(position, j, ...)`` for the ``j``-th output of a block that
+    makes several outputs of one input) and how many seeds were already drawn
+    for this item, so augmentations are the same whichever worker, thread or
+    reading service processes the item.
 
     Raises:
         RuntimeError: when called outside a running pipeline.
     """
-    seed, epoch, position, draws = _ITEM.stamp
-    if position is None:
+    seed, epoch, key, draws = _ITEM.stamp
+    if key is None:
         raise RuntimeError(
             "item_seed()/item_rng() was called outside a pipeline: no item is being "
             "processed in this thread. Call it from a function passed to a block "
             "such as .map(fn) while the pipeline is iterated."
         )
-    _ITEM.stamp = (seed, epoch, position, draws + 1)
-    return derive_seed(seed or 0, epoch, position, draws)
+    _ITEM.stamp = (seed, epoch, key, draws + 1)
+    if key.__class__ is tuple:
+        return derive_seed(seed or 0, epoch, *key, draws)  # type: ignore[misc]
+    return derive_seed(seed or 0, epoch, key, draws)  # type: ignore[arg-type]
 
 
 def item_rng() -> np.random.Generator:

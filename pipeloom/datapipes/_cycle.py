@@ -27,6 +27,8 @@ class Cycler(IterDataPipe):
     """
 
     inputs = ("source",)
+    #: It restarts its input between rounds: a reading service refuses it after its workers.
+    restarts_its_input = True
 
     def __init__(self, source: IterDataPipe, count: int | None = None) -> None:
         check_int("count", count, minimum=0, allow_none=True, hint="use None to repeat forever")
@@ -35,6 +37,8 @@ class Cycler(IterDataPipe):
         self.reset()
 
     def reset(self) -> None:
+        if getattr(self, "_round", 0):  # the source was left in a later round: back to 0
+            set_pipeline_round(self.source, 0)
         self._round = 0
         self._yielded = False  # whether the current round produced an item
         self._done = self.count == 0

@@ -3,10 +3,10 @@
 ``list_files`` (a root into its files), ``shard_expand`` (a brace pattern
 into shard names) and ``repeat`` (an item into copies of it) each compute,
 for one input, the complete list of its outputs. :class:`Expander` does the
-rest once: it hands the outputs out one by one, gives every output the
-stamp of the input it came from (so ``item_rng()`` and the workers' merge
-see the input's position), and saves the outputs not yet handed out in a
-checkpoint.
+rest once: it hands the outputs out one by one, gives output ``j`` of an
+input keyed ``k`` the key ``(*k, j)`` (the workers' merge sees the input's
+position, and each output has its own ``item_rng()`` draws), and saves the
+outputs not yet handed out in a checkpoint.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from ._base import IterDataPipe
-from ._context import current_stamp, restore_stamp
+from ._context import current_stamp, stamp_output
+from ._state_fields import StateFields
 
 __all__ = ["Expander"]
 
@@ -42,32 +43,41 @@ class Expander(IterDataPipe):
         self.source = source
         self._pending: list[Any] = []
         self._next = 0
+        self._offset = 0  # the output index of self._pending[0] (after a resume: > 0)
         self._stamp: tuple = (None, 0, None, 0)
 
     def _expand(self, item: Any) -> list[Any]:
         raise NotImplementedError
 
     def reset(self) -> None:
-        self._pending, self._next = [], 0
+        self._pending, self._next, self._offset = [], 0, 0
 
     def async_next(self) -> Any:
         while self._next >= len(self._pending):
             item = self.source.async_next()  # NotAvailable here loses nothing
             stamp = current_stamp()
             self._pending, self._next, self._stamp = self._expand(item), 0, stamp
+            self._offset = 0
         index = self._next
         self._next = index + 1
-        restore_stamp(self._stamp)
+        stamp_output(self._stamp, self._offset + index)  # type: ignore[arg-type]
         return self._pending[index]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pending": self._pending[self._next :], "stamp": self._stamp}
+        return {
+            "pending": self._pending[self._next :],
+            "stamp": self._stamp,
+            "output": self._offset + self._next,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._pending, self._next = list(state.get("pending", ())), 0
-        self._stamp = tuple(state.get("stamp", (None, 0, None, 0)))
+        fields = StateFields(self, state)
+        self._pending, self._next = fields.list("pending"), 0
+        self._stamp = fields.stamp("stamp", default=(None, 0, None, 0))
+        self._offset = fields.int("output", default=0)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_pending"], state["_next"] = self._pending[self._next :], 0
+        state["_offset"] = self._offset + self._next
         return state

@@ -37,7 +37,9 @@ from .._validate import check_index, check_int
 from ..errors import StateError
 from ._base import IterDataPipe
 from ._compact import CompactStringList
+from ._context import NO_STAMP, current_stamp, restore_stamp, stamp_output
 from ._pipeline import is_sharding_root
+from ._state_fields import StateFields
 
 __all__ = ["FileLister", "FileOpener", "StreamOpener", "StreamReader"]
 
@@ -403,6 +405,11 @@ class StreamReader(IterDataPipe):
         self._stream: IO[Any] | None = None
         self._count = 0  # items of the current stream emitted (incl. skipped)
         self._skip = 0  # items to skip in the next stream (after a resume)
+        self._stamp: tuple = NO_STAMP  # the current stream's (its outputs: (*key, j))
+        self._resume_stamp: tuple | None = None  # the stream a resume reads first
+        # A (path, bytes) input: no opener replays it, so a checkpoint keeps it.
+        self._bytes: tuple[str, bytes] | None = None
+        self._replay_bytes: tuple[str, bytes] | None = None
 
     def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[Any]:
         raise NotImplementedError
@@ -410,8 +417,14 @@ class StreamReader(IterDataPipe):
     def async_next(self) -> Any:
         while True:
             if self._reader is None:
-                item = self.source.async_next()
+                item: Any = self._replay_bytes
+                if item is not None:
+                    self._replay_bytes = None
+                else:
+                    item = self.source.async_next()
+                self._bytes = None
                 if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bytes):
+                    self._bytes = item
                     item = (item[0], io.BytesIO(item[1]))  # e.g. a tar member, read like a file
                 if not (isinstance(item, tuple) and len(item) == 2 and hasattr(item[1], "read")):
                     raise TypeError(
@@ -422,6 +435,12 @@ class StreamReader(IterDataPipe):
                 self._count = self._skip
                 self._reader = self._read(str(item[0]), item[1], self._skip)
                 self._skip = 0
+                if self._resume_stamp is not None:  # the stream replayed first by a resume
+                    self._stamp, self._resume_stamp = self._resume_stamp, None
+                else:
+                    self._stamp = current_stamp()
+            else:  # the reader's parent may have stamped another item since
+                restore_stamp(self._stamp)
             try:
                 out = next(self._reader)
             except StopIteration:
@@ -430,7 +449,9 @@ class StreamReader(IterDataPipe):
             except BaseException:
                 self._finish()
                 raise
-            self._count += 1
+            count = self._count
+            self._count = count + 1
+            stamp_output(self._stamp, count)  # type: ignore[arg-type]
             return out
 
     def _finish(self) -> None:
@@ -445,14 +466,31 @@ class StreamReader(IterDataPipe):
     def reset(self) -> None:
         self._finish()
         self._skip = 0
+        self._resume_stamp = None
+        self._replay_bytes = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"skip": self._count if self._reader is not None else self._skip}
+        if self._reader is not None:
+            extra = {} if self._bytes is None else {"input": self._bytes}
+            return {"skip": self._count, "stamp": self._stamp, **extra}
+        if self._skip and self._resume_stamp is not None:
+            return {"skip": self._skip, "stamp": self._resume_stamp}
+        return {"skip": self._skip}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         skip = state_count(self, state, "skip")
+        stamp = None
+        if skip and state.get("stamp") is not None:
+            stamp = StateFields(self, state).stamp("stamp")
+        replay = state.get("input")
+        if replay is not None and not (
+            isinstance(replay, (tuple, list)) and len(replay) == 2 and isinstance(replay[1], bytes)
+        ):
+            StateFields(self, state).fail("input", "a (path, bytes) pair", replay)
         self._finish()
         self._skip = skip
+        self._resume_stamp = stamp
+        self._replay_bytes = None if replay is None else (replay[0], replay[1])
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

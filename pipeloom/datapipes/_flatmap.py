@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._base import IterDataPipe
-from ._context import current_stamp, restore_stamp
+from ._context import current_stamp, stamp_output
 from ._map import Col, fn_name, make_reader, raise_with_note
 from ._state_fields import StateFields
 
@@ -47,7 +47,8 @@ class FlatMapper(IterDataPipe):
         self.input_col = input_col
         self._expand = make_reader(_identity if fn is None else fn, input_col, "flatmap", "fn")
         self._elements: Iterator[Any] | None = None
-        self._stamp: tuple = (None, 0, None)
+        self._stamp: tuple = (None, 0, None, 0)
+        self._output = 0  # the index, among its input's elements, of the next element
 
     def reset(self) -> None:
         self._elements = None
@@ -64,10 +65,13 @@ class FlatMapper(IterDataPipe):
                     self._elements = None
                     raise_with_note(error, self, self._stamp[2])
                 else:
-                    restore_stamp(self._stamp)
+                    output = self._output
+                    self._output = output + 1
+                    stamp_output(self._stamp, output)  # type: ignore[arg-type]
                     return value
             item = self.source.async_next()  # NotAvailable here loses nothing
             stamp = self._stamp = current_stamp()
+            self._output = 0
             try:
                 self._elements = iter(self._expand(item))
             except Exception as error:
@@ -78,13 +82,14 @@ class FlatMapper(IterDataPipe):
             return {}
         remaining = list(self._elements)
         self._elements = iter(remaining)
-        return {"remaining": remaining, "stamp": self._stamp}
+        return {"remaining": remaining, "stamp": self._stamp, "output": self._output}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)
         if "remaining" in state or "stamp" in state:  # in the middle of an item's elements
             remaining = fields.list("remaining")
             self._stamp = fields.stamp("stamp")
+            self._output = fields.int("output", default=0)
             self._elements = iter(remaining)
         else:
             self._elements = None

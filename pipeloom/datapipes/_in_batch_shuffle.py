@@ -32,7 +32,7 @@ class InBatchShuffler(IterDataPipe):
     inputs = ("source",)
 
     def __init__(self, source: IterDataPipe, *, seed: int | None = None) -> None:
-        self._fix_seed(seed)
+        self.use_own_seed(seed)
         self.source = source
         self.seed = seed
         self._rng: random.Random | None = None

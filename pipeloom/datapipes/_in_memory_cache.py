@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ._base import IterDataPipe
-from ._context import current_stamp, restore_stamp, worker_info
+from ._context import current_stamp, key_position, restore_stamp, worker_info
 from ._fingerprint import random_blocks
 from ._pipeline import upstream_blocks
 from ._positions import authority_index
@@ -197,7 +197,7 @@ class InMemoryCacheHolder(IterDataPipe):
         self._keep(position, draws, item)
         return item
 
-    def _keep(self, position: int | None, draws: int, item: Any) -> None:
+    def _keep(self, position: Any, draws: int, item: Any) -> None:  # an item key
         nbytes = item_nbytes(item)
         entries = self._entries
         entries.append((position, draws, item))
@@ -245,11 +245,14 @@ class InMemoryCacheHolder(IterDataPipe):
         """Items live until one at a cached position comes; from there on, memory."""
         item = self._pass()
         entries = self._entries
-        seed, epoch, position, _ = current_stamp()
-        first = entries[0][0]
+        seed, epoch, key, _ = current_stamp()
+        position, first = key_position(key), key_position(entries[0][0])
         if position is None or first is None or position < first:
             return item
-        keys = [-1 if entry[0] is None else entry[0] for entry in entries]
+        keys: list[int] = [
+            -1 if entry[0] is None else key_position(entry[0])  # type: ignore[misc]
+            for entry in entries
+        ]
         index = bisect.bisect_left(keys, position)
         if index == len(keys) or keys[index] != position:
             self.clear()  # the upstream no longer matches: read live, refill next pass

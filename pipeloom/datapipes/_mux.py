@@ -121,7 +121,7 @@ class Multiplexer(IterDataPipe):
         self.stop = stop
         self.sampling = sampling
         self.seed = seed
-        self._fix_seed(seed)
+        self.use_own_seed(seed)
         self._rounds_mode = weights is None and stop == "first" and sampling == "smooth"
         self.reset()
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ._base import DataPipe, IterDataPipe
 from ._cache_files import FileLock, file_hash, write_atomically
-from ._context import current_stamp, restore_stamp
+from ._context import current_stamp, key_position, restore_stamp
 from ._pipeline import is_sharding_root, upstream_blocks
 
 __all__ = ["EndOnDiskCacheHolder", "OnDiskCacheHolder"]
@@ -160,7 +160,7 @@ class OnDiskCacheHolder(IterDataPipe):
                 cached = self._cached(path)
             if cached is None:
                 self._lock = lock
-                self._making[stamp[2]] = _Origin(path)
+                self._making[key_position(stamp[2])] = _Origin(path)
                 return key
             if lock is not None:
                 lock.release()
@@ -361,13 +361,14 @@ class EndOnDiskCacheHolder(IterDataPipe):
                 raise
             return
         stamp = current_stamp()
-        self._queue(holder.done_before(stamp[2]))  # cached keys before this one come first
+        # cached keys before this one come first
+        self._queue(holder.done_before(key_position(stamp[2])))
         try:
             path = self._save(item)
         except BaseException:
             holder._unlock()  # the key failed: let others try it
             raise
-        holder.made(stamp[2], path)
+        holder.made(key_position(stamp[2]), path)
         self._ready.append((stamp, path))
 
     def _queue(self, cached: list[tuple[tuple, list[str]]]) -> None:

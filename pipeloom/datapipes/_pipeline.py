@@ -7,6 +7,7 @@ per-block framework state is changed through the block base's methods.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from .._validate import check_int
 from .._walk import not_a_block, walk_upstream
@@ -181,7 +182,11 @@ def pipeline_state_dict(output: DataPipe) -> dict:
             state = block.state_dict()
         except NotImplementedError as error:
             raise StateError(f"block #{index} {block!r}: {error}") from error
-        states.append({"type": type(block).__qualname__, "state": state})
+        entry: dict[str, Any] = {"type": type(block).__qualname__, "state": state}
+        numbering = block._numbering()  # a user-defined source's count (stamps_positions)
+        if numbering.active:
+            entry["numbered"] = numbering.count
+        states.append(entry)
     return {"version": STATE_VERSION, "blocks": states}
 
 
@@ -218,6 +223,9 @@ def load_pipeline_state_dict(output: DataPipe, state: dict) -> None:
                 f"was saved from a {entry['type']}; the pipeline shape differs"
             )
     for index, (block, entry) in enumerate(zip(blocks, saved)):
+        numbered = entry.get("numbered")
+        if numbered is not None:
+            block._numbering().count = check_int("numbered", numbered, minimum=0)
         try:
             block.load_state_dict(entry["state"])
         except StateError as error:
@@ -234,6 +242,10 @@ def is_sharding_root(block: DataPipe) -> bool:
 
     Only the root of a path splits work and stamps item positions; a shardable
     block below it (e.g. ``open_files`` after ``sharding_filter``) passes the
-    root's positions through.
+    root's positions through; so does one below a block that stands in for
+    the sharding point (an economic/chunked item worker's feed).
     """
-    return not any(parent.is_shardable() for parent in upstream_blocks(block)[1:])
+    return not any(
+        parent.is_shardable() or getattr(parent, "stands_in_for_sharding_point", False)
+        for parent in upstream_blocks(block)[1:]
+    )

@@ -52,7 +52,7 @@ class Shuffler(IterDataPipe):
         self.source = source
         self.buffer_size = buffer_size
         self.seed = seed
-        self._fix_seed(seed)
+        self.use_own_seed(seed)
         self.reset()
 
     def reset(self) -> None:
@@ -153,7 +153,7 @@ class MapShuffler(IterDataPipe):
         self.source = source
         self.indices = None if indices is None else list(indices)
         self.seed = seed
-        self._fix_seed(seed)
+        self.use_own_seed(seed)
         self.reset()
 
     def reset(self) -> None:

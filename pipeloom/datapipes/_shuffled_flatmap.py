@@ -7,8 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ._base import IterDataPipe
-from ._context import current_stamp, restore_stamp
+from ._context import current_stamp, stamp_output
 from ._map import Col, fn_name, make_reader, raise_with_note
+from ._state_fields import StateFields
 
 
 def _identity(item: Any) -> Any:
@@ -62,11 +63,12 @@ class ShuffledFlatMapper(IterDataPipe):
         self._expand = make_reader(
             _identity if fn is None else fn, input_col, "shuffled_flatmap", "fn"
         )
-        self._fix_seed(seed)
+        self.use_own_seed(seed)
         self.reset()
 
     def reset(self) -> None:
-        self._pending: list[tuple[list[Any], tuple]] = []  # (elements left, stamp)
+        # [elements left, the item's stamp, index of the next element among the item's]
+        self._pending: list[list[Any]] = []
         self._rng: random.Random | None = None
         self._ended = False
 
@@ -84,28 +86,34 @@ class ShuffledFlatMapper(IterDataPipe):
             except Exception as error:
                 raise_with_note(error, self, stamp[2])
             if elements:
-                pending.append((elements, stamp))
+                pending.append([elements, stamp, 0])
         if not pending:
             raise StopIteration
         if self._rng is None:
             self._rng = random.Random(self.epoch_seed())
         index = self._rng.randrange(len(pending))
-        elements, stamp = pending[index]
+        entry = pending[index]
+        elements, stamp, output = entry
         value = elements.pop(0)
+        entry[2] = output + 1
         if not elements:
             del pending[index]
-        restore_stamp(stamp)
+        stamp_output(stamp, output)  # element j of the item keyed k: key (*k, j)
         return value
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "pending": [(list(e), s) for e, s in self._pending],
+            "pending": [(list(e), s, j) for e, s, j in self._pending],
             "rng": None if self._rng is None else self._rng.getstate(),
             "ended": self._ended,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._pending = [(list(e), tuple(s)) for e, s in state["pending"]]
+        fields = StateFields(self, state)
+        self._pending = [
+            [list(entry[0]), fields.check_stamp("pending", entry[1]), (*entry, 0)[2]]
+            for entry in state["pending"]
+        ]
         self._rng = None
         if state["rng"] is not None:
             self._rng = random.Random()

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._context import current_stamp, restore_stamp, unwatch_stamps, watch_stamps
+from ._context import (
+    current_stamp,
+    key_position,
+    restore_stamp,
+    unwatch_stamps,
+    watch_stamps,
+)
 from ._positions import authority_index
 from ._records import RecordReader, RecordWriter
 from ._snapshot_store import SnapshotStore
@@ -91,7 +97,9 @@ class Writer:
             self.stamper = self._stamped_by_authority(seed, epoch)
         elif seed != self.first_seed:  # e.g. rounds of a cycle upstream: no single seed
             self.stamper = False
-        self.writer.append(position, draws, item)
+        # Records keep the source position: a sub-key (p, j) of a multi-output block
+        # upstream is replayed as p (its item_rng() draws after the snapshot differ).
+        self.writer.append(key_position(position), draws, item)
         block._emitted += 1
         return item
 
@@ -153,7 +161,8 @@ class OrderedReader:
         if self.next_record >= len(self.reader):
             raise StopIteration
         item = block._pull()
-        seed, epoch, position, _ = current_stamp()
+        seed, epoch, key, _ = current_stamp()
+        position = key_position(key)
         recorded = self.reader.index["position"][number]
         if position is not None and recorded != -1 and position != recorded:
             raise RuntimeError(
@@ -209,7 +218,8 @@ class PositionReader:
             item = self.authority.async_next()  # NotAvailable / StopIteration pass through
             if isinstance(item, tuple) and len(item) == 2 and hasattr(item[1], "close"):
                 item[1].close()  # an opened stream we do not read
-            seed, epoch, position, _ = current_stamp()
+            seed, epoch, key, _ = current_stamp()
+            position = key_position(key)
             if position is None:
                 raise RuntimeError(f"{self.authority!r} gave an item without a position")
             start, stop = self.reader.lookup(position)

@@ -95,7 +95,7 @@ class StateFields:
         return list(value)
 
     def stamp(self, name: str, *, default: Any = _MISSING) -> tuple:
-        """An item stamp ``(seed, epoch, position[, draws])``."""
+        """An item stamp ``(seed, epoch, key[, draws])`` (key: a position or ``(p, j, ...)``)."""
         return self._check_stamp(name, self._get(name, default))
 
     def stamps(self, name: str, *, length: builtins.int | None = None) -> builtins.list[tuple]:
@@ -151,6 +151,10 @@ class StateFields:
             )
         return default
 
+    def check_stamp(self, name: str, value: Any) -> tuple:
+        """``value`` (part of field ``name``) as an item stamp, or raise ``StateError``."""
+        return self._check_stamp(name, value)
+
     def _check_stamp(self, name: str, value: Any) -> tuple:
         ok = isinstance(value, (tuple, list)) and len(value) in (3, 4)
         if ok:
@@ -160,13 +164,24 @@ class StateFields:
                 (seed is None or _is_int(seed))
                 and _is_int(epoch)
                 and epoch >= 0
-                and (position is None or (_is_int(position) and position >= 0))
+                and (position is None or _is_key(position))
                 and _is_int(draws)
                 and draws >= 0
             )
         if not ok:
-            self.fail(name, "item stamps (seed, epoch, position, draws) of ints", value)
+            self.fail(
+                name, "item stamps (seed, epoch, key, draws) of ints (key: p or (p, j, ...))", value
+            )
+        if isinstance(value[2], list):  # a key that went through JSON
+            return (value[0], value[1], tuple(value[2]), *value[3:])
         return tuple(value)
+
+
+def _is_key(value: Any) -> bool:
+    """An item key: a position ``p >= 0``, or ``(p, j, ...)`` of at least two such ints."""
+    if isinstance(value, (tuple, list)):
+        return len(value) >= 2 and all(_is_int(part) and part >= 0 for part in value)
+    return _is_int(value) and value >= 0
 
 
 def _is_int(value: Any) -> bool:

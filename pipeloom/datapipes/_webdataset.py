@@ -34,6 +34,7 @@ from typing import Any
 from ..errors import StateError
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
+from ._state_fields import StateFields
 
 __all__ = ["WebDataset", "split_key", "split_shard"]
 
@@ -169,19 +170,12 @@ class WebDataset(IterDataPipe):
                 f"WebDataset: state field 'sample' must be None or a sample dict with str "
                 f"'__key__' and '__url__', got {sample!r:.100}"
             )
-        if stamp is not None and not (
-            isinstance(stamp, (tuple, list))
-            and len(stamp) in (3, 4)
-            and all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in stamp)
-        ):
-            raise StateError(
-                f"WebDataset: state field 'stamp' must be None or a tuple of 3 or 4 ints "
-                f"(seed, epoch, position, draws), got {stamp!r:.100}"
-            )
+        if stamp is not None:
+            stamp = StateFields(self, state).stamp("stamp")
         if not isinstance(ended, bool):
             raise StateError(f"WebDataset: state field 'ended' must be a bool, got {ended!r:.100}")
         self._sample = dict(sample) if sample is not None else None
-        self._stamp = tuple(stamp) if stamp is not None else None
+        self._stamp = stamp
         self._ended = ended
 
     def __repr__(self) -> str:

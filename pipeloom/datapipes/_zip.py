@@ -6,9 +6,10 @@ from typing import Any
 
 from ..errors import NotAvailable
 from ._base import IterDataPipe, MapDataPipe
+from ._context import NO_STAMP, current_stamp, restore_stamp
 from ._state_fields import StateFields
 
-__all__ = ["MapZipper", "Zipper"]
+__all__ = ["MapZipper", "Zipper", "pull_in_own_stamp"]
 
 _MISSING = object()
 
@@ -38,8 +39,25 @@ def check_inputs(op: str, datapipes: tuple[Any, ...], kind: type) -> tuple[Any, 
     return tuple(datapipes)
 
 
+def pull_in_own_stamp(source: IterDataPipe, stamps: list[tuple], index: int) -> Any:
+    """``source.async_next()`` in the item stamp where source ``index`` left off.
+
+    A block reading several sources keeps one stamp per source, so what one
+    source's blocks see (``item_rng()`` draws, the stamp of an item they emit
+    again) never depends on what the others did in between.
+    """
+    restore_stamp(stamps[index])
+    try:
+        return source.async_next()
+    finally:
+        stamps[index] = current_stamp()
+
+
 class Zipper(IterDataPipe):
     """Yield tuples with one item of each stream; stop at the shortest (functional: ``zip``).
+
+    Each stream goes on in its own item stamp; a tuple carries its first
+    item's stamp (as ``batch`` does).
 
     Example:
         >>> from pipeloom.datapipes import IterableWrapper
@@ -56,27 +74,30 @@ class Zipper(IterDataPipe):
     def reset(self) -> None:
         self._partial: list[Any] = []
         self._done = False
+        self._stamps: list[tuple] = [NO_STAMP] * len(self.datapipes)
 
     def async_next(self) -> tuple[Any, ...]:
         if self._done:
             raise StopIteration
-        partial = self._partial
+        partial, stamps = self._partial, self._stamps
         datapipes = self.datapipes
         try:
-            for dp in datapipes[len(partial) :]:
-                partial.append(dp.async_next())  # NotAvailable keeps the partial tuple
+            for index in range(len(partial), len(datapipes)):
+                # NotAvailable keeps the partial tuple
+                partial.append(pull_in_own_stamp(datapipes[index], stamps, index))
         except StopIteration:
             self._done = True
             partial.clear()
             raise
         self._partial = []
+        restore_stamp(stamps[0])
         return tuple(partial)
 
     def __len__(self) -> int:
         return min(len(dp) for dp in self.datapipes)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"partial": list(self._partial), "done": self._done}
+        return {"partial": list(self._partial), "done": self._done, "stamps": list(self._stamps)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)
@@ -86,9 +107,17 @@ class Zipper(IterDataPipe):
             fields.fail("partial", f"a list of fewer than {count} items (one per input)", partial)
         self._done = fields.bool("done")
         self._partial = partial
+        self._stamps = load_stamps(fields, len(self.datapipes))
 
     def __repr__(self) -> str:
         return "Zipper()"
+
+
+def load_stamps(fields: StateFields, count: int) -> list[tuple]:
+    """The per-source stamps of a state (``NO_STAMP`` each in a state saved without them)."""
+    if "stamps" not in fields.state:
+        return [NO_STAMP] * count
+    return fields.stamps("stamps", length=count)
 
 
 class MapZipper(MapDataPipe):

@@ -3,10 +3,12 @@
 The seam between ``pipeloom.datapipes`` and the reading services, the compat
 loader and ``pipeloom.testing``:
 
-* the *item stamp* ``(seed, epoch, position, draws)`` of the item a thread
-  works on, which a worker sends along with each output and the consumer
-  restores, so ``item_rng()`` continues identically in every process
-  (``stamp_item`` starts one, for a block that stands in for a sharding point);
+* the *item stamp* ``(seed, epoch, key, draws)`` of the item a thread works
+  on, which a worker sends along with each output and the consumer restores,
+  so ``item_rng()`` continues identically in every process (``stamp_item``
+  starts one, for a block that stands in for a sharding point). The key is
+  the item's position ``p``, or ``(p, j, ...)`` for output ``j`` of a block
+  that makes several outputs of one input; ``key_position`` gives ``p``;
 * which worker runs the current code (``set_worker_info``; the reading
   services set it, ``pipeloom.get_worker_info()`` and blocks read it);
 * per-block framework state, changed through the block base's methods:
@@ -31,9 +33,11 @@ from ._context import (
     NO_STAMP,
     ItemStamp,
     current_draws,
+    current_key,
     current_position,
     current_stamp,
     derive_seed,
+    key_position,
     restore_stamp,
     set_worker_info,
     stamp_item,
@@ -47,10 +51,12 @@ __all__ = [
     "block_seed",
     "check_declared_inputs",
     "current_draws",
+    "current_key",
     "current_position",
     "current_stamp",
     "derive_seed",
     "forget_lazy_init",
+    "key_position",
     "read_only_data",
     "restart_blocks",
     "restore_stamp",

@@ -97,3 +97,44 @@ def test_item_rng_differs_between_rounds():
     values = collect(build(), seed=1)
     assert values[:4] != values[4:]
     check_resume_from_every_step(build, seed=1)
+
+
+def test_reading_the_same_epoch_again_starts_from_the_first_rounds_seeds():
+    # reset() left the upstream blocks in the last round: the second read of the
+    # epoch started with the last round's shuffle.
+    from pipeloom.datapipes import IterableWrapper, seed_pipeline
+
+    pipe = IterableWrapper(range(6)).shuffle().cycle(3)
+    seed_pipeline(pipe, 0)
+    first = list(pipe)
+    assert first[:6] != first[12:]  # each round has its own order
+    assert list(pipe) == first
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("strategy", ["threads", "classic", "chunked"])
+def test_a_cycle_after_the_workers_is_refused_with_advice(strategy):
+    # Threads raised QueueBroken and processes hung until the timeout.
+    from pipeloom import DataLoader
+    from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+
+    pipe = IterableWrapper(range(5)).sharding_filter().map(abs)
+    if strategy == "chunked":
+        pipe = pipe.batch(2)
+    pipe = pipe.cycle(2)
+    if strategy == "threads":
+        service = ThreadReadingService(2)
+    else:
+        service = MultiProcessingReadingService(2, strategy=strategy, timeout=10)
+    with pytest.raises(ValueError, match=r"restarts its input.*before the sharding point"):
+        with DataLoader(pipe, service) as loader:  # planned at the first use
+            list(loader)
+
+
+def test_a_cycle_before_the_sharding_point_runs_under_workers():
+    from pipeloom import DataLoader
+    from pipeloom.reading_service import ThreadReadingService
+
+    pipe = IterableWrapper(range(5)).cycle(2).sharding_filter()
+    with DataLoader(pipe, ThreadReadingService(2)) as loader:
+        assert list(loader) == [*range(5), *range(5)]

@@ -266,5 +266,5 @@ def test_a_state_saved_mid_sample_does_not_change_as_iteration_goes_on(shards):
     ],
 )
 def test_bad_states_raise_a_state_error_naming_the_field(state, field):
-    with pytest.raises(StateError, match=rf"WebDataset: .*'{field}'"):
+    with pytest.raises(StateError, match=rf"WebDataset(\(\))?: .*'{field}'"):
         WebDataset(IterableWrapper([])).load_state_dict(state)

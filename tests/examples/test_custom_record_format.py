@@ -8,8 +8,13 @@ import pathlib
 
 import pytest
 
+from pipeloom import item_rng
 from pipeloom.datapipes import IterableWrapper
-from pipeloom.testing import check_resume_from_every_step, collect_async
+from pipeloom.testing import (
+    check_resume_from_every_step,
+    check_same_output_everywhere,
+    collect_async,
+)
 
 _PATH = pathlib.Path(__file__).parents[2] / "examples" / "custom_record_format.py"
 _spec = importlib.util.spec_from_file_location("custom_record_format", _PATH)
@@ -61,3 +66,22 @@ def test_truncated_file_and_missing_index_are_reported(tmp_path):
         list(IterableWrapper([str(path)]).read_records())
     with pytest.raises(FileNotFoundError, match=r"needs the index '.*none.plr.idx'"):
         example.RecordDataset(tmp_path / "none.plr")
+
+
+def record_draw(record):
+    return record, float(item_rng().random())
+
+
+@pytest.mark.timeout(120)
+def test_stream_reader_gives_the_same_records_and_draws_under_every_service(tmp_path):
+    # It stamps (file position, record index): every service merges its records in
+    # the in-process order, with the same item_rng() draws.
+    paths = [str(tmp_path / f"{i}.plr") for i in range(3)]
+    for i, path in enumerate(paths):
+        example.write_records(path, [bytes([i, j]) for j in range(i + 2)])
+
+    def pipeline():
+        return IterableWrapper(paths).read_records(return_path=False).map(record_draw).batch(2)
+
+    ran = check_same_output_everywhere(pipeline)
+    assert ran == ["in-process", "threads", "classic", "economic", "chunked"]

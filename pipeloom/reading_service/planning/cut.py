@@ -169,6 +169,21 @@ def cut_for_workers(
     )
 
 
+def refuse_restarting_the_workers(pipeline: IterDataPipe, exit_block: DataPipe) -> None:
+    """Raise when a block that restarts its input within an epoch (``cycle``) reads the
+    workers' output: the workers' part would have to run again mid-epoch."""
+    for block in traverse(pipeline).nodes:
+        if getattr(block, "restarts_its_input", False) and any(
+            b is exit_block for b in upstream(block)[1:]
+        ):
+            raise PlanError(
+                f"{block!r} restarts its input within an epoch, but its input is fed by the "
+                f"workers, which produce each epoch once; move it before the sharding point "
+                f"(e.g. .cycle(n).sharding_filter(): the workers then share the repeated "
+                f"stream), or read this pipeline in-process (num_workers=0)"
+            )
+
+
 def cut_for_dispatch(pipeline: IterDataPipe, strategy: str) -> DispatchCut:
     """Cut ``pipeline`` for ``strategy`` (``"economic"`` or ``"chunked"``).
 
@@ -198,6 +213,8 @@ def cut_for_dispatch(pipeline: IterDataPipe, strategy: str) -> DispatchCut:
 
 def single_output(exit_block: DataPipe, point: DataPipe, group_size: int) -> bool:
     """At most one output per group of positions (see ``WorkerCut.single_output``)."""
+    if point.stamps_positions and not (point.one_to_one or point.at_most_one):
+        return False  # a custom sharding point may give one position several outputs
     chain = upstream(exit_block)
     below_point = chain[: _index_in(chain, point)]
     if group_size > 1:  # a batching block builds one output per group; what follows it counts

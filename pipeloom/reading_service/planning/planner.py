@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ...datapipes import DataPipe, IterDataPipe
 from ...graph import Part, Plan, QueueLink, traverse, upstream
-from .cut import PlanError, cut_for_dispatch, cut_for_workers
+from .cut import PlanError, cut_for_dispatch, cut_for_workers, refuse_restarting_the_workers
 
 __all__ = ["LINK_CAPACITY", "Settings", "make_plan", "outer_group_size"]
 
@@ -114,6 +114,7 @@ def _plan_replicas(pipeline: IterDataPipe, settings: Settings) -> Plan:
     main_location, workers_kind, queue_kind = _REPLICAS[settings.strategy]
     workers_location = f"{workers_kind} x{settings.workers}"
     cut = cut_for_workers(pipeline)
+    refuse_restarting_the_workers(pipeline, cut.exit)
     workers = Part("workers", workers_location, cut.worker_blocks, cut.exit, settings.workers)
     separate = _separate_parts(pipeline, (workers,), settings)
     main = _main_part(pipeline, main_location, (workers, *separate))
@@ -151,6 +152,7 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
     """Economic and chunked: the main process reads the sharding point and hands out work."""
     strategy = settings.strategy
     cut = cut_for_dispatch(pipeline, strategy)
+    refuse_restarting_the_workers(pipeline, cut.item_exit)
     batch_size = cut.batch_size
     n = settings.workers
     item_location = f"item worker processes x{n}"

@@ -12,7 +12,7 @@ from ...datapipes import (
     reset_pipeline,
     set_pipeline_epoch,
 )
-from ...errors import StateError
+from ...errors import StateOfAnotherService
 from ...graph import Plan
 from ..planning.sharding import keep_shard
 from .runner import Runner, drain
@@ -39,7 +39,7 @@ class InProcessRunner(Runner):
         reset_pipeline(pipeline)
         if state is not None:
             if state.get("kind") != "in-process":
-                raise StateError(
+                raise StateOfAnotherService(
                     f"this state was saved by a {state.get('kind', 'different')} reading "
                     f"service; the in-process service resumes only in-process states"
                 )

@@ -19,8 +19,8 @@ from ...datapipes import (
     reset_pipeline,
     set_pipeline_epoch,
 )
-from ...errors import StateError
-from ...graph import Plan, copy
+from ...errors import StateOfAnotherService
+from ...graph import Plan, copy, upstream
 from ..workers.separate_process import SeparateProcessReader
 
 __all__ = ["MainPart"]
@@ -60,17 +60,33 @@ class MainPart:
 
     def start_epoch(self, epoch: int, state: dict[str, Any] | None) -> None:
         """Restart the copy for ``epoch``, restoring ``state`` (a :meth:`state_dict`)."""
+        if state is not None:
+            self._check_kind(state)
         set_pipeline_epoch(self.pipeline, epoch)
         reset_pipeline(self.pipeline)
         if state is not None:
-            kind = state.get("kind") if isinstance(state, dict) else None
-            if kind != "workers":
-                raise StateError(
-                    f"this state was saved by a {kind or 'different'} reading service; a "
-                    f"thread or process service can only resume a state saved by a thread or "
-                    f"process service (with num_workers > 0)"
-                )
             load_pipeline_state_dict(self.pipeline, state.get("tail", {}))
+
+    def _check_kind(self, state: Any) -> None:
+        """Raise ``StateOfAnotherService`` unless ``state`` is of this main part's shape."""
+        kind = state.get("kind") if isinstance(state, dict) else None
+        if kind != "workers":
+            raise StateOfAnotherService(
+                f"this state was saved by a {kind or 'different'} reading service; a thread "
+                f"or process service resumes directly only a state saved by a thread or "
+                f"process service (with num_workers > 0)"
+            )
+        tail = state.get("tail")
+        saved = tail.get("blocks") if isinstance(tail, dict) else None
+        if isinstance(saved, (list, tuple)) and all(isinstance(e, dict) for e in saved):
+            types = [entry.get("type") for entry in saved]
+            own = [type(block).__qualname__ for block in upstream(self.pipeline)]
+            if types != own:
+                raise StateOfAnotherService(
+                    f"this state was saved where the main process read the workers' output "
+                    f"through {types}, but this service reads it through {own} (another "
+                    f"strategy)"
+                )
 
     def start_separate_processes(self, epoch: int) -> None:
         for reader in self.readers:

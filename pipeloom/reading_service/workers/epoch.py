@@ -18,7 +18,7 @@ from ...datapipes import (
     reset_pipeline,
     set_pipeline_epoch,
 )
-from ...datapipes.runtime import current_draws, current_position, current_stamp, restore_stamp
+from ...datapipes.runtime import current_stamp, restore_stamp
 from ...errors import QueueError
 from .failure import capture_failure
 from .messages import END
@@ -65,11 +65,8 @@ def produce_epoch(
                 item = reader.next()
             except StopIteration:
                 break
-            put(
-                (current_stamp(), item)
-                if full_stamp
-                else (current_position(), current_draws(), item)
-            )
+            stamp = current_stamp()
+            put((stamp, item) if full_stamp else (stamp[2], stamp[3], item))
     except QueueError as error:
         return isinstance(error, EpochCancelled)
     except BaseException as error:  # noqa: BLE001 - every failure goes to the consumer

@@ -6,9 +6,10 @@ send small tuples of builtins fastest); everything else is a small
 
 Outputs, from a worker to whoever reads it:
 
-* :data:`Output` ``(position, draws, item)``: one output of a worker; ``draws``
-  counts the item seeds already drawn for it, so ``item_rng()`` goes on where
-  the worker stopped. Classic workers (threads and processes) send these, and
+* :data:`Output` ``(key, draws, item)``: one output of a worker; ``key`` is
+  its position ``p`` or ``(p, j, ...)`` (output ``j`` of the item at ``p``),
+  ``draws`` counts the item seeds already drawn for it, so ``item_rng()`` goes
+  on where the worker stopped. Classic workers (threads and processes) send these, and
   economic/chunked workers send lists of them.
 * :data:`StampedOutput` ``(stamp, item)``: one output of a separate process,
   whose blocks stamp items with seeds of their own.
@@ -49,8 +50,8 @@ __all__ = [
     "TaskResult",
 ]
 
-Output = tuple[int | None, int, Any]
-"""``(position, draws, item)``: one output of a worker."""
+Output = tuple[int | tuple[int, ...] | None, int, Any]
+"""``(key, draws, item)``: one output of a worker (key: ``p`` or ``(p, j, ...)``)."""
 
 StampedOutput = tuple[ItemStamp, Any]
 """``(stamp, item)``: one output of a separate process, with its full item stamp."""

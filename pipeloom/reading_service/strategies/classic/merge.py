@@ -1,8 +1,9 @@
 """The classic strategy's merge: the workers' outputs in the order of their source positions.
 
-Each worker sends ``Output`` triples ``(position, draws, item)`` (``draws``:
-item seeds already drawn for the item, so ``item_rng()`` continues where it
-was) in increasing position order, then ``END``. Position ``p`` belongs to
+Each worker sends ``Output`` triples ``(key, draws, item)`` (``key``: the
+item's position ``p``, or ``(p, j, ...)`` for output ``j`` of the item at
+``p``; ``draws``: item seeds already drawn for the item, so ``item_rng()``
+continues where it was) in increasing position order, then ``END``. Position ``p`` belongs to
 worker ``(p // group_size) % num_workers``. The merge walks positions in
 order and asks only the owner of the current position, so the result is the
 in-process order whatever the timing; a worker whose next output is past
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ....datapipes import IterDataPipe, StateFields
-from ....datapipes.runtime import restore_stamp
+from ....datapipes.runtime import key_position, restore_stamp
 from ....errors import NotAvailable, StateError
 from ....events import ReadinessSource
 from ...workers.failure import Failure
@@ -42,6 +43,17 @@ def next_owned_group(group: int, outer: tuple[int, int] = (1, 0)) -> int:
     """
     total, index = outer
     return group + (index - group) % total
+
+
+def _position_of(output: tuple) -> int:
+    position = key_position(output[0])
+    if position is None:
+        raise RuntimeError(
+            "a worker sent an output without a position: the sharding point or a block "
+            "after it replaced the item stamp with none; a block that hands items out later "
+            "must keep their stamps (item_stamp()/set_item_stamp())"
+        )
+    return position
 
 
 class WorkerChannel(Protocol):
@@ -85,8 +97,12 @@ class WorkerMerge(IterDataPipe):
 
     def reset(self) -> None:
         self._position = 0
-        self._delivered_here = 0  # outputs delivered at self._position
-        self._skip_here = 0  # outputs at self._position already delivered before a resume
+        # Outputs delivered in the group of self._position, and how many of them a
+        # resume skips (delivered before the checkpoint). A group (runs of
+        # group_size positions, one batch built in a worker) is the unit a resume
+        # restarts: a worker cannot start a batch in its middle.
+        self._delivered_here = 0
+        self._skip_here = 0
         self._next_channel = 0
         self._heads = [None] * len(self.channels)
         self._ended = [False] * len(self.channels)
@@ -129,7 +145,7 @@ class WorkerMerge(IterDataPipe):
                 group //= total  # the owner counts this process's groups only
             owner = group % workers
             head = self._head(owner)
-            if head is END or head[0] > position:  # the owner has nothing (more) here
+            if head is END or _position_of(head) > position:  # nothing (more) here
                 self._advance_to(position + 1)
                 continue
             self._heads[owner] = None
@@ -144,8 +160,10 @@ class WorkerMerge(IterDataPipe):
             return head
 
     def _advance_to(self, position: int) -> None:
+        size = self.group_size
+        if position // size != self._position // size:  # a new group
+            self._delivered_here = self._skip_here = 0
         self._position = position
-        self._delivered_here = self._skip_here = 0
 
     def _next_any(self) -> tuple[int, int, Any]:
         workers = len(self.channels)
@@ -173,8 +191,8 @@ class WorkerMerge(IterDataPipe):
 
     @property
     def resume_position(self) -> int:
-        """The first position workers must produce again after a resume."""
-        return self._position
+        """The first position workers must produce again after a resume (a group's first)."""
+        return self._position - self._position % self.group_size
 
     def state_dict(self) -> dict[str, Any]:
         if not self.in_order:
@@ -182,11 +200,12 @@ class WorkerMerge(IterDataPipe):
                 "a reading service with in_order=False delivers items in arrival order, "
                 "which cannot be replayed; use in_order=True (the default) to checkpoint"
             )
-        return {"position": self._position, "delivered_here": self._delivered_here}
+        return {"position": self.resume_position, "delivered_here": self._delivered_here}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)
-        self._position = fields.int("position")
+        position = fields.int("position")
+        self._position = position - position % self.group_size
         self._skip_here = fields.int("delivered_here")
         self._delivered_here = 0
 

@@ -16,12 +16,12 @@ from ....datapipes import (
     DataPipe,
     IterDataPipe,
     MapDataPipe,
-    current_position,
     set_pipeline_epoch,
 )
 from ....datapipes.runtime import (
-    current_draws,
+    current_stamp,
     derive_seed,
+    key_position,
     restart_blocks,
     restore_stamp,
     stamp_item,
@@ -45,6 +45,9 @@ class TaskFeed(IterDataPipe):
     """
 
     inputs = ("source",)
+    #: It stands in for the sharding point: a shardable block below it (``open_files``
+    #: after ``sharding_filter``) passes these positions on instead of counting its own.
+    stands_in_for_sharding_point = True
 
     def __init__(self, source: MapDataPipe | None = None) -> None:
         self.source = source
@@ -60,17 +63,24 @@ class TaskFeed(IterDataPipe):
     def async_next(self) -> Any:
         if self._next >= len(self._entries):
             raise StopIteration
-        position, value = self._entries[self._next]
-        stamp_item(self._seed, self.epoch, position)  # before the read: errors name it
+        key, value = self._entries[self._next]
+        self._stamp(key)  # before the read: errors name it
         if self._seed is not None:  # global RNG draws depend on the item, not the worker
-            seed_item_rngs(derive_seed(self._seed, position, _GLOBAL_RNG_TAG))
+            parts = key if isinstance(key, tuple) else (key,)
+            seed_item_rngs(derive_seed(self._seed, *parts, _GLOBAL_RNG_TAG))
         if self.source is None:
             item = value
         else:
             item = self.source.async_get(value)
-            stamp_item(self._seed, self.epoch, position)  # a source may stamp its own
+            self._stamp(key)  # a source may stamp its own
         self._next += 1
         return item
+
+    def _stamp(self, key: Any) -> None:
+        """Stamp the key the sharding point gave: ``p``, or ``(p, j, ...)``."""
+        stamp_item(self._seed, self.epoch, key_position(key))  # type: ignore[arg-type]
+        if isinstance(key, tuple):
+            restore_stamp((self._seed, self.epoch, key, 0))
 
     def __repr__(self) -> str:
         return "TaskFeed()" if self.source is None else f"TaskFeed({self.source!r})"
@@ -94,11 +104,12 @@ class BatchFeed(IterDataPipe):
     def async_next(self) -> Any:
         if self._next >= len(self._entries):
             raise StopIteration
-        position, draws, item = self._entries[self._next]
+        key, draws, item = self._entries[self._next]
         if self._next == 0 and self._seed is not None:  # as for items: per batch, not worker
+            position = key_position(key) or 0
             seed_item_rngs(derive_seed(self._seed, position, _GLOBAL_RNG_TAG + 1))
         self._next += 1
-        restore_stamp((self._seed, self.epoch, position, draws))
+        restore_stamp((self._seed, self.epoch, key, draws))
         return item
 
     def __repr__(self) -> str:
@@ -134,7 +145,8 @@ class WorkerChain:
                     item = reader.next()
                 except StopIteration:
                     return outputs
-                outputs.append((current_position(), current_draws(), item))
+                stamp = current_stamp()
+                outputs.append((stamp[2], stamp[3], item))
         except Exception as error:  # noqa: BLE001 - surfaced in the main process, in order
             return capture_failure(error, label)
         finally:

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ....datapipes import IterDataPipe, StateFields, current_position
-from ....datapipes.runtime import restore_stamp
+from ....datapipes import IterDataPipe, StateFields
+from ....datapipes.runtime import current_stamp, key_position, restore_stamp
 from ....errors import NotAvailable
 from ....events import ReadinessSource
 from ....graph import upstream
@@ -121,7 +121,9 @@ class Dispatcher(IterDataPipe):
     def async_next(self) -> Any:
         while True:
             if self._outputs:
-                position, draws, item = self._outputs.popleft()
+                key, draws, item = self._outputs.popleft()
+                position = key_position(key)
+                assert position is not None  # the dispatcher numbers unstamped items
                 skipped = bool(self._skip) and position == self._skip_position
                 if skipped:
                     self._skip -= 1
@@ -132,7 +134,7 @@ class Dispatcher(IterDataPipe):
                     self._unit_end = None
                 if skipped:
                     continue
-                restore_stamp((self._stamp[0], self._stamp[1], position, draws))
+                restore_stamp((self._stamp[0], self._stamp[1], key, draws))
                 return item
             self._fill()
             if not self._units:
@@ -208,11 +210,11 @@ class Dispatcher(IterDataPipe):
                 self._source_done = True
                 self._close(unit)
                 return
-            position = current_position()
-            if position is None:
-                position = self._count
+            key = current_stamp()[2]  # p, or (p, j, ...) from a point that keys its outputs
+            if key is None:
+                key = self._count
             self._count += 1
-            self._add(unit, position, value)
+            self._add(unit, key, value)
             if len(unit.positions) == self.unit_size:
                 self._close(unit)
 
@@ -226,15 +228,17 @@ class Dispatcher(IterDataPipe):
         self._units.append(unit)
         return unit
 
-    def _add(self, unit: _Unit, position: int, value: Any) -> None:
+    def _add(self, unit: _Unit, key: Any, value: Any) -> None:
         assert self._pool is not None
+        position = key_position(key)
+        assert position is not None  # _read_source numbers unstamped items
         unit.positions.append(position)
         if not self.per_item_tasks:
-            self._pending_chunk.append((position, value))
+            self._pending_chunk.append((key, value))
             return
         worker = self._item_workers.assign(position)
         unit.item_workers.append(worker)
-        self._assigned.setdefault(worker, []).append((position, value))
+        self._assigned.setdefault(worker, []).append((key, value))
 
     def _flush(self, unit: _Unit) -> None:
         """Send each item worker the items of ``unit`` assigned to it, as one task."""
