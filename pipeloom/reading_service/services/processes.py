@@ -116,17 +116,17 @@ class MultiProcessingReadingService(PlannedService):
         self.strategy = strategy
         self.num_batch_workers = prefetch_factor if num_batch_workers is None else num_batch_workers
         self.chunk_size = chunk_size
-        # The one place the strategy matters: which runner initialize() builds.
-        self._make: Callable[[IterDataPipe], Runner] = (
-            self._in_process
+        # The one place the strategy matters: which runner initialize() builds. A plain
+        # function, not a bound method: a service holding its own method is a reference
+        # cycle, which would keep its workers' runner alive until a garbage collection.
+        self._make: Callable[[MultiProcessingReadingService, IterDataPipe], Runner] = (
+            MultiProcessingReadingService._in_process
             if num_workers == 0
-            else {"classic": self._classic, "economic": self._dispatch, "chunked": self._dispatch}[
-                strategy
-            ]
+            else _RUNNER_MAKERS[strategy]
         )
 
     def make_runner(self, pipeline: IterDataPipe) -> Runner:
-        return self._make(pipeline)
+        return self._make(self, pipeline)
 
     def _settings(self, strategy: str) -> Settings:
         return Settings(
@@ -183,6 +183,13 @@ class MultiProcessingReadingService(PlannedService):
             f"prefetch_factor={self.prefetch_factor}, start_method={self.start_method!r}, "
             f"persistent_workers={self.persistent_workers}, strategy={self.strategy!r})"
         )
+
+
+_RUNNER_MAKERS = {
+    "classic": MultiProcessingReadingService._classic,
+    "economic": MultiProcessingReadingService._dispatch,
+    "chunked": MultiProcessingReadingService._dispatch,
+}
 
 
 def _check_strategy_args(

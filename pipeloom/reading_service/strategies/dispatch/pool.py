@@ -9,10 +9,10 @@ and result queues to the main process (sizes in ``planning/planner.py``).
 from __future__ import annotations
 
 import multiprocessing.connection
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...._shutdown import finalize_here
 from ....errors import NotAvailable, QueueError, WorkerError
 from ....events import FdReadiness, ReadinessSource
 from ....queues import ProcessQueue
@@ -110,7 +110,7 @@ class DispatchPool:
             for link in row:
                 link.close()
         self._results = self._item_results + self._batch_results
-        self._finalizer = weakref.finalize(
+        self._finalizer = finalize_here(
             self, _stop, self._workers, self._tasks + self._control, self._results
         )
 
