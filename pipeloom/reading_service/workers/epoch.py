@@ -20,7 +20,7 @@ from ...datapipes import (
 )
 from ...datapipes.runtime import current_draws, current_position, current_stamp, restore_stamp
 from ...errors import QueueError
-from .failure import capture_failure
+from .failure import capture_failure, unsendable_failure
 from .messages import END
 
 __all__ = ["EpochCancelled", "produce_epoch"]
@@ -65,11 +65,18 @@ def produce_epoch(
                 item = reader.next()
             except StopIteration:
                 break
-            put(
-                (current_stamp(), item)
-                if full_stamp
-                else (current_position(), current_draws(), item)
-            )
+            try:
+                put(
+                    (current_stamp(), item)
+                    if full_stamp
+                    else (current_position(), current_draws(), item)
+                )
+            except QueueError:
+                raise
+            except Exception as error:  # noqa: BLE001 - the output cannot cross processes
+                outputs = [(current_position(), current_draws(), item)]
+                put(unsendable_failure(error, worker_label, repr(pipe), outputs))
+                return True
     except QueueError as error:
         return isinstance(error, EpochCancelled)
     except BaseException as error:  # noqa: BLE001 - every failure goes to the consumer

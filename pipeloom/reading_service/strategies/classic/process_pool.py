@@ -277,7 +277,10 @@ def _worker_main(
         if not produce_epoch(pipe, put, epoch=command.epoch, worker_label=label, resume=resume):
             return  # the main process is gone
         if cancelled:  # the epoch was abandoned: end it with exactly one END
-            queue.put(END)
+            try:
+                queue.put(END)
+            except QueueError:  # the main process stopped the pool meanwhile
+                return
 
 
 def _receive(control: Any, parent: list[int]) -> Any:
@@ -298,5 +301,8 @@ def _run_init(
         worker_init_fn(index)
         return True
     except Exception as error:  # noqa: BLE001 - surfaced in the main process
-        queue.put(capture_failure(error, f"{label}, in worker_init_fn({index})"))
+        try:
+            queue.put(capture_failure(error, f"{label}, in worker_init_fn({index})"))
+        except QueueError:  # the main process stopped the pool meanwhile
+            pass
         return False
