@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["OwnResources", "cycles_left_by", "dropped", "memfds", "open_fds"]
+__all__ = ["OwnResources", "cycles_left_by", "dropped", "memfds", "open_fds", "wait_for_exit"]
 
 
 def open_fds() -> dict[int, str]:
@@ -126,6 +126,22 @@ class OwnResources:
         assert not left, (
             f"left behind: children {left.children}, threads {left.threads}, fds {left.fds}"
         )
+
+
+def wait_for_exit(pids: list[int], timeout: float) -> list[int]:
+    """Wait (on pidfds) until the processes ``pids`` exited; return those still running.
+
+    A zombie (exited, not yet reaped by its parent) counts as exited.
+    """
+    _wait_exits(pids, time.monotonic() + timeout)
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
 
 
 def _wait_exits(pids: list[int], deadline: float) -> None:
