@@ -224,3 +224,24 @@ def test_one_iterator_read_from_two_threads_delivers_each_item_once(name):
     assert flat == list(range(400))
     if hasattr(loader, "shutdown"):
         loader.shutdown()
+
+
+def first_byte(path_and_stream):
+    return path_and_stream[1].read(1)
+
+
+@pytest.mark.timeout(60)
+def test_chunked_names_the_sharding_point_when_its_items_cannot_cross(tmp_path):
+    from pipeloom.datapipes import FileLister
+
+    for i in range(4):
+        (tmp_path / f"{i}.bin").write_bytes(bytes([i]))
+    pipe = FileLister(str(tmp_path), "*.bin").open_files("rb").map(first_byte).batch(2)
+    service = MultiProcessingReadingService(2, strategy="chunked")
+    with DataLoader(pipe, service, seed=0) as loader:
+        with pytest.raises(
+            TypeError,
+            match=r"the items of the sharding point cross from the main process to the workers"
+            r".*BufferedReader.*open or decode after the sharding point",
+        ):
+            list(loader)

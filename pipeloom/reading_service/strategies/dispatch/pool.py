@@ -137,6 +137,13 @@ class DispatchPool:
         except (QueueError, TimeoutError) as error:
             self.check_alive()
             raise WorkerError(f"a worker stopped taking work: {error}") from error
+        except TypeError as error:  # PayloadError too: what the sharding point yields
+            raise type(error)(
+                f"the items of the sharding point cross from the main process to the "
+                f"workers under this strategy, and one of them cannot: {error}. Shard "
+                f"something picklable (file paths, indices) and open or decode after the "
+                f"sharding point, or use strategy='classic'"
+            ) from error
 
     def receive(self) -> list[Any]:
         """Every message the workers sent the main process so far (never waits)."""
