@@ -245,3 +245,23 @@ def test_chunked_names_the_sharding_point_when_its_items_cannot_cross(tmp_path):
             r".*BufferedReader.*open or decode after the sharding point",
         ):
             list(loader)
+
+
+def test_next_called_from_inside_the_pipeline_says_what_happened():
+    holder = {}
+
+    def reenter(x):
+        if x == 2:
+            next(holder["iterator"])
+        return x
+
+    loader = DataLoader(IterableWrapper(range(5)).map(reenter), seed=0)
+    holder["iterator"] = iterator = iter(loader)
+    assert [next(iterator), next(iterator)] == [0, 1]
+    with pytest.raises(
+        RuntimeError,
+        match=r"next\(\) was called on this iterator over epoch 0 while a next\(\) on it was "
+        r"still running in the same thread .*call next\(\) from the training loop only",
+    ):
+        next(iterator)
+    loader.shutdown()
