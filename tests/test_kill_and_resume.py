@@ -8,19 +8,22 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from tests.own_resources import wait_for_exit
 
 JOB = pathlib.Path(__file__).with_name("checkpoint_job.py")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(JOB), *map(str, args)], timeout=90)
+    return subprocess.run([sys.executable, str(JOB), *map(str, args)], timeout=120)
 
 
 def batches(path: pathlib.Path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.timeout(420)  # three training processes; generous for a busy machine
 def test_sigkilled_training_resumes_from_its_checkpoint_in_a_new_process(tmp_path):
     full, partial, checkpoint = tmp_path / "full", tmp_path / "partial", tmp_path / "ckpt.pt"
     assert run("full", full).returncode == 0
