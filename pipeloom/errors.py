@@ -66,6 +66,8 @@ class WorkerError(PipeloomError):
         worker: a label for the worker (e.g. ``"process worker 2 (pid 4242)"``).
         block: ``repr`` of the block that raised, when known.
         item: the position of the item being produced, when known.
+        item_repr: a short description of that item (a sample's ``__key__``, or a
+            truncated ``repr``), when known.
         original_type: the class name of the original exception.
         traceback_text: the formatted traceback from the worker.
     """
@@ -79,8 +81,10 @@ class WorkerError(PipeloomError):
         item: int | None = None,
         original_type: str | None = None,
         traceback_text: str | None = None,
+        item_repr: str | None = None,
     ) -> None:
         super().__init__(message)
+        self.item_repr = item_repr
         self.worker = worker
         self.block = block
         self.item = item
@@ -97,11 +101,14 @@ class WorkerError(PipeloomError):
                 self.item,
                 self.original_type,
                 self.traceback_text,
+                self.item_repr,
             ),
         )
 
 
-def _rebuild_worker_error(message, worker, block, item, original_type, traceback_text):
+def _rebuild_worker_error(
+    message, worker, block, item, original_type, traceback_text, item_repr=None
+):
     return WorkerError(
         message,
         worker=worker,
@@ -109,4 +116,5 @@ def _rebuild_worker_error(message, worker, block, item, original_type, traceback
         item=item,
         original_type=original_type,
         traceback_text=traceback_text,
+        item_repr=item_repr,
     )

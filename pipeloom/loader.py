@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -104,7 +105,7 @@ class DataLoader(ShutsDown):
         self._next_epoch = 0
         self._initialized = False
         self._closed = False
-        self._current: _EpochIterator | None = None
+        self._current: _Epoch | None = None  # the running epoch (its iterator holds it too)
         self._resume: dict[str, Any] | None = None
         self._resume_delivered = 0
         self._fingerprint = pipeline_fingerprint(pipeline)
@@ -145,10 +146,11 @@ class DataLoader(ShutsDown):
                 raise
             if self._counters is not None:
                 items = self._counters.watch(items)
-            self._current = _EpochIterator(self, epoch, items, self._steps, delivered)
+            self._current = _Epoch(epoch, items, delivered)
+            iterator = _EpochIterator(self, self._current, self._steps)
             for _ in range(replayed):  # re-read and drop what was delivered before
-                next(self._current, None)
-            return self._current
+                next(iterator, None)
+            return iterator
 
     def __len__(self) -> int:
         """Items per epoch, when the pipeline knows it (else ``TypeError``)."""
@@ -299,11 +301,13 @@ class DataLoader(ShutsDown):
         """
         self._shutdown(keep_position=True)
 
-    def __del__(self) -> None:
-        try:  # nobody can ask an unreachable loader for its state: just stop
-            self._shutdown(keep_position=False)
-        except Exception:  # interpreter shutdown: modules may be gone
-            pass
+    def _release(self) -> None:
+        """What dropping the last reference does: stop, keeping no position.
+
+        Nobody can ask an unreachable loader for its state. A forked copy of
+        the loader (in a worker process) never gets here (``ShutsDown``).
+        """
+        self._shutdown(keep_position=False)
 
     def _shutdown(self, *, keep_position: bool) -> None:
         if self._closed:
@@ -349,12 +353,38 @@ class DataLoader(ShutsDown):
         """Worker processes started meanwhile report their statistics (with stats on)."""
         return nullcontext() if self._counters is None else self._counters.exporting()
 
-    def _epoch_finished(self, iterator: _EpochIterator) -> None:
-        if self._current is iterator:
+    def _epoch_finished(self, record: _Epoch) -> None:
+        if self._current is record:
             self._current = None
 
     def __repr__(self) -> str:
         return f"DataLoader({self.datapipe!r}, {self.reading_service!r}, seed={self.seed})"
+
+
+class _Epoch:
+    """One epoch's running state, held by the loader and by the epoch's iterator.
+
+    The loader keeps this record, not the iterator, so the two never refer to
+    each other: dropping the last reference to a loader (and its iterator)
+    stops the workers by reference counting alone.
+    """
+
+    __slots__ = ("epoch", "items", "valid", "finished", "delivered", "stopped_by")
+
+    def __init__(self, epoch: int, items: Iterator[Any], delivered: int) -> None:
+        self.epoch = epoch
+        self.items = items
+        self.valid = True
+        self.finished = False  # its last item was delivered
+        self.delivered = delivered  # items of the epoch delivered so far (before a resume too)
+        self.stopped_by: str | None = None  # the exception that escaped a step
+
+    def invalidate(self, close_items: bool = True) -> None:
+        """Make it refuse further items; ``close_items``: also stop its work now."""
+        self.valid = False
+        close = getattr(self.items, "close", None)
+        if close is not None and close_items:
+            close()
 
 
 class _EpochIterator(Iterator[Any]):
@@ -364,33 +394,22 @@ class _EpochIterator(Iterator[Any]):
     loader's step lock, so a checkpoint sees either both or neither.
     """
 
-    __slots__ = (
-        "_loader",
-        "epoch",
-        "_items",
-        "_steps",
-        "_lock",
-        "_valid",
-        "delivered",
-        "stopped_by",
-    )
+    __slots__ = ("_loader", "_record", "_steps", "_lock", "_thread")
 
-    def __init__(
-        self,
-        loader: DataLoader,
-        epoch: int,
-        items: Iterator[Any],
-        steps: StepGate,
-        delivered: int = 0,
-    ) -> None:
+    def __init__(self, loader: DataLoader, record: _Epoch, steps: StepGate) -> None:
         self._loader = loader
-        self.epoch = epoch
-        self._items = items
+        self._record = record
         self._steps = steps
         self._lock = steps.lock
-        self._valid = True
-        self.delivered = delivered  # items of the epoch delivered so far (before a resume too)
-        self.stopped_by: str | None = None  # the exception that escaped a step
+        self._thread: int | None = None  # the thread inside __next__, if any
+
+    @property
+    def epoch(self) -> int:
+        return self._record.epoch
+
+    @property
+    def delivered(self) -> int:
+        return self._record.delivered
 
     def __next__(self) -> Any:
         if self._steps.waiting:  # another thread asked for the loader between two steps
@@ -398,40 +417,47 @@ class _EpochIterator(Iterator[Any]):
         lock = self._lock
         lock.acquire()
         try:
-            if not self._valid:
+            record = self._record
+            if record.finished:  # e.g. another thread reading this iterator took the last item
+                raise StopIteration
+            if not record.valid:
                 raise self._invalid()
+            if self._thread is not None:  # re-entered from the same thread
+                raise RuntimeError(
+                    f"next() was called on this iterator over epoch {record.epoch} while a "
+                    f"next() on it was still running in the same thread (from a signal handler "
+                    f"or from a block of its own pipeline?); call next() from the training "
+                    f"loop only"
+                )
+            self._thread = threading.get_ident()
             try:
-                item = next(self._items)
+                item = next(record.items)
             except StopIteration:
-                self._valid = False
-                self._loader._epoch_finished(self)
+                record.valid, record.finished = False, True
+                self._loader._epoch_finished(record)
                 raise
             except BaseException as error:
-                self._valid = False
-                self.stopped_by = type(error).__name__
+                record.valid = False
+                record.stopped_by = type(error).__name__
                 raise
-            self.delivered += 1
+            finally:
+                self._thread = None
+            record.delivered += 1
             return item
         finally:
             lock.release()
 
     def _invalid(self) -> RuntimeError:
-        if self.stopped_by is not None:
+        record = self._record
+        if record.stopped_by is not None:
             return RuntimeError(
-                f"this iterator over epoch {self.epoch} stopped when {self.stopped_by} escaped "
-                f"it; start a new epoch with iter(loader), or resume from a checkpoint"
+                f"this iterator over epoch {record.epoch} stopped when {record.stopped_by} "
+                f"escaped it; start a new epoch with iter(loader), or resume from a checkpoint"
             )
         return RuntimeError(
-            f"this iterator over epoch {self.epoch} is no longer valid: a newer "
+            f"this iterator over epoch {record.epoch} is no longer valid: a newer "
             f"iter(loader), load_state_dict() or shutdown() replaced it"
         )
-
-    def invalidate(self, close_items: bool = True) -> None:
-        """Make it refuse further items; ``close_items``: also stop its work now."""
-        self._valid = False
-        close = getattr(self._items, "close", None)
-        if close is not None and close_items:
-            close()
 
 
 def _read_state(state: Any) -> tuple[int, int, int, dict[str, Any] | None]:

@@ -7,21 +7,23 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
-import psutil
+import pytest
+
+from tests.own_resources import wait_for_exit
 
 JOB = pathlib.Path(__file__).with_name("checkpoint_job.py")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(JOB), *map(str, args)], timeout=90)
+    return subprocess.run([sys.executable, str(JOB), *map(str, args)], timeout=120)
 
 
 def batches(path: pathlib.Path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.timeout(420)  # three training processes; generous for a busy machine
 def test_sigkilled_training_resumes_from_its_checkpoint_in_a_new_process(tmp_path):
     full, partial, checkpoint = tmp_path / "full", tmp_path / "partial", tmp_path / "ckpt.pt"
     assert run("full", full).returncode == 0
@@ -33,12 +35,5 @@ def test_sigkilled_training_resumes_from_its_checkpoint_in_a_new_process(tmp_pat
 
     # the killed job's worker processes notice their parent is gone and exit
     worker_pids = json.loads((tmp_path / "partial.pids").read_text())
-    deadline = time.monotonic() + 15
-    while any(
-        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-        for p in worker_pids
-    ):
-        assert time.monotonic() < deadline, f"orphaned workers still alive: {worker_pids}"
-        psutil.wait_procs(
-            [psutil.Process(p) for p in worker_pids if psutil.pid_exists(p)], timeout=1
-        )
+    still_running = wait_for_exit(worker_pids, timeout=15)
+    assert still_running == [], f"orphaned workers still alive: {still_running}"

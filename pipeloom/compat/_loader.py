@@ -370,12 +370,10 @@ class DataLoader(ShutsDown):
             self._close_current()
             self._stop_engine()
 
-    def __del__(self) -> None:
-        try:  # nobody can ask an unreachable loader for its state: just stop
-            self._close_current()
-            self._stop_engine()
-        except Exception:  # interpreter shutdown: modules may be gone
-            pass
+    def _release(self) -> None:
+        """What dropping the last reference does: stop (nobody can ask for its state)."""
+        self._close_current()
+        self._stop_engine()
 
     def __repr__(self) -> str:
         return (

@@ -43,17 +43,20 @@ from pipeloom.queues._base import (
 from pipeloom.queues._factory import Location, make_queue
 from pipeloom.queues._local import LocalQueue
 from pipeloom.queues._process import ProcessQueue
+from pipeloom.queues._serialize import PayloadError, encode
 from pipeloom.queues._thread import ThreadQueue
 
 __all__ = [
     "DataLoaderQueue",
     "LocalQueue",
     "Location",
+    "PayloadError",
     "ProcessQueue",
     "QueueBroken",
     "QueueClosed",
     "QueueState",
     "QueueStatistics",
     "ThreadQueue",
+    "encode",
     "make_queue",
 ]

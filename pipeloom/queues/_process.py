@@ -5,9 +5,11 @@ See ``docs/queues.md`` for the protocol, the state diagram and cleanup rules.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
+import weakref
 from multiprocessing.reduction import DupFd
 from typing import Any, Literal
 
@@ -164,7 +166,9 @@ class ProcessQueue(DataLoaderQueue):
             )
         else:
             self._consumer = end = ConsumerEnd(sock, self._ctl, self._capacity, self._wake_fd)
-        end.on_peer = lambda peer_pid: self._drop_end(_OTHER[role])
+        # Weakly: an end that referred to its queue would make a reference cycle, and an
+        # abandoned queue would keep its descriptors until a garbage collection.
+        end.on_peer = functools.partial(_drop_unused_end, weakref.ref(self), _OTHER[role])
         other_pid = self._ctl[_SLOT[_OTHER[role]]]
         if (other_pid and other_pid != pid) or (self._owner == role and pid == self._creator):
             self._drop_end(_OTHER[role])
@@ -317,6 +321,12 @@ class ProcessQueue(DataLoaderQueue):
             socks["consumer"],
             DupFd(self._ctl.fd),
         )
+
+
+def _drop_unused_end(queue: weakref.ref[ProcessQueue], role: Role, peer_pid: int) -> None:
+    alive = queue()
+    if alive is not None:
+        alive._drop_end(role)  # noqa: SLF001 - the queue's own callback
 
 
 def _rebuild(

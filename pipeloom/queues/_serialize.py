@@ -114,8 +114,9 @@ def encode(item: Any) -> tuple[bytes, list[memoryview]]:
         except Exception as second:  # noqa: BLE001 - any failure is reported at put()
             raise TypeError(
                 f"cannot send an item of type {type(item).__qualname__!r}: it is not "
-                f"picklable ({first}; cloudpickle: {second}). Items must be picklable; "
-                "convert or drop the offending object before put()"
+                f"picklable ({first}; cloudpickle: {second}). Items that cross between "
+                "processes must be picklable: convert or drop the offending object "
+                "before it is sent (e.g. in a .map() in the worker)"
             ) from second
     except RecursionError as err:
         raise TypeError(

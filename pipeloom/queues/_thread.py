@@ -34,6 +34,9 @@ class ThreadQueue(DataLoaderQueue):
 
     Args:
         capacity: the most items in flight before ``put`` waits.
+        any_consumer_thread: let any thread ``get``, one at a time (the caller
+            makes sure of that, e.g. a loader's iterator read from two threads
+            under its lock); the consumer end then binds to no thread.
 
     Example:
         >>> q = ThreadQueue(capacity=1)
@@ -48,8 +51,9 @@ class ThreadQueue(DataLoaderQueue):
 
     kind = "thread"
 
-    def __init__(self, capacity: int = 2) -> None:
+    def __init__(self, capacity: int = 2, *, any_consumer_thread: bool = False) -> None:
         self._capacity = validate_capacity(capacity)
+        self._any_consumer_thread = any_consumer_thread
         self._items: collections.deque[Any] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._closed_by: str | None = None
@@ -93,7 +97,8 @@ class ThreadQueue(DataLoaderQueue):
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         deadline = Deadline(timeout)
-        self._binding.check("consumer")
+        if not self._any_consumer_thread:
+            self._binding.check("consumer")
         with self._cond:
             while not self._items:
                 self._raise_if_unusable("consumer")

@@ -2,7 +2,6 @@
 
 import multiprocessing as mp
 import os
-import time
 
 import pytest
 import torch
@@ -35,14 +34,12 @@ def test_producer_killed_mid_stream_breaks_the_consumer_promptly(no_shm_leak):
     q = ProcessQueue(capacity=2, owner="consumer")
     proc = ctx.Process(target=queue_workers.produce_then_die, args=(q, 5))
     proc.start()
-    got = []
-    start = time.monotonic()
+    got = []  # each get() waits at most 10 s: a consumer that misses the death fails
     with pytest.raises(
         QueueBroken, match=f"producer process {proc.pid} exited with signal SIGKILL"
     ):
         while True:
             got.append(q.get(timeout=10))
-    assert time.monotonic() - start < 10
     proc.join(10)
     q.close()
     assert [float(t[0]) for t in got] == [0.0, 1.0, 2.0, 3.0, 4.0]

@@ -39,7 +39,7 @@ def free_port() -> int:
 
 
 def launch(
-    scenarios: list[str], world: int, tmp_path, *, limit: float = 40.0, event: Any = None
+    scenarios: list[str], world: int, tmp_path, *, limit: float = 200.0, event: Any = None
 ) -> dict[str, list[Any]]:
     context = multiprocessing.get_context("spawn")
     port = free_port()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import threading
@@ -15,11 +16,8 @@ from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService
+from tests.own_resources import OwnResources
 from tests.reading_service import pipelines
-
-
-def shm_entries():
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
 @settings(max_examples=6, deadline=None)
@@ -135,7 +133,8 @@ def _wait_forever(x):
 
 
 def test_break_shutdown_and_gc_leave_no_process_or_shared_memory():
-    before = shm_entries()
+    gc.collect()
+    before = OwnResources()  # this process tree's: /dev/shm is shared with other jobs
     for persistent in (False, True):
         loader = DataLoader(
             IterableWrapper(range(10_000)).sharding_filter().map(_big),
@@ -147,11 +146,8 @@ def test_break_shutdown_and_gc_leave_no_process_or_shared_memory():
                 break
         assert len(list(loader)) == 10_000
         del loader
-    import gc
-
-    gc.collect()
     assert multiprocessing.active_children() == []
-    assert shm_entries() <= before
+    before.assert_released(timeout=10)
 
 
 def _big(x):

@@ -17,10 +17,8 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 from multiprocessing import forkserver
 
-import psutil
 import pytest
 
 from pipeloom import DataLoader
@@ -32,6 +30,7 @@ from pipeloom.reading_service import (
     ThreadReadingService,
 )
 from pipeloom.reading_service.workers.process import worker_context
+from pipeloom.reading_service.workers.separate_process import SeparateProcessReader
 from tests.reading_service import pipelines, test_lifecycle
 from tests.reading_service.test_lifecycle import Release, worker_pid
 
@@ -130,50 +129,6 @@ SERVICES = {
 }
 
 
-class Leftovers(test_lifecycle.Leftovers):
-    """``test_lifecycle.Leftovers``, where only this test's /dev/shm entries count.
-
-    /dev/shm is shared by the whole machine, and other test runs create and hold
-    entries of their own meanwhile: an entry that a process outside this one's
-    tree maps (same inode; a semaphore maps under a temporary name) is theirs.
-    """
-
-    def assert_none(self) -> None:
-        gc.collect()
-        assert multiprocessing.active_children() == []
-        described = [(p.pid, test_lifecycle._status(p)) for p in self.new_children()]
-        assert described == [], "child processes left behind (pid, status)"
-        assert set(threading.enumerate()) <= self.threads, "threads left behind"
-        assert self.shm_left() == set(), "/dev/shm entries left behind"
-
-    def shm_left(self) -> set[str]:
-        new = test_lifecycle.shm_entries() - self.shm
-        held = _shm_inodes_mapped_by_others()
-        still = new & test_lifecycle.shm_entries()  # made or removed meanwhile: not ours
-        return {name for name in still if _inode(f"/dev/shm/{name}") not in held}
-
-
-def _inode(path: str) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except FileNotFoundError:
-        return None
-
-
-def _shm_inodes_mapped_by_others() -> set[int]:
-    ours = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
-    inodes = set()
-    for pid in psutil.pids():
-        if pid in ours:
-            continue
-        try:
-            with open(f"/proc/{pid}/maps") as maps:
-                inodes.update(int(line.split()[4]) for line in maps if " /dev/shm/" in line)
-        except OSError:  # gone, or not ours to read
-            pass
-    return inodes
-
-
 @pytest.fixture
 def leftovers():
     # The fork server, and the resource tracker it starts, serve the whole session:
@@ -181,7 +136,7 @@ def leftovers():
     worker_context("forkserver")  # with pipeloom preloaded, as the services start it
     forkserver.ensure_running()
     gc.collect()
-    return Leftovers()
+    return test_lifecycle.Leftovers()
 
 
 # -- where the marked block runs, and what it yields --------------------------------------
@@ -275,7 +230,7 @@ def test_an_exception_in_the_separate_process_reraises_with_its_type_and_origin(
 
 
 @pytest.mark.timeout(20)
-def test_the_separate_process_killed_while_the_main_waits_raises_naming_it(leftovers):
+def test_the_separate_process_killed_while_the_main_waits_raises_naming_it(leftovers, monkeypatch):
     # The side stream is stuck on its first item, so the main process waits on it;
     # killing it must raise at once: never hang, never busy-wait on its sentinel.
     release = Release()
@@ -285,14 +240,8 @@ def test_the_separate_process_killed_while_the_main_waits_raises_naming_it(lefto
     loader = DataLoader(pipe, MultiProcessingReadingService(2, start_method="fork"), seed=0)
     iterator = iter(loader)
     pid = worker_pid("pipeloom-separate")
-    killed_at: list[float] = []
-
-    def kill() -> None:
-        killed_at.append(time.monotonic())
-        os.kill(pid, signal.SIGKILL)
-
-    killer = threading.Timer(0.3, kill)
-    cpu_before = psutil.Process().cpu_times()
+    polls = test_lifecycle.count_calls(monkeypatch, SeparateProcessReader, "async_next")
+    killer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
     killer.start()
     try:
         expected = (
@@ -300,12 +249,10 @@ def test_the_separate_process_killed_while_the_main_waits_raises_naming_it(lefto
         )
         with pytest.raises(WorkerError, match=expected) as info:
             list(iterator)
-        assert time.monotonic() - killed_at[0] < 2.0, "noticed the death late"
     finally:
         killer.join()
         release.set()
-    cpu = psutil.Process().cpu_times()
-    assert (cpu.user + cpu.system) - (cpu_before.user + cpu_before.system) < 1.5, "busy-waited"
+    assert polls[0] < 100, "busy-waited: the reader polled the process instead of sleeping"
     assert info.value.worker == f"separate process for InOwnProcess() (pid {pid})"
     assert info.value.block == "InOwnProcess()"
     loader.shutdown()

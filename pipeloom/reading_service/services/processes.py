@@ -56,16 +56,28 @@ class MultiProcessingReadingService(PlannedService):
 
             * ``"classic"``: each worker runs a copy of the source, keeps its
               shard and, when items map one-to-one, builds whole batches;
-              ``prefetch_factor`` outputs per worker.
+              ``prefetch_factor`` outputs per worker. Works with any
+              pipeline that has a sharding point.
             * ``"economic"``: the main process reads the source and hands each
               item to the least loaded of ``num_workers`` item workers; batch
               workers assemble and collate; at most ``prefetch_factor``
               batches are in flight in total, so memory does not grow with
-              ``num_workers``. Needs ``.batch()`` after the per-item blocks.
+              ``num_workers``. Needs ``.batch(n)`` right after the per-item
+              blocks, and every block between the sharding point and it must
+              yield one output per input (no ``filter``, ``flatmap``, tar
+              member loading there).
             * ``"chunked"``: runs of ``chunk_size`` items of a batch go to
               different workers and are reassembled in order in the main
               process, so the first batch is built by many workers at once.
+              Needs ``.batch(n)`` right after the per-item blocks (filters
+              and flatmaps before it are fine).
 
+            Under economic and chunked the sharding point and its upstream run
+            in the main process, and what the sharding point yields crosses to
+            the workers, so it must be picklable (a path or an index, not an
+            open file); ``in_order=False`` applies to classic only. A pipeline
+            a strategy cannot run raises when its first epoch starts, saying
+            what to move.
             Every strategy yields the same items in the same order.
         num_batch_workers: batch workers under ``"economic"`` (default:
             ``prefetch_factor``; more cannot help).
@@ -116,17 +128,17 @@ class MultiProcessingReadingService(PlannedService):
         self.strategy = strategy
         self.num_batch_workers = prefetch_factor if num_batch_workers is None else num_batch_workers
         self.chunk_size = chunk_size
-        # The one place the strategy matters: which runner initialize() builds.
-        self._make: Callable[[IterDataPipe], Runner] = (
-            self._in_process
+        # The one place the strategy matters: which runner initialize() builds. A plain
+        # function, not a bound method: a service holding its own method is a reference
+        # cycle, which would keep its workers' runner alive until a garbage collection.
+        self._make: Callable[[MultiProcessingReadingService, IterDataPipe], Runner] = (
+            MultiProcessingReadingService._in_process
             if num_workers == 0
-            else {"classic": self._classic, "economic": self._dispatch, "chunked": self._dispatch}[
-                strategy
-            ]
+            else _RUNNER_MAKERS[strategy]
         )
 
     def make_runner(self, pipeline: IterDataPipe) -> Runner:
-        return self._make(pipeline)
+        return self._make(self, pipeline)
 
     def _settings(self, strategy: str) -> Settings:
         return Settings(
@@ -183,6 +195,13 @@ class MultiProcessingReadingService(PlannedService):
             f"prefetch_factor={self.prefetch_factor}, start_method={self.start_method!r}, "
             f"persistent_workers={self.persistent_workers}, strategy={self.strategy!r})"
         )
+
+
+_RUNNER_MAKERS = {
+    "classic": MultiProcessingReadingService._classic,
+    "economic": MultiProcessingReadingService._dispatch,
+    "chunked": MultiProcessingReadingService._dispatch,
+}
 
 
 def _check_strategy_args(

@@ -18,9 +18,9 @@ from ...datapipes import (
     reset_pipeline,
     set_pipeline_epoch,
 )
-from ...datapipes.runtime import current_stamp, restore_stamp
+from ...datapipes.runtime import current_position, current_stamp, restore_stamp
 from ...errors import QueueError
-from .failure import capture_failure
+from .failure import capture_failure, unsendable_failure
 from .messages import END
 
 __all__ = ["EpochCancelled", "produce_epoch"]
@@ -66,7 +66,14 @@ def produce_epoch(
             except StopIteration:
                 break
             stamp = current_stamp()
-            put((stamp, item) if full_stamp else (stamp[2], stamp[3], item))
+            try:
+                put((stamp, item) if full_stamp else (stamp[2], stamp[3], item))
+            except QueueError:
+                raise
+            except Exception as error:  # noqa: BLE001 - the output cannot cross processes
+                outputs = [(current_position(), stamp[3], item)]
+                put(unsendable_failure(error, worker_label, repr(pipe), outputs))
+                return True
     except QueueError as error:
         return isinstance(error, EpochCancelled)
     except BaseException as error:  # noqa: BLE001 - every failure goes to the consumer

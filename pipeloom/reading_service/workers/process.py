@@ -54,6 +54,7 @@ __all__ = [
     "WorkerProcess",
     "bootstrap",
     "describe_exit",
+    "exit_advice",
     "parent_watch",
     "stop_processes",
     "worker_context",
@@ -126,6 +127,9 @@ class WorkerProcess:
         target, args: what the process runs.
         block: ``repr`` of the block it runs, for a separate process.
         process_name: the process's name (``ps``); default ``pipeloom-<name>``.
+
+    Once stopped (:func:`stop_processes`) it holds no descriptor: its exit
+    code is kept, and ``multiprocessing``'s pipes to the process are closed.
     """
 
     def __init__(
@@ -144,15 +148,22 @@ class WorkerProcess:
             process_name = f"pipeloom-{name.replace(' ', '-')}"
         self.process = context.Process(target=target, args=args, name=process_name, daemon=True)
         self.process.start()
+        self.pid: int = self.process.pid
+        self._final_code: int | None = None  # the exit code, once the process was released
 
     @property
     def label(self) -> str:
-        return f"{self.name} (pid {self.process.pid})"
+        return f"{self.name} (pid {self.pid})"
 
     @property
     def sentinel(self) -> int:
-        """A descriptor that becomes readable when the process exits."""
+        """A descriptor that becomes readable when the process exits (while not released)."""
         return self.process.sentinel
+
+    @property
+    def released(self) -> bool:
+        """True once the process was reaped and its descriptors closed."""
+        return self._final_code is not None
 
     def exit_code(self) -> int | None:
         """The exit code, None while the process runs.
@@ -163,6 +174,8 @@ class WorkerProcess:
         waiter would sleep on a sentinel that never fires again. So once the
         sentinel fired, wait (at most :data:`EXIT_GRACE`) for the status.
         """
+        if self._final_code is not None:
+            return self._final_code
         code = self.process.exitcode
         if code is None and multiprocessing.connection.wait([self.sentinel], 0):
             self.process.join(EXIT_GRACE)
@@ -171,20 +184,43 @@ class WorkerProcess:
 
     def died(self, cause: BaseException | None = None) -> WorkerError:
         """The error for this worker's death (or its queue breaking) before the epoch ended."""
-        if cause is not None:  # its queue broke: give it a moment to finish dying
+        if cause is not None and not self.released:  # its queue broke: let it finish dying
             self.process.join(EXIT_GRACE)
-        code = self.process.exitcode
+        code = self.exit_code() if self.released else self.process.exitcode
         how = "closed its queue" if code is None else describe_exit(code)
-        advice = ""
-        if code is not None and code < 0:
-            advice = "; if it ran out of memory, lower prefetch_factor or num_workers"
         error = WorkerError(
-            f"{self.label} {how} before finishing its epoch{advice}",
+            f"{self.label} {how} before finishing its epoch{exit_advice(code)}",
             worker=self.label,
             block=self.block,
         )
         error.__cause__ = cause
         return error
+
+    def release(self) -> None:
+        """Close ``multiprocessing``'s descriptors for an exited, reaped process."""
+        if self._final_code is None and self.process.exitcode is not None:
+            self._final_code = self.process.exitcode
+            self.process.close()
+
+
+def exit_advice(code: int | None) -> str:
+    """What to check for a worker that ended with ``code`` (signals only; '' otherwise).
+
+    A worker that exits with a code (not a signal) ran into an error it
+    reported, or its process could not start; memory is not the likely cause.
+
+    Example:
+        >>> "out-of-memory killer" in exit_advice(-9), exit_advice(1)
+        (True, '')
+    """
+    if code is None or code >= 0:
+        return ""
+    if code == -signal.SIGKILL:
+        return (
+            "; it was killed from outside (e.g. by the out-of-memory killer: if so, lower "
+            "prefetch_factor or num_workers)"
+        )
+    return ""
 
 
 def describe_exit(code: int) -> str:
@@ -206,7 +242,10 @@ def stop_processes(workers: Sequence[WorkerProcess], grace: float = STOP_GRACE) 
     """Wait one shared ``grace`` period for ``workers`` to exit, then kill the rest.
 
     A worker stuck in user code cannot hear "stop"; killing it is the only way out.
+    Each exited worker is then released (:meth:`WorkerProcess.release`), so a
+    stopped pool holds no descriptor. Safe to call again.
     """
+    workers = [worker for worker in workers if not worker.released]
     deadline = time.monotonic() + grace
     for worker in workers:
         worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -214,6 +253,7 @@ def stop_processes(workers: Sequence[WorkerProcess], grace: float = STOP_GRACE) 
         if worker.process.exitcode is None:
             worker.process.kill()
             worker.process.join(timeout=EXIT_GRACE)
+        worker.release()
 
 
 # -- in the worker ----------------------------------------------------------------

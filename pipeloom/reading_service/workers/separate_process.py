@@ -13,6 +13,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from ..._shutdown import finalize_here
 from ...datapipes import IterDataPipe
 from ...datapipes.runtime import restore_stamp
 from ...errors import NotAvailable, QueueError
@@ -61,7 +62,7 @@ class SeparateProcessReader(IterDataPipe):
             process_name="pipeloom-separate",
         )
         self._queue, self._worker = queue, worker
-        self._finalizer = weakref.finalize(self, _stop, worker, queue)
+        self._finalizer = finalize_here(self, _stop, worker, queue)
         self._ended = False
 
     def stop(self) -> None:

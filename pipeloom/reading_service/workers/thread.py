@@ -48,7 +48,8 @@ class WorkerThread:
         resume: tuple[DataPipe, int] | None,
     ) -> None:
         self.label = f"worker thread {index}"
-        self.queue = ThreadQueue(capacity=capacity)
+        # Read by whichever thread reads the loader's iterator (one at a time, under its lock).
+        self.queue = ThreadQueue(capacity=capacity, any_consumer_thread=True)
         info = WorkerInfo(index, count, worker_seed(seed, epoch, index), pipe)
         self.thread = threading.Thread(
             target=_run,

@@ -4,16 +4,16 @@ Processes start at the first epoch (started, watched and stopped with
 ``workers/process.py``). Each waits on its control pipe for a
 :class:`~...workers.messages.StartEpoch`, produces that epoch into its
 shared-memory queue, and waits again; persistent workers live on between
-epochs, and an abandoned epoch is cancelled through an event.
+epochs, and an abandoned epoch is cancelled through a shared flag.
 """
 
 from __future__ import annotations
 
 import multiprocessing.connection
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...._shutdown import finalize_here
 from ....errors import NotAvailable, QueueError, WorkerError
 from ....events import FdReadiness, ReadinessSource
 from ....graph import Plan
@@ -32,6 +32,7 @@ from ...workers.process import (
     worker_context,
 )
 from ...workers.rngs import seed_worker_rngs, worker_seed
+from ...workers.shared_flag import SharedFlag
 from .merge import WorkerChannel
 
 __all__ = ["ProcessPool"]
@@ -153,17 +154,21 @@ class _ProcessChannel:
 
 
 class _Processes:
-    """The started processes of a pool, their queues, control pipes and cancel events."""
+    """The started processes of a pool, their queues, control pipes and cancel flags.
+
+    Nothing here refers back to it: when the pool drops it (or the loader is
+    dropped), reference counting runs the finalizer, which stops the workers.
+    """
 
     def __init__(self, pool: ProcessPool) -> None:
         self.workers: list[WorkerProcess] = []
         self.channels: list[_ProcessChannel] = []
         self.controls: list[Any] = []
-        self.cancels: list[Any] = []
+        self.cancels: list[SharedFlag] = []
         for index in range(pool.count):
             queue = ProcessQueue(capacity=pool.prefetch, owner="consumer")
             receive, send = pool.context.Pipe(duplex=False)
-            cancel = pool.context.Event()
+            cancel = SharedFlag()
             worker = WorkerProcess(
                 pool.context,
                 f"worker process {index}",
@@ -186,8 +191,8 @@ class _Processes:
             self.channels.append(_ProcessChannel(worker, queue, self.workers))
             self.controls.append(send)
             self.cancels.append(cancel)
-        self._finalizer = weakref.finalize(
-            self, _stop, self.workers, [c.queue for c in self.channels], self.controls
+        self._finalizer = finalize_here(
+            self, _stop, self.workers, [c.queue for c in self.channels], self.controls, self.cancels
         )
 
     def start_epoch(self, epoch: int, resume: int | None) -> None:
@@ -212,7 +217,12 @@ class _Processes:
         self._finalizer()
 
 
-def _stop(workers: list[WorkerProcess], queues: list[ProcessQueue], controls: list[Any]) -> None:
+def _stop(
+    workers: list[WorkerProcess],
+    queues: list[ProcessQueue],
+    controls: list[Any],
+    cancels: list[SharedFlag],
+) -> None:
     for control in controls:
         try:
             control.send(Stop())
@@ -222,13 +232,15 @@ def _stop(workers: list[WorkerProcess], queues: list[ProcessQueue], controls: li
     for queue in queues:
         queue.close()
     stop_processes(workers)
+    for cancel in cancels:
+        cancel.close()
 
 
 def _worker_main(
     payload: Payload,
     queue: ProcessQueue,
     control: Any,
-    cancel: Any,
+    cancel: SharedFlag,
     index: int,
     count: int,
     seed: int,
@@ -265,7 +277,10 @@ def _worker_main(
         if not produce_epoch(pipe, put, epoch=command.epoch, worker_label=label, resume=resume):
             return  # the main process is gone
         if cancelled:  # the epoch was abandoned: end it with exactly one END
-            queue.put(END)
+            try:
+                queue.put(END)
+            except QueueError:  # the main process stopped the pool meanwhile
+                return
 
 
 def _receive(control: Any, parent: list[int]) -> Any:
@@ -286,5 +301,8 @@ def _run_init(
         worker_init_fn(index)
         return True
     except Exception as error:  # noqa: BLE001 - surfaced in the main process
-        queue.put(capture_failure(error, f"{label}, in worker_init_fn({index})"))
+        try:
+            queue.put(capture_failure(error, f"{label}, in worker_init_fn({index})"))
+        except QueueError:  # the main process stopped the pool meanwhile
+            pass
         return False

@@ -14,7 +14,7 @@ from ....datapipes.runtime import derive_seed
 from ....errors import NotAvailable, QueueError
 from ....events import Waiter
 from ....queues import ProcessQueue
-from ...workers.failure import Failure
+from ...workers.failure import Failure, unsendable_failure
 from ...workers.info import WorkerInfo, set_process_worker_info
 from ...workers.messages import BatchResult, BatchSize, EpochStart, Output
 from ...workers.process import Payload, bootstrap
@@ -79,12 +79,25 @@ def batch_worker_main(
             outputs = entries if isinstance(entries, Failure) else chain.run(gen, entries, label)
             del entries  # the items' shared memory goes back as soon as the batch is built
             try:
-                to_main.put(BatchResult(gen, unit, outputs))
+                _send(to_main, BatchResult(gen, unit, outputs), label, chain)
             except QueueError:
                 return
             del outputs
         if not progressed:
             waiter.wait(seen)
+
+
+def _send(to_main: ProcessQueue, result: BatchResult, label: str, chain: WorkerChain) -> None:
+    """Send ``result``; an output that cannot cross processes is sent as its failure."""
+    try:
+        to_main.put(result)
+    except QueueError:
+        raise
+    except Exception as error:  # noqa: BLE001 - an output cannot cross processes
+        if isinstance(result.outputs, Failure):
+            raise
+        failure = unsendable_failure(error, label, repr(chain.pipe), result.outputs)
+        to_main.put(result._replace(outputs=failure))
 
 
 class _BatchAssembler:

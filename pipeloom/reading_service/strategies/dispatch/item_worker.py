@@ -13,7 +13,7 @@ from typing import Any
 from ....errors import NotAvailable, QueueError
 from ....events import Waiter
 from ....queues import ProcessQueue
-from ...workers.failure import Failure, capture_failure
+from ...workers.failure import Failure, capture_failure, unsendable_failure
 from ...workers.info import WorkerInfo, set_process_worker_info
 from ...workers.messages import MAIN, EpochStart, InitFailed, Task, TaskResult
 from ...workers.process import Payload, bootstrap
@@ -62,8 +62,17 @@ def item_worker_main(
             continue  # a task of an abandoned epoch
         outputs = chain.run(message.gen, message.entries, label)
         result = TaskResult(message.gen, message.unit, outputs, len(message.entries))
+        destination = to_main if message.dest == MAIN else to_batch[message.dest]
         try:
-            (to_main if message.dest == MAIN else to_batch[message.dest]).put(result)
+            try:
+                destination.put(result)
+            except QueueError:
+                raise
+            except Exception as error:  # noqa: BLE001 - an output cannot cross processes
+                if isinstance(outputs, Failure):
+                    raise
+                failure = unsendable_failure(error, label, repr(chain.pipe), outputs)
+                destination.put(result._replace(outputs=failure))
         except QueueError:
             if message.dest == MAIN:
                 return

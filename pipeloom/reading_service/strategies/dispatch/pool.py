@@ -9,10 +9,10 @@ and result queues to the main process (sizes in ``planning/planner.py``).
 from __future__ import annotations
 
 import multiprocessing.connection
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...._shutdown import finalize_here
 from ....errors import NotAvailable, QueueError, WorkerError
 from ....events import FdReadiness, ReadinessSource
 from ....queues import ProcessQueue
@@ -110,7 +110,7 @@ class DispatchPool:
             for link in row:
                 link.close()
         self._results = self._item_results + self._batch_results
-        self._finalizer = weakref.finalize(
+        self._finalizer = finalize_here(
             self, _stop, self._workers, self._tasks + self._control, self._results
         )
 
@@ -137,6 +137,13 @@ class DispatchPool:
         except (QueueError, TimeoutError) as error:
             self.check_alive()
             raise WorkerError(f"a worker stopped taking work: {error}") from error
+        except TypeError as error:  # PayloadError too: what the sharding point yields
+            raise type(error)(
+                f"the items of the sharding point cross from the main process to the "
+                f"workers under this strategy, and one of them cannot: {error}. Shard "
+                f"something picklable (file paths, indices) and open or decode after the "
+                f"sharding point, or use strategy='classic'"
+            ) from error
 
     def receive(self) -> list[Any]:
         """Every message the workers sent the main process so far (never waits)."""

@@ -1,0 +1,172 @@
+"""A loader dropped without ``shutdown()`` stops by reference counting alone (#14 items 1-3).
+
+With the garbage collector disabled, dropping the last reference to a loader
+(and to its iterator) mid-epoch must leave no worker process, thread, fd or
+memfd of this test's process tree. On failure, the message names the
+reference cycle that kept the loader alive (``tests/own_resources.py``).
+"""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch.utils.data
+
+import pipeloom.compat
+from pipeloom import DataLoader
+from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from tests.own_resources import OwnResources, cycles_left_by, dropped, memfds
+from tests.reading_service import pipelines
+from tests.reading_service.test_separate import with_side_stream
+
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int) -> int:
+        return index * index
+
+
+LOADERS = {
+    "threads": lambda: DataLoader(pipelines.for_strategies(40), ThreadReadingService(2), seed=1),
+    "classic-fork": lambda: DataLoader(
+        pipelines.for_strategies(40), MultiProcessingReadingService(2, start_method="fork"), seed=1
+    ),
+    "classic-spawn": lambda: DataLoader(
+        pipelines.for_strategies(40), MultiProcessingReadingService(2, start_method="spawn"), seed=1
+    ),
+    "classic-persistent": lambda: DataLoader(
+        pipelines.for_strategies(40),
+        MultiProcessingReadingService(2, persistent_workers=True),
+        seed=1,
+    ),
+    "economic": lambda: DataLoader(
+        pipelines.for_strategies(40, map_style=True),
+        MultiProcessingReadingService(2, strategy="economic"),
+        seed=1,
+    ),
+    "chunked": lambda: DataLoader(
+        pipelines.for_strategies(40), MultiProcessingReadingService(2, strategy="chunked"), seed=1
+    ),
+    "separate-process": lambda: DataLoader(
+        with_side_stream(), MultiProcessingReadingService(2, start_method="fork"), seed=5
+    ),
+    "compat": lambda: pipeloom.compat.DataLoader(Squares(), batch_size=2, num_workers=2),
+    "compat-persistent": lambda: pipeloom.compat.DataLoader(
+        Squares(), batch_size=2, num_workers=2, persistent_workers=True
+    ),
+}
+
+
+def _failure(left, cycles) -> str:
+    return f"left behind: {left}; reference cycles (these keep it alive): {cycles}"
+
+
+@pytest.mark.timeout(300)  # a hang detector: spawned workers import torch, slow on a busy machine
+@pytest.mark.parametrize("keep_iterator", [False, True], ids=["iterator-dropped-first", "both"])
+@pytest.mark.parametrize("name", list(LOADERS))
+def test_a_loader_dropped_mid_epoch_stops_without_the_garbage_collector(name, keep_iterator):
+    def abandon() -> None:
+        loader = LOADERS[name]()
+        iterator = iter(loader)
+        next(iterator)
+        if not keep_iterator:  # an older epoch's iterator dropped, a newer one mid-epoch
+            del iterator
+            iterator = iter(loader)
+            next(iterator)
+        assert memfds() or name == "threads" or name.startswith("compat")
+        del loader, iterator  # no shutdown(), no gc.collect()
+
+    left, cycles = dropped(abandon)
+    assert not left, _failure(left, cycles)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["threads", "classic-fork", "economic", "compat"])
+def test_a_dropped_loader_leaves_no_reference_cycle_of_its_own(name):
+    def abandon() -> None:
+        loader = LOADERS[name]()
+        iterator = iter(loader)
+        next(iterator)
+        del loader, iterator
+
+    cycles = [
+        chain
+        for prefix in (
+            "pipeloom.loader",
+            "pipeloom.reading_service",
+            "pipeloom.queues",
+            "pipeloom.compat",
+        )
+        for chain in cycles_left_by(abandon, module_prefix=prefix)
+    ]
+    assert cycles == []
+
+
+@pytest.mark.timeout(60)
+def test_classic_shutdown_gives_back_every_fd_without_a_collection():
+    gc.collect()
+    before = OwnResources()
+    gc.disable()
+    try:
+        for _ in range(10):
+            loader = DataLoader(
+                pipelines.for_strategies(16), MultiProcessingReadingService(2), seed=1
+            )
+            assert len(list(loader)) == 4
+            loader.shutdown()
+        del loader
+        left = before.left_after(timeout=10)
+    finally:
+        gc.enable()
+    assert not left, f"after shutdown(): {left}"
+
+
+SOAK = textwrap.dedent(
+    """
+    import gc
+    from pipeloom import DataLoader
+    from pipeloom.reading_service import MultiProcessingReadingService
+    from tests.reading_service import pipelines
+
+    kept = []  # abandoned loaders a later fork inherits, freed by its garbage collector
+    for cycle in range({cycles}):
+        strategy = ("classic", "economic", "chunked")[cycle % 3]
+        loader = DataLoader(
+            pipelines.for_strategies(12, map_style=strategy == "economic"),
+            MultiProcessingReadingService(2, strategy=strategy, start_method="fork"),
+            seed=cycle,
+        )
+        iterator = iter(loader)
+        next(iterator)
+        if cycle % 2:
+            kept.append((loader, iterator))  # alive while the next loaders fork
+        if len(kept) > 3:
+            kept.pop(0)
+        del loader, iterator
+        if cycle % 5 == 0:
+            gc.collect()
+    kept.clear()
+    gc.collect()
+    print("done")
+    """
+)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("cycles", [60, pytest.param(300, marks=pytest.mark.slow)])
+def test_forked_workers_never_act_on_their_parents_abandoned_loaders(cycles):
+    result = subprocess.run(
+        [sys.executable, "-c", SOAK.format(cycles=cycles)],
+        capture_output=True,
+        text=True,
+        timeout=580,
+        check=False,
+    )
+    assert result.stdout.strip() == "done", result.stderr[-3000:]
+    assert result.stderr == ""
