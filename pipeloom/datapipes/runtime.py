@@ -32,6 +32,7 @@ from ._base import DataPipe
 from ._context import (
     NO_STAMP,
     ItemStamp,
+    Key,
     current_draws,
     current_key,
     current_position,
@@ -48,6 +49,7 @@ from ._pipeline import check_declared_inputs, upstream_blocks
 __all__ = [
     "NO_STAMP",
     "ItemStamp",
+    "Key",
     "block_seed",
     "check_declared_inputs",
     "current_draws",

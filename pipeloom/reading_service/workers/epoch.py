@@ -18,7 +18,7 @@ from ...datapipes import (
     reset_pipeline,
     set_pipeline_epoch,
 )
-from ...datapipes.runtime import current_position, current_stamp, restore_stamp
+from ...datapipes.runtime import Key, current_stamp, restore_stamp
 from ...errors import QueueError
 from .failure import capture_failure, unsendable_failure
 from .messages import END
@@ -71,7 +71,7 @@ def produce_epoch(
             except QueueError:
                 raise
             except Exception as error:  # noqa: BLE001 - the output cannot cross processes
-                outputs = [(current_position(), stamp[3], item)]
+                outputs: list[tuple[Key | None, Any, Any]] = [(stamp[2], stamp[3], item)]
                 put(unsendable_failure(error, worker_label, repr(pipe), outputs))
                 return True
     except QueueError as error:

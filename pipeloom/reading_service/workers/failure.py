@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...datapipes import DataPipe, current_position
+from ...datapipes.runtime import Key, key_position
 from ...errors import WorkerError
 from ...queues import encode
 
@@ -122,19 +123,20 @@ def capture_failure(
 
 
 def unsendable_failure(
-    error: BaseException, worker: str, block: str, outputs: list[tuple[int | None, Any, Any]]
+    error: BaseException, worker: str, block: str, outputs: list[tuple[Key | None, Any, Any]]
 ) -> Failure:
-    """The failure for ``outputs`` (``(position, draws, item)``) that could not be sent.
+    """The failure for ``outputs`` (``(key, draws, item)``) that could not be sent.
 
     Names the first output that cannot cross to another process, its
     position, and the real cause (e.g. ``PayloadError`` for a tensor that
     requires grad, ``TypeError`` for an object holding a lock); ``block`` is
     the block that made the outputs.
     """
-    for position, _, item in outputs:
+    for key, _, item in outputs:
         try:
             encode(item)
         except Exception as cause:  # noqa: BLE001 - this is the output that cannot cross
+            position = key_position(key)
             return capture_failure(cause, worker, block=block, position=position, item=item)
     return capture_failure(error, worker, block=block)
 
