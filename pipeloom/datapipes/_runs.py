@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
+from types import CodeType
 from typing import Any
 
 from ..errors import NotAvailable
@@ -259,6 +260,7 @@ class _Chain:
     def __init__(self, block: IterDataPipe) -> None:
         self.block = block
         stages: list[Stage] = []
+        owners: list[DataPipe] = []
         node: Any = block
         head: Head | None = None
         while True:
@@ -272,10 +274,13 @@ class _Chain:
             stage = node._run_stage()
             if stage is not None:
                 stages.append(stage)
+                owners.append(node)
             node = node.source
         stages.reverse()
+        owners.reverse()
         self.head = head
         self.stages = tuple(stages)
+        self.owners = tuple(owners)  # the block of each stage
         self.fns = tuple(stage.apply for stage in stages)
         self.notes = tuple(stage.note for stage in stages)
         self.drops = any(stage.drops for stage in stages)
@@ -391,6 +396,29 @@ class _Chain:
         if note is not None:
             note(error)
         raise error
+
+
+def running_stage(chain: object, callee: CodeType) -> DataPipe | None:
+    """The block whose stage runs ``callee``, called from a fused loop of ``chain``.
+
+    For code that looks at running threads (statistics): in a fused run, a
+    ``map``'s function is called by the run's loop, not by its block's
+    ``async_next``, so the block is found from the stage's function. None when
+    ``callee`` is no stage's (the head reading items).
+    """
+    if not isinstance(chain, _Chain):
+        return None
+    for stage, owner in zip(chain.stages, chain.owners):
+        function = getattr(stage.apply, "__func__", stage.apply)
+        if getattr(function, "__code__", None) is callee:
+            return owner
+    return None
+
+
+RUN_LOOP_CODES: frozenset[CodeType] = frozenset(
+    {_Chain._stamped_loop.__code__, _Chain._loop.__code__}
+)
+"""The code of the fused loops, which call the stages' functions directly."""
 
 
 class RunReader:

@@ -45,9 +45,11 @@ from ._context import (
     worker_info,
 )
 from ._pipeline import check_declared_inputs, upstream_blocks
+from ._runs import RUN_LOOP_CODES, running_stage
 
 __all__ = [
     "NO_STAMP",
+    "RUN_LOOP_CODES",
     "ItemStamp",
     "Key",
     "block_seed",
@@ -62,6 +64,7 @@ __all__ = [
     "read_only_data",
     "restart_blocks",
     "restore_stamp",
+    "running_stage",
     "set_worker_info",
     "stamp_item",
     "worker_info",

@@ -31,6 +31,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from ..datapipes import DataPipe
+from ..datapipes.runtime import RUN_LOOP_CODES, running_stage
 from ..events import Waiter
 from ._resources import own_usage
 
@@ -244,6 +245,7 @@ class Sampler:
         block: DataPipe | None = None
         boundary = None
         current: FrameType | None = frame
+        callee: FrameType | None = None
         while current is not None:
             code = current.f_code
             if block is None and code in _IDLE_CODES:
@@ -252,10 +254,13 @@ class Sampler:
                 candidate = current.f_locals.get("self")
                 if isinstance(candidate, DataPipe):
                     block = candidate
+            if block is None and callee is not None and code in RUN_LOOP_CODES:
+                # a fused run calls a map's function itself: find the map
+                block = running_stage(current.f_locals.get("self"), callee.f_code)
             boundary = _BOUNDARIES.get(code)
             if boundary is not None:
                 break
-            current = current.f_back
+            callee, current = current, current.f_back
         if self._in_worker:
             process = _process_placement()
             if process is None:  # just forked, not yet named
