@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...datapipes import DataPipe, current_position
-from ...datapipes.runtime import Key, key_position
+from ...datapipes.runtime import RUN_LOOP_CODES, Key, key_position, running_stage
 from ...errors import WorkerError
 from ...queues import encode
 
@@ -156,6 +156,9 @@ def _failing_frame(error: BaseException) -> tuple[str | None, Any]:
     while tb is not None:
         local = tb.tb_frame.f_locals
         candidate = local.get("self")
+        if tb.tb_frame.f_code in RUN_LOOP_CODES and tb.tb_next is not None:
+            # a fused run called a stage's function itself: the stage's block
+            candidate = running_stage(candidate, tb.tb_next.tb_frame.f_code)
         if isinstance(candidate, DataPipe):
             found = candidate
             item = local.get("item", _UNKNOWN)
