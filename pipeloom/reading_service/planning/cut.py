@@ -294,8 +294,10 @@ def _check_one_to_one(item_blocks: tuple[DataPipe, ...]) -> None:
             raise PlanError(
                 f"strategy='economic' assigns each item of a batch to a worker before it is "
                 f"made, so every block between the sharding point and .batch() must yield "
-                f"exactly one output per input, but {block!r} may not; move it before "
-                f".sharding_filter() or after .batch(), or use strategy='chunked' or 'classic'"
+                f"exactly one output per input, but {block!r} may not. Use "
+                f"strategy='chunked' or 'classic', which run such blocks (tar readers, "
+                f"webdataset, flatmap, filter) in their workers; or move a filter before the "
+                f"sharding point, where the main process runs it"
             )
 
 

@@ -159,7 +159,8 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
     item = Part("item workers", item_location, cut.item_blocks, cut.item_exit, n)
     parts: tuple[Part, ...] = (item,)
     if strategy == "chunked":
-        chunk_size = _chunk_size(settings.chunk_size, batch_size, n)
+        expands = not all(block.one_to_one for block in cut.item_blocks)
+        chunk_size = _chunk_size(settings.chunk_size, batch_size, n, expands)
         unit = ("chunk", chunk_size, max(1, math.ceil(settings.prefetch * batch_size / chunk_size)))
         max_tasks = unit[2]
     else:
@@ -210,9 +211,15 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
     )
 
 
-def _chunk_size(asked: int | None, batch_size: int, workers: int) -> int:
+def _chunk_size(asked: int | None, batch_size: int, workers: int, expands: bool) -> int:
+    """Items of the sharding point per chunk: by default a batch spread over the workers.
+
+    When the per-item part may make several outputs of one input (a tar shard
+    read into its samples), one input per chunk, so shards spread over the
+    workers instead of a batch's worth of shards landing on one.
+    """
     if asked is None:
-        return max(1, math.ceil(batch_size / workers))
+        return 1 if expands else max(1, math.ceil(batch_size / workers))
     if asked > batch_size:
         raise PlanError(
             f"chunk_size must be at most the batch size ({batch_size}), got "

@@ -82,7 +82,9 @@ class MultiProcessingReadingService(PlannedService):
         num_batch_workers: batch workers under ``"economic"`` (default:
             ``prefetch_factor``; more cannot help).
         chunk_size: items per chunk under ``"chunked"`` (default: the batch
-            spread evenly over the workers); at most the batch size.
+            spread evenly over the workers, or one item per chunk when the
+            per-item blocks may make several outputs of one input, such as a
+            tar shard's samples); at most the batch size.
 
     Example:
         >>> from pipeloom import DataLoader
