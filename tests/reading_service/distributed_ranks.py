@@ -38,6 +38,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def run_ranks(processes: list[Any], limit: float) -> None:
+    """Start the rank ``processes``, wait up to ``limit + 5`` s, kill what is still running."""
+    for process in processes:
+        process.start()
+    deadline = time.monotonic() + limit + 5
+    try:
+        for process in processes:
+            process.join(timeout=max(0.1, deadline - time.monotonic()))
+    finally:
+        for process in processes:
+            if process.exitcode is None:
+                process.kill()
+                process.join(5)
+
+
 def launch(
     scenarios: list[str], world: int, tmp_path, *, limit: float = 200.0, event: Any = None
 ) -> dict[str, list[Any]]:
@@ -50,17 +65,7 @@ def launch(
         )
         for rank in range(world)
     ]
-    for process in processes:
-        process.start()
-    deadline = time.monotonic() + limit + 5
-    try:
-        for process in processes:
-            process.join(timeout=max(0.1, deadline - time.monotonic()))
-    finally:
-        for process in processes:
-            if process.exitcode is None:
-                process.kill()
-                process.join(5)
+    run_ranks(processes, limit)
     results: dict[str, list[Any]] = {name: [] for name in scenarios}
     for rank in range(world):
         path = os.path.join(tmp_path, f"rank{rank}.pkl")

@@ -17,6 +17,8 @@ from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.reading_service import DistributedReadingService
 
+from ..reading_service.distributed_ranks import run_ranks
+
 
 def launch(world: int, out_dir: str, *, limit: float = 40.0) -> list[Any]:
     """Run :func:`_rank_main` in ``world`` spawned ranks; each rank's result (or why not)."""
@@ -28,17 +30,7 @@ def launch(world: int, out_dir: str, *, limit: float = 40.0) -> list[Any]:
         context.Process(target=_rank_main, args=(rank, world, port, out_dir, limit))
         for rank in range(world)
     ]
-    for process in processes:
-        process.start()
-    deadline = time.monotonic() + limit + 5
-    try:
-        for process in processes:
-            process.join(timeout=max(0.1, deadline - time.monotonic()))
-    finally:
-        for process in processes:
-            if process.exitcode is None:
-                process.kill()
-                process.join(5)
+    run_ranks(processes, limit)
     results = []
     for rank in range(world):
         path = os.path.join(out_dir, f"rank{rank}.pkl")
