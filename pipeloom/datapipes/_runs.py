@@ -64,7 +64,19 @@ class _Drop:
 DROP: Any = _Drop()
 """What a stage returns for an item it drops (a filter)."""
 
-_NEVER = object()  # a sentinel async_next never returns
+
+def _pulled(next_item: Callable[[], Any], count: int) -> Iterable[Any]:
+    """Up to ``count`` results of ``next_item()``, ending at its ``StopIteration``.
+
+    Not ``iter(next_item, sentinel)``: that compares every item with the
+    sentinel, and ``==`` on a tensor or array is an elementwise operation.
+    """
+    for _ in range(count):
+        try:
+            item = next_item()
+        except StopIteration:
+            return
+        yield item
 
 
 class Stage:
@@ -220,7 +232,7 @@ class PullHead(Head):
         self._many = kind.async_next_many is not IterDataPipe.async_next_many
 
     def span(self, count: int) -> tuple[Iterable[Any], int, int]:
-        return islice(iter(self.block.async_next, _NEVER), count), 0, 1
+        return _pulled(self.block.async_next, count), 0, 1
 
     def bulk(self, out: list[Any], count: int) -> bool:
         if self._many:  # the block's own many-items read (a source's slice)
@@ -230,7 +242,12 @@ class PullHead(Head):
                 return False
             return True
         before = len(out)
-        out.extend(islice(iter(self.block.async_next, _NEVER), count))
+        append, next_item = out.append, self.block.async_next
+        try:
+            for _ in range(count):
+                append(next_item())
+        except StopIteration:
+            pass
         return len(out) > before
 
 

@@ -291,6 +291,25 @@ def test_a_block_overriding_async_next_is_not_fused():
     assert calls == list(range(1, 11))
 
 
+class Arrays(IterDataPipe):
+    """A block read one item at a time (not fused): yields NumPy arrays."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield np.full(3, i)
+
+
+def test_a_run_pulls_arrays_from_an_unfused_block_without_comparing_them():
+    # Reading a block with ``iter(async_next, sentinel)`` compared every array
+    # with the sentinel: an elementwise ``==`` whose truth value raises.
+    batches = list(Arrays(5).map(lambda a: a * 2).batch(2))
+    assert [[int(a[0]) for a in batch] for batch in batches] == [[0, 2], [4, 6], [8]]
+    assert [len(batch) for batch in list(Arrays(5).batch(2))] == [2, 2, 1]
+
+
 class SlowlyReady(MapDataPipe):
     """Index ``i`` is not available the first ``late[i]`` times it is asked for."""
 
