@@ -195,8 +195,7 @@ class DataPipe:
     def resume_at(self, position: int) -> None:
         """Skip, without producing them, the positions before ``position`` this epoch.
 
-        Called on a sharding point after ``reset()`` when a reading service
-        resumes an epoch mid-way: only the cheap part upstream is replayed.
+        Called on a sharding point after ``reset()`` to resume an epoch mid-way.
         """
         if type(self)._pl_numbers_outputs:  # numbered by the framework: replays (_numbering.py)
             self._numbering().skip_before = position
@@ -206,6 +205,9 @@ class DataPipe:
             f"position, so an epoch read through workers cannot resume mid-way; implement "
             f"resume_at(position) on {type(self).__name__}"
         )
+
+    def _restore_numbering(self, count: int, *, replays: bool) -> None:
+        self._numbering().resume(count, replays=replays)  # see Numbering.resume
 
     def is_separate_process(self) -> bool:
         """True when this block should run in a process of its own."""

@@ -61,6 +61,21 @@ class Numbering:
         self.shard = (1, 0)  # (total, index) from sharding_settings
         self.restart()
 
+    def resume(self, count: int, *, replays: bool) -> None:
+        """Go on after ``count`` outputs delivered before a checkpoint.
+
+        A block that saved an empty state (``{}``: nothing to find its place
+        again from, e.g. a plain ``__iter__`` generator) ``replays``: it starts
+        over and drops those outputs. A block that saved a state restored its
+        place from it and counts on from ``count``.
+        """
+        if replays:
+            total, index = self.shard
+            self.count = 0
+            self.skip_before = count * total + index
+        else:
+            self.count = count
+
     def restart(self) -> None:
         self.count = 0
         self.active: bool | None = None  # decided at the first output of the epoch

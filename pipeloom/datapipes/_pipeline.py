@@ -225,7 +225,8 @@ def load_pipeline_state_dict(output: DataPipe, state: dict) -> None:
     for index, (block, entry) in enumerate(zip(blocks, saved)):
         numbered = entry.get("numbered")
         if numbered is not None:
-            block._numbering().count = check_int("numbered", numbered, minimum=0)
+            count = check_int("numbered", numbered, minimum=0)
+            block._restore_numbering(count, replays=entry["state"] in ({}, None))
         try:
             block.load_state_dict(entry["state"])
         except StateError as error:

@@ -187,6 +187,7 @@ def numbers():
 
 
 CUSTOM_SERVICES = {
+    "in-process": lambda: None,  # its state is {}: it resumes by re-making and dropping
     **{f"threads-{n}": (lambda n=n: ThreadReadingService(n)) for n in (1, 2, 3)},
     **{f"classic-{n}": (lambda n=n: MultiProcessingReadingService(n, timeout=60)) for n in (1, 3)},
     "economic-2": lambda: MultiProcessingReadingService(2, strategy="economic", timeout=60),
