@@ -17,6 +17,7 @@ second, to a file in that directory, which the main process reads.
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import multiprocessing.util
@@ -54,6 +55,33 @@ WINDOW = 0.5
 _WRITE_EVERY = 0.25  # seconds between two reports of a worker process (at least)
 
 Key = tuple[str, str, str]  # (placement, stage, kind)
+
+_PAUSE_GC = sys.version_info < (3, 12)
+_GC_SWITCH = threading.Lock()
+
+
+def thread_frames() -> dict[int, FrameType]:
+    """``sys._current_frames()``, safe on CPython 3.11.
+
+    On 3.11 it holds the runtime's thread-list lock while it makes frame
+    objects; a garbage collection started by one of those allocations that
+    frees a ``threading.local`` takes the same lock again and the process
+    freezes holding the GIL (CPython gh-106883, never fixed in 3.11). The
+    collector is paused for the call there, and left alone when the user
+    disabled it.
+    """
+    if not _PAUSE_GC:
+        return sys._current_frames()  # noqa: SLF001 - the sampler's input
+    with _GC_SWITCH:
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            return sys._current_frames()  # noqa: SLF001 - the sampler's input
+        finally:
+            if paused:
+                gc.enable()
+
 
 _IDLE_CODES: set[CodeType] = {
     Waiter.wait.__code__,
@@ -225,7 +253,7 @@ class Sampler:
         self._codes.refresh(now)
         threads = {t.ident: t for t in threading.enumerate()}
         found: list[Key] = []
-        for ident, frame in sys._current_frames().items():  # noqa: SLF001 - the sampler's input
+        for ident, frame in thread_frames().items():
             if ident == skip:
                 continue
             key = self._classify(frame, threads.get(ident))

@@ -1,0 +1,75 @@
+"""The sampler reads every thread's stack without freezing the process.
+
+On CPython 3.11 ``sys._current_frames()`` can deadlock when a garbage
+collection it triggers frees a ``threading.local`` (CPython gh-106883): the
+full suite once froze for the whole CI budget in a ``stats=True`` loader.
+The workload below (threads entering fresh frames and dropping thread-locals
+in reference cycles, a tiny collection threshold) froze an unguarded
+``sys._current_frames()`` loop within a second in every try.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+CHURN = textwrap.dedent(
+    """
+    import gc, sys, threading, time
+    from pipeloom.stats._sampler import thread_frames
+
+    gc.set_threshold(7, 2, 2)
+    stop = threading.Event()
+
+    def inner():
+        return [[] for _ in range(3)]
+
+    def make():
+        local = threading.local()
+        local.x = 1
+        cycle = [local]
+        cycle.append(cycle)  # freed by the collector, not by reference counting
+        return inner()
+
+    def churn():
+        while not stop.is_set():
+            make()
+
+    def sample():
+        while not stop.is_set():
+            for frame in thread_frames().values():
+                while frame is not None:
+                    frame = frame.f_back
+
+    threads = [threading.Thread(target=churn, daemon=True) for _ in range(3)]
+    threads.append(threading.Thread(target=sample, daemon=True))
+    for thread in threads:
+        thread.start()
+    stop.wait(3.0)
+    stop.set()
+    for thread in threads:
+        thread.join(5.0)
+    assert gc.isenabled()
+    print("done")
+    """
+)
+
+
+def test_sampling_stacks_while_the_collector_frees_thread_locals_does_not_freeze():
+    done = subprocess.run([sys.executable, "-c", CHURN], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "done"
+
+
+def test_a_collector_the_user_disabled_stays_disabled():
+    import gc
+
+    from pipeloom.stats._sampler import thread_frames
+
+    gc.disable()
+    try:
+        assert thread_frames()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
