@@ -160,7 +160,12 @@ class LoaderCounters:
         return +counts, timeline, samples - self._samples0
 
     def build(
-        self, *, service: str, workers: int, ranks: tuple[RankStats, ...] = ()
+        self,
+        *,
+        service: str,
+        workers: int,
+        ranks: tuple[RankStats, ...] = (),
+        autotune: dict[str, Any] | None = None,
     ) -> LoaderStats:
         """The frozen record of what happened so far."""
         counts, timeline, samples = self._samples()
@@ -204,6 +209,7 @@ class LoaderCounters:
             processes=tuple(self._processes),
             shared_memory_mib=shared_memory_in_use() / 2**20,
             sampler_cpu_s=self.sampler.cpu_s - self._sampler_cpu0,
+            autotune=autotune,
         )
 
 
@@ -377,7 +383,9 @@ def assemble(
         dist.all_gather_object(rows, row, group=service.group)
         ranks = rank_stats(rows)
     counters.headspace_step_s = headspace_of(loader)
-    return counters.build(service=strategy, workers=workers, ranks=ranks)
+    tuned = getattr(service, "autotune_report", None)  # an AutoReadingService
+    autotune = tuned() if callable(tuned) else None
+    return counters.build(service=strategy, workers=workers, ranks=ranks, autotune=autotune)
 
 
 def _distributed_in(service: ReadingService) -> DistributedReadingService | None:
