@@ -73,6 +73,7 @@ class AutoReadingService(ReadingService):
         self.config = start if start is not None else Config("threads", self.budget.cpus, 2)
         self.tuner = tuner if tuner is not None else HillClimb(self.budget)
         self.replacements = 0
+        self.pending: Config | None = None  # the tuner's choice, applied before the next output
         self._pipeline: IterDataPipe | None = None
         self._inner: ReadingService | None = None
         self._running: Config | None = None  # the configuration self._inner runs
@@ -100,6 +101,8 @@ class AutoReadingService(ReadingService):
         self._stats_dir = os.environ.get(ENV_DIR)  # set by a loader collecting statistics
         if self._untunable is not None:
             return inner.start_epoch(epoch, state)
+        if self.pending is not None:  # decided on the last output of the previous epoch
+            self.config, self.pending = self.pending, None
         if self._running != self.config:
             self._place(self.config)
             inner = self._require_inner()
@@ -125,7 +128,7 @@ class AutoReadingService(ReadingService):
     def load_tuning_state(self, saved: dict[str, Any]) -> None:
         """Start from a saved choice (the loader's ``load_state_dict()``)."""
         config = Config.from_dict(saved.get("config") if isinstance(saved, dict) else None)
-        self.config = config
+        self.config, self.pending = config, None
         if saved.get("settled"):
             self.tuner.resume(config)
 
@@ -213,18 +216,18 @@ class _TunedEpoch(Iterator[Any]):
         self._service = service
         self._epoch = epoch
         self._items = items
-        self._pending: Config | None = None
 
     def __next__(self) -> Any:
-        if self._pending is not None:  # between two outputs: the checkpoint is exact here
-            config, self._pending = self._pending, None
-            self._items = self._service.replace(config, self._epoch, self._items)
+        service = self._service
+        if service.pending is not None:  # between two outputs: the checkpoint is exact here
+            config, service.pending = service.pending, None
+            self._items = service.replace(config, self._epoch, self._items)
         called = time.perf_counter()
         item = next(self._items)
         returned = time.perf_counter()
-        decision = self._service.tuner.observe(returned, returned - called, _nbytes(item))
-        if decision is not None and decision != self._service.config:
-            self._pending = decision
+        decision = service.tuner.observe(returned, returned - called, _nbytes(item))
+        if decision is not None and decision != service.config:
+            service.pending = decision
         return item
 
     def close(self) -> None:

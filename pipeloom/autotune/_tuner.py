@@ -30,6 +30,8 @@ THREADS_TIE = 0.95
 CONSUMER_BOUND_WAIT = 0.10
 """Below this share of the window spent waiting in ``next()``, the consumer is the bottleneck."""
 MAX_PREFETCH = 8
+LINEAR = 1.7
+"""A doubling of workers that multiplied the rate by this much makes the next move x4."""
 ENOUGH_OUTPUTS = 500
 """A window of this many outputs closes after a third of ``window_s`` (fast pipelines)."""
 
@@ -119,6 +121,7 @@ class HillClimb(Tuner):
         self._current: Config | None = None
         self._largest_output = 0
         self._resident = 0
+        self._growth = 2  # the factor the next workers move multiplies by
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -129,6 +132,8 @@ class HillClimb(Tuner):
         self._waited = 0.0
 
     def start(self, config: Config) -> None:
+        if config == self._current:  # a new epoch on the same configuration: keep measuring
+            return
         self._current = config
         self._tried.add(config)
         self._reset_window()
@@ -170,6 +175,11 @@ class HillClimb(Tuner):
             return None
         verdict = "slower"
         if self.best is None or self._better(current, rate, self.best):
+            if self.best is not None and self.best[0].kind == current.kind:
+                # Doubling the workers nearly doubled the rate: jump further next time.
+                scaled = rate / self.best[1] if self.best[1] > 0 else 1.0
+                steps = max(math.log2(current.workers / self.best[0].workers), 1.0)
+                self._growth = 4 if scaled ** (1 / steps) >= LINEAR else 2
             self.best, verdict = (current, rate, cores / current.workers), "best"
         self._record(current, at, rate, cores, wait_share, verdict)
         self._reset_window()
@@ -200,7 +210,9 @@ class HillClimb(Tuner):
         other_workers = best.workers if other == "threads" else max(best.workers, self.budget.cpus)
         candidates = [
             Config(
-                best.kind, min(2 * best.workers, self._cap(best.kind, per_worker)), best.prefetch
+                best.kind,
+                min(self._growth * best.workers, self._cap(best.kind, per_worker)),
+                best.prefetch,
             ),
             Config(other, min(other_workers, self._cap(other, per_worker)), best.prefetch),
             Config(best.kind, best.workers, min(2 * best.prefetch, MAX_PREFETCH)),

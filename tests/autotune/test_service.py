@@ -226,3 +226,28 @@ def test_arguments_are_checked():
     assert Budget.of_this_machine(cpus=3).max_threads == 24
     with pytest.raises(RuntimeError, match="before initialize"):
         AutoReadingService().placement()
+
+
+def test_a_choice_made_on_an_epochs_last_output_starts_the_next_epoch():
+    tuner = Scripted({10: Config("threads", 2, 3)})  # 40 items in batches of 4: 10 outputs
+    service = AutoReadingService(start=Config("threads", 1, 1), tuner=tuner)
+    untuned = pipeloom.DataLoader(build(), seed=2)
+    expected = [list(untuned), list(untuned)]
+    with pipeloom.DataLoader(build(), service, seed=2) as loader:
+        first = [batch for _, batch in zip(range(10), loader)]  # never asks past the 10th
+        assert service.pending == Config("threads", 2, 3)
+        assert [first, list(loader)] == expected
+        assert service.config == Config("threads", 2, 3)
+        assert service.replacements == 0  # placed at the epoch's start, not mid-epoch
+    assert tuner.started == [Config("threads", 1, 1), Config("threads", 2, 3)]
+
+
+def test_a_choice_made_on_the_last_output_is_placed_before_the_end_is_read():
+    tuner = Scripted({10: Config("processes", 1, 1)})
+    service = AutoReadingService(start=Config("threads", 1, 1), tuner=tuner)
+    untuned = pipeloom.DataLoader(build(), seed=2)
+    expected = [list(untuned), list(untuned)]
+    with pipeloom.DataLoader(build(), service, seed=2) as loader:
+        assert [list(loader), list(loader)] == expected
+        assert service.replacements == 1
+        assert loader.placement().strategy == "classic"
