@@ -146,9 +146,8 @@ class AutoReadingService(ReadingService):
     def _place(self, config: Config) -> None:
         """Stop the running service (if any) and initialize one for ``config``."""
         assert self._pipeline is not None
-        if self._inner is not None:
+        if self._inner is not None:  # kept until replaced: placement() may be asked meanwhile
             self._inner.shutdown()
-            self._inner = None
         inner = config.service()
         self._configure(inner)
         inner.initialize(self._pipeline)

@@ -251,3 +251,47 @@ def test_a_choice_made_on_the_last_output_is_placed_before_the_end_is_read():
         assert [list(loader), list(loader)] == expected
         assert service.replacements == 1
         assert loader.placement().strategy == "classic"
+
+
+@pytest.mark.timeout(60)
+def test_worker_processes_started_by_a_re_placement_report_their_statistics():
+    service = AutoReadingService(
+        start=Config("threads", 1, 1), tuner=Scripted({1: Config("processes", 2, 2)})
+    )
+    pipe = IterableWrapper(range(400)).sharding_filter().map(python_work).batch(4)
+    with pipeloom.DataLoader(pipe, service, seed=0, stats=True) as loader:
+        list(loader)
+    stats = loader.stats()  # after shutdown: the workers wrote their last report
+    assert service.replacements == 1
+    assert any(use.placement == "worker processes" for use in stats.processes), stats.processes
+
+
+def python_work(x):
+    return sum(i * x for i in range(3000))
+
+
+any_configs = st.builds(
+    Config, st.sampled_from(["threads", "processes"]), st.integers(1, 2), st.integers(1, 3)
+)
+
+
+@pytest.mark.timeout(180)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(1, 40),
+    keep_odd=st.booleans(),
+    batch=st.sampled_from([0, 2, 5]),
+    seed=st.integers(0, 2**16),
+    start=any_configs,
+    plan=st.dictionaries(st.integers(1, 10), any_configs, min_size=1, max_size=3),
+)
+def test_re_placement_across_threads_and_processes_gives_the_in_process_output(
+    n, keep_odd, batch, seed, start, plan
+):
+    def make():
+        return build(n, True, keep_odd, batch, True)
+
+    reference = list(pipeloom.DataLoader(make(), seed=seed))
+    service = AutoReadingService(start=start, tuner=Scripted(plan))
+    with pipeloom.DataLoader(make(), service, seed=seed) as tuned:
+        assert list(tuned) == reference

@@ -128,3 +128,13 @@ def test_never_exceeds_the_budget_and_reaches_most_of_the_best(
         assert config.workers <= limit
         assert model.rate_and_cores(config)[1] <= cpus * 1.05 + 1e-9
     assert model.rate_and_cores(chosen)[0] >= 0.5 * best_rate(model, budget)
+
+
+def test_a_memory_budget_too_small_for_a_process_keeps_to_threads():
+    model = Simulated(per_item_s=0.002, cpu_share=1.0, gil=True)
+    budget = Budget(2, memory_bytes=1, shared_memory_bytes=2**40, max_threads=4, max_processes=4)
+    tuner = climb(model, budget)
+    chosen, proposed = model.run(tuner, Config("threads", 1, 1))
+    assert tuner.settled
+    assert all(config.kind == "threads" for config in proposed)
+    assert chosen.kind == "threads"
