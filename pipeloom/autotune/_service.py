@@ -160,6 +160,9 @@ class AutoReadingService(ReadingService):
     def replace(self, config: Config, epoch: int, items: Iterator[Any]) -> Iterator[Any]:
         """Continue ``epoch`` under ``config`` from the running service's checkpoint."""
         state = self._require_inner().state_dict()
+        # Stop the workers first: closing the epoch first would make persistent workers
+        # end it cleanly (a wait) only to be stopped.
+        self._require_inner().shutdown()
         close = getattr(items, "close", None)
         if close is not None:
             close()
