@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._config import Budget, Config
-from ._usage import resident_bytes, tree_cpu_seconds
+from ._usage import resident_bytes, workers_cpu_seconds
 
 __all__ = ["HillClimb", "Trial", "Tuner"]
 
@@ -30,6 +30,10 @@ THREADS_TIE = 0.95
 CONSUMER_BOUND_WAIT = 0.10
 """Below this share of the window spent waiting in ``next()``, the consumer is the bottleneck."""
 MAX_PREFETCH = 8
+GIL_FREE_CORES = 0.5
+"""Worker threads using fewer cores than this together are not held back by the GIL."""
+CPU_SLACK = 1.05
+"""Measured CPU is noisy: workers may be projected to use this share of ``cpus``."""
 LINEAR = 1.7
 """A doubling of workers that multiplied the rate by this much makes the next move x4."""
 ENOUGH_OUTPUTS = 500
@@ -44,7 +48,7 @@ class Trial:
         config: what ran.
         at_s: seconds since tuning started, when the window closed.
         outputs_per_s: outputs the consumer received per second in the window.
-        cores: CPU cores this process tree used meanwhile.
+        cores: CPU cores the workers used meanwhile (the process tree, less the consumer).
         wait_share: share of the window the consumer spent waiting in ``next()``.
         verdict: ``"best"``, ``"slower"`` or ``"consumer-bound"``.
     """
@@ -87,7 +91,9 @@ class HillClimb(Tuner):
         window_s: seconds of outputs per measurement (at least ``min_outputs``).
         min_outputs: outputs per measurement, at least.
         warmup: outputs ignored after a configuration starts (its start-up).
-        clock, cpu: time and the tree's CPU seconds (injectable for tests).
+        clock, cpu: time, and the CPU seconds the workers used (by default this
+            process tree's, less the consumer's thread: the training loop is
+            not the loader's to budget); injectable for tests.
 
     Example:
         >>> climb = HillClimb(Budget(2, 2**30, 2**30, 8, 2), window_s=0.0, min_outputs=1, warmup=0)
@@ -106,7 +112,7 @@ class HillClimb(Tuner):
         min_outputs: int = 4,
         warmup: int = 2,
         clock: Callable[[], float] = time.perf_counter,
-        cpu: Callable[[], float] = tree_cpu_seconds,
+        cpu: Callable[[], float] = workers_cpu_seconds,
     ) -> None:
         self.budget = budget
         self.window_s = window_s
@@ -217,6 +223,8 @@ class HillClimb(Tuner):
             Config(other, min(other_workers, self._cap(other, per_worker)), best.prefetch),
             Config(best.kind, best.workers, min(2 * best.prefetch, MAX_PREFETCH)),
         ]
+        if best.kind == "threads" and per_worker * best.workers < GIL_FREE_CORES:
+            del candidates[1]  # threads that mostly wait hold no GIL that processes would free
         for candidate in candidates:
             if candidate not in self._tried and self.within_budget(candidate, per_worker):
                 return candidate
@@ -224,14 +232,14 @@ class HillClimb(Tuner):
 
     def _cap(self, kind: str, per_worker: float) -> int:
         most = self.budget.max_threads if kind == "threads" else self.budget.max_processes
-        if per_worker > 0:
-            most = min(most, max(1, int(self.budget.cpus / per_worker + 1e-9)))
+        if per_worker > 0:  # the most workers within_budget() lets through
+            most = min(most, max(1, int(self.budget.cpus * CPU_SLACK / per_worker + 1e-9)))
         return most
 
     def within_budget(self, config: Config, cores_per_worker: float) -> bool:
         """Whether ``config`` stays within the budget, at the CPU use measured per worker."""
         budget = self.budget
-        if config.workers * cores_per_worker > budget.cpus * 1.05:
+        if config.workers * cores_per_worker > budget.cpus * CPU_SLACK:
             return False
         if config.kind == "threads":
             return config.workers <= budget.max_threads

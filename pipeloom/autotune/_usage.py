@@ -6,7 +6,7 @@ import os
 import resource
 import time
 
-__all__ = ["resident_bytes", "tree_cpu_seconds"]
+__all__ = ["resident_bytes", "tree_cpu_seconds", "workers_cpu_seconds"]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -32,6 +32,16 @@ def tree_cpu_seconds() -> float:
             continue  # exited meanwhile
         pending.extend(_children(pid))
     return total
+
+
+def workers_cpu_seconds() -> float:
+    """:func:`tree_cpu_seconds` less the calling thread's (the consumer's) own CPU time.
+
+    Example:
+        >>> workers_cpu_seconds() >= 0
+        True
+    """
+    return max(tree_cpu_seconds() - time.thread_time(), 0.0)
 
 
 def _children(pid: int) -> list[int]:
