@@ -176,12 +176,12 @@ def per_second(events: list[tuple[float, int]], seconds: float) -> list[float]:
     return [float(b) for b in buckets]
 
 
-def running_at(trials: list[dict[str, Any]], second: int) -> str:
-    """The configuration the tuner was measuring during second ``second`` (from its trials)."""
-    for trial in trials:
-        if trial["at_s"] >= second + 1:
+def running_at(report: dict[str, Any], second: int) -> str:
+    """The configuration running at the start of second ``second`` (a trial ends its window)."""
+    for trial in report["trials"]:
+        if trial["at_s"] > second:
             return _short(trial["config"])
-    return _short(trials[-1]["config"]) if trials else "-"
+    return _short(report["config"]) if report["config"] else "-"
 
 
 def _short(config: dict[str, Any]) -> str:
@@ -228,9 +228,9 @@ def bench(
     )
     print_table(
         f"{name}: autotuned from {args.start} x1, prefetch 1 (items/s per second)",
-        ["second", "items/s", "/ best hand-tuned", "measuring"],
+        ["second", "items/s", "/ best hand-tuned", "running at its start"],
         [
-            [s + 1, rate(r), f"{r / best:.2f}", running_at(report["trials"], s)]
+            [s + 1, rate(r), f"{r / best:.2f}", running_at(report, s)]
             for s, r in enumerate(trajectory)
         ],
     )
