@@ -14,7 +14,7 @@ from ._fingerprint import fingerprint_differences, pipeline_fingerprint
 from ._shutdown import ShutsDown
 from ._steps import StepGate
 from ._validate import check_bool, check_int
-from .autotune import AutoReadingService, as_reading_service
+from .autotune import as_reading_service, tuned_in
 from .datapipes import (
     IterDataPipe,
     MapDataPipe,
@@ -228,8 +228,8 @@ class DataLoader(ShutsDown):
             seed, epoch, delivered, service = _read_state(state)
             if strict:
                 self._check_fingerprint(state)
-            if "autotune" in state and isinstance(self.reading_service, AutoReadingService):
-                self.reading_service.load_tuning_state(state["autotune"])
+            if "autotune" in state and (tuned := tuned_in(self.reading_service)) is not None:
+                tuned.load_tuning_state(state["autotune"])
             self.seed = self.reading_service.agree_seed(seed)
             seed_pipeline(self.datapipe, self.seed)
             self._next_epoch = epoch
@@ -266,8 +266,8 @@ class DataLoader(ShutsDown):
             "service": service_state,
             "fingerprint": {"blocks": [[k, dict(f)] for k, f in self._fingerprint["blocks"]]},
         }
-        if isinstance(self.reading_service, AutoReadingService):  # a resumed job starts tuned
-            state["autotune"] = self.reading_service.tuning_state()
+        if (tuned := tuned_in(self.reading_service)) is not None:  # a resumed job starts tuned
+            state["autotune"] = tuned.tuning_state()
         return state
 
     def _check_fingerprint(self, state: dict[str, Any]) -> None:

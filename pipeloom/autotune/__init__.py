@@ -20,7 +20,7 @@ Example:
 """
 
 from ._config import Budget, Config
-from ._service import AutoReadingService, as_reading_service
+from ._service import AutoReadingService, as_reading_service, tuned_in
 from ._tuner import HillClimb, Trial, Tuner
 
 __all__ = [
@@ -31,4 +31,5 @@ __all__ = [
     "Trial",
     "Tuner",
     "as_reading_service",
+    "tuned_in",
 ]

@@ -25,7 +25,7 @@ from ..stats.counters import ENV_DIR
 from ._config import Budget, Config
 from ._tuner import HillClimb, Tuner
 
-__all__ = ["AutoReadingService", "as_reading_service"]
+__all__ = ["AutoReadingService", "as_reading_service", "tuned_in"]
 
 
 class AutoReadingService(ReadingService):
@@ -209,6 +209,19 @@ def as_reading_service(given: Any) -> ReadingService:
             f'MultiProcessingReadingService(4), or "auto", got {got}'
         )
     return given
+
+
+def tuned_in(service: ReadingService) -> AutoReadingService | None:
+    """The ``AutoReadingService`` that ``service`` is or chains (``SequentialReadingService``).
+
+    Example:
+        >>> tuned_in(InProcessReadingService()) is None
+        True
+    """
+    for candidate in (service, *getattr(service, "services", ())):
+        if isinstance(candidate, AutoReadingService):
+            return candidate
+    return None
 
 
 class _TunedEpoch(Iterator[Any]):

@@ -373,6 +373,10 @@ def assemble(
         strategy = placement.strategy
         workers = max((p.copies for p in placement.parts if p.role != "main"), default=0)
     ranks: tuple[RankStats, ...] = ()
+    autotune = None
+    for candidate in (service, *getattr(service, "services", ())):  # an AutoReadingService
+        report = getattr(candidate, "autotune_report", None)
+        autotune = report() if callable(report) else autotune
     service = _distributed_in(service) or service
     if isinstance(service, DistributedReadingService) and service.world_size > 1:
         import torch.distributed as dist
@@ -383,8 +387,6 @@ def assemble(
         dist.all_gather_object(rows, row, group=service.group)
         ranks = rank_stats(rows)
     counters.headspace_step_s = headspace_of(loader)
-    tuned = getattr(service, "autotune_report", None)  # an AutoReadingService
-    autotune = tuned() if callable(tuned) else None
     return counters.build(service=strategy, workers=workers, ranks=ranks, autotune=autotune)
 
 

@@ -11,7 +11,11 @@ import pipeloom
 from pipeloom.autotune import AutoReadingService, Budget, Config, Tuner
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import StateError
-from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from pipeloom.reading_service import (
+    MultiProcessingReadingService,
+    SequentialReadingService,
+    ThreadReadingService,
+)
 
 
 class Scripted(Tuner):
@@ -295,3 +299,19 @@ def test_re_placement_across_threads_and_processes_gives_the_in_process_output(
     service = AutoReadingService(start=start, tuner=Scripted(plan))
     with pipeloom.DataLoader(make(), service, seed=seed) as tuned:
         assert list(tuned) == reference
+
+
+def test_chained_in_a_sequential_service_it_is_still_saved_and_reported():
+    tuner = Scripted({2: Config("threads", 2, 2)})
+    auto = AutoReadingService(start=Config("threads", 1, 1), tuner=tuner)
+    with pipeloom.DataLoader(build(), SequentialReadingService(auto), seed=0, stats=True) as loader:
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(3)]
+        state = loader.state_dict()
+        assert loader.stats().autotune["config"] == Config("threads", 2, 2).to_dict()
+    assert state["autotune"]["config"] == Config("threads", 2, 2).to_dict()
+    resumed = AutoReadingService()
+    with pipeloom.DataLoader(build(), SequentialReadingService(resumed), seed=0) as loader:
+        loader.load_state_dict(state)
+        assert head + list(loader) == list(pipeloom.DataLoader(build(), seed=0))
+    assert resumed.config == Config("threads", 2, 2)
