@@ -73,6 +73,16 @@ def auto_service(strategy: str | None, workers: int | None) -> AutoReadingServic
     return AutoReadingService(start=Config(kind, workers or 1))
 
 
+def autotune_line(report: dict[str, Any]) -> str:
+    """What ``--auto`` chose, in one line."""
+    if report.get("settled") or report.get("config") is None or not report.get("best"):
+        return f"autotune chose: {report['chosen']}"
+    return (
+        f"autotune: best measured {Config(**report['best'])}; it was still measuring when "
+        f"the run ended (running {report['chosen']}); run longer (--batches) to let it settle"
+    )
+
+
 def make_loader(
     made: Any, strategy: str | None, workers: int | None, auto: bool = False
 ) -> DataLoader:
@@ -141,7 +151,7 @@ def profile(
         placement = loader.placement()  # autotune may have re-placed it
     print(stats)
     if stats.autotune is not None:
-        print(f"autotune chose: {stats.autotune['chosen']}")
+        print(autotune_line(stats.autotune))
     os.makedirs(out, exist_ok=True)
     report = {"target": spec, "placement": str(placement), "stats": stats.to_dict()}
     report_path = os.path.join(out, "report.json")
