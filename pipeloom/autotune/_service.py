@@ -74,6 +74,7 @@ class AutoReadingService(ReadingService):
         self.tuner = tuner if tuner is not None else HillClimb(self.budget)
         self.replacements = 0
         self.pending: Config | None = None  # the tuner's choice, applied before the next output
+        self.failures: list[str] = []  # configurations that could not start, and why
         self._pipeline: IterDataPipe | None = None
         self._inner: ReadingService | None = None
         self._running: Config | None = None  # the configuration self._inner runs
@@ -138,6 +139,7 @@ class AutoReadingService(ReadingService):
             "config": None if self._untunable else self.config.to_dict(),
             "chosen": self._untunable or str(self.config),
             "replacements": self.replacements,
+            "failures": list(self.failures),
             "budget": self.budget.to_dict(),
             **self.tuner.report(),
         }
@@ -158,7 +160,12 @@ class AutoReadingService(ReadingService):
             inner.set_outer_sharding(*self._outer)
 
     def replace(self, config: Config, epoch: int, items: Iterator[Any]) -> Iterator[Any]:
-        """Continue ``epoch`` under ``config`` from the running service's checkpoint."""
+        """Continue ``epoch`` under ``config`` from the running service's checkpoint.
+
+        If ``config`` cannot start (e.g. the pipeline cannot be sent to worker
+        processes), the epoch goes on where it was, and the tuner is told.
+        """
+        running = self.config
         state = self._require_inner().state_dict()
         # Stop the workers first: closing the epoch first would make persistent workers
         # end it cleanly (a wait) only to be stopped.
@@ -166,21 +173,31 @@ class AutoReadingService(ReadingService):
         close = getattr(items, "close", None)
         if close is not None:
             close()
+        try:
+            resumed = self._resume(config, epoch, state)
+        except Exception as error:  # noqa: BLE001 - any start-up failure: go back
+            self.failures.append(f"{config}: {type(error).__name__}: {error}")
+            self.tuner.rejected(config, f"{type(error).__name__}: {error}")
+            resumed = self._resume(running, epoch, state)
+            self.tuner.start(running)
+            return resumed
+        self.replacements += 1
+        self.tuner.start(config)
+        return resumed
+
+    def _resume(self, config: Config, epoch: int, state: dict[str, Any]) -> Iterator[Any]:
         previous = os.environ.get(ENV_DIR)
         if self._stats_dir is not None:  # new worker processes report to the loader too
             os.environ[ENV_DIR] = self._stats_dir
         try:
             self._place(config)
-            resumed = self._require_inner().start_epoch(epoch, state)
+            return self._require_inner().start_epoch(epoch, state)
         finally:
             if self._stats_dir is not None:
                 if previous is None:
                     os.environ.pop(ENV_DIR, None)
                 else:
                     os.environ[ENV_DIR] = previous
-        self.replacements += 1
-        self.tuner.start(config)
-        return resumed
 
     def _require_inner(self) -> ReadingService:
         if self._inner is None:

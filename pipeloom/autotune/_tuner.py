@@ -50,7 +50,8 @@ class Trial:
         outputs_per_s: outputs the consumer received per second in the window.
         cores: CPU cores the workers used meanwhile (the process tree, less the consumer).
         wait_share: share of the window the consumer spent waiting in ``next()``.
-        verdict: ``"best"``, ``"slower"`` or ``"consumer-bound"``.
+        verdict: ``"best"``, ``"slower"``, ``"consumer-bound"``, or
+            ``"failed to start: ..."`` (that kind of worker is not tried again).
     """
 
     config: Config
@@ -77,6 +78,9 @@ class Tuner(abc.ABC):
     def resume(self, config: Config) -> None:  # noqa: B027 - optional
         """A resumed job starts at ``config``, tuned already."""
         self.settled = True
+
+    def rejected(self, config: Config, reason: str) -> None:  # noqa: B027 - optional
+        """``config`` could not start (``reason``); the previous configuration runs on."""
 
     def report(self) -> dict[str, Any]:
         """What it measured and decided, for ``stats()``."""
@@ -128,6 +132,7 @@ class HillClimb(Tuner):
         self._largest_output = 0
         self._resident = 0
         self._growth = 2  # the factor the next workers move multiplies by
+        self._failed_kinds: set[str] = set()
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -239,6 +244,8 @@ class HillClimb(Tuner):
     def within_budget(self, config: Config, cores_per_worker: float) -> bool:
         """Whether ``config`` stays within the budget, at the CPU use measured per worker."""
         budget = self.budget
+        if config.kind in self._failed_kinds:
+            return False
         if config.workers * cores_per_worker > budget.cpus * CPU_SLACK:
             return False
         if config.kind == "threads":
@@ -249,6 +256,12 @@ class HillClimb(Tuner):
             and config.workers * config.prefetch * self._largest_output
             <= budget.shared_memory_bytes
         )
+
+    def rejected(self, config: Config, reason: str) -> None:
+        self._tried.add(config)
+        self._failed_kinds.add(config.kind)  # e.g. a pipeline that cannot go to processes
+        at = round(self._clock() - self._origin, 3)
+        self.trials.append(Trial(config, at, 0.0, 0.0, 0.0, f"failed to start: {reason}"))
 
     def report(self) -> dict[str, Any]:
         return {

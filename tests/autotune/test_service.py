@@ -315,3 +315,21 @@ def test_chained_in_a_sequential_service_it_is_still_saved_and_reported():
         loader.load_state_dict(state)
         assert head + list(loader) == list(pipeloom.DataLoader(build(), seed=0))
     assert resumed.config == Config("threads", 2, 2)
+
+
+@pytest.mark.timeout(60)
+def test_a_configuration_that_cannot_start_is_reported_and_the_epoch_goes_on(monkeypatch):
+    def refuse(self, pipeline):
+        raise RuntimeError("cannot send this pipeline to worker processes")
+
+    monkeypatch.setattr(MultiProcessingReadingService, "initialize", refuse)
+    tuner = Scripted({3: Config("processes", 2, 2), 6: Config("threads", 2, 1)})
+    service = AutoReadingService(start=Config("threads", 1, 1), tuner=tuner)
+    with pipeloom.DataLoader(build(random=True), service, seed=4) as loader:
+        assert list(loader) == list(pipeloom.DataLoader(build(random=True), seed=4))
+    assert service.failures == [
+        "2 worker processes, prefetch 2: RuntimeError: cannot send this pipeline to worker "
+        "processes"
+    ]
+    assert service.config == Config("threads", 2, 1) and service.replacements == 1
+    assert service.autotune_report()["failures"] == service.failures

@@ -138,3 +138,12 @@ def test_a_memory_budget_too_small_for_a_process_keeps_to_threads():
     assert tuner.settled
     assert all(config.kind == "threads" for config in proposed)
     assert chosen.kind == "threads"
+
+
+def test_the_climb_drops_a_kind_of_worker_that_failed_to_start():
+    model = Simulated(per_item_s=0.002, cpu_share=1.0, gil=True)
+    tuner = HillClimb(BUDGET, clock=lambda: model.now, cpu=lambda: model.cpu_s)
+    tuner.rejected(Config("processes", 2, 1), "RuntimeError: no")
+    _, proposed = model.run(tuner, Config("threads", 1, 1))
+    assert tuner.settled and all(config.kind == "threads" for config in proposed)
+    assert tuner.trials[0].verdict == "failed to start: RuntimeError: no"
