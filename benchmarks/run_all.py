@@ -42,6 +42,7 @@ BENCHMARKS = [
     "bench_cache",
     "bench_startup",
     "bench_stats_overhead",
+    "bench_autotune",
     "bench_ray",
 ]
 MARKDOWN_ENV = "PIPELOOM_BENCH_MARKDOWN"  # read by _common.print_table and _common.note

@@ -14,6 +14,7 @@ from ._fingerprint import fingerprint_differences, pipeline_fingerprint
 from ._shutdown import ShutsDown
 from ._steps import StepGate
 from ._validate import check_bool, check_int
+from .autotune import as_reading_service, tuned_in
 from .datapipes import (
     IterDataPipe,
     MapDataPipe,
@@ -25,7 +26,7 @@ from .datapipes import (
 from .datapipes.runtime import check_declared_inputs
 from .errors import StateError, StateOfAnotherService
 from .graph import Placement
-from .reading_service import InProcessReadingService, ReadingService
+from .reading_service import ReadingService
 from .stats import LoaderStats
 from .stats.counters import LoaderCounters, assemble
 
@@ -43,7 +44,9 @@ class DataLoader(ShutsDown):
         datapipe: the pipeline's last block (a torch ``Dataset``, a sequence or
             an iterable is wrapped; a map-style pipeline is read in index order).
         reading_service: where the blocks run; ``InProcessReadingService()``
-            (the calling thread) by default.
+            (the calling thread) by default; ``"auto"``: an
+            ``AutoReadingService()`` that picks threads or processes, their
+            count and prefetch while it runs (``pipeloom.autotune``).
         seed: makes every random block reproducible. ``None`` draws one seed
             from torch's default generator, so ``torch.manual_seed`` applies.
         resume_by_replay: when a block cannot save its state, ``state_dict()``
@@ -73,7 +76,7 @@ class DataLoader(ShutsDown):
     def __init__(
         self,
         datapipe: Any,
-        reading_service: ReadingService | None = None,
+        reading_service: ReadingService | str | None = None,
         *,
         seed: int | None = None,
         resume_by_replay: bool = False,
@@ -84,14 +87,7 @@ class DataLoader(ShutsDown):
             pipeline = MapToIter(pipeline)
         assert isinstance(pipeline, IterDataPipe)
         check_declared_inputs(pipeline)
-        if reading_service is None:
-            reading_service = InProcessReadingService()
-        elif not isinstance(reading_service, ReadingService):
-            raise TypeError(
-                f"reading_service must be a ReadingService such as "
-                f"InProcessReadingService() or MultiProcessingReadingService(4), got "
-                f"{type(reading_service).__name__}"
-            )
+        reading_service = as_reading_service(reading_service)
         if seed is None:
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
         else:
@@ -232,6 +228,8 @@ class DataLoader(ShutsDown):
             seed, epoch, delivered, service = _read_state(state)
             if strict:
                 self._check_fingerprint(state)
+            if "autotune" in state and (tuned := tuned_in(self.reading_service)) is not None:
+                tuned.load_tuning_state(state["autotune"])
             self.seed = self.reading_service.agree_seed(seed)
             seed_pipeline(self.datapipe, self.seed)
             self._next_epoch = epoch
@@ -260,7 +258,7 @@ class DataLoader(ShutsDown):
                 if not self.resume_by_replay:
                     raise
                 service_state = {"kind": "replay", "delivered": delivered}
-        return {
+        state = {
             "version": _STATE_VERSION,
             "seed": self.seed,
             "epoch": epoch,
@@ -268,6 +266,9 @@ class DataLoader(ShutsDown):
             "service": service_state,
             "fingerprint": {"blocks": [[k, dict(f)] for k, f in self._fingerprint["blocks"]]},
         }
+        if (tuned := tuned_in(self.reading_service)) is not None:  # a resumed job starts tuned
+            state["autotune"] = tuned.tuning_state()
+        return state
 
     def _check_fingerprint(self, state: dict[str, Any]) -> None:
         if state["version"] == _UNCHECKED_VERSION:

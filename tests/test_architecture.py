@@ -28,6 +28,7 @@ FORBIDDEN = {
     "graph": {"reading_service", "queues", "loader", "compat"},
     "queues": {"datapipes", "graph", "reading_service", "loader", "compat"},
     "reading_service": {"loader", "compat"},
+    "autotune": {"loader", "compat"},
 }
 
 

@@ -62,9 +62,12 @@ def test_demo_reads_the_same_shards_every_way_and_checks_the_output(tmp_path):
     for name in ("in-process", "threads", "classic", "economic", "chunked", "torch DataLoader"):
         assert f"{name}" in done.stdout
     rows = [line for line in done.stdout.splitlines() if line.startswith(("pipeloom ", "torch "))]
-    assert len(rows) == 7 and all(line.endswith("yes") for line in rows), done.stdout
+    assert len(rows) == 8 and all(line.endswith("yes") for line in rows), done.stdout
     assert "identical output everywhere: yes" in done.stdout
-    assert "autotuned: not available yet" in done.stdout
+    assert (
+        "pipeloom autotuned" in done.stdout
+        and "autotuned (DataLoader(pipe, 'auto')): ended on" in done.stdout
+    )
     assert list(tmp_path.iterdir()) == [tmp_path / "user_pipelines.py"]  # cleaned up after itself
 
 
@@ -107,20 +110,29 @@ def test_profile_works_without_the_optional_packages(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_profile_takes_a_function_returning_a_loader_and_says_autotune_is_not_there(tmp_path):
-    done = run_cli(
-        tmp_path,
-        "profile",
-        "user_pipelines:loader",
-        "--batches",
-        "5",
-        "--auto",
-        "--out",
-        str(tmp_path / "out"),
-    )
+def test_profile_auto_tunes_a_loader_the_function_returned_and_reports_the_choice(tmp_path):
+    out = tmp_path / "out"
+    done = run_cli(tmp_path, "profile", "user_pipelines:loader", "--auto", "--out", str(out))
     assert done.returncode == 0, done.stderr
-    assert "autotune is not available yet" in done.stderr
-    assert "pipeloom loader statistics: threads, 2 worker(s)" in done.stdout
+    assert "autotune chose: " in done.stdout or "autotune: best measured " in done.stdout
+    assert "autotune: " in done.stdout  # the stats table's line, with the trials
+    report = json.loads((out / "report.json").read_text())["stats"]["autotune"]
+    assert report["config"]["kind"] in ("threads", "processes")
+    assert report["budget"]["cpus"] >= 1
+
+
+@pytest.mark.timeout(60)
+def test_profile_auto_starts_where_workers_and_strategy_say(tmp_path):
+    out = tmp_path / "out"
+    args = ("profile", "user_pipelines:build", "--auto", "--strategy", "classic", "--workers", "1")
+    done = run_cli(tmp_path, *args, "--batches", "3", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    trials = json.loads((out / "report.json").read_text())["stats"]["autotune"]
+    assert trials["replacements"] == 0  # 3 batches: too few to measure, still the start
+    assert trials["config"] == {"kind": "processes", "workers": 1, "prefetch": 2}
+    done = run_cli(tmp_path, "profile", "user_pipelines:build", "--auto", "--strategy", "chunked")
+    assert done.returncode == 2
+    assert "--auto tunes threads and classic worker processes" in done.stderr
 
 
 @pytest.mark.parametrize(

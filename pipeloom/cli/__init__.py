@@ -40,7 +40,8 @@ def parser() -> argparse.ArgumentParser:
     profile.add_argument(
         "--auto",
         action="store_true",
-        help="autotune (not available yet: says so and runs as given)",
+        help="autotune threads/processes, workers and prefetch while it runs (output unchanged); "
+        "--strategy threads|classic and --workers pick where it starts",
     )
     profile.add_argument(
         "--out", default="pipeloom-profile", help="folder for report.json, timeline.png, placement"

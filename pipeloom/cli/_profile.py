@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..autotune import AutoReadingService, Config
 from ..loader import DataLoader
 from ..reading_service import (
     InProcessReadingService,
@@ -21,7 +22,7 @@ from ..stats import LoaderStats
 from ._plots import write_placement_graph, write_timeline
 from ._progress import Progress
 
-__all__ = ["load_target", "make_loader", "profile", "items_in"]
+__all__ = ["auto_service", "load_target", "make_loader", "profile", "items_in"]
 
 STRATEGIES = ("in-process", "threads", "classic", "economic", "chunked")
 
@@ -59,9 +60,38 @@ def service_for(strategy: str | None, workers: int | None) -> ReadingService:
     return MultiProcessingReadingService(count, strategy=strategy)
 
 
-def make_loader(made: Any, strategy: str | None, workers: int | None) -> DataLoader:
+def auto_service(strategy: str | None, workers: int | None) -> AutoReadingService:
+    """The autotuned service ``--auto`` runs; ``--strategy``/``--workers`` pick where it starts."""
+    if strategy in ("in-process", "economic", "chunked"):
+        raise ValueError(
+            f"--auto tunes threads and classic worker processes; it cannot start from "
+            f"--strategy {strategy} (drop it, or use --strategy threads or classic)"
+        )
+    if strategy is None and workers is None:
+        return AutoReadingService()
+    kind = "threads" if strategy == "threads" else "processes"
+    return AutoReadingService(start=Config(kind, workers or 1))
+
+
+def autotune_line(report: dict[str, Any]) -> str:
+    """What ``--auto`` chose, in one line."""
+    if report.get("settled") or report.get("config") is None or not report.get("best"):
+        return f"autotune chose: {report['chosen']}"
+    return (
+        f"autotune: best measured {Config(**report['best'])}; it was still measuring when "
+        f"the run ended (running {report['chosen']}); run longer (--batches) to let it settle"
+    )
+
+
+def make_loader(
+    made: Any, strategy: str | None, workers: int | None, auto: bool = False
+) -> DataLoader:
     """A loader collecting statistics, from what the user's function returned."""
     if isinstance(made, DataLoader):
+        if auto:  # the same pipeline and seed, autotuned
+            return DataLoader(
+                made.datapipe, auto_service(strategy, workers), seed=made.seed, stats=True
+            )
         if strategy is not None or workers is not None:
             raise ValueError(
                 "the function returned a DataLoader, which has its reading service already; "
@@ -69,7 +99,8 @@ def make_loader(made: Any, strategy: str | None, workers: int | None) -> DataLoa
             )
         # A new loader on the same pipeline, service and seed, with statistics on.
         return DataLoader(made.datapipe, made.reading_service, seed=made.seed, stats=True)
-    return DataLoader(made, service_for(strategy, workers), stats=True)
+    service = auto_service(strategy, workers) if auto else service_for(strategy, workers)
+    return DataLoader(made, service, stats=True)
 
 
 def items_in(output: Any) -> int:
@@ -112,18 +143,15 @@ def profile(
     auto: bool,
 ) -> int:
     """The ``profile`` command; returns the exit status."""
-    if auto:
-        print(
-            "autotune is not available yet (issue #18 part 2); running with the configuration "
-            "given",
-            file=sys.stderr,
-        )
     made = load_target(spec)()
-    with make_loader(made, strategy, workers) as loader:
+    with make_loader(made, strategy, workers, auto) as loader:
         placement = loader.placement()
         print(placement)
-        stats = run(loader, batches=batches, label="profile")
+        stats = run(loader, batches=batches, label="profile (autotuned)" if auto else "profile")
+        placement = loader.placement()  # autotune may have re-placed it
     print(stats)
+    if stats.autotune is not None:
+        print(autotune_line(stats.autotune))
     os.makedirs(out, exist_ok=True)
     report = {"target": spec, "placement": str(placement), "stats": stats.to_dict()}
     report_path = os.path.join(out, "report.json")

@@ -109,6 +109,9 @@ class LoaderStats:
         shared_memory_mib: shared memory this process tree holds now.
         sampler_cpu_s: CPU seconds the main process's sampling thread used
             (what statistics cost, besides timing each ``next()``).
+        autotune: under ``reading_service="auto"``: what runs now
+            (``"config"``, ``"chosen"``), how many times the epoch was re-placed,
+            the budget, and each measured trial (``pipeloom.autotune``); else None.
     """
 
     service: str
@@ -129,6 +132,7 @@ class LoaderStats:
     processes: tuple[ProcessUse, ...] = ()
     shared_memory_mib: float = 0.0
     sampler_cpu_s: float = 0.0
+    autotune: dict[str, Any] | None = None
 
     @property
     def loader_bound(self) -> bool:
@@ -182,8 +186,26 @@ class LoaderStats:
                 f"  headspace: best-case step {self.headspace_step_s * 1000:.1f} ms "
                 f"(replayed cached outputs), against {loop * 1000:.1f} ms per output with loading"
             )
+        if self.autotune is not None:
+            lines.extend(_autotune_lines(self.autotune))
         lines.append(f"  verdict: {self.verdict}")
         return "\n".join(lines)
+
+
+def _autotune_lines(report: dict[str, Any]) -> list[str]:
+    state = "settled" if report.get("settled") else "still measuring"
+    lines = [
+        f"  autotune: {report.get('chosen')} ({state}; re-placed "
+        f"{report.get('replacements', 0)} time(s) mid-run)"
+    ]
+    for trial in report.get("trials", ()):
+        config = trial["config"]
+        lines.append(
+            f"    at {trial['at_s']:6.2f} s: {config['workers']} {config['kind']}, prefetch "
+            f"{config['prefetch']}: {trial['outputs_per_s']:.1f} outputs/s, "
+            f"{trial['cores']:.1f} cores -> {trial['verdict']}"
+        )
+    return lines
 
 
 def verdict(

@@ -160,7 +160,12 @@ class LoaderCounters:
         return +counts, timeline, samples - self._samples0
 
     def build(
-        self, *, service: str, workers: int, ranks: tuple[RankStats, ...] = ()
+        self,
+        *,
+        service: str,
+        workers: int,
+        ranks: tuple[RankStats, ...] = (),
+        autotune: dict[str, Any] | None = None,
     ) -> LoaderStats:
         """The frozen record of what happened so far."""
         counts, timeline, samples = self._samples()
@@ -204,6 +209,7 @@ class LoaderCounters:
             processes=tuple(self._processes),
             shared_memory_mib=shared_memory_in_use() / 2**20,
             sampler_cpu_s=self.sampler.cpu_s - self._sampler_cpu0,
+            autotune=autotune,
         )
 
 
@@ -367,6 +373,10 @@ def assemble(
         strategy = placement.strategy
         workers = max((p.copies for p in placement.parts if p.role != "main"), default=0)
     ranks: tuple[RankStats, ...] = ()
+    autotune = None
+    for candidate in (service, *getattr(service, "services", ())):  # an AutoReadingService
+        report = getattr(candidate, "autotune_report", None)
+        autotune = report() if callable(report) else autotune
     service = _distributed_in(service) or service
     if isinstance(service, DistributedReadingService) and service.world_size > 1:
         import torch.distributed as dist
@@ -377,7 +387,7 @@ def assemble(
         dist.all_gather_object(rows, row, group=service.group)
         ranks = rank_stats(rows)
     counters.headspace_step_s = headspace_of(loader)
-    return counters.build(service=strategy, workers=workers, ranks=ranks)
+    return counters.build(service=strategy, workers=workers, ranks=ranks, autotune=autotune)
 
 
 def _distributed_in(service: ReadingService) -> DistributedReadingService | None:

@@ -1,0 +1,273 @@
+"""How the autotuner decides: a hill climb over measured windows of delivered outputs.
+
+The service calls :meth:`Tuner.observe` once per output the consumer receives
+(the event that drives every decision: nothing polls or sleeps). The climb
+measures each configuration over a window of outputs, keeps the best one, and
+tries its neighbours -- twice the workers, the other kind of worker, twice the
+prefetch -- within the :class:`~pipeloom.autotune.Budget`, until none is
+better. A consumer slower than the loader stops the climb where it is: more
+loading throughput could not help it.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._config import Budget, Config
+from ._usage import resident_bytes, workers_cpu_seconds
+
+__all__ = ["HillClimb", "Trial", "Tuner"]
+
+GAIN = 1.10
+"""A neighbour replaces the best configuration when it is this much faster..."""
+THREADS_TIE = 0.95
+"""...or, moving from processes to threads (no copies, no shared memory), when it is this close."""
+CONSUMER_BOUND_WAIT = 0.10
+"""Below this share of the window spent waiting in ``next()``, the consumer is the bottleneck."""
+MAX_PREFETCH = 8
+GIL_FREE_CORES = 0.5
+"""Worker threads using fewer cores than this together are not held back by the GIL."""
+CPU_SLACK = 1.05
+"""Measured CPU is noisy: workers may be projected to use this share of ``cpus``."""
+LINEAR = 1.7
+"""A doubling of workers that multiplied the rate by this much makes the next move x4."""
+ENOUGH_OUTPUTS = 500
+"""A window of this many outputs closes after a third of ``window_s`` (fast pipelines)."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured window: a configuration and what it gave.
+
+    Attributes:
+        config: what ran.
+        at_s: seconds since tuning started, when the window closed.
+        outputs_per_s: outputs the consumer received per second in the window.
+        cores: CPU cores the workers used meanwhile (the process tree, less the consumer).
+        wait_share: share of the window the consumer spent waiting in ``next()``.
+        verdict: ``"best"``, ``"slower"``, ``"consumer-bound"``, or
+            ``"failed to start: ..."`` (that kind of worker is not tried again).
+    """
+
+    config: Config
+    at_s: float
+    outputs_per_s: float
+    cores: float
+    wait_share: float
+    verdict: str
+
+
+class Tuner(abc.ABC):
+    """Decides, one delivered output at a time, which configuration should run next."""
+
+    settled = False
+
+    @abc.abstractmethod
+    def start(self, config: Config) -> None:
+        """``config`` runs from now on (a new epoch, or a re-placement)."""
+
+    @abc.abstractmethod
+    def observe(self, now: float, wait_s: float, output_bytes: int) -> Config | None:
+        """One output delivered at ``now`` after ``wait_s`` in ``next()``; a new config or None."""
+
+    def resume(self, config: Config) -> None:  # noqa: B027 - optional
+        """A resumed job starts at ``config``, tuned already."""
+        self.settled = True
+
+    def rejected(self, config: Config, reason: str) -> None:  # noqa: B027 - optional
+        """``config`` could not start (``reason``); the previous configuration runs on."""
+
+    def report(self) -> dict[str, Any]:
+        """What it measured and decided, for ``stats()``."""
+        return {"settled": self.settled, "trials": []}
+
+
+class HillClimb(Tuner):
+    """The default tuner (see the module's docstring).
+
+    Args:
+        budget: the limits no configuration it proposes may exceed.
+        window_s: seconds of outputs per measurement (at least ``min_outputs``).
+        min_outputs: outputs per measurement, at least.
+        warmup: outputs ignored after a configuration starts (its start-up).
+        clock, cpu: time, and the CPU seconds the workers used (by default this
+            process tree's, less the consumer's thread: the training loop is
+            not the loader's to budget); injectable for tests.
+
+    Example:
+        >>> climb = HillClimb(Budget(2, 2**30, 2**30, 8, 2), window_s=0.0, min_outputs=1, warmup=0)
+        >>> climb.start(Config("threads", 1, 1))
+        >>> climb.observe(0.0, 0.1, 0) is None  # opens the window
+        True
+        >>> climb.observe(0.1, 0.1, 0)  # measured; next: twice the workers
+        Config(kind='threads', workers=2, prefetch=1)
+    """
+
+    def __init__(
+        self,
+        budget: Budget,
+        *,
+        window_s: float = 0.6,
+        min_outputs: int = 4,
+        warmup: int = 2,
+        clock: Callable[[], float] = time.perf_counter,
+        cpu: Callable[[], float] = workers_cpu_seconds,
+    ) -> None:
+        self.budget = budget
+        self.window_s = window_s
+        self.min_outputs = min_outputs
+        self.warmup = warmup
+        self._clock = clock
+        self._cpu = cpu
+        self._origin = clock()
+        self.trials: list[Trial] = []
+        self.best: tuple[Config, float, float] | None = None  # config, outputs/s, cores/worker
+        self._tried: set[Config] = set()
+        self._current: Config | None = None
+        self._largest_output = 0
+        self._resident = 0
+        self._growth = 2  # the factor the next workers move multiplies by
+        self._failed_kinds: set[str] = set()
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        self._seen = 0
+        self._opened: float | None = None
+        self._cpu0 = 0.0
+        self._outputs = 0
+        self._waited = 0.0
+
+    def start(self, config: Config) -> None:
+        if config == self._current:  # a new epoch on the same configuration: keep measuring
+            return
+        self._current = config
+        self._tried.add(config)
+        self._reset_window()
+
+    def resume(self, config: Config) -> None:
+        super().resume(config)
+        self.start(config)
+
+    def observe(self, now: float, wait_s: float, output_bytes: int) -> Config | None:
+        self._largest_output = max(self._largest_output, output_bytes)
+        if self.settled or self._current is None:
+            return None
+        self._seen += 1
+        if self._seen <= self.warmup:
+            return None
+        if self._opened is None:  # the window opens at this output's delivery
+            self._opened, self._cpu0 = now, self._cpu()
+            return None
+        self._outputs += 1
+        self._waited += wait_s
+        elapsed = now - self._opened
+        enough = self._outputs >= ENOUGH_OUTPUTS and elapsed >= self.window_s / 3
+        if not enough and (elapsed < self.window_s or self._outputs < self.min_outputs):
+            return None
+        return self._decide(elapsed)
+
+    def _decide(self, elapsed: float) -> Config | None:
+        current = self._current
+        assert current is not None
+        rate = self._outputs / elapsed if elapsed > 0 else math.inf
+        cores = max(self._cpu() - self._cpu0, 0.0) / elapsed if elapsed > 0 else 0.0
+        wait_share = self._waited / elapsed if elapsed > 0 else 1.0
+        self._resident = max(self._resident, resident_bytes())
+        at = self._clock() - self._origin
+        if wait_share < CONSUMER_BOUND_WAIT:  # more loading would not help the consumer
+            self.best = (current, rate, cores / current.workers)
+            self._record(current, at, rate, cores, wait_share, "consumer-bound")
+            self._reset_window()
+            return None
+        verdict = "slower"
+        if self.best is None or self._better(current, rate, self.best):
+            if self.best is not None and self.best[0].kind == current.kind:
+                # Doubling the workers nearly doubled the rate: jump further next time.
+                scaled = rate / self.best[1] if self.best[1] > 0 else 1.0
+                steps = max(math.log2(current.workers / self.best[0].workers), 1.0)
+                self._growth = 4 if scaled ** (1 / steps) >= LINEAR else 2
+            self.best, verdict = (current, rate, cores / current.workers), "best"
+        self._record(current, at, rate, cores, wait_share, verdict)
+        self._reset_window()
+        following = self._next_candidate()
+        if following is None:
+            self.settled = True
+            best = self.best[0]
+            return best if best != current else None
+        return following
+
+    @staticmethod
+    def _better(config: Config, rate: float, best: tuple[Config, float, float]) -> bool:
+        if config.kind == "threads" and best[0].kind == "processes":
+            return rate >= THREADS_TIE * best[1]
+        return rate > GAIN * best[1]
+
+    def _record(
+        self, config: Config, at: float, rate: float, cores: float, wait: float, verdict: str
+    ) -> None:
+        self.trials.append(Trial(config, round(at, 3), rate, cores, wait, verdict))
+
+    def _next_candidate(self) -> Config | None:
+        """The first untried neighbour of the best configuration within the budget."""
+        assert self.best is not None
+        best, _, per_worker = self.best
+        other = "processes" if best.kind == "threads" else "threads"
+        # To processes: at least one per core (a GIL-bound best may have stopped at 1 thread).
+        other_workers = best.workers if other == "threads" else max(best.workers, self.budget.cpus)
+        candidates = [
+            Config(
+                best.kind,
+                min(self._growth * best.workers, self._cap(best.kind, per_worker)),
+                best.prefetch,
+            ),
+            Config(other, min(other_workers, self._cap(other, per_worker)), best.prefetch),
+            Config(best.kind, best.workers, min(2 * best.prefetch, MAX_PREFETCH)),
+        ]
+        if best.kind == "threads" and per_worker * best.workers < GIL_FREE_CORES:
+            del candidates[1]  # threads that mostly wait hold no GIL that processes would free
+        for candidate in candidates:
+            if candidate not in self._tried and self.within_budget(candidate, per_worker):
+                return candidate
+        return None
+
+    def _cap(self, kind: str, per_worker: float) -> int:
+        most = self.budget.max_threads if kind == "threads" else self.budget.max_processes
+        if per_worker > 0:  # the most workers within_budget() lets through
+            most = min(most, max(1, int(self.budget.cpus * CPU_SLACK / per_worker + 1e-9)))
+        return most
+
+    def within_budget(self, config: Config, cores_per_worker: float) -> bool:
+        """Whether ``config`` stays within the budget, at the CPU use measured per worker."""
+        budget = self.budget
+        if config.kind in self._failed_kinds:
+            return False
+        if config.workers * cores_per_worker > budget.cpus * CPU_SLACK:
+            return False
+        if config.kind == "threads":
+            return config.workers <= budget.max_threads
+        return (
+            config.workers <= budget.max_processes
+            and config.workers * self._resident <= budget.memory_bytes
+            and config.workers * config.prefetch * self._largest_output
+            <= budget.shared_memory_bytes
+        )
+
+    def rejected(self, config: Config, reason: str) -> None:
+        self._tried.add(config)
+        self._failed_kinds.add(config.kind)  # e.g. a pipeline that cannot go to processes
+        at = round(self._clock() - self._origin, 3)
+        self.trials.append(Trial(config, at, 0.0, 0.0, 0.0, f"failed to start: {reason}"))
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "settled": self.settled,
+            "best": None if self.best is None else self.best[0].to_dict(),
+            "trials": [
+                {**trial.__dict__, "config": trial.config.to_dict()} for trial in self.trials
+            ],
+        }

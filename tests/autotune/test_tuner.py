@@ -1,0 +1,149 @@
+"""HillClimb's decisions, on simulated pipelines (a fake clock and CPU meter)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeloom.autotune import Budget, Config, HillClimb
+
+BUDGET = Budget(
+    cpus=2, memory_bytes=2**40, shared_memory_bytes=2**40, max_threads=16, max_processes=4
+)
+
+
+class Simulated:
+    """A pipeline whose throughput and CPU use under each configuration are known."""
+
+    def __init__(self, per_item_s, cpu_share, gil, cpus=2):
+        self.per_item_s = per_item_s  # seconds of work per output
+        self.cpu_share = cpu_share  # share of it that computes (the rest waits)
+        self.gil = gil  # computing holds the GIL
+        self.cpus = cpus
+        self.now = 0.0
+        self.cpu_s = 0.0
+
+    def rate_and_cores(self, config):
+        parallel = config.workers
+        compute = self.cpu_share * parallel
+        limit = 1 if (self.gil and config.kind == "threads") else self.cpus
+        if compute > limit:  # the computing part saturates the cores (or the GIL)
+            parallel *= limit / compute
+        rate = parallel / self.per_item_s
+        if config.kind == "processes":
+            rate *= 0.95  # the copy between processes
+        cores = rate * self.per_item_s * self.cpu_share
+        return rate, cores
+
+    def run(self, tuner, start, outputs=5000):
+        config = start
+        tuner.start(config)
+        proposed = [config]
+        for _ in range(outputs):
+            rate, cores = self.rate_and_cores(config)
+            self.now += 1 / rate
+            self.cpu_s += cores / rate
+            decision = tuner.observe(self.now, 1 / rate, 1000)
+            if decision is not None:
+                config = decision
+                proposed.append(config)
+                tuner.start(config)
+            if tuner.settled:
+                break
+        return config, proposed
+
+
+def climb(model, budget=BUDGET):
+    return HillClimb(budget, clock=lambda: model.now, cpu=lambda: model.cpu_s)
+
+
+def best_rate(model, budget=BUDGET):
+    configs = [Config("threads", w, p) for w in range(1, budget.max_threads + 1) for p in (1, 2)]
+    configs += [
+        Config("processes", w, p) for w in range(1, budget.max_processes + 1) for p in (1, 2)
+    ]
+    return max(
+        rate
+        for config in configs
+        for rate, cores in [model.rate_and_cores(config)]
+        if cores <= budget.cpus * 1.05
+    )
+
+
+def test_gil_bound_work_moves_to_processes():
+    model = Simulated(per_item_s=0.002, cpu_share=1.0, gil=True)
+    chosen, _ = model.run(climb(model), Config("threads", 1, 1))
+    assert chosen.kind == "processes" and chosen.workers == 2
+    assert model.rate_and_cores(chosen)[0] >= 0.9 * best_rate(model)
+
+
+def test_waiting_work_grows_threads_to_the_budget():
+    model = Simulated(per_item_s=0.01, cpu_share=0.02, gil=True)
+    tuner = climb(model)
+    chosen, _ = model.run(tuner, Config("processes", 1, 1))
+    assert chosen == Config("threads", 16, chosen.prefetch)
+    assert tuner.settled
+    assert [t.verdict for t in tuner.trials].count("best") >= 4
+
+
+def test_a_consumer_bound_loop_is_left_alone():
+    tuner = HillClimb(BUDGET, clock=lambda: 0.0, cpu=lambda: 0.0, window_s=0.0, warmup=0)
+    tuner.start(Config("threads", 1, 1))
+    decisions = [tuner.observe(0.1 * i, 0.0001, 10) for i in range(50)]
+    assert decisions == [None] * 50
+    assert tuner.trials and all(t.verdict == "consumer-bound" for t in tuner.trials)
+    assert not tuner.settled  # it would climb if the loader became the bottleneck
+
+
+def test_shared_memory_budget_limits_process_prefetch():
+    model = Simulated(per_item_s=0.002, cpu_share=1.0, gil=True)
+    budget = Budget(2, 2**40, shared_memory_bytes=2 * 2 * 1000, max_threads=4, max_processes=4)
+    _, proposed = model.run(climb(model, budget), Config("threads", 1, 1))
+    for config in proposed[1:]:
+        if config.kind == "processes":
+            assert config.workers * config.prefetch * 1000 <= budget.shared_memory_bytes
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    per_item_ms=st.floats(2, 20),
+    cpu_share=st.floats(0.01, 1.0),
+    gil=st.booleans(),
+    cpus=st.integers(1, 4),
+    max_processes=st.integers(1, 8),
+    more_threads=st.integers(0, 24),
+    start=st.builds(Config, st.sampled_from(["threads", "processes"]), st.just(1), st.just(1)),
+)
+def test_never_exceeds_the_budget_and_reaches_most_of_the_best(
+    per_item_ms, cpu_share, gil, cpus, max_processes, more_threads, start
+):
+    max_threads = max_processes + more_threads  # threads cost less than processes
+    budget = Budget(cpus, 2**40, 2**40, max_threads, max_processes)
+    model = Simulated(per_item_ms / 1000, cpu_share, gil, cpus)
+    tuner = climb(model, budget)
+    chosen, proposed = model.run(tuner, start, outputs=30000)
+    assert tuner.settled
+    for config in proposed[1:]:
+        limit = max_threads if config.kind == "threads" else max_processes
+        assert config.workers <= limit
+        assert model.rate_and_cores(config)[1] <= cpus * 1.05 + 1e-9
+    assert model.rate_and_cores(chosen)[0] >= 0.5 * best_rate(model, budget)
+
+
+def test_a_memory_budget_too_small_for_a_process_keeps_to_threads():
+    model = Simulated(per_item_s=0.002, cpu_share=1.0, gil=True)
+    budget = Budget(2, memory_bytes=1, shared_memory_bytes=2**40, max_threads=4, max_processes=4)
+    tuner = climb(model, budget)
+    chosen, proposed = model.run(tuner, Config("threads", 1, 1))
+    assert tuner.settled
+    assert all(config.kind == "threads" for config in proposed)
+    assert chosen.kind == "threads"
+
+
+def test_the_climb_drops_a_kind_of_worker_that_failed_to_start():
+    model = Simulated(per_item_s=0.002, cpu_share=1.0, gil=True)
+    tuner = HillClimb(BUDGET, clock=lambda: model.now, cpu=lambda: model.cpu_s)
+    tuner.rejected(Config("processes", 2, 1), "RuntimeError: no")
+    _, proposed = model.run(tuner, Config("threads", 1, 1))
+    assert tuner.settled and all(config.kind == "threads" for config in proposed)
+    assert tuner.trials[0].verdict == "failed to start: RuntimeError: no"
