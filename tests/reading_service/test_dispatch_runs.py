@@ -128,3 +128,31 @@ def test_resume_at_every_step_under_another_worker_count(strategy):
         with DataLoader(rows(), service(3), seed=4) as resumed:
             resumed.load_state_dict(pickle.loads(state))
             assert expected[:stop] + [b.tolist() for b in resumed] == expected, stop
+
+
+def draws_from_item_13(x):
+    """Draws from the global RNGs only from item 13 on: later tasks than the first draw."""
+    import random
+
+    import numpy as np
+
+    if x < 13:
+        return (x, None)
+    return (x, (random.random(), float(np.random.rand()), float(torch.rand(()))))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+def test_global_draws_that_start_in_a_later_task_still_depend_on_the_item_only(strategy):
+    def build():
+        return IterableWrapper(list(range(30))).sharding_filter().map(draws_from_item_13).batch(4)
+
+    runs = []
+    for workers in (1, 3):
+        extra = {"chunk_size": 2} if strategy == "chunked" else {}
+        service = MultiProcessingReadingService(workers, strategy=strategy, timeout=60, **extra)
+        with DataLoader(build(), service, seed=9) as loader:
+            runs.append([list(loader) for _ in range(2)])
+    assert runs[0] == runs[1]
+    draws = [d for epoch in runs[0] for batch in epoch for _, d in batch if d is not None]
+    assert len(draws) == 2 * 17 and len(set(draws)) == len(draws)

@@ -29,7 +29,7 @@ from ....datapipes.runtime import (
 from ....graph import upstream
 from ...workers.failure import Failure, capture_failure
 from ...workers.messages import Output
-from ...workers.rngs import seed_item_rngs
+from ...workers.rngs import global_rng_states, same_rng_states, seed_item_rngs
 
 __all__ = ["BatchFeed", "TaskFeed", "WorkerChain"]
 
@@ -55,6 +55,7 @@ class TaskFeed(IterDataPipe):
         self._next = 0
         self._seed: int | None = None
         self.epoch = 0
+        self.reseed = True  # seed the global RNGs per item (see ``WorkerChain.run``)
 
     def load(self, entries: list[tuple[int, Any]], seed: int | None) -> None:
         """Yield ``entries`` (``(position, value)`` pairs) next, stamped with ``seed``."""
@@ -65,7 +66,7 @@ class TaskFeed(IterDataPipe):
             raise StopIteration
         key, value = self._entries[self._next]
         self._stamp(key)  # before the read: errors name it
-        if self._seed is not None:  # global RNG draws depend on the item, not the worker
+        if self._seed is not None and self.reseed:  # global draws: by item, not worker
             parts = key if isinstance(key, tuple) else (key,)
             seed_item_rngs(derive_seed(self._seed, *parts, _GLOBAL_RNG_TAG))
         if self.source is None:
@@ -126,6 +127,7 @@ class WorkerChain:
         self.feed: TaskFeed | BatchFeed = feed
         self._reader = BlockingReader(pipe)
         self.epochs: dict[int, tuple[int, int | None]] = {}  # gen -> (epoch, stamp seed)
+        self._lazy = True  # no task has drawn from the global RNGs yet
 
     def start_epoch(self, gen: int, epoch: int, stamp_seed: int | None) -> None:
         self.epochs = {gen: (epoch, stamp_seed)}
@@ -133,7 +135,33 @@ class WorkerChain:
         self.feed.epoch = epoch
 
     def run(self, gen: int, entries: list, label: str) -> list[Output] | Failure:
-        """Every output of the chain for ``entries``, or the failure it raised."""
+        """Every output of the chain for ``entries``, or the failure it raised.
+
+        An item worker seeds the global RNGs before each item, so an item's
+        draws do not depend on the worker it lands on. That costs more than a
+        cheap item, so a task first runs without it: when no global RNG moved,
+        no item saw them and the outputs are those of the seeded run. Else the
+        task runs again seeded, and so does every later task of this worker.
+        """
+        feed = self.feed
+        if (
+            self._lazy
+            and isinstance(feed, TaskFeed)
+            and len(entries) > 1
+            and self.epochs[gen][1] is not None
+        ):
+            before = global_rng_states()
+            feed.reseed = False
+            try:
+                outputs = self._run(gen, entries, label)
+            finally:
+                feed.reseed = True
+            if same_rng_states(before, global_rng_states()):
+                return outputs
+            self._lazy = False  # this pipeline draws from them: seed every item from now on
+        return self._run(gen, entries, label)
+
+    def _run(self, gen: int, entries: list, label: str) -> list[Output] | Failure:
         _, stamp_seed = self.epochs[gen]
         try:
             restart_blocks(self._blocks)
