@@ -128,9 +128,11 @@ class WorkerChain:
         self._reader = BlockingReader(pipe)
         self.epochs: dict[int, tuple[int, int | None]] = {}  # gen -> (epoch, stamp seed)
         self._lazy = True  # no task has drawn from the global RNGs yet
+        self._rng_states: tuple[Any, Any, Any] | None = None  # as the last task left them
 
     def start_epoch(self, gen: int, epoch: int, stamp_seed: int | None) -> None:
         self.epochs = {gen: (epoch, stamp_seed)}
+        self._rng_states = None  # the worker reseeds its global RNGs at each epoch
         set_pipeline_epoch(self.pipe, epoch)
         self.feed.epoch = epoch
 
@@ -150,13 +152,14 @@ class WorkerChain:
             and len(entries) > 1
             and self.epochs[gen][1] is not None
         ):
-            before = global_rng_states()
+            before = self._rng_states or global_rng_states()
             feed.reseed = False
             try:
                 outputs = self._run(gen, entries, label)
             finally:
                 feed.reseed = True
-            if same_rng_states(before, global_rng_states()):
+            self._rng_states = global_rng_states()  # the next task's "before": nothing between
+            if same_rng_states(before, self._rng_states):
                 return outputs
             self._lazy = False  # this pipeline draws from them: seed every item from now on
         return self._run(gen, entries, label)

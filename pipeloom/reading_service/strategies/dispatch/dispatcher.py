@@ -147,6 +147,45 @@ class Dispatcher(IterDataPipe):
                 raise NotAvailable
             self._take_finished_unit()
 
+    def async_next_many(self, limit: int) -> list[Any]:
+        """Up to ``limit`` outputs at once (``batch`` takes runs): no call per output."""
+        items: list[Any] = []
+        while len(items) < limit:
+            if self._skip or not self._outputs:  # one by one; ends the run when none is ready
+                try:
+                    items.append(self.async_next())
+                except (NotAvailable, StopIteration):
+                    if not items:
+                        raise
+                    break
+                continue
+            outputs = self._outputs
+            taken = [outputs.popleft() for _ in range(min(limit - len(items), len(outputs)))]
+            items += [item for _, _, item in taken]
+            key, draws, _ = taken[-1]
+            self._count_run(taken)
+            if not outputs and self._unit_end is not None:
+                self._resume_position, self._skip_at_resume = self._unit_end, 0
+                self._unit_end = None
+            restore_stamp((self._stamp[0], self._stamp[1], key, draws))
+        return items
+
+    def _count_run(self, taken: list[tuple[Any, int, Any]]) -> None:
+        """``_count_delivered`` for each of ``taken``, in one step."""
+        last = key_position(taken[-1][0])
+        assert last is not None
+        at_last = 1
+        for key, _, _ in reversed(taken[:-1]):
+            if key_position(key) != last:
+                break
+            at_last += 1
+        if at_last == len(taken) and last == self._last_position:
+            self._delivered_here += at_last
+        else:
+            self._last_position, self._delivered_here = last, at_last
+        if self._unit_end is not None:
+            self._resume_position, self._skip_at_resume = last, self._delivered_here
+
     def _count_delivered(self, position: int) -> None:
         if position == self._last_position:
             self._delivered_here += 1

@@ -43,30 +43,32 @@ def pack(outputs: Any) -> Any:
     if not isinstance(outputs, list) or len(outputs) < 2:
         return outputs
     first = outputs[0][2]
-    if type(first) is not _Tensor or not _plain(first):
+    if type(first) is not _Tensor:
         return outputs
     shape, dtype = first.shape, first.dtype
     items = []
     for _, _, item in outputs:
         if type(item) is not _Tensor or item.shape != shape or item.dtype != dtype:
             return outputs
-        if not _plain(item):
-            return outputs
         items.append(item)
-    return PackedOutputs(
-        [key for key, _, _ in outputs], [draws for _, draws, _ in outputs], torch.stack(items)
-    )
+    if not _plain(first):
+        return outputs
+    try:
+        stacked = torch.stack(items)
+    except RuntimeError:  # devices or layouts differ: they cross one by one
+        return outputs
+    if not _plain(stacked):  # one required grad, or was not a plain CPU tensor
+        return outputs
+    return PackedOutputs([key for key, _, _ in outputs], [draws for _, draws, _ in outputs], stacked)
 
 
 def _plain(tensor: torch.Tensor) -> bool:
-    """A tensor that stacks and unstacks to equal, independent values."""
+    """A tensor whose rows unstack to independent values equal to what was stacked."""
     return (
         tensor.layout == torch.strided
         and tensor.device.type == "cpu"
         and not tensor.requires_grad
         and not tensor.is_quantized
-        and not tensor.is_conj()
-        and not tensor.is_neg()
     )
 
 
