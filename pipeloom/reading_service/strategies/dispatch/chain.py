@@ -16,9 +16,11 @@ from ....datapipes import (
     DataPipe,
     IterDataPipe,
     MapDataPipe,
+    Mapper,
     set_pipeline_epoch,
 )
 from ....datapipes.runtime import (
+    RunReader,
     current_stamp,
     derive_seed,
     key_position,
@@ -26,6 +28,7 @@ from ....datapipes.runtime import (
     restore_stamp,
     stamp_item,
 )
+from ....errors import NotAvailable
 from ....graph import upstream
 from ...workers.failure import Failure, capture_failure
 from ...workers.messages import Output
@@ -126,6 +129,11 @@ class WorkerChain:
         feed = next(b for b in self._blocks if isinstance(b, (TaskFeed, BatchFeed)))
         self.feed: TaskFeed | BatchFeed = feed
         self._reader = BlockingReader(pipe)
+        # An item worker's outputs come from a fused loop with a recorder at its end.
+        self._recorder = Mapper(pipe, _with_stamp) if isinstance(feed, TaskFeed) else None
+        if self._recorder is not None:
+            self._blocks.insert(0, self._recorder)
+            self._recorder_reader = BlockingReader(self._recorder)
         self.epochs: dict[int, tuple[int, int | None]] = {}  # gen -> (epoch, stamp seed)
         self._lazy = True  # no task has drawn from the global RNGs yet
         self._rng_states: tuple[Any, Any, Any] | None = None  # as the last task left them
@@ -170,6 +178,8 @@ class WorkerChain:
             restart_blocks(self._blocks)
             self.feed.load(entries, stamp_seed)
             outputs: list[Output] = []
+            if self._recorder is not None:
+                return self._run_fused(outputs, len(entries))
             reader = self._reader
             while True:
                 try:
@@ -182,3 +192,29 @@ class WorkerChain:
             return capture_failure(error, label)
         finally:
             self.feed.load([], stamp_seed)  # hold no item past its task
+
+    def _run_fused(self, outputs: list[Output], count: int) -> list[Output]:
+        """The task's outputs, the per-item blocks run as one loop (``RunReader``).
+
+        The recorder, a last ``map``, turns each output into ``(key, draws, item)``
+        while its stamp is current; an output that is not ready is waited for.
+        """
+        assert self._recorder is not None
+        runs = RunReader(self._recorder)
+        waiting = self._recorder_reader
+        while True:
+            try:
+                runs.extend(outputs, max(count, 1))
+            except StopIteration:
+                return outputs
+            except NotAvailable:
+                try:
+                    outputs.append(waiting.next())
+                except StopIteration:
+                    return outputs
+
+
+def _with_stamp(item: Any) -> Output:
+    """``(key, draws, item)`` of an item worker's output, from the current stamp."""
+    stamp = current_stamp()
+    return (stamp[2], stamp[3], item)

@@ -59,7 +59,9 @@ def pack(outputs: Any) -> Any:
         return outputs
     if not _plain(stacked):  # one required grad, or was not a plain CPU tensor
         return outputs
-    return PackedOutputs([key for key, _, _ in outputs], [draws for _, draws, _ in outputs], stacked)
+    return PackedOutputs(
+        [key for key, _, _ in outputs], [draws for _, draws, _ in outputs], stacked
+    )
 
 
 def _plain(tensor: torch.Tensor) -> bool:
