@@ -65,9 +65,15 @@ class TaskFeed(IterDataPipe):
         self._entries, self._next, self._seed = entries, 0, seed
 
     def async_next(self) -> Any:
-        if self._next >= len(self._entries):
+        index = self._next
+        if index >= len(self._entries):
             raise StopIteration
-        key, value = self._entries[self._next]
+        key, value = self._entries[index]
+        plain = key.__class__ is int and self.source is None
+        if plain and (self._seed is None or not self.reseed):  # the common case: no reads
+            stamp_item(self._seed, self.epoch, key)
+            self._next = index + 1
+            return value
         self._stamp(key)  # before the read: errors name it
         if self._seed is not None and self.reseed:  # global draws: by item, not worker
             parts = key if isinstance(key, tuple) else (key,)
@@ -115,6 +121,17 @@ class BatchFeed(IterDataPipe):
         self._next += 1
         restore_stamp((self._seed, self.epoch, key, draws))
         return item
+
+    def async_next_many(self, limit: int) -> list[Any]:
+        """The next up to ``limit`` items as one slice (``batch`` takes runs)."""
+        start = self._next
+        if start == 0 or start >= len(self._entries):
+            return [self.async_next()]  # the first seeds the global RNGs; the end raises
+        part = self._entries[start : start + limit]
+        self._next = start + len(part)
+        key, draws, _ = part[-1]
+        restore_stamp((self._seed, self.epoch, key, draws))
+        return [item for _, _, item in part]
 
     def __repr__(self) -> str:
         return "BatchFeed()"
