@@ -156,3 +156,28 @@ def test_global_draws_that_start_in_a_later_task_still_depend_on_the_item_only(s
     assert runs[0] == runs[1]
     draws = [d for epoch in runs[0] for batch in epoch for _, d in batch if d is not None]
     assert len(draws) == 2 * 17 and len(set(draws)) == len(draws)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+def test_a_killed_item_worker_raises_and_nothing_of_the_loader_is_left(strategy):
+    import multiprocessing
+    import os
+    import signal
+
+    from pipeloom.errors import WorkerError
+    from tests.own_resources import OwnResources
+
+    before = OwnResources()
+    service = MultiProcessingReadingService(2, strategy=strategy, timeout=30)
+    with DataLoader(rows(n=4000, batch=8), service, seed=0) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        (pid,) = [
+            p.pid for p in multiprocessing.active_children() if p.name == "pipeloom-item-worker-0"
+        ]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerError, match=rf"item worker 0 \(pid {pid}\).*SIGKILL"):
+            list(iterator)
+    left = before.left_after(timeout=10.0)
+    assert not left, left
