@@ -462,3 +462,31 @@ class RunReader:
         if chain is None:
             chain = self._chain = _Chain(self.block)
         chain.extend(out, count)
+
+    def positioned(self, count: int) -> tuple[range, list[Any]] | None:
+        """Up to ``count`` items with their positions, read as one slice.
+
+        Only when ``block`` is a head read by position (a sequence, the
+        sharding root over one) with no stage to run; None otherwise, and
+        nothing was read: read with ``async_next``. Raises ``StopIteration``
+        at the end. The thread's item stamp afterwards is the last item's.
+        """
+        chain = self._chain
+        if chain is None:
+            chain = self._chain = _Chain(self.block)
+        head = chain.head
+        if chain.fns or not isinstance(head, SeekHead) or head.stamper is None:
+            return None
+        if _ITEM.watchers or not head.ready():
+            return None
+        span = head.span(count)
+        if span is None:
+            raise StopIteration
+        items, first, step = span
+        values = list(items)
+        if not values:
+            raise StopIteration
+        last = first + (len(values) - 1) * step
+        head.advance(last)
+        _stamp(head.stamper, last)
+        return range(first, last + 1, step), values

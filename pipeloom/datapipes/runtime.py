@@ -45,11 +45,12 @@ from ._context import (
     worker_info,
 )
 from ._pipeline import check_declared_inputs, upstream_blocks
-from ._runs import RUN_LOOP_CODES, running_stage
+from ._runs import RUN_LOOP_CODES, RunReader, running_stage
 
 __all__ = [
     "NO_STAMP",
     "RUN_LOOP_CODES",
+    "RunReader",
     "ItemStamp",
     "Key",
     "block_seed",

@@ -8,13 +8,20 @@ global RNG and torch's default generator.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import torch
 
 from ...datapipes.runtime import derive_seed
 
-__all__ = ["seed_item_rngs", "seed_worker_rngs", "worker_seed"]
+__all__ = [
+    "global_rng_states",
+    "same_rng_states",
+    "seed_item_rngs",
+    "seed_worker_rngs",
+    "worker_seed",
+]
 
 
 def worker_seed(seed: int, epoch: int, worker_id: int) -> int:
@@ -44,3 +51,28 @@ def seed_item_rngs(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.default_generator.manual_seed(seed)
+
+
+def global_rng_states() -> tuple[Any, Any, torch.Tensor]:
+    """The states of ``random``, NumPy's legacy global RNG and torch's CPU generator."""
+    return random.getstate(), np.random.get_state(), torch.default_generator.get_state()
+
+
+def same_rng_states(a: tuple[Any, Any, torch.Tensor], b: tuple[Any, Any, torch.Tensor]) -> bool:
+    """True when no draw was taken from any global RNG between the two states.
+
+    Example:
+        >>> before = global_rng_states()
+        >>> same_rng_states(before, global_rng_states())
+        True
+        >>> _ = random.random()
+        >>> same_rng_states(before, global_rng_states())
+        False
+    """
+    (python_a, numpy_a, torch_a), (python_b, numpy_b, torch_b) = a, b
+    return (
+        python_a == python_b
+        and numpy_a[2:] == numpy_b[2:]
+        and bool(np.array_equal(numpy_a[1], numpy_b[1]))
+        and torch.equal(torch_a, torch_b)
+    )

@@ -20,6 +20,7 @@ from ...workers.messages import BatchResult, BatchSize, EpochStart, Output
 from ...workers.process import Payload, bootstrap
 from ...workers.rngs import seed_worker_rngs, worker_seed
 from .chain import WorkerChain
+from .packing import unpack
 
 __all__ = ["batch_worker_main"]
 
@@ -74,7 +75,7 @@ def batch_worker_main(
                     inputs.remove(queue)
                     break
                 progressed = True
-                assembler.add(result.gen, result.unit, result.outputs, result.task_size)
+                assembler.add(result.gen, result.unit, unpack(result.outputs), result.task_size)
         for gen, unit, entries in assembler.complete():
             outputs = entries if isinstance(entries, Failure) else chain.run(gen, entries, label)
             del entries  # the items' shared memory goes back as soon as the batch is built

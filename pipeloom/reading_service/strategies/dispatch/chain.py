@@ -16,9 +16,11 @@ from ....datapipes import (
     DataPipe,
     IterDataPipe,
     MapDataPipe,
+    Mapper,
     set_pipeline_epoch,
 )
 from ....datapipes.runtime import (
+    RunReader,
     current_stamp,
     derive_seed,
     key_position,
@@ -26,10 +28,11 @@ from ....datapipes.runtime import (
     restore_stamp,
     stamp_item,
 )
+from ....errors import NotAvailable
 from ....graph import upstream
 from ...workers.failure import Failure, capture_failure
 from ...workers.messages import Output
-from ...workers.rngs import seed_item_rngs
+from ...workers.rngs import global_rng_states, same_rng_states, seed_item_rngs
 
 __all__ = ["BatchFeed", "TaskFeed", "WorkerChain"]
 
@@ -55,17 +58,24 @@ class TaskFeed(IterDataPipe):
         self._next = 0
         self._seed: int | None = None
         self.epoch = 0
+        self.reseed = True  # seed the global RNGs per item (see ``WorkerChain.run``)
 
     def load(self, entries: list[tuple[int, Any]], seed: int | None) -> None:
         """Yield ``entries`` (``(position, value)`` pairs) next, stamped with ``seed``."""
         self._entries, self._next, self._seed = entries, 0, seed
 
     def async_next(self) -> Any:
-        if self._next >= len(self._entries):
+        index = self._next
+        if index >= len(self._entries):
             raise StopIteration
-        key, value = self._entries[self._next]
+        key, value = self._entries[index]
+        plain = key.__class__ is int and self.source is None
+        if plain and (self._seed is None or not self.reseed):  # the common case: no reads
+            stamp_item(self._seed, self.epoch, key)
+            self._next = index + 1
+            return value
         self._stamp(key)  # before the read: errors name it
-        if self._seed is not None:  # global RNG draws depend on the item, not the worker
+        if self._seed is not None and self.reseed:  # global draws: by item, not worker
             parts = key if isinstance(key, tuple) else (key,)
             seed_item_rngs(derive_seed(self._seed, *parts, _GLOBAL_RNG_TAG))
         if self.source is None:
@@ -112,6 +122,17 @@ class BatchFeed(IterDataPipe):
         restore_stamp((self._seed, self.epoch, key, draws))
         return item
 
+    def async_next_many(self, limit: int) -> list[Any]:
+        """The next up to ``limit`` items as one slice (``batch`` takes runs)."""
+        start = self._next
+        if start == 0 or start >= len(self._entries):
+            return [self.async_next()]  # the first seeds the global RNGs; the end raises
+        part = self._entries[start : start + limit]
+        self._next = start + len(part)
+        key, draws, _ = part[-1]
+        restore_stamp((self._seed, self.epoch, key, draws))
+        return [item for _, _, item in part]
+
     def __repr__(self) -> str:
         return "BatchFeed()"
 
@@ -125,20 +146,57 @@ class WorkerChain:
         feed = next(b for b in self._blocks if isinstance(b, (TaskFeed, BatchFeed)))
         self.feed: TaskFeed | BatchFeed = feed
         self._reader = BlockingReader(pipe)
+        # An item worker's outputs come from a fused loop with a recorder at its end.
+        self._recorder = Mapper(pipe, _with_stamp) if isinstance(feed, TaskFeed) else None
+        if self._recorder is not None:
+            self._blocks.insert(0, self._recorder)
+            self._recorder_reader = BlockingReader(self._recorder)
         self.epochs: dict[int, tuple[int, int | None]] = {}  # gen -> (epoch, stamp seed)
+        self._lazy = True  # no task has drawn from the global RNGs yet
+        self._rng_states: tuple[Any, Any, Any] | None = None  # as the last task left them
 
     def start_epoch(self, gen: int, epoch: int, stamp_seed: int | None) -> None:
         self.epochs = {gen: (epoch, stamp_seed)}
+        self._rng_states = None  # the worker reseeds its global RNGs at each epoch
         set_pipeline_epoch(self.pipe, epoch)
         self.feed.epoch = epoch
 
     def run(self, gen: int, entries: list, label: str) -> list[Output] | Failure:
-        """Every output of the chain for ``entries``, or the failure it raised."""
+        """Every output of the chain for ``entries``, or the failure it raised.
+
+        An item worker seeds the global RNGs before each item, so an item's
+        draws do not depend on the worker it lands on. That costs more than a
+        cheap item, so a task first runs without it: when no global RNG moved,
+        no item saw them and the outputs are those of the seeded run. Else the
+        task runs again seeded, and so does every later task of this worker.
+        """
+        feed = self.feed
+        if (
+            self._lazy
+            and isinstance(feed, TaskFeed)
+            and len(entries) > 1
+            and self.epochs[gen][1] is not None
+        ):
+            before = self._rng_states or global_rng_states()
+            feed.reseed = False
+            try:
+                outputs = self._run(gen, entries, label)
+            finally:
+                feed.reseed = True
+            self._rng_states = global_rng_states()  # the next task's "before": nothing between
+            if same_rng_states(before, self._rng_states):
+                return outputs
+            self._lazy = False  # this pipeline draws from them: seed every item from now on
+        return self._run(gen, entries, label)
+
+    def _run(self, gen: int, entries: list, label: str) -> list[Output] | Failure:
         _, stamp_seed = self.epochs[gen]
         try:
             restart_blocks(self._blocks)
             self.feed.load(entries, stamp_seed)
             outputs: list[Output] = []
+            if self._recorder is not None:
+                return self._run_fused(outputs, len(entries))
             reader = self._reader
             while True:
                 try:
@@ -151,3 +209,29 @@ class WorkerChain:
             return capture_failure(error, label)
         finally:
             self.feed.load([], stamp_seed)  # hold no item past its task
+
+    def _run_fused(self, outputs: list[Output], count: int) -> list[Output]:
+        """The task's outputs, the per-item blocks run as one loop (``RunReader``).
+
+        The recorder, a last ``map``, turns each output into ``(key, draws, item)``
+        while its stamp is current; an output that is not ready is waited for.
+        """
+        assert self._recorder is not None
+        runs = RunReader(self._recorder)
+        waiting = self._recorder_reader
+        while True:
+            try:
+                runs.extend(outputs, max(count, 1))
+            except StopIteration:
+                return outputs
+            except NotAvailable:
+                try:
+                    outputs.append(waiting.next())
+                except StopIteration:
+                    return outputs
+
+
+def _with_stamp(item: Any) -> Output:
+    """``(key, draws, item)`` of an item worker's output, from the current stamp."""
+    stamp = current_stamp()
+    return (stamp[2], stamp[3], item)

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ....datapipes import IterDataPipe, StateFields
-from ....datapipes.runtime import current_stamp, key_position, restore_stamp
+from ....datapipes.runtime import RunReader, current_stamp, key_position, restore_stamp
 from ....errors import NotAvailable
 from ....events import ReadinessSource
 from ....graph import upstream
 from ...workers.failure import Failure
 from ...workers.messages import MAIN, BatchSize, InitFailed, Task
 from .least_loaded import LeastLoaded
+from .packing import unpack
 
 __all__ = ["Dispatcher", "WorkerPool"]
 
@@ -53,7 +54,7 @@ class _Unit:
     id: int
     batch_worker: int
     positions: list[int] = field(default_factory=list)
-    item_workers: list[int] = field(default_factory=list)
+    item_workers: list[tuple[int, int]] = field(default_factory=list)  # (worker, items)
 
 
 class Dispatcher(IterDataPipe):
@@ -84,7 +85,10 @@ class Dispatcher(IterDataPipe):
     ) -> None:
         """Read this epoch's items from ``source`` and have ``pool`` work on them."""
         self._source, self._pool, self._gen = source, pool, gen
+        self._runs = RunReader(source)
         self._stamp = (seed, epoch)
+        # Economic hands a slice of a run to each item worker: a few per unit, not one per item.
+        self._piece = max(1, -(-self.unit_size // max(1, pool.num_item_workers)))
         self._item_workers = LeastLoaded(pool.num_item_workers)
         self._batch_workers = LeastLoaded(max(1, pool.num_batch_workers))
 
@@ -143,6 +147,45 @@ class Dispatcher(IterDataPipe):
                 raise NotAvailable
             self._take_finished_unit()
 
+    def async_next_many(self, limit: int) -> list[Any]:
+        """Up to ``limit`` outputs at once (``batch`` takes runs): no call per output."""
+        items: list[Any] = []
+        while len(items) < limit:
+            if self._skip or not self._outputs:  # one by one; ends the run when none is ready
+                try:
+                    items.append(self.async_next())
+                except (NotAvailable, StopIteration):
+                    if not items:
+                        raise
+                    break
+                continue
+            outputs = self._outputs
+            taken = [outputs.popleft() for _ in range(min(limit - len(items), len(outputs)))]
+            items += [item for _, _, item in taken]
+            key, draws, _ = taken[-1]
+            self._count_run(taken)
+            if not outputs and self._unit_end is not None:
+                self._resume_position, self._skip_at_resume = self._unit_end, 0
+                self._unit_end = None
+            restore_stamp((self._stamp[0], self._stamp[1], key, draws))
+        return items
+
+    def _count_run(self, taken: list[tuple[Any, int, Any]]) -> None:
+        """``_count_delivered`` for each of ``taken``, in one step."""
+        last = key_position(taken[-1][0])
+        assert last is not None
+        at_last = 1
+        for key, _, _ in reversed(taken[:-1]):
+            if key_position(key) != last:
+                break
+            at_last += 1
+        if at_last == len(taken) and last == self._last_position:
+            self._delivered_here += at_last
+        else:
+            self._last_position, self._delivered_here = last, at_last
+        if self._unit_end is not None:
+            self._resume_position, self._skip_at_resume = last, self._delivered_here
+
     def _count_delivered(self, position: int) -> None:
         if position == self._last_position:
             self._delivered_here += 1
@@ -163,8 +206,7 @@ class Dispatcher(IterDataPipe):
         if isinstance(result, Failure):
             result.raise_here()
         self._units.popleft()
-        amount = 1 if self.per_item_tasks else len(head.positions)
-        for worker in head.item_workers:
+        for worker, amount in head.item_workers:
             self._item_workers.done(worker, amount)
         if head.batch_worker != MAIN:
             self._batch_workers.done(head.batch_worker)
@@ -182,7 +224,7 @@ class Dispatcher(IterDataPipe):
                 continue  # an abandoned epoch's output
             if isinstance(message, InitFailed):
                 message.failure.raise_here()
-            self._results[message.unit] = message.outputs
+            self._results[message.unit] = unpack(message.outputs)
 
     # -- handing out ------------------------------------------------------------
     def _fill(self) -> None:
@@ -203,13 +245,21 @@ class Dispatcher(IterDataPipe):
                     return
                 unit = self._open = self._new_unit()
             try:
-                value = source.async_next()
+                run = self._runs.positioned(self.unit_size - len(unit.positions))
+                if run is None:
+                    value = source.async_next()
             except NotAvailable:
                 return
             except StopIteration:
                 self._source_done = True
                 self._close(unit)
                 return
+            if run is not None:  # a slice of a sequence: no call per item
+                self._count += len(run[1])
+                self._add_run(unit, *run)
+                if len(unit.positions) == self.unit_size:
+                    self._close(unit)
+                continue
             key = current_stamp()[2]  # p, or (p, j, ...) from a point that keys its outputs
             if key is None:
                 key = self._count
@@ -237,8 +287,22 @@ class Dispatcher(IterDataPipe):
             self._pending_chunk.append((key, value))
             return
         worker = self._item_workers.assign(position)
-        unit.item_workers.append(worker)
+        unit.item_workers.append((worker, 1))
         self._assigned.setdefault(worker, []).append((key, value))
+
+    def _add_run(self, unit: _Unit, positions: range, values: list[Any]) -> None:
+        """``_add`` for a run of items: economic gives each least loaded worker a slice."""
+        unit.positions.extend(positions)
+        entries = list(zip(positions, values))
+        if not self.per_item_tasks:
+            self._pending_chunk.extend(entries)
+            return
+        piece = self._piece
+        for start in range(0, len(entries), piece):
+            part = entries[start : start + piece]
+            worker = self._item_workers.assign(part[0][0], len(part))
+            unit.item_workers.append((worker, len(part)))
+            self._assigned.setdefault(worker, []).extend(part)
 
     def _flush(self, unit: _Unit) -> None:
         """Send each item worker the items of ``unit`` assigned to it, as one task."""
@@ -262,7 +326,7 @@ class Dispatcher(IterDataPipe):
             )
             return
         worker = self._item_workers.assign(unit.id, len(unit.positions))
-        unit.item_workers.append(worker)
+        unit.item_workers.append((worker, len(unit.positions)))
         chunk, self._pending_chunk = self._pending_chunk, []
         self._pool.send_task(worker, Task(self._gen, unit.id, MAIN, chunk))
 

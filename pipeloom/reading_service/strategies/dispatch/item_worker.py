@@ -19,6 +19,7 @@ from ...workers.messages import MAIN, EpochStart, InitFailed, Task, TaskResult
 from ...workers.process import Payload, bootstrap
 from ...workers.rngs import seed_worker_rngs, worker_seed
 from .chain import WorkerChain
+from .packing import pack
 
 __all__ = ["item_worker_main"]
 
@@ -61,7 +62,7 @@ def item_worker_main(
         if message.gen not in chain.epochs:
             continue  # a task of an abandoned epoch
         outputs = chain.run(message.gen, message.entries, label)
-        result = TaskResult(message.gen, message.unit, outputs, len(message.entries))
+        result = TaskResult(message.gen, message.unit, pack(outputs), len(message.entries))
         destination = to_main if message.dest == MAIN else to_batch[message.dest]
         try:
             try:
