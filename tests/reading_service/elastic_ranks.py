@@ -138,13 +138,19 @@ def _rank_main(phase, rank, world, port, out_dir, limit, steps) -> None:
 
 
 def _save(pipeline: str, name: str, step: int, root: str, world: int):
-    """This rank's first ``step`` items; the job's state (every rank writes the same)."""
+    """This rank's first ``step`` items; the job's state (every rank writes the same);
+    whether the job's state resumes on the same ranks as the uninterrupted epoch goes on."""
     with DataLoader(PIPELINES[pipeline](root), service(name), seed=SEED) as loader:
         iterator = iter(loader)
         head = [next(iterator) for _ in range(step)]
         states: list[Any] = [None] * world
         dist.all_gather_object(states, loader.state_dict())
-    return head, merge_rank_states(states)
+        uninterrupted = list(iterator)
+    job_state = merge_rank_states(states)
+    with DataLoader(PIPELINES[pipeline](root), service(name)) as loader:
+        loader.load_state_dict(job_state)
+        same_ranks = list(loader) == uninterrupted
+    return head, job_state, same_ranks
 
 
 def _resume(pipeline: str, name: str, step: int, root: str):

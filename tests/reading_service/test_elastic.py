@@ -18,7 +18,12 @@ from hypothesis import strategies as st
 from pipeloom.datapipes import IterableWrapper, seed_pipeline
 from pipeloom.datapipes.runtime import RestOfEpoch
 from pipeloom.errors import StateError
-from pipeloom.reading_service import InProcessReadingService, ThreadReadingService
+from pipeloom.reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ThreadReadingService,
+    merge_rank_states,
+)
 from pipeloom.reading_service.distributed.elastic import rank_picture, rest_of_epoch
 
 
@@ -149,9 +154,73 @@ def _rest(build, old, step) -> RestOfEpoch:
     return rest_of_epoch(ranks)
 
 
+def _threads_rest(build, old, step) -> RestOfEpoch:
+    ranks = [
+        {"elastic": _epoch("threads", build, old, rank, stop=step)[1], "padding": False}
+        for rank in range(old)
+    ]
+    assert any(r["elastic"]["skip"] for r in ranks)  # a position half delivered
+    return rest_of_epoch(ranks)
+
+
 def test_rest_of_epoch_round_trips_and_rejects_damage():
     rest = RestOfEpoch(group_size=2, old_total=2, frontiers=(4, 3), skips=(0, 1))
     assert RestOfEpoch.from_dict(rest.to_dict()) == rest
     assert rest.skip(0) == 1  # group 3 (old rank 1's, half delivered) is the first left
     with pytest.raises(StateError, match="frontiers"):
         RestOfEpoch.from_dict({**rest.to_dict(), "frontiers": [4]})
+
+
+def _rest_service(kind, build, total, index, rest):
+    service = _service(kind, build, total, index)
+    return service, service.start_epoch(0, {"kind": "rest", "rest": rest})
+
+
+@pytest.mark.parametrize(("kind", "build"), [("in-process", plain), ("threads", expanded)])
+def test_a_checkpoint_in_the_rest_resumes_on_the_same_ranks_not_on_others(kind, build):
+    if build is plain:
+        rest = _rest(build, 2, 3)
+    else:  # inside a position: the in-process rank cannot say which outputs it delivered
+        with pytest.raises(StateError, match="FlatMapper"):
+            _rest(build, 2, 4)
+        rest = _threads_rest(build, 2, 4)
+    for rank in range(3):
+        service, outputs = _rest_service(kind, build, 3, rank, rest)
+        try:
+            head = list(itertools.islice(outputs, 2))
+            state = service.state_dict()
+            picture = rank_picture(service, 0)
+            tail = list(outputs)
+        finally:
+            service.shutdown()
+        resumed = _epoch(kind, build, 3, rank, state)[0]
+        assert head + resumed == head + tail  # the same ranks: exactly where it was
+        assert "resumes on the same number of ranks" in picture["blocker"]
+
+
+def test_merge_rank_states_checks_it_has_one_state_per_rank_at_one_step():
+    def state(rank, world, delivered=3):
+        service = {"kind": "distributed", "rank": rank, "world_size": world}
+        return {"epoch": 0, "delivered": delivered, "service": service}
+
+    joined = merge_rank_states([state(1, 2), state(0, 2)])
+    assert [s["rank"] for s in joined["service"]["ranks"]] == [0, 1]
+    assert joined["delivered"] == 3 and joined["service"]["world_size"] == 2
+    with pytest.raises(StateError, match=r"one state from each of ranks 0 \.\. 1"):
+        merge_rank_states([state(0, 2), state(0, 2)])
+    with pytest.raises(StateError, match="different steps"):
+        merge_rank_states([state(0, 2), state(1, 2, delivered=4)])
+    with pytest.raises(StateError, match="DistributedReadingService"):
+        merge_rank_states([{"epoch": 0, "delivered": 0, "service": {"kind": "in-process"}}])
+
+
+def test_strategies_without_a_frontier_refuse_with_the_ones_that_have_one():
+    service = MultiProcessingReadingService(2, strategy="economic")
+    service.set_outer_sharding(2, 0)
+    service.initialize(plain().batch(2))
+    try:
+        picture = rank_picture(service, 0)
+    finally:
+        service.shutdown()
+    assert "economic strategy" in picture["blocker"]
+    assert "MultiProcessingReadingService (classic strategy)" in picture["blocker"]

@@ -45,6 +45,7 @@ def _elastic(tmp_path, old: int, new: int):
         pipeline, name, step = key
         heads = [rank[key] for rank in saved]
         assert all(h[0] != "error" for h in heads), f"{key}: {heads}"
+        assert all(h[2] for h in heads), f"{key}: the job state on the same ranks differs"
         if pipeline == "tars" and name == "alone":  # in-process: the tar reader holds the file
             for rank in resumed:
                 kind, error, message = rank[key]
