@@ -34,6 +34,12 @@ class DistributedReadingService(ReadingService):
     ``SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(n))``
     to add workers (worker ``i`` of rank ``r`` keeps shard ``r * n + i`` of ``w * n``).
 
+    Checkpoints: each rank's ``loader.state_dict()`` resumes that rank; the
+    job's state, every rank's joined by
+    :func:`~pipeloom.reading_service.merge_rank_states`, resumes on any number
+    of ranks, the samples no rank delivered split among the new ones
+    (``docs/language_models.md``, "Resuming on another number of ranks").
+
     The job is the initialized default process group, or one created from
     ``torchrun``'s environment variables; the loader talks on a gloo group of
     its own. With one rank the service does nothing.
