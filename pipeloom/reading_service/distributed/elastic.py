@@ -18,7 +18,6 @@ from ...datapipes import (
     IterableWrapper,
     IterDataPipe,
     ShardingFilter,
-    pipeline_state_dict,
     reset_pipeline,
     set_pipeline_epoch,
 )
@@ -71,8 +70,7 @@ def _in_process_picture(runner: InProcessRunner, epoch: int) -> dict[str, Any]:
         )
     if point.rest is not None:
         return _blocked(_IN_REST)
-    after = [b for b in upstream(pipeline) if b is not point and _depends_on(b, point)]
-    blocker = _first_busy(pipeline, copy(pipeline), after, epoch)
+    blocker = _first_busy(pipeline, point, epoch)
     # A group read in part with everything after the sharding point at rest: the
     # source ended inside it (the blocks that make whole groups emit only then).
     group, position = point.group_size, point.position
@@ -88,10 +86,7 @@ def _classic_picture(runner: ClassicRunner, epoch: int) -> dict[str, Any]:
     merge = runner.merge
     if merge.rest is not None:
         return _blocked(_IN_REST)
-    tail = runner.main.pipeline
-    stand_in = IterableWrapper([])
-    after = [b for b in upstream(tail) if b is not merge]
-    blocker = _first_busy(tail, copy(tail, replace={merge: stand_in}), after, epoch)
+    blocker = _first_busy(runner.main.pipeline, merge, epoch)
     state = merge.state_dict()
     return {
         "group_size": merge.group_size,
@@ -112,20 +107,23 @@ def _depends_on(block: Any, point: Any) -> bool:
     return any(b is point for b in upstream(block))
 
 
-def _first_busy(
-    live: IterDataPipe, fresh: IterDataPipe, blocks: list[Any], epoch: int
-) -> str | None:
-    """The first of ``blocks`` whose state differs from its state at the epoch's start."""
+def _first_busy(output: IterDataPipe, start: Any, epoch: int) -> str | None:
+    """The first block after ``start`` whose state differs from its state at the epoch's start.
+
+    The reference is a copy of the blocks after ``start`` (not of what feeds
+    it: a large source is not copied), restarted for ``epoch``.
+    """
+    stand_in = IterableWrapper([])
+    fresh = copy(output, replace={start: stand_in})
     set_pipeline_epoch(fresh, epoch)
     reset_pipeline(fresh)
-    now = pipeline_state_dict(live)["blocks"]
-    start = pipeline_state_dict(fresh)["blocks"]
-    chosen = {id(b) for b in blocks}
-    for block, entry, initial in zip(upstream(live), now, start):
-        if id(block) not in chosen:
-            continue
+    live = [b for b in upstream(output) if b is not start and _depends_on(b, start)]
+    reference = [b for b in upstream(fresh) if b is not stand_in and _depends_on(b, stand_in)]
+    if [type(b) for b in live] != [type(b) for b in reference]:
+        return "the blocks after the sharding point could not be compared with a fresh copy"
+    for block, initial in zip(live, reference):
         try:
-            same = bool(entry["state"] == initial["state"])
+            same = bool(block.state_dict() == initial.state_dict())
         except (RuntimeError, ValueError, TypeError):  # e.g. tensors compared element-wise
             same = False
         if not same:

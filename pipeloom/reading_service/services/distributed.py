@@ -159,7 +159,7 @@ class DistributedReadingService(ReadingService):
             "own": progress.own,
             "padding": progress.padding,
             "inner": inner,
-            "elastic": rank_picture(self.inner, self._epoch_number),
+            "elastic": self._picture(),
         }
 
     def placement(self) -> Placement:
@@ -220,6 +220,18 @@ class DistributedReadingService(ReadingService):
         if not isinstance(inner, dict):
             fields.fail("inner", "the inner service's state (a dict)", inner)
         return progress, inner
+
+    def _picture(self) -> dict[str, Any]:
+        """This rank's frontier for a resume on other ranks; never fails the checkpoint."""
+        try:
+            return rank_picture(self.inner, self._epoch_number)
+        except Exception as error:  # noqa: BLE001 - only an elastic resume needs it
+            return {
+                "group_size": 1,
+                "frontier": 0,
+                "skip": 0,
+                "blocker": f"this rank could not describe its progress ({error!r})",
+            }
 
     def _own_part(self, state: dict[str, Any], job: Job) -> dict[str, Any]:
         """This rank's state in the job's state; a new split of the rest on another count."""
