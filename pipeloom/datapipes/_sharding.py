@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from .._validate import check_index, check_int
+from ..errors import StateError
 from ._base import IterDataPipe
 from ._context import _ITEM
 from ._pipeline import is_sharding_root
+from ._rest_of_epoch import RestOfEpoch
 from ._runs import DROP, SeekHead, Stage, owns_async_next
 from ._seek import first_kept
 from ._state_fields import StateFields
@@ -62,6 +64,7 @@ class ShardingFilter(IterDataPipe):
         self.group_size = 1
         self._position = 0
         self._resume_from = 0
+        self._rest: RestOfEpoch | None = None
 
     def is_shardable(self) -> bool:
         return True
@@ -84,17 +87,36 @@ class ShardingFilter(IterDataPipe):
     def reset(self) -> None:
         self._position = 0
         self._resume_from = 0
+        self._rest = None
         self._root: bool | None = None  # decided at the first item of the epoch
         self._seekable: bool | None = None  # likewise
 
-    def resume_at(self, position: int) -> None:
+    def resume_at(self, position: int | RestOfEpoch) -> None:
         """Drop every item before ``position``: skipped at once when the source is
-        read by position (a list, a range, ...), else replayed, not processed."""
-        self._resume_from = position
+        read by position (a list, a range, ...), else replayed, not processed.
+
+        A :class:`RestOfEpoch` (a resume on another number of ranks) keeps
+        instead the positions no one delivered, sharded by their virtual
+        position from its ``start`` on.
+        """
+        if isinstance(position, RestOfEpoch):
+            if position.group_size != self.group_size:
+                raise StateError(
+                    f"the rest of this epoch was saved with sharding groups of "
+                    f"{position.group_size} positions, but this pipeline's plan shards in "
+                    f"groups of {self.group_size}; resume with the same reading service "
+                    f"composition (and the same batch size where the workers batch)"
+                )
+            self._rest = position
+            self._seekable = False  # virtual positions: read every position
+        else:
+            self._resume_from = position
 
     def async_next(self) -> Any:
         source = self.source
         total, index, group = self.total, self.index, self.group_size
+        if self._rest is not None:
+            return self._next_of_rest()
         if self._seekable is None:
             self._seekable = _positioned_source(source) is not None
         if self._seekable and (total > 1 or self._position < self._resume_from):
@@ -112,6 +134,36 @@ class ShardingFilter(IterDataPipe):
                 if self._root:  # below another sharding point: keep its positions
                     self._stamp_item(position)
                 return item
+
+    @property
+    def position(self) -> int:
+        """How many items the source gave this epoch (kept or not): the next one's position."""
+        return self._position
+
+    @property
+    def rest(self) -> RestOfEpoch | None:
+        """The rest of the epoch this epoch reads (a resume on other ranks), or None."""
+        return self._rest
+
+    def _next_of_rest(self) -> Any:
+        while True:
+            item = self.source.async_next()
+            position = self._position
+            self._position = position + 1
+            if self._keeps_in_rest(position):
+                if self._root is None:
+                    self._root = is_sharding_root(self)
+                if self._root:
+                    self._stamp_item(position)
+                return item
+
+    def _keeps_in_rest(self, position: int) -> bool:
+        rest = self._rest
+        assert rest is not None
+        virtual = rest.virtual(position)
+        if virtual is None or virtual < rest.start:
+            return False
+        return (virtual // self.group_size) % self.total == self.index
 
     def _seek(self) -> None:
         """Move the source to the next kept position, skipping the others unread."""
@@ -133,7 +185,7 @@ class ShardingFilter(IterDataPipe):
         """The root over a positioned source reads only its shard's positions."""
         if self._root is None:
             self._root = is_sharding_root(self)
-        if self._root and _positioned_source(self.source) is not None:
+        if self._root and self._rest is None and _positioned_source(self.source) is not None:
             return _ShardHead(self)
         return None
 
@@ -148,6 +200,12 @@ class ShardingFilter(IterDataPipe):
         self._position = position + 1
         if position < self._resume_from:
             return DROP
+        if self._rest is not None:
+            if not self._keeps_in_rest(position):
+                return DROP
+            if self._root:
+                self._stamp_item(position)
+            return item
         if self.total == 1 or (position // self.group_size) % self.total == self.index:
             if self._root:
                 self._stamp_item(position)
@@ -164,10 +222,15 @@ class ShardingFilter(IterDataPipe):
         return count
 
     def state_dict(self) -> dict[str, Any]:
+        if self._rest is not None:
+            return {"position": self._position, "rest": self._rest.to_dict()}
         return {"position": self._position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._position = StateFields(self, state).int("position")
+        rest = state.get("rest")
+        if rest is not None:
+            self.resume_at(RestOfEpoch.from_dict(rest))
 
     def __repr__(self) -> str:
         extra = f", group_size={self.group_size}" if self.group_size != 1 else ""

@@ -45,11 +45,13 @@ from ._context import (
     worker_info,
 )
 from ._pipeline import check_declared_inputs, upstream_blocks
+from ._rest_of_epoch import RestOfEpoch
 from ._runs import RUN_LOOP_CODES, RunReader, running_stage
 
 __all__ = [
     "NO_STAMP",
     "RUN_LOOP_CODES",
+    "RestOfEpoch",
     "RunReader",
     "ItemStamp",
     "Key",

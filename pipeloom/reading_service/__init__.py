@@ -24,6 +24,7 @@ Example:
     ['a', 'b']
 """
 
+from .distributed.elastic import merge_rank_states
 from .services.base import ReadingService
 from .services.distributed import DistributedReadingService
 from .services.in_process import InProcessReadingService
@@ -43,4 +44,5 @@ __all__ = [
     "ThreadReadingService",
     "WorkerInfo",
     "get_worker_info",
+    "merge_rank_states",
 ]

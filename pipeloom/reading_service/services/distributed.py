@@ -10,6 +10,7 @@ from ..._validate import check_choice, check_seconds
 from ...datapipes import IterDataPipe, StateFields
 from ...errors import StateError
 from ...graph import Placement, Plan
+from ..distributed.elastic import rank_picture, rest_of_epoch
 from ..distributed.job import Job, join_job
 from ..distributed.rank_epoch import Progress, RankEpoch, check_start
 from .base import ReadingService
@@ -32,6 +33,12 @@ class DistributedReadingService(ReadingService):
     that ran out. Inside a rank, the pipeline runs in the calling thread; use
     ``SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(n))``
     to add workers (worker ``i`` of rank ``r`` keeps shard ``r * n + i`` of ``w * n``).
+
+    Checkpoints: each rank's ``loader.state_dict()`` resumes that rank; the
+    job's state, every rank's joined by
+    :func:`~pipeloom.reading_service.merge_rank_states`, resumes on any number
+    of ranks, the samples no rank delivered split among the new ones
+    (``docs/language_models.md``, "Resuming on another number of ranks").
 
     The job is the initialized default process group, or one created from
     ``torchrun``'s environment variables; the loader talks on a gloo group of
@@ -77,6 +84,7 @@ class DistributedReadingService(ReadingService):
         self._job: Job | None = None
         self._pipeline: IterDataPipe | None = None
         self._epoch: RankEpoch | None = None
+        self._epoch_number = 0
 
     def wrap(self, inner: ReadingService) -> None:
         """Run this rank's shard with ``inner`` (``SequentialReadingService`` calls it)."""
@@ -116,11 +124,15 @@ class DistributedReadingService(ReadingService):
             raise RuntimeError("DistributedReadingService used before initialize(pipeline)")
         self._close_epoch()
         progress, inner_state = self._unpack(state, job)
-        length, failed = self._own_length()
+        elastic = inner_state is not None and "rest" in inner_state
+        length, failed = (-1, 0) if elastic else self._own_length()
         rows = job.gather([epoch, length, progress.delivered, failed])
-        target = check_start(rows, uneven=self.uneven, end_check=self.end_check)
+        # the rest of an epoch resumed on another number of ranks has no len(): agree by step
+        end_check = "auto" if elastic else self.end_check
+        target = check_start(rows, uneven=self.uneven, end_check=end_check)
         if job.world_size == 1:
             target = None  # nothing to agree on: pass every item through, no collectives
+        self._epoch_number = epoch
         self._epoch = RankEpoch(
             lambda resume: self.inner.start_epoch(epoch, resume),
             job,
@@ -132,11 +144,13 @@ class DistributedReadingService(ReadingService):
         return iter(self._epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's state: each rank saves (and later loads) its own."""
+        """This rank's state: each rank saves (and loads) its own, or every rank loads the
+        job's state joined by :func:`merge_rank_states`, also on another number of ranks."""
         job = self._require_job()
         if self._epoch is None:
             raise RuntimeError("state_dict() needs a running epoch")
         progress = self._epoch.progress
+        inner = self.inner.state_dict()
         return {
             "kind": "distributed",
             "rank": job.rank,
@@ -144,7 +158,8 @@ class DistributedReadingService(ReadingService):
             "delivered": progress.delivered,
             "own": progress.own,
             "padding": progress.padding,
-            "inner": self.inner.state_dict(),
+            "inner": inner,
+            "elastic": self._picture(),
         }
 
     def placement(self) -> Placement:
@@ -183,6 +198,10 @@ class DistributedReadingService(ReadingService):
     ) -> tuple[Progress, dict[str, Any] | None]:
         if state is None:
             return Progress(), None
+        if state.get("kind") == "distributed-job":  # every rank's state, merge_rank_states()
+            state = self._own_part(state, job)
+            if "rest" in state:  # resumed on another number of ranks
+                return Progress(state["delivered"], state["delivered"], False), state
         if state.get("kind") != "distributed":
             raise StateError(
                 f"this state was saved by a {state.get('kind', 'different')} reading service; "
@@ -201,6 +220,32 @@ class DistributedReadingService(ReadingService):
         if not isinstance(inner, dict):
             fields.fail("inner", "the inner service's state (a dict)", inner)
         return progress, inner
+
+    def _picture(self) -> dict[str, Any]:
+        """This rank's frontier for a resume on other ranks; never fails the checkpoint."""
+        try:
+            return rank_picture(self.inner, self._epoch_number)
+        except Exception as error:  # noqa: BLE001 - only an elastic resume needs it
+            return {
+                "group_size": 1,
+                "frontier": 0,
+                "skip": 0,
+                "blocker": f"this rank could not describe its progress ({error!r})",
+            }
+
+    def _own_part(self, state: dict[str, Any], job: Job) -> dict[str, Any]:
+        """This rank's state in the job's state; a new split of the rest on another count."""
+        fields = StateFields("DistributedReadingService (job state)", state)
+        world = fields.int("world_size", minimum=1)
+        ranks = state.get("ranks")
+        if not isinstance(ranks, list) or len(ranks) != world:
+            ranks = fields.fail("ranks", f"{world} ranks' states", ranks)
+        if world == job.world_size:
+            return ranks[job.rank]
+        rest = rest_of_epoch(ranks)
+        kinds = {(r.get("inner") or {}).get("kind") for r in ranks}
+        delivered = StateFields("DistributedReadingService", ranks[0]).int("delivered")
+        return {"kind": kinds.pop(), "rest": rest, "delivered": delivered}
 
     def _close_epoch(self) -> None:
         if self._epoch is not None:

@@ -12,6 +12,7 @@ from ...datapipes import (
     reset_pipeline,
     set_pipeline_epoch,
 )
+from ...datapipes.runtime import RestOfEpoch
 from ...errors import StateOfAnotherService
 from ...graph import Plan
 from ..planning.sharding import keep_shard
@@ -37,7 +38,11 @@ class InProcessRunner(Runner):
         pipeline = self.pipeline
         set_pipeline_epoch(pipeline, epoch)
         reset_pipeline(pipeline)
-        if state is not None:
+        rest = state.get("rest") if state is not None else None
+        if isinstance(rest, RestOfEpoch):  # resumed on another number of ranks
+            assert self.plan.sharding_point is not None
+            self.plan.sharding_point.resume_at(rest)  # type: ignore[arg-type]
+        elif state is not None:
             if state.get("kind") != "in-process":
                 raise StateOfAnotherService(
                     f"this state was saved by a {state.get('kind', 'different')} reading "

@@ -38,7 +38,7 @@ def produce_epoch(
     worker_label: str,
     state: dict | None = None,
     full_stamp: bool = False,
-    resume: tuple[DataPipe, int] | None = None,
+    resume: tuple[DataPipe, Any] | None = None,
 ) -> bool:
     """Send an ``Output`` for every output of ``pipe`` this epoch, then ``END``.
 

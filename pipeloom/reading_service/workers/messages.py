@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ...datapipes.runtime import ItemStamp
+from ...datapipes.runtime import ItemStamp, RestOfEpoch
 from .failure import Failure
 
 __all__ = [
@@ -77,7 +77,7 @@ class StartEpoch(NamedTuple):
     """Classic worker process: produce ``epoch``, from ``resume`` (a position) when given."""
 
     epoch: int
-    resume: int | None = None
+    resume: int | RestOfEpoch | None = None  # RestOfEpoch: resumed on other ranks
 
 
 class Stop(NamedTuple):

@@ -45,7 +45,7 @@ class WorkerThread:
         seed: int,
         capacity: int,
         epoch: int,
-        resume: tuple[DataPipe, int] | None,
+        resume: tuple[DataPipe, Any] | None,
     ) -> None:
         self.label = f"worker thread {index}"
         # Read by whichever thread reads the loader's iterator (one at a time, under its lock).
@@ -83,7 +83,7 @@ def _run(
     info: WorkerInfo,
     epoch: int,
     label: str,
-    resume: tuple[DataPipe, int] | None,
+    resume: tuple[DataPipe, Any] | None,
 ) -> None:
     set_thread_worker_info(info)
     try:

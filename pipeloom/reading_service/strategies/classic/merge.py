@@ -17,6 +17,10 @@ group_size`` belongs here iff ``q % R == r`` (as when one process keeps shard
 ``r`` of ``R``, whatever ``n``), its owner is worker ``(q // R) % n``, and the
 merge jumps over the other processes' groups arithmetically
 (:func:`next_owned_group`).
+
+In the rest of an epoch resumed on another number of ranks (``RestOfEpoch``)
+the walk is over *virtual* positions, the undelivered positions numbered
+again; a worker's output at real position ``p`` sits at ``rest.virtual(p)``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ....datapipes import IterDataPipe, StateFields
-from ....datapipes.runtime import key_position, restore_stamp
+from ....datapipes.runtime import RestOfEpoch, key_position, restore_stamp
 from ....errors import NotAvailable, StateError
 from ....events import ReadinessSource
 from ...workers.failure import Failure
@@ -86,6 +90,7 @@ class WorkerMerge(IterDataPipe):
         self.channels: list[WorkerChannel] = []
         self._stamp_seed: int | None = None
         self._stamp_epoch = 0
+        self.rest: RestOfEpoch | None = None
         self.reset()
 
     def attach(self, channels: Sequence[WorkerChannel], *, seed: int | None, epoch: int) -> None:
@@ -96,6 +101,7 @@ class WorkerMerge(IterDataPipe):
         self._stamp_seed, self._stamp_epoch = seed, epoch
 
     def reset(self) -> None:
+        self.rest = None
         self._position = 0
         # Outputs delivered in the group of self._position, and how many of them a
         # resume skips (delivered before the checkpoint). A group (runs of
@@ -145,7 +151,7 @@ class WorkerMerge(IterDataPipe):
                 group //= total  # the owner counts this process's groups only
             owner = group % workers
             head = self._head(owner)
-            if head is END or _position_of(head) > position:  # nothing (more) here
+            if head is END or self._virtual(head) > position:  # nothing (more) here
                 self._advance_to(position + 1)
                 continue
             self._heads[owner] = None
@@ -162,8 +168,30 @@ class WorkerMerge(IterDataPipe):
     def _advance_to(self, position: int) -> None:
         size = self.group_size
         if position // size != self._position // size:  # a new group
-            self._delivered_here = self._skip_here = 0
+            self._delivered_here = 0
+            self._skip_here = 0 if self.rest is None else self.rest.skip(position // size)
         self._position = position
+
+    def _virtual(self, output: tuple) -> int:
+        position = _position_of(output)
+        if self.rest is None:
+            return position
+        virtual = self.rest.virtual(position)
+        assert virtual is not None, "a worker sent a position the rest of the epoch excludes"
+        return virtual
+
+    def resume_rest(self, rest: RestOfEpoch) -> None:
+        """Walk the rest of an epoch resumed on another number of ranks (module docstring)."""
+        self.rest = rest
+        self._position = rest.start
+        self._delivered_here = 0
+        self._skip_here = rest.skip(rest.start // self.group_size)
+
+    def resume_point(self) -> int | RestOfEpoch:
+        """Where the workers start after a resume: a position, or the rest from a virtual one."""
+        if self.rest is None:
+            return self.resume_position
+        return self.rest.from_virtual(self.resume_position)
 
     def _next_any(self) -> tuple[int, int, Any]:
         workers = len(self.channels)
@@ -200,11 +228,19 @@ class WorkerMerge(IterDataPipe):
                 "a reading service with in_order=False delivers items in arrival order, "
                 "which cannot be replayed; use in_order=True (the default) to checkpoint"
             )
-        return {"position": self.resume_position, "delivered_here": self._delivered_here}
+        state: dict[str, Any] = {
+            "position": self.resume_position,
+            "delivered_here": self._delivered_here,
+        }
+        if self.rest is not None:
+            state["rest"] = self.rest.to_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)
         position = fields.int("position")
+        rest = state.get("rest")
+        self.rest = None if rest is None else RestOfEpoch.from_dict(rest)
         self._position = position - position % self.group_size
         self._skip_here = fields.int("delivered_here")
         self._delivered_here = 0

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...._shutdown import finalize_here
+from ....datapipes.runtime import RestOfEpoch
 from ....errors import NotAvailable, QueueError, WorkerError
 from ....events import FdReadiness, ReadinessSource
 from ....graph import Plan
@@ -76,7 +77,7 @@ class ProcessPool:
         self.persistent = persistent
         self._processes: _Processes | None = None
 
-    def start_epoch(self, epoch: int, resume: int | None) -> Sequence[WorkerChannel]:
+    def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None) -> Sequence[WorkerChannel]:
         if self._processes is None:
             self._processes = _Processes(self)
         self._processes.start_epoch(epoch, resume)
@@ -195,7 +196,7 @@ class _Processes:
             self, _stop, self.workers, [c.queue for c in self.channels], self.controls, self.cancels
         )
 
-    def start_epoch(self, epoch: int, resume: int | None) -> None:
+    def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None) -> None:
         for channel, control, cancel in zip(self.channels, self.controls, self.cancels):
             cancel.clear()
             try:

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from ....datapipes import IterDataPipe
-from ....datapipes.runtime import block_seed, derive_seed
+from ....datapipes.runtime import RestOfEpoch, block_seed, derive_seed
 from ....graph import Plan
 from ...planning.cut import single_output
 from ...planning.sharding import keep_shard
@@ -27,8 +27,9 @@ __all__ = ["ClassicRunner", "WorkerPool"]
 class WorkerPool(Protocol):
     """The classic workers, threads or processes."""
 
-    def start_epoch(self, epoch: int, resume: int | None) -> Sequence[WorkerChannel]:
-        """Start producing ``epoch`` (from position ``resume``); one channel per worker."""
+    def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None) -> Sequence[WorkerChannel]:
+        """Start producing ``epoch`` (from position ``resume``, or the rest of the epoch
+        resumed on another number of ranks); one channel per worker."""
 
     def finish_epoch(self, *, abandoned: bool) -> None:
         """The epoch is over (``abandoned``: before the workers finished it)."""
@@ -81,8 +82,14 @@ class ClassicRunner(Runner):
 
     def start_epoch(self, epoch: int, state: dict[str, Any] | None) -> Iterator[Any]:
         self._finish_epoch(abandoned=True)  # an epoch still open is abandoned
-        self.main.start_epoch(epoch, state)
-        resume = self.merge.resume_position if state is not None else None
+        rest = state.get("rest") if state is not None else None
+        if isinstance(rest, RestOfEpoch):  # resumed on another number of ranks
+            self.main.start_epoch(epoch, None)
+            self.merge.resume_rest(rest)
+            resume: int | RestOfEpoch | None = rest
+        else:
+            self.main.start_epoch(epoch, state)
+            resume = self.merge.resume_point() if state is not None else None
         channels = self.pool.start_epoch(epoch, resume)
         self._epoch_open = True
         seed = None if self._point_seed is None else derive_seed(self._point_seed, epoch)

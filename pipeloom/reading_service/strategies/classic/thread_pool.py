@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ....datapipes import IterDataPipe
-from ....datapipes.runtime import block_seed, read_only_data
+from ....datapipes.runtime import RestOfEpoch, block_seed, read_only_data
 from ....graph import Plan, copy
 from ...planning.sharding import find_in_copy, index_in_part, keep_shard
 from ...workers.thread import WorkerThread
@@ -42,7 +42,7 @@ class ThreadPool:
             )
         self._threads: list[WorkerThread] = []
 
-    def start_epoch(self, epoch: int, resume: int | None) -> Sequence[WorkerChannel]:
+    def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None) -> Sequence[WorkerChannel]:
         self._threads = [
             WorkerThread(
                 pipe,

@@ -14,6 +14,8 @@ import multiprocessing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ....datapipes.runtime import RestOfEpoch
+from ....errors import StateError
 from ....graph import Plan
 from ...planning.cut import single_output
 from ...planning.sharding import index_in_part
@@ -104,7 +106,13 @@ class RayPool:
         self.actors: list[ActorHandle] = []
         self._channels: list[ActorChannel] = []
 
-    def start_epoch(self, epoch: int, resume: int | None) -> Sequence[WorkerChannel]:
+    def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None) -> Sequence[WorkerChannel]:
+        if isinstance(resume, RestOfEpoch):
+            raise StateError(
+                "RayReadingService cannot read the rest of an epoch saved on another number "
+                "of ranks; resume it with MultiProcessingReadingService or ThreadReadingService "
+                "inside the DistributedReadingService, or on the same number of ranks"
+            )
         if not self.actors:
             self.actors = self._start_actors()
         self._channels = [

@@ -1,0 +1,211 @@
+"""Resuming an epoch on another number of ranks: each rank's picture, and the job's.
+
+At ``state_dict()`` each rank describes where it stands at the sharding point
+(:func:`rank_picture`): the first group of its shard it has not fully
+delivered (its *frontier*) and how many outputs of that group it delivered.
+That is exact only when nothing after the sharding point holds an item the
+rank read but did not deliver; otherwise the picture names the block
+(its *blocker*). :func:`merge_rank_states` joins every rank's loader state
+into one; :func:`rest_of_epoch` turns it into the positions no one delivered,
+which the new ranks split again (``pipeloom.datapipes.runtime.RestOfEpoch``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...datapipes import (
+    IterableWrapper,
+    IterDataPipe,
+    ShardingFilter,
+    reset_pipeline,
+    set_pipeline_epoch,
+)
+from ...datapipes.runtime import RestOfEpoch
+from ...errors import StateError
+from ...graph import copy, upstream
+from ..services.base import PlannedService, ReadingService
+from ..strategies.classic.runner import ClassicRunner
+from ..strategies.in_process import InProcessRunner
+
+__all__ = ["merge_rank_states", "rank_picture", "rest_of_epoch"]
+
+_WORKAROUND = (
+    "move it before sharding_filter() (every rank then replays it), save the checkpoint at "
+    "a step where it holds nothing, or resume on the same number of ranks"
+)
+
+
+def rank_picture(inner: ReadingService, epoch: int) -> dict[str, Any]:
+    """This rank's frontier at the sharding point, or the reason there is none.
+
+    Returns ``{"group_size", "frontier", "skip", "blocker"}``; ``blocker`` is
+    None when the picture is exact, else a sentence for the ``StateError`` an
+    elastic resume raises.
+    """
+    runner = inner._require_runner() if isinstance(inner, PlannedService) else None
+    if isinstance(runner, InProcessRunner):
+        return _in_process_picture(runner, epoch)
+    if isinstance(runner, ClassicRunner) and runner.plan.strategy in ("classic", "threads"):
+        return _classic_picture(runner, epoch)
+    strategy = getattr(getattr(runner, "plan", None), "strategy", type(inner).__name__)
+    return _blocked(
+        f"the {strategy} strategy does not describe its ranks' frontiers; use "
+        f"DistributedReadingService alone or followed by ThreadReadingService or "
+        f"MultiProcessingReadingService (classic strategy) to resume on another number of ranks"
+    )
+
+
+def _blocked(reason: str) -> dict[str, Any]:
+    return {"group_size": 1, "frontier": 0, "skip": 0, "blocker": reason}
+
+
+def _in_process_picture(runner: InProcessRunner, epoch: int) -> dict[str, Any]:
+    plan, pipeline = runner.plan, runner.pipeline
+    point = plan.sharding_point
+    if not isinstance(point, ShardingFilter):
+        return _blocked(
+            "the pipeline was not sharded when it was saved (one rank, or no "
+            "sharding_filter()); resume it on the same number of ranks"
+        )
+    if point.rest is not None:
+        return _blocked(_IN_REST)
+    blocker = _first_busy(pipeline, point, epoch)
+    # A group read in part with everything after the sharding point at rest: the
+    # source ended inside it (the blocks that make whole groups emit only then).
+    group, position = point.group_size, point.position
+    return {
+        "group_size": group,
+        "frontier": -(-position // group),
+        "skip": 0,
+        "blocker": blocker,
+    }
+
+
+def _classic_picture(runner: ClassicRunner, epoch: int) -> dict[str, Any]:
+    merge = runner.merge
+    if merge.rest is not None:
+        return _blocked(_IN_REST)
+    blocker = _first_busy(runner.main.pipeline, merge, epoch)
+    state = merge.state_dict()
+    return {
+        "group_size": merge.group_size,
+        "frontier": state["position"] // merge.group_size,
+        "skip": state["delivered_here"],
+        "blocker": blocker,
+    }
+
+
+_IN_REST = (
+    "this checkpoint was taken in the rest of an epoch that was itself resumed on another "
+    "number of ranks; it resumes on the same number of ranks, and from the next epoch on any "
+    "number"
+)
+
+
+def _depends_on(block: Any, point: Any) -> bool:
+    return any(b is point for b in upstream(block))
+
+
+def _first_busy(output: IterDataPipe, start: Any, epoch: int) -> str | None:
+    """The first block after ``start`` whose state differs from its state at the epoch's start.
+
+    The reference is a copy of the blocks after ``start`` (not of what feeds
+    it: a large source is not copied), restarted for ``epoch``.
+    """
+    stand_in = IterableWrapper([])
+    fresh = copy(output, replace={start: stand_in})
+    set_pipeline_epoch(fresh, epoch)
+    reset_pipeline(fresh)
+    live = [b for b in upstream(output) if b is not start and _depends_on(b, start)]
+    reference = [b for b in upstream(fresh) if b is not stand_in and _depends_on(b, stand_in)]
+    if [type(b) for b in live] != [type(b) for b in reference]:
+        return "the blocks after the sharding point could not be compared with a fresh copy"
+    for block, initial in zip(live, reference):
+        try:
+            same = bool(block.state_dict() == initial.state_dict())
+        except (RuntimeError, ValueError, TypeError):  # e.g. tensors compared element-wise
+            same = False
+        if not same:
+            return (
+                f"{block!r} comes after the sharding point and holds items this rank read but "
+                f"did not deliver (its state differs from an epoch's start), so they have no "
+                f"place in the positions the new ranks split; {_WORKAROUND}"
+            )
+    return None
+
+
+def merge_rank_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """Join every rank's ``loader.state_dict()`` (taken at the same step) into one job state.
+
+    Load the result into every rank's loader (``loader.load_state_dict``), on
+    any number of ranks: on the same number each rank takes its own part
+    back; on another, the positions no rank delivered are split among the new
+    ranks, each delivered exactly once.
+
+    Raises:
+        StateError: the states are not one of each rank of a
+            ``DistributedReadingService`` job, or were taken at different steps.
+    """
+    if not isinstance(states, (list, tuple)) or not states:
+        raise StateError(
+            f"expected a list of every rank's loader.state_dict(), got {type(states).__name__}"
+        )
+    services = [s.get("service") if isinstance(s, dict) else None for s in states]
+    if not all(isinstance(s, dict) and s.get("kind") == "distributed" for s in services):
+        raise StateError(
+            "merge_rank_states() joins states of loaders with a DistributedReadingService, "
+            "taken while an epoch runs; some state is not one"
+        )
+    world = len(states)
+    by_rank = sorted(services, key=lambda s: s.get("rank", -1))  # type: ignore[union-attr]
+    found = [(s.get("rank"), s.get("world_size")) for s in by_rank]  # type: ignore[union-attr]
+    if found != [(rank, world) for rank in range(world)]:
+        raise StateError(
+            f"expected one state from each of ranks 0 .. {world - 1} of a job of {world} "
+            f"ranks, got (rank, world size) {found}; gather every rank's state_dict()"
+        )
+    steps = {(s["epoch"], s["delivered"]) for s in states}
+    if len(steps) > 1:
+        raise StateError(
+            f"the ranks' states were taken at different steps ((epoch, delivered): "
+            f"{sorted(steps)}); save every rank's state_dict() at the same step"
+        )
+    first = states[0]
+    return {**first, "service": {"kind": "distributed-job", "world_size": world, "ranks": by_rank}}
+
+
+def rest_of_epoch(ranks: list[dict[str, Any]]) -> RestOfEpoch:
+    """The positions no old rank delivered (``ranks``: their service states, by rank).
+
+    Raises:
+        StateError: a rank's picture is not exact (the message names the block).
+    """
+    pictures = []
+    for rank, state in enumerate(ranks):
+        picture = state.get("elastic")
+        if not isinstance(picture, dict):
+            raise StateError(
+                f"rank {rank}'s state has no picture of its progress (saved outside an epoch "
+                f"or by an older pipeloom); resume on {len(ranks)} ranks"
+            )
+        if picture.get("blocker") is not None:
+            raise StateError(
+                f"cannot resume rank {rank}'s part of the epoch on another number of ranks "
+                f"exactly: {picture['blocker']}"
+            )
+        if state.get("padding"):
+            raise StateError(
+                f"rank {rank} was repeating its shard (uneven='pad') when the state was saved; "
+                f"the epoch's own items were all delivered: start the next epoch instead"
+            )
+        pictures.append(picture)
+    groups = {p["group_size"] for p in pictures}
+    if len(groups) > 1:
+        raise StateError(f"the ranks' states disagree on the sharding group size: {groups}")
+    return RestOfEpoch(
+        group_size=groups.pop(),
+        old_total=len(ranks),
+        frontiers=tuple(int(p["frontier"]) for p in pictures),
+        skips=tuple(int(p["skip"]) for p in pictures),
+    )

@@ -1,0 +1,226 @@
+"""Resuming an epoch on another number of ranks, simulated in one process.
+
+Each old rank is an in-process or thread service keeping outer shard ``r`` of
+``R`` (what ``DistributedReadingService`` sets on each rank); the job state
+is the ranks' pictures (``distributed/elastic.py``), and the new ranks read
+the rest of the epoch from it. Real multi-rank runs are in
+``test_elastic_ranks.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeloom.datapipes import IterableWrapper, seed_pipeline
+from pipeloom.datapipes.runtime import RestOfEpoch
+from pipeloom.errors import StateError
+from pipeloom.reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ThreadReadingService,
+    merge_rank_states,
+)
+from pipeloom.reading_service.distributed.elastic import rank_picture, rest_of_epoch
+
+
+def plain():
+    return IterableWrapper(range(37)).shuffle().sharding_filter().map(lambda x: (x,))
+
+
+def batched():  # one-to-one after the sharding point: threads batch runs of 3 positions
+    return IterableWrapper(range(37)).sharding_filter().map(lambda x: x).batch(3)
+
+
+def expanded():  # three outputs per position: a checkpoint can fall inside a position
+    return IterableWrapper(range(13)).sharding_filter().flatmap(lambda x: [(x, j) for j in "abc"])
+
+
+def mixed_and_packed():  # mix and pack before the sharding point, read in the shards
+    web = IterableWrapper([[i] * 4 for i in range(32)])
+    code = IterableWrapper([[100 + i] * 4 for i in range(16)])
+    rows = web.mux(code, weights=[2, 1], stop="all").pack(8)
+    return rows.sharding_filter().map(lambda row: tuple(row[0].tolist()))
+
+
+PIPELINES = {
+    "plain": plain,
+    "batched": batched,
+    "expanded": expanded,
+    "mixed+packed": mixed_and_packed,
+}
+
+
+def _samples(outputs: list) -> list:
+    flat = []
+    for output in outputs:
+        flat.extend(output if isinstance(output, list) else [output])
+    return flat
+
+
+def _service(kind: str, build, total: int, index: int):
+    service = InProcessReadingService() if kind == "in-process" else ThreadReadingService(2)
+    service.set_outer_sharding(total, index)
+    pipeline = build()
+    seed_pipeline(pipeline, 11)
+    service.initialize(pipeline)
+    return service
+
+
+def _epoch(kind, build, total, index, state=None, stop=None):
+    service = _service(kind, build, total, index)
+    try:
+        outputs = list(itertools.islice(service.start_epoch(0, state), stop))
+        picture = rank_picture(service, 0) if stop is not None else None
+        return outputs, picture
+    finally:
+        service.shutdown()
+
+
+def _elastic(kind, build, old, new, step):
+    head, ranks = [], []
+    for rank in range(old):
+        outputs, picture = _epoch(kind, build, old, rank, stop=step)
+        head += outputs
+        ranks.append({"elastic": picture, "padding": False})
+    rest = rest_of_epoch(ranks)
+    tail = [
+        _epoch(kind, build, new, rank, {"kind": "rest", "rest": rest})[0] for rank in range(new)
+    ]
+    return head, tail
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kind=st.sampled_from(["in-process", "threads"]),
+    name=st.sampled_from(sorted(PIPELINES)),
+    old=st.integers(2, 4),
+    new=st.integers(2, 4),
+    step=st.integers(0, 14),
+)
+def test_every_sample_of_the_epoch_once_across_the_new_ranks(kind, name, old, new, step):
+    build = PIPELINES[name]
+    full = _samples(_epoch("in-process", build, 1, 0)[0])
+    try:
+        head, tail = _elastic(kind, build, old, new, step)
+    except StateError as error:  # in-process, a checkpoint inside a position's outputs
+        assert kind == "in-process" and name == "expanded"
+        assert "FlatMapper" in str(error) and "sharding_filter()" in str(error)
+        return
+    got = _samples(head) + [x for outputs in tail for x in _samples(outputs)]
+    assert sorted(got) == sorted(full)
+
+
+def test_the_rest_is_dealt_out_evenly_over_the_new_ranks():
+    head, tail = _elastic("in-process", plain, 2, 3, 5)
+    assert len(head) == 10 and [len(outputs) for outputs in tail] == [9, 9, 9]
+
+
+def test_a_block_holding_undelivered_items_refuses_and_says_what_to_do():
+    def packed_in_the_shards():
+        docs = IterableWrapper([[i] * (i % 5 + 1) for i in range(40)])
+        return docs.sharding_filter().pack(8)
+
+    with pytest.raises(StateError, match=r"Packer.*holds items.*move it before sharding_filter"):
+        _elastic("in-process", packed_in_the_shards, 2, 3, 2)
+
+
+def test_the_next_epoch_is_a_fresh_run_with_the_new_rank_count():
+    _, tail = _elastic("threads", plain, 3, 2, 4)
+    for rank in range(2):
+        service = _service("threads", plain, 2, rank)
+        try:
+            resumed = list(service.start_epoch(0, {"kind": "rest", "rest": _rest(plain, 3, 4)}))
+            assert resumed == tail[rank]
+            after = list(service.start_epoch(1, None))
+        finally:
+            service.shutdown()
+        fresh = _service("threads", plain, 2, rank)
+        try:
+            assert after == list(fresh.start_epoch(1, None))
+        finally:
+            fresh.shutdown()
+
+
+def _rest(build, old, step) -> RestOfEpoch:
+    ranks = [
+        {"elastic": _epoch("in-process", build, old, rank, stop=step)[1], "padding": False}
+        for rank in range(old)
+    ]
+    return rest_of_epoch(ranks)
+
+
+def _threads_rest(build, old, step) -> RestOfEpoch:
+    ranks = [
+        {"elastic": _epoch("threads", build, old, rank, stop=step)[1], "padding": False}
+        for rank in range(old)
+    ]
+    assert any(r["elastic"]["skip"] for r in ranks)  # a position half delivered
+    return rest_of_epoch(ranks)
+
+
+def test_rest_of_epoch_round_trips_and_rejects_damage():
+    rest = RestOfEpoch(group_size=2, old_total=2, frontiers=(4, 3), skips=(0, 1))
+    assert RestOfEpoch.from_dict(rest.to_dict()) == rest
+    assert rest.skip(0) == 1  # group 3 (old rank 1's, half delivered) is the first left
+    with pytest.raises(StateError, match="frontiers"):
+        RestOfEpoch.from_dict({**rest.to_dict(), "frontiers": [4]})
+
+
+def _rest_service(kind, build, total, index, rest):
+    service = _service(kind, build, total, index)
+    return service, service.start_epoch(0, {"kind": "rest", "rest": rest})
+
+
+@pytest.mark.parametrize(("kind", "build"), [("in-process", plain), ("threads", expanded)])
+def test_a_checkpoint_in_the_rest_resumes_on_the_same_ranks_not_on_others(kind, build):
+    if build is plain:
+        rest = _rest(build, 2, 3)
+    else:  # inside a position: the in-process rank cannot say which outputs it delivered
+        with pytest.raises(StateError, match="FlatMapper"):
+            _rest(build, 2, 4)
+        rest = _threads_rest(build, 2, 4)
+    for rank in range(3):
+        service, outputs = _rest_service(kind, build, 3, rank, rest)
+        try:
+            head = list(itertools.islice(outputs, 2))
+            state = service.state_dict()
+            picture = rank_picture(service, 0)
+            tail = list(outputs)
+        finally:
+            service.shutdown()
+        resumed = _epoch(kind, build, 3, rank, state)[0]
+        assert head + resumed == head + tail  # the same ranks: exactly where it was
+        assert "resumes on the same number of ranks" in picture["blocker"]
+
+
+def test_merge_rank_states_checks_it_has_one_state_per_rank_at_one_step():
+    def state(rank, world, delivered=3):
+        service = {"kind": "distributed", "rank": rank, "world_size": world}
+        return {"epoch": 0, "delivered": delivered, "service": service}
+
+    joined = merge_rank_states([state(1, 2), state(0, 2)])
+    assert [s["rank"] for s in joined["service"]["ranks"]] == [0, 1]
+    assert joined["delivered"] == 3 and joined["service"]["world_size"] == 2
+    with pytest.raises(StateError, match=r"one state from each of ranks 0 \.\. 1"):
+        merge_rank_states([state(0, 2), state(0, 2)])
+    with pytest.raises(StateError, match="different steps"):
+        merge_rank_states([state(0, 2), state(1, 2, delivered=4)])
+    with pytest.raises(StateError, match="DistributedReadingService"):
+        merge_rank_states([{"epoch": 0, "delivered": 0, "service": {"kind": "in-process"}}])
+
+
+def test_strategies_without_a_frontier_refuse_with_the_ones_that_have_one():
+    service = MultiProcessingReadingService(2, strategy="economic")
+    service.set_outer_sharding(2, 0)
+    service.initialize(plain().batch(2))
+    try:
+        picture = rank_picture(service, 0)
+    finally:
+        service.shutdown()
+    assert "economic strategy" in picture["blocker"]
+    assert "MultiProcessingReadingService (classic strategy)" in picture["blocker"]
