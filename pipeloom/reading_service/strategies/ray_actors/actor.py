@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ....datapipes import DataPipe, IterDataPipe
-from ....datapipes.runtime import NO_STAMP, restore_stamp
+from ....datapipes.runtime import NO_STAMP, key_position, restore_stamp
 from ....errors import NotAvailable, QueueError
 from ....queues import ThreadQueue
 from ...planning.sharding import find_in_copy, keep_shard
@@ -179,7 +179,7 @@ def _runs(
         if skip:
             kept = []
             for message in run:
-                if skip and not _last(message) and message[0] == resume:
+                if skip and not _last(message) and key_position(message[0]) == resume:
                     skip -= 1
                 else:
                     kept.append(message)

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from ....datapipes.runtime import key_position
 from ....errors import QueueError, WorkerError
 from ....events import ReadinessSource
 from ....queues import ThreadQueue
@@ -43,10 +44,14 @@ class Replay:
 
     Example:
         >>> replay = Replay(resume=None, group_size=1, single_output=False)
-        >>> for position in (0, 2, 2):
-        ...     replay.received(position)
+        >>> for key in (0, 2, 2):
+        ...     replay.received(key)
         >>> replay.resume, replay.skip
         (2, 2)
+        >>> for key in ((3, 0), (3, 1)):  # two outputs of position 3 (a flatmap)
+        ...     replay.received(key)
+        >>> replay.resume, replay.skip
+        (3, 2)
     """
 
     def __init__(self, *, resume: int | None, group_size: int, single_output: bool) -> None:
@@ -56,7 +61,9 @@ class Replay:
         self.single_output = single_output
         self.replayable = True
 
-    def received(self, position: int | None) -> None:
+    def received(self, key: Any) -> None:
+        """Note an output the main process received (``key``: its item key)."""
+        position = key_position(key)  # outputs (p, j) of one position share p
         if position is None:  # an output without a position cannot be found again
             self.replayable = False
         elif self.single_output:
