@@ -113,7 +113,10 @@ def _plan_replicas(pipeline: IterDataPipe, settings: Settings) -> Plan:
     """Threads, classic and Ray: every worker replicates the part up to the sharding point."""
     main_location, workers_kind, queue_kind = _REPLICAS[settings.strategy]
     workers_location = f"{workers_kind} x{settings.workers}"
-    cut = cut_for_workers(pipeline)
+    # Classic processes build batches also when the per-item blocks drop or multiply
+    # items (assembled: the workers pass the batch boundaries round; classic/assemble.py).
+    assemble = settings.strategy == "classic" and settings.outer == (1, 0)
+    cut = cut_for_workers(pipeline, assemble=assemble)
     refuse_restarting_the_workers(pipeline, cut.exit)
     workers = Part("workers", workers_location, cut.worker_blocks, cut.exit, settings.workers)
     separate = _separate_parts(pipeline, (workers,), settings)
@@ -129,7 +132,13 @@ def _plan_replicas(pipeline: IterDataPipe, settings: Settings) -> Plan:
         ),
         *_separate_queues(separate, main_location, settings),
     ]
-    if cut.group_size == 1:
+    if cut.assembled:
+        dealt = (
+            f"runs of {cut.group_size} position{'s' if cut.group_size > 1 else ''} go to "
+            f"one worker; the workers pass the items that do not fill a batch on to the "
+            f"next run's worker and build whole batches"
+        )
+    elif cut.group_size == 1:
         dealt = "positions go to the workers one at a time"
     else:
         dealt = f"runs of {cut.group_size} positions go to one worker, which builds whole batches"

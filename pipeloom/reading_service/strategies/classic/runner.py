@@ -15,10 +15,11 @@ from typing import Any, Protocol
 from ....datapipes import IterDataPipe
 from ....datapipes.runtime import block_seed, derive_seed
 from ....graph import Plan
-from ...planning.cut import single_output
+from ...planning.cut import assembles_batches, single_output
 from ...planning.sharding import keep_shard
 from ..main_part import MainPart
 from ..runner import Runner, drain
+from .batch_merge import BatchMerge
 from .merge import WorkerChannel, WorkerMerge
 
 __all__ = ["ClassicRunner", "WorkerPool"]
@@ -27,8 +28,11 @@ __all__ = ["ClassicRunner", "WorkerPool"]
 class WorkerPool(Protocol):
     """The classic workers, threads or processes."""
 
-    def start_epoch(self, epoch: int, resume: int | None) -> Sequence[WorkerChannel]:
-        """Start producing ``epoch`` (from position ``resume``); one channel per worker."""
+    def start_epoch(
+        self, epoch: int, resume: int | None, skip: int = 0
+    ) -> Sequence[WorkerChannel]:
+        """Start producing ``epoch`` (from position ``resume``, dropping its first ``skip``
+        outputs when the workers assemble batches); one channel per worker."""
 
     def finish_epoch(self, *, abandoned: bool) -> None:
         """The epoch is over (``abandoned``: before the workers finished it)."""
@@ -65,12 +69,16 @@ class ClassicRunner(Runner):
         assert point is not None and workers.exit is not None
         if plan.outer != (1, 0):  # so that len(pipeline) counts this process's items
             keep_shard(point, group_size=plan.group_size, outer=plan.outer)
-        self.merge = WorkerMerge(
-            group_size=plan.group_size,
-            in_order=in_order,
-            single_output=single_output(workers.exit, point, plan.group_size),
-            outer=plan.outer,
-        )
+        self.merge: WorkerMerge | BatchMerge
+        if assembles_batches(workers.exit, point):
+            self.merge = BatchMerge(run_size=plan.group_size)
+        else:
+            self.merge = WorkerMerge(
+                group_size=plan.group_size,
+                in_order=in_order,
+                single_output=single_output(workers.exit, point, plan.group_size),
+                outer=plan.outer,
+            )
         self.main = MainPart(
             pipeline, plan, self.merge, workers.exit, start_method=start_method, prefetch=prefetch
         )
@@ -83,7 +91,10 @@ class ClassicRunner(Runner):
         self._finish_epoch(abandoned=True)  # an epoch still open is abandoned
         self.main.start_epoch(epoch, state)
         resume = self.merge.resume_position if state is not None else None
-        channels = self.pool.start_epoch(epoch, resume)
+        if isinstance(self.merge, BatchMerge) and state is not None:
+            channels = self.pool.start_epoch(epoch, resume, self.merge.resume_skip)
+        else:
+            channels = self.pool.start_epoch(epoch, resume)
         self._epoch_open = True
         seed = None if self._point_seed is None else derive_seed(self._point_seed, epoch)
         self.merge.attach(channels, seed=seed, epoch=epoch)
