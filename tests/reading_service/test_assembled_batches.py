@@ -142,7 +142,7 @@ def test_the_placement_shows_batch_and_collate_in_the_workers(shards):
         assert workers_line.startswith("worker processes x2: Collator(")
         assert "Batcher(batch_size=4" in workers_line
         assert "main process: Collator" not in text
-        assert "pass the items that do not fill a batch on" in text
+        assert "passes the items that do not fill one on" in text
         assert len(list(loader)) == 9  # 35 samples in batches of 4
 
 
@@ -165,8 +165,11 @@ def test_tar_and_webdataset_give_the_in_process_batches(shards, workers):
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_the_short_last_batch_is_kept_or_dropped_as_in_process(drop_last):
     def make():
-        return IterableWrapper(range(23)).sharding_filter().filter(not_multiple_of_3).batch(
-            4, drop_last=drop_last
+        return (
+            IterableWrapper(range(23))
+            .sharding_filter()
+            .filter(not_multiple_of_3)
+            .batch(4, drop_last=drop_last)
         )
 
     expected = list(DataLoader(make(), seed=0))

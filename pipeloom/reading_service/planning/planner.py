@@ -128,21 +128,26 @@ def _plan_replicas(pipeline: IterDataPipe, settings: Settings) -> Plan:
             queue_kind,
             settings.workers,
             settings.prefetch,
-            _OUTPUTS,
+            "whole batches, a marker per run" if cut.assembled else _OUTPUTS,
         ),
         *_separate_queues(separate, main_location, settings),
     ]
     if cut.assembled:
         dealt = (
             f"runs of {cut.group_size} position{'s' if cut.group_size > 1 else ''} go to "
-            f"one worker; the workers pass the items that do not fill a batch on to the "
-            f"next run's worker and build whole batches"
+            f"one worker, which builds the batches its run completes and passes the items "
+            f"that do not fill one on to the next run's worker"
         )
     elif cut.group_size == 1:
         dealt = "positions go to the workers one at a time"
     else:
         dealt = f"runs of {cut.group_size} positions go to one worker, which builds whole batches"
-    notes = [f"{dealt}; their outputs are merged back in position order"]
+    merged = (
+        "the main process reads them run after run"
+        if cut.assembled
+        else "their outputs are merged back in position order"
+    )
+    notes = [f"{dealt}; {merged}"]
     if settings.outer != (1, 0):
         notes.append(_outer_note(settings.outer))
     return Plan.from_parts(

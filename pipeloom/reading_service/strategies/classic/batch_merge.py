@@ -17,7 +17,6 @@ from typing import Any
 
 from ....datapipes import IterDataPipe, StateFields
 from ....datapipes.runtime import restore_stamp
-from ....errors import NotAvailable
 from ....events import ReadinessSource
 from ...workers.failure import Failure
 from ...workers.messages import END, RunDone

@@ -79,9 +79,7 @@ class ProcessPool:
         self.persistent = persistent
         self._processes: _Processes | None = None
 
-    def start_epoch(
-        self, epoch: int, resume: int | None, skip: int = 0
-    ) -> Sequence[WorkerChannel]:
+    def start_epoch(self, epoch: int, resume: int | None, skip: int = 0) -> Sequence[WorkerChannel]:
         if self._processes is None:
             self._processes = _Processes(self)
         self._processes.start_epoch(epoch, resume, skip)

@@ -10,7 +10,7 @@ threads (``thread_pool.py``) or processes (``process_pool.py``).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ....datapipes import IterDataPipe
 from ....datapipes.runtime import block_seed, derive_seed
@@ -28,17 +28,21 @@ __all__ = ["ClassicRunner", "WorkerPool"]
 class WorkerPool(Protocol):
     """The classic workers, threads or processes."""
 
-    def start_epoch(
-        self, epoch: int, resume: int | None, skip: int = 0
-    ) -> Sequence[WorkerChannel]:
-        """Start producing ``epoch`` (from position ``resume``, dropping its first ``skip``
-        outputs when the workers assemble batches); one channel per worker."""
+    def start_epoch(self, epoch: int, resume: int | None) -> Sequence[WorkerChannel]:
+        """Start producing ``epoch`` (from position ``resume``); one channel per worker."""
 
     def finish_epoch(self, *, abandoned: bool) -> None:
         """The epoch is over (``abandoned``: before the workers finished it)."""
 
     def stop(self) -> None:
         """Stop every worker; idempotent."""
+
+
+class AssemblingPool(WorkerPool, Protocol):
+    """Worker processes that build assembled batches (``assemble.py``)."""
+
+    def start_epoch(self, epoch: int, resume: int | None, skip: int = 0) -> Sequence[WorkerChannel]:
+        """As ``WorkerPool.start_epoch``, dropping the first ``skip`` outputs at ``resume``."""
 
 
 class ClassicRunner(Runner):
@@ -92,7 +96,8 @@ class ClassicRunner(Runner):
         self.main.start_epoch(epoch, state)
         resume = self.merge.resume_position if state is not None else None
         if isinstance(self.merge, BatchMerge) and state is not None:
-            channels = self.pool.start_epoch(epoch, resume, self.merge.resume_skip)
+            pool = cast(AssemblingPool, self.pool)  # planned for worker processes only
+            channels = pool.start_epoch(epoch, resume, self.merge.resume_skip)
         else:
             channels = self.pool.start_epoch(epoch, resume)
         self._epoch_open = True
