@@ -227,6 +227,9 @@ class StreamOpener(IterDataPipe):
     """
 
     inputs = ("source",)
+    # One stream per path it keeps: lets classic workers deal out runs of a batch's
+    # worth of paths and build the batches (reading_service/strategies/classic/assemble.py).
+    at_most_one = True
     _root: bool | None = None
 
     def __init__(self, source: IterDataPipe) -> None:
