@@ -1,6 +1,6 @@
 """JPEGs: decode, random crop, batch -- pipeloom vs torch.utils.data.DataLoader, one run.
 
-    python benchmarks/bench_images.py [--quick]
+    python benchmarks/bench_images.py [--quick] [--workers 2 4] [--repeats 3] [--only classic ...]
 
 The most common real pipeline (issue #16): 1,600 JPEGs of 256x256 (random-ish
 content, written deterministically with Pillow to a temporary directory in an
@@ -185,16 +185,19 @@ def tar_pipe(shards: str) -> Any:
     )
 
 
-def services(workers: int) -> list[tuple[str, Callable[[], Any]]]:
+def services(workers: int, only: tuple[str, ...] = ()) -> list[tuple[str, Callable[[], Any]]]:
     if workers == 0:
         return [("in-process", InProcessReadingService)]
     made: list[tuple[str, Callable[[], Any]]] = [
         (s, lambda s=s: MultiProcessingReadingService(workers, strategy=s)) for s in STRATEGIES
     ]
-    return made + [("threads", lambda: ThreadReadingService(workers))]
+    made.append(("threads", lambda: ThreadReadingService(workers)))
+    return [(name, make) for name, make in made if not only or name in only]
 
 
-def loaders(dataset: ImageFolderLike, images: str, shards: str, workers: int):
+def loaders(
+    dataset: ImageFolderLike, images: str, shards: str, workers: int, only: tuple[str, ...] = ()
+):
     """(family, label, make) for every loader at ``workers``; family groups identical outputs."""
 
     def torch_style(cls: Any) -> Callable[[], Any]:
@@ -207,14 +210,15 @@ def loaders(dataset: ImageFolderLike, images: str, shards: str, workers: int):
         )
 
     yield "torch", "torch DataLoader, ImageFolder-style", torch_style(torch.utils.data.DataLoader)
-    yield (
-        "compat",
-        "pipeloom.compat.DataLoader, same dataset",
-        torch_style(pipeloom.compat.DataLoader),
-    )
+    if not only or "compat" in only:
+        yield (
+            "compat",
+            "pipeloom.compat.DataLoader, same dataset",
+            torch_style(pipeloom.compat.DataLoader),
+        )
     for family, pipe in (("files", files_pipe), ("tar", tar_pipe)):
         root = images if family == "files" else shards
-        for name, service in services(workers):
+        for name, service in services(workers, only):
             yield (
                 family,
                 f"native {family}, {name}",
@@ -245,7 +249,9 @@ def one_run(make: Callable[[], Any]) -> tuple[Epoch, list[Any], str | None]:
     return epoch, checks, placement
 
 
-def bench(count: int, worker_counts: tuple[int, ...], repeats: int) -> None:
+def bench(
+    count: int, worker_counts: tuple[int, ...], repeats: int, only: tuple[str, ...] = ()
+) -> None:
     rows: list[list[Any]] = []
     placements: dict[str, str] = {}
     refused: dict[str, str] = {}  # configurations pipeloom does not run (yet), and why
@@ -254,7 +260,7 @@ def bench(count: int, worker_counts: tuple[int, ...], repeats: int) -> None:
         images, shards = write_images(root, count)
         dataset = ImageFolderLike(images)
         for workers in worker_counts:
-            makers = list(loaders(dataset, images, shards, workers))
+            makers = list(loaders(dataset, images, shards, workers, only))
             runs: dict[str, list[Epoch]] = {label: [] for _, label, _ in makers}
             same: dict[str, str] = {}
             for _ in range(repeats):  # round-robin, so drift in machine load hits all alike
@@ -339,15 +345,29 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="192 images, 0 and 2 workers, 1 run")
+    parser.add_argument(
+        "--workers", type=int, nargs="+", help="worker counts (default 0 2 4; --quick: 0 2)"
+    )
+    parser.add_argument("--repeats", type=int, help="runs per loader (default 3; --quick: 1)")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=(),
+        choices=(*STRATEGIES, "threads", "compat"),
+        help="run only these pipeloom services beside torch (default: all)",
+    )
     args = parser.parse_args(argv)
     if Image is None:
         note("bench_images skipped: Pillow is not installed (pip install pillow)")
         return
     quiet_torch_warnings()
-    if args.quick:
-        bench(count=192, worker_counts=(0, 2), repeats=1)
-    else:
-        bench(count=1600, worker_counts=(0, 2, 4), repeats=3)
+    count, workers, repeats = (192, (0, 2), 1) if args.quick else (1600, (0, 2, 4), 3)
+    bench(
+        count=count,
+        worker_counts=tuple(args.workers or workers),
+        repeats=args.repeats or repeats,
+        only=tuple(args.only),
+    )
 
 
 if __name__ == "__main__":

@@ -223,10 +223,10 @@ def _raise_walk_error(error: OSError) -> None:
 class StreamOpener(IterDataPipe):
     """Base of shardable blocks that open each incoming path; yields ``(path, stream)``.
 
-    Subclasses implement ``_open(path) -> stream`` and ``_check(path)``.
-    """
+    Subclasses implement ``_open(path) -> stream`` and ``_check(path)``."""
 
     inputs = ("source",)
+    at_most_one = True  # one stream per kept path: classic workers build batches of them
     _root: bool | None = None
 
     def __init__(self, source: IterDataPipe) -> None:

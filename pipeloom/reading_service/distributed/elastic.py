@@ -25,6 +25,7 @@ from ...datapipes.runtime import RestOfEpoch
 from ...errors import StateError
 from ...graph import copy, upstream
 from ..services.base import PlannedService, ReadingService
+from ..strategies.classic.merge import WorkerMerge
 from ..strategies.classic.runner import ClassicRunner
 from ..strategies.in_process import InProcessRunner
 
@@ -84,6 +85,8 @@ def _in_process_picture(runner: InProcessRunner, epoch: int) -> dict[str, Any]:
 
 def _classic_picture(runner: ClassicRunner, epoch: int) -> dict[str, Any]:
     merge = runner.merge
+    if not isinstance(merge, WorkerMerge):  # the planner assembles batches only without ranks
+        return _blocked("workers building whole batches do not describe a rank's frontier")
     if merge.rest is not None:
         return _blocked(_IN_REST)
     blocker = _first_busy(runner.main.pipeline, merge, epoch)

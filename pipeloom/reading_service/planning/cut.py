@@ -33,6 +33,7 @@ __all__ = [
     "DispatchCut",
     "PlanError",
     "WorkerCut",
+    "assembles_batches",
     "cut_for_dispatch",
     "cut_for_workers",
     "find_sharding_point",
@@ -56,6 +57,8 @@ class WorkerCut:
         single_output: each group of ``group_size`` positions yields at most one
             output, so the merge moves on as soon as it delivered one (instead of
             waiting for the owner's next message to learn the group is done).
+        assembled: the workers build batches although the blocks before ``batch``
+            may drop or multiply items (``strategies/classic/assemble.py``).
     """
 
     sharding_point: DataPipe
@@ -63,6 +66,7 @@ class WorkerCut:
     worker_blocks: tuple[DataPipe, ...]
     group_size: int
     single_output: bool
+    assembled: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,10 +132,17 @@ def find_sharding_point(pipeline: DataPipe) -> DataPipe:
 
 
 def cut_for_workers(
-    pipeline: IterDataPipe, *, batches_in_workers: bool = True, refuse_separate: bool = True
+    pipeline: IterDataPipe,
+    *,
+    batches_in_workers: bool = True,
+    refuse_separate: bool = True,
+    assemble: bool = False,
 ) -> WorkerCut:
     """The part of ``pipeline`` that workers replicate (see the module docstring).
 
+    ``assemble=True`` moves ``batch`` (and ``collate``) into the workers also
+    when the per-item blocks are not one to one: the workers then find the
+    batch boundaries together (``strategies/classic/assemble.py``).
     ``refuse_separate=False`` lets blocks marked ``is_separate_process()`` be in
     the worker part: for a caller that runs everything in one thread anyway.
 
@@ -158,15 +169,32 @@ def cut_for_workers(
         )
     exit_block = _single_exit(graph, in_workers)
     group_size = 1
+    assembled = False
     if batches_in_workers:
         exit_block, group_size = _extend_over_batch(graph, exit_block, point, in_workers)
+        if assemble and group_size == 1:
+            exit_block, group_size = _assemble_over_batch(graph, exit_block, point, in_workers)
+            assembled = group_size > 0
+            group_size = max(group_size, 1)
     return WorkerCut(
         sharding_point=point,
         exit=exit_block,
         worker_blocks=tuple(n for n in nodes if id(n) in in_workers),
         group_size=group_size,
         single_output=single_output(exit_block, point, group_size),
+        assembled=assembled,
     )
+
+
+def assembles_batches(exit_block: DataPipe, point: DataPipe) -> bool:
+    """True when workers whose part ends at ``exit_block`` build batches of items that
+    the blocks after ``point`` may drop or multiply (an assembled cut)."""
+    chain = upstream(exit_block)
+    below_point = chain[: _index_in(chain, point)]
+    batchers = [i for i, b in enumerate(below_point) if b.batches_of() is not None]
+    if not batchers:
+        return False
+    return not all(b.one_to_one for b in below_point[batchers[-1] + 1 :])
 
 
 def refuse_restarting_the_workers(pipeline: IterDataPipe, exit_block: DataPipe) -> None:
@@ -260,6 +288,33 @@ def _extend_over_batch(
         in_workers.add(id(block))
     assert isinstance(new_exit, IterDataPipe)
     return new_exit, batcher.batches_of()  # type: ignore[return-value]
+
+
+def _assemble_over_batch(
+    graph: Graph, exit_block: IterDataPipe, point: DataPipe, in_workers: set[int]
+) -> tuple[IterDataPipe, int]:
+    """Like ``_extend_over_batch`` for per-item blocks that are not one to one; the run
+    size: a batch of positions when each yields at most one output, else 1 (a tar
+    shard's samples fill batches of their own). 0 when not extended."""
+    consumers = graph.consumers(exit_block) if exit_block is not graph.output else []
+    if len(consumers) != 1 or consumers[0].batches_of() is None:
+        return exit_block, 0
+    if not point.can_shard_in_groups() or point.stamps_positions:
+        return exit_block, 0  # a sharding point that gives a position several outputs
+    batcher = consumers[0]
+    chain = upstream(exit_block)
+    between = chain[: _index_in(chain, point)]
+    in_workers.add(id(batcher))
+    new_exit = batcher
+    for block in _per_item_chain_after(graph, batcher):
+        if not block.one_to_one:  # a worker builds exactly one output per batch
+            break
+        new_exit = block
+        in_workers.add(id(block))
+    assert isinstance(new_exit, IterDataPipe)
+    if all(b.one_to_one or b.at_most_one for b in between):
+        return new_exit, batcher.batches_of()  # type: ignore[return-value]
+    return new_exit, 1
 
 
 def _per_item_chain_after(graph: Graph, block: DataPipe) -> list[DataPipe]:

@@ -113,7 +113,10 @@ def _plan_replicas(pipeline: IterDataPipe, settings: Settings) -> Plan:
     """Threads, classic and Ray: every worker replicates the part up to the sharding point."""
     main_location, workers_kind, queue_kind = _REPLICAS[settings.strategy]
     workers_location = f"{workers_kind} x{settings.workers}"
-    cut = cut_for_workers(pipeline)
+    # Classic processes build batches also when the per-item blocks drop or multiply
+    # items (assembled: the workers pass the batch boundaries round; classic/assemble.py).
+    assemble = settings.strategy == "classic" and settings.outer == (1, 0)
+    cut = cut_for_workers(pipeline, assemble=assemble)
     refuse_restarting_the_workers(pipeline, cut.exit)
     workers = Part("workers", workers_location, cut.worker_blocks, cut.exit, settings.workers)
     separate = _separate_parts(pipeline, (workers,), settings)
@@ -125,15 +128,26 @@ def _plan_replicas(pipeline: IterDataPipe, settings: Settings) -> Plan:
             queue_kind,
             settings.workers,
             settings.prefetch,
-            _OUTPUTS,
+            "whole batches, a marker per run" if cut.assembled else _OUTPUTS,
         ),
         *_separate_queues(separate, main_location, settings),
     ]
-    if cut.group_size == 1:
+    if cut.assembled:
+        dealt = (
+            f"runs of {cut.group_size} position{'s' if cut.group_size > 1 else ''} go to "
+            f"one worker, which builds the batches its run completes and passes the items "
+            f"that do not fill one on to the next run's worker"
+        )
+    elif cut.group_size == 1:
         dealt = "positions go to the workers one at a time"
     else:
         dealt = f"runs of {cut.group_size} positions go to one worker, which builds whole batches"
-    notes = [f"{dealt}; their outputs are merged back in position order"]
+    merged = (
+        "the main process reads them run after run"
+        if cut.assembled
+        else "their outputs are merged back in position order"
+    )
+    notes = [f"{dealt}; {merged}"]
     if settings.outer != (1, 0):
         notes.append(_outer_note(settings.outer))
     return Plan.from_parts(

@@ -43,6 +43,7 @@ __all__ = [
     "EpochStart",
     "InitFailed",
     "Output",
+    "RunDone",
     "StampedOutput",
     "StartEpoch",
     "Stop",
@@ -74,10 +75,23 @@ END = _End()
 
 
 class StartEpoch(NamedTuple):
-    """Classic worker process: produce ``epoch``, from ``resume`` (a position) when given."""
+    """Classic worker process: produce ``epoch``, from ``resume`` (a position) when given.
+
+    ``skip``: outputs of that position delivered before (workers that build
+    batches of items they cannot count in advance; ``strategies/classic/assemble.py``).
+    """
 
     epoch: int
     resume: int | RestOfEpoch | None = None  # RestOfEpoch: resumed on other ranks
+    skip: int = 0
+
+
+class RunDone(NamedTuple):
+    """Classic worker building assembled batches -> main: run ``run`` is all sent;
+    ``final``: it was the epoch's last (``strategies/classic/assemble.py``)."""
+
+    run: int
+    final: bool
 
 
 class Stop(NamedTuple):

@@ -15,10 +15,11 @@ from typing import Any
 
 from ...._shutdown import finalize_here
 from ....datapipes.runtime import RestOfEpoch
-from ....errors import NotAvailable, QueueError, WorkerError
+from ....errors import NotAvailable, QueueError, StateError, WorkerError
 from ....events import FdReadiness, ReadinessSource
 from ....graph import Plan
 from ....queues import ProcessQueue
+from ...planning.cut import assembles_batches
 from ...planning.sharding import find_in_copy, index_in_part, keep_shard
 from ...workers.epoch import EpochCancelled, produce_epoch
 from ...workers.failure import Failure, capture_failure
@@ -34,6 +35,7 @@ from ...workers.process import (
 )
 from ...workers.rngs import seed_worker_rngs, worker_seed
 from ...workers.shared_flag import SharedFlag
+from .assemble import BatchChain, LocalRing, Ring, produce_assembled_epoch
 from .merge import WorkerChannel
 
 __all__ = ["ProcessPool"]
@@ -70,6 +72,7 @@ class ProcessPool:
         self.shard = _Shard(
             index_in_part(workers.exit, plan.sharding_point), count, plan.group_size, plan.outer
         )
+        self.assembled = assembles_batches(workers.exit, plan.sharding_point)
         self.seed = seed
         self.count = count
         self.prefetch = prefetch
@@ -77,10 +80,12 @@ class ProcessPool:
         self.persistent = persistent
         self._processes: _Processes | None = None
 
-    def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None) -> Sequence[WorkerChannel]:
+    def start_epoch(
+        self, epoch: int, resume: int | RestOfEpoch | None, skip: int = 0
+    ) -> Sequence[WorkerChannel]:
         if self._processes is None:
             self._processes = _Processes(self)
-        self._processes.start_epoch(epoch, resume)
+        self._processes.start_epoch(epoch, resume, skip)
         return self._processes.channels
 
     def finish_epoch(self, *, abandoned: bool) -> None:
@@ -166,7 +171,18 @@ class _Processes:
         self.channels: list[_ProcessChannel] = []
         self.controls: list[Any] = []
         self.cancels: list[SharedFlag] = []
+        # Assembled batches: worker i's ring inbox, fed by worker i - 1 (assemble.py).
+        # One baton goes round, plus at most a stop baton and an abandoned epoch's.
+        inboxes = [ProcessQueue(capacity=4) for _ in range(pool.count)] if pool.assembled else []
+        self.inboxes = inboxes
         for index in range(pool.count):
+            ring: Ring | None = None
+            if pool.assembled:
+                ring = (
+                    Ring(inboxes[index], inboxes[(index + 1) % pool.count])
+                    if pool.count > 1
+                    else LocalRing()
+                )
             queue = ProcessQueue(capacity=pool.prefetch, owner="consumer")
             receive, send = pool.context.Pipe(duplex=False)
             cancel = SharedFlag()
@@ -184,6 +200,7 @@ class _Processes:
                     pool.seed,
                     pool.shard,
                     pool.worker_init_fn,
+                    ring,
                 ),
                 process_name=f"pipeloom-worker-{index}",
             )
@@ -193,14 +210,19 @@ class _Processes:
             self.controls.append(send)
             self.cancels.append(cancel)
         self._finalizer = finalize_here(
-            self, _stop, self.workers, [c.queue for c in self.channels], self.controls, self.cancels
+            self,
+            _stop,
+            self.workers,
+            [c.queue for c in self.channels] + inboxes,
+            self.controls,
+            self.cancels,
         )
 
-    def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None) -> None:
+    def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None, skip: int = 0) -> None:
         for channel, control, cancel in zip(self.channels, self.controls, self.cancels):
             cancel.clear()
             try:
-                control.send(StartEpoch(epoch, resume))
+                control.send(StartEpoch(epoch, resume, skip))
             except OSError:
                 raise channel.worker.died() from None
 
@@ -247,17 +269,21 @@ def _worker_main(
     seed: int,
     shard: _Shard,
     worker_init_fn: Callable[[int], None] | None,
+    ring: Ring | None = None,
 ) -> None:
     """A classic worker process: wait for an epoch, produce it, repeat until told to stop."""
     label = bootstrap(f"worker process {index}", reuse_freed_memory=True)
     pipe = payload.load()
     point = shard.apply(pipe, index)
+    chain = BatchChain(pipe) if ring is not None else None
     parent = parent_watch()
     initialized = False
+    generation = 0
     while True:
         command = _receive(control, parent)
         if not isinstance(command, StartEpoch):
             return  # Stop, or the main process is gone
+        generation += 1
         own_seed = worker_seed(seed, command.epoch, index)
         seed_worker_rngs(own_seed)
         set_process_worker_info(WorkerInfo(index, count, own_seed, pipe))
@@ -274,8 +300,26 @@ def _worker_main(
                 raise EpochCancelled
             queue.put(message)
 
-        resume = None if command.resume is None else (point, command.resume)
-        if not produce_epoch(pipe, put, epoch=command.epoch, worker_label=label, resume=resume):
+        if chain is not None and ring is not None:
+            produced = produce_assembled_epoch(
+                chain,
+                point,
+                put,
+                ring,
+                epoch=command.epoch,
+                generation=generation,
+                index=index,
+                count=count,
+                run_size=shard.group_size,
+                worker_label=label,
+                resume=_assembled_resume(command),
+            )
+        else:
+            resume = None if command.resume is None else (point, command.resume)
+            produced = produce_epoch(
+                pipe, put, epoch=command.epoch, worker_label=label, resume=resume
+            )
+        if not produced:
             return  # the main process is gone
         if cancelled:  # the epoch was abandoned: end it with exactly one END
             try:
@@ -307,3 +351,12 @@ def _run_init(
         except QueueError:  # the main process stopped the pool meanwhile
             pass
         return False
+
+
+def _assembled_resume(command: StartEpoch) -> tuple[int, int] | None:
+    """Where a worker building assembled batches resumes: (position, outputs to skip there)."""
+    if command.resume is None:
+        return None
+    if isinstance(command.resume, RestOfEpoch):  # the planner never assembles under ranks
+        raise StateError("the rest of an epoch of other ranks cannot resume assembled batches")
+    return command.resume, command.skip

@@ -10,15 +10,17 @@ threads (``thread_pool.py``) or processes (``process_pool.py``).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ....datapipes import IterDataPipe
 from ....datapipes.runtime import RestOfEpoch, block_seed, derive_seed
+from ....errors import StateError
 from ....graph import Plan
-from ...planning.cut import single_output
+from ...planning.cut import assembles_batches, single_output
 from ...planning.sharding import keep_shard
 from ..main_part import MainPart
 from ..runner import Runner, drain
+from .batch_merge import BatchMerge
 from .merge import WorkerChannel, WorkerMerge
 
 __all__ = ["ClassicRunner", "WorkerPool"]
@@ -36,6 +38,15 @@ class WorkerPool(Protocol):
 
     def stop(self) -> None:
         """Stop every worker; idempotent."""
+
+
+class AssemblingPool(WorkerPool, Protocol):
+    """Worker processes that build assembled batches (``assemble.py``)."""
+
+    def start_epoch(
+        self, epoch: int, resume: int | RestOfEpoch | None, skip: int = 0
+    ) -> Sequence[WorkerChannel]:
+        """As ``WorkerPool.start_epoch``, dropping the first ``skip`` outputs at ``resume``."""
 
 
 class ClassicRunner(Runner):
@@ -66,12 +77,16 @@ class ClassicRunner(Runner):
         assert point is not None and workers.exit is not None
         if plan.outer != (1, 0):  # so that len(pipeline) counts this process's items
             keep_shard(point, group_size=plan.group_size, outer=plan.outer)
-        self.merge = WorkerMerge(
-            group_size=plan.group_size,
-            in_order=in_order,
-            single_output=single_output(workers.exit, point, plan.group_size),
-            outer=plan.outer,
-        )
+        self.merge: WorkerMerge | BatchMerge
+        if assembles_batches(workers.exit, point):
+            self.merge = BatchMerge(run_size=plan.group_size)
+        else:
+            self.merge = WorkerMerge(
+                group_size=plan.group_size,
+                in_order=in_order,
+                single_output=single_output(workers.exit, point, plan.group_size),
+                outer=plan.outer,
+            )
         self.main = MainPart(
             pipeline, plan, self.merge, workers.exit, start_method=start_method, prefetch=prefetch
         )
@@ -84,13 +99,29 @@ class ClassicRunner(Runner):
         self._finish_epoch(abandoned=True)  # an epoch still open is abandoned
         rest = state.get("rest") if state is not None else None
         if isinstance(rest, RestOfEpoch):  # resumed on another number of ranks
+            if not isinstance(self.merge, WorkerMerge):
+                raise StateError(
+                    "this state is the rest of an epoch saved on another number of ranks; "
+                    "load it into a loader whose service is DistributedReadingService "
+                    "(alone or followed by threads or processes)"
+                )
             self.main.start_epoch(epoch, None)
             self.merge.resume_rest(rest)
-            resume: int | RestOfEpoch | None = rest
+            channels = self.pool.start_epoch(epoch, rest)
+        elif isinstance(self.merge, BatchMerge) and state is not None:
+            self.main.start_epoch(epoch, state)
+            pool = cast(AssemblingPool, self.pool)  # planned for worker processes only
+            channels = pool.start_epoch(epoch, self.merge.resume_position, self.merge.resume_skip)
         else:
             self.main.start_epoch(epoch, state)
-            resume = self.merge.resume_point() if state is not None else None
-        channels = self.pool.start_epoch(epoch, resume)
+            resume = None
+            if state is not None:
+                resume = (
+                    self.merge.resume_point()
+                    if isinstance(self.merge, WorkerMerge)
+                    else self.merge.resume_position
+                )
+            channels = self.pool.start_epoch(epoch, resume)
         self._epoch_open = True
         seed = None if self._point_seed is None else derive_seed(self._point_seed, epoch)
         self.merge.attach(channels, seed=seed, epoch=epoch)
