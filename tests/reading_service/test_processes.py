@@ -240,3 +240,15 @@ def test_a_fork_server_is_asked_to_preload_pipeloom():
     assert PRELOAD in modules and "__main__" in modules  # the default stays
     worker_context("forkserver")
     assert forkserver._forkserver._preload_modules.count(PRELOAD) == 1
+
+
+@pytest.mark.timeout(60)
+def test_cancelling_an_epoch_does_not_wait_for_an_end_already_read():
+    # Abandoning an epoch near its end (autotune re-placing at the last batch)
+    # waited the whole cancel timeout for an END the merge had already read.
+    service = MultiProcessingReadingService(2, persistent_workers=True)
+    with DataLoader(IterableWrapper(range(6)).sharding_filter(), service) as loader:
+        assert sorted(loader) == list(range(6))  # every worker's END was read
+        processes = service._require_runner().pool._processes  # noqa: SLF001
+        processes.cancel_epoch(timeout=0.2)  # raised TimeoutError: nothing more was coming
+        assert list(loader) == list(range(6))  # the workers serve the next epoch

@@ -133,10 +133,11 @@ class _ProcessChannel:
         self.worker = worker
         self.queue = queue
         self.siblings = siblings  # every worker of the pool, this one included
+        self.ended = False  # this epoch's END (or Failure) was read
 
     def get_nowait(self) -> Any:
         try:
-            return self.queue.get(block=False)
+            message = self.queue.get(block=False)
         except NotAvailable:
             if self.worker.exit_code() is not None:
                 raise self.worker.died() from None
@@ -144,6 +145,9 @@ class _ProcessChannel:
             raise
         except QueueError as error:
             raise self.worker.died(error) from error
+        if message is END or isinstance(message, Failure):
+            self.ended = True
+        return message
 
     def _check_siblings(self) -> None:
         """Raise if another worker was killed: its sentinel wakes the merge once, but the
@@ -221,6 +225,7 @@ class _Processes:
     def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None, skip: int = 0) -> None:
         for channel, control, cancel in zip(self.channels, self.controls, self.cancels):
             cancel.clear()
+            channel.ended = False
             try:
                 control.send(StartEpoch(epoch, resume, skip))
             except OSError:
@@ -231,10 +236,9 @@ class _Processes:
         for cancel in self.cancels:
             cancel.set()
         for channel in self.channels:
-            while True:
+            while not channel.ended:  # a worker whose END was read has nothing more to send
                 message = channel.queue.get(timeout=timeout)
-                if message is END or isinstance(message, Failure):
-                    break
+                channel.ended = message is END or isinstance(message, Failure)
 
     def stop(self) -> None:
         self._finalizer()
