@@ -274,9 +274,10 @@ def bench(
                         continue
                     if epoch.items != count:
                         raise AssertionError(f"{label} read {epoch.items} of {count} images")
-                    reference = references.setdefault(
-                        "torch" if family == "compat" else family, check
-                    )
+                    # torch's crops depend on its worker count (worker seeds): compat is
+                    # compared with torch at the same count; native runs with in-process
+                    key = f"torch x{workers}" if family in ("torch", "compat") else family
+                    reference = references.setdefault(key, check)
                     if family != "torch" and same.get(label) != "no":
                         same[label] = "yes" if check == reference else "no"
                     if placement is not None:
@@ -331,7 +332,8 @@ def bench(
     note(
         "same batches: identical to the family's first run -- native files and tar: to their "
         "in-process run (the crops come from pipeloom.item_rng(), so they must match under "
-        "every service); compat: to torch's loader with the same generator and torch.manual_seed."
+        "every service); compat: to torch's loader at the same worker count, with the same "
+        "generator and torch.manual_seed."
     )
     note(
         "placement of each native configuration:\n\n```\n"
