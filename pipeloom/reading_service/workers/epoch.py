@@ -23,7 +23,7 @@ from ...errors import QueueError
 from .failure import capture_failure, unsendable_failure
 from .messages import END
 
-__all__ = ["EpochCancelled", "produce_epoch"]
+__all__ = ["EpochCancelled", "produce_epoch", "send_end", "send_failure"]
 
 
 class EpochCancelled(QueueError):
@@ -77,13 +77,27 @@ def produce_epoch(
     except QueueError as error:
         return isinstance(error, EpochCancelled)
     except BaseException as error:  # noqa: BLE001 - every failure goes to the consumer
-        try:
-            put(capture_failure(error, worker_label))
-        except QueueError as queue_error:
-            return isinstance(queue_error, EpochCancelled)
-        if not isinstance(error, Exception):
-            raise
-        return True
+        return send_failure(put, error, worker_label)
+    return send_end(put)
+
+
+def send_failure(put: Callable[[Any], None], error: BaseException, worker_label: str) -> bool:
+    """Send ``error`` to the consumer as a ``Failure``; re-raise it unless it is an ``Exception``.
+
+    Returns False when the consumer is gone for good, True otherwise (also
+    when the epoch was cancelled).
+    """
+    try:
+        put(capture_failure(error, worker_label))
+    except QueueError as queue_error:
+        return isinstance(queue_error, EpochCancelled)
+    if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: the worker stops
+        raise error
+    return True
+
+
+def send_end(put: Callable[[Any], None]) -> bool:
+    """Send ``END``; False when the consumer is gone for good."""
     try:
         put(END)
     except QueueError as error:

@@ -41,9 +41,9 @@ from ....datapipes import (
 from ....datapipes.runtime import current_stamp, key_position, restore_stamp
 from ....errors import NotAvailable, QueueError
 from ....graph import upstream
-from ...workers.epoch import EpochCancelled
-from ...workers.failure import capture_failure, unsendable_failure
-from ...workers.messages import END, RunDone
+from ...workers.epoch import EpochCancelled, send_end, send_failure
+from ...workers.failure import unsendable_failure
+from ...workers.messages import RunDone
 
 __all__ = ["Baton", "BatchChain", "LocalRing", "Ring", "produce_assembled_epoch"]
 
@@ -193,28 +193,14 @@ def produce_assembled_epoch(
         return True
     except (EpochCancelled, _RingStopped):
         ring.send_stop(generation)
-        try:
-            put(END)
-        except QueueError as error:
-            return isinstance(error, EpochCancelled)
-        return True
+        return send_end(put)
     except QueueError:
         ring.send_stop(generation)
         return False
     except BaseException as error:  # noqa: BLE001 - every failure goes to the consumer
         ring.send_stop(generation)
-        try:
-            put(capture_failure(error, worker_label))
-        except QueueError as queue_error:
-            return isinstance(queue_error, EpochCancelled)
-        if not isinstance(error, Exception):
-            raise
-        return True
-    try:
-        put(END)
-    except QueueError as error:
-        return isinstance(error, EpochCancelled)
-    return True
+        return send_failure(put, error, worker_label)
+    return send_end(put)
 
 
 class _Assembler:
