@@ -87,6 +87,8 @@ class Batcher(IterDataPipe):
         return batch_count(len(self.source), self.batch_size, self.drop_last)
 
     def state_dict(self) -> dict[str, Any]:
+        if not self._batch:  # between batches: nothing held (as at an epoch's start)
+            return {"batch": []}
         return {"batch": list(self._batch), "first_stamp": self._first_stamp}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -99,7 +101,7 @@ class Batcher(IterDataPipe):
         batch = fields.list("batch")
         if len(batch) >= self.batch_size:
             fields.fail("batch", f"a partial batch of fewer than {self.batch_size} items", batch)
-        self._first_stamp = fields.stamp("first_stamp")
+        self._first_stamp = fields.stamp("first_stamp", default=(None, 0, None, 0))
         self._batch = batch
 
     def __repr__(self) -> str:

@@ -22,6 +22,7 @@ from ..main_part import MainPart
 from ..runner import Runner, drain
 from .batch_merge import BatchMerge
 from .merge import WorkerChannel, WorkerMerge
+from .translate import translated
 
 __all__ = ["ClassicRunner", "WorkerPool"]
 
@@ -38,6 +39,9 @@ class WorkerPool(Protocol):
 
     def stop(self) -> None:
         """Stop every worker; idempotent."""
+
+    def queues(self) -> Sequence[tuple[str, Any]]:
+        """The workers' queues while they run, labelled."""
 
 
 class AssemblingPool(WorkerPool, Protocol):
@@ -93,11 +97,14 @@ class ClassicRunner(Runner):
         self.pool = pool
         self.timeout = timeout
         self._point_seed = block_seed(point)
+        self._point, self._group = point, plan.group_size
         self._epoch_open = False
 
     def start_epoch(self, epoch: int, state: dict[str, Any] | None) -> Iterator[Any]:
         self._finish_epoch(abandoned=True)  # an epoch still open is abandoned
         rest = state.get("rest") if state is not None else None
+        if state is not None and rest is None:  # saved with batches built on the other side
+            state = translated(state, self.pipeline, self._point, self.main.pipeline, self._group)
         if isinstance(rest, RestOfEpoch):  # resumed on another number of ranks
             if not isinstance(self.merge, WorkerMerge):
                 raise StateError(
@@ -135,6 +142,9 @@ class ClassicRunner(Runner):
         self._epoch_open = False
         self.pool.stop()
         self.main.stop()
+
+    def queues(self) -> Sequence[tuple[str, Any]]:
+        return [*self.pool.queues(), *self.main.queues()]
 
     def _on_epoch_closed(self, finished: bool) -> None:
         # The tail may stop before the workers do (e.g. a header): then the
