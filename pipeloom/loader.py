@@ -141,7 +141,7 @@ class DataLoader(ShutsDown):
                 self._next_epoch = epoch  # a retry starts this epoch afresh
                 raise
             if self._counters is not None:
-                items = self._counters.watch(items)
+                items = self._counters.watch(items, self.reading_service)
             self._current = _Epoch(epoch, items, delivered)
             iterator = _EpochIterator(self, self._current, self._steps)
             for _ in range(replayed):  # re-read and drop what was delivered before

@@ -59,6 +59,27 @@ persistent_workers=True, strategy='classic')
         """A plain dict, for ``state_dict()`` and ``stats()``."""
         return asdict(self)
 
+    def check_within(self, budget: Budget) -> None:
+        """Raise ``ValueError`` when this configuration's worker count exceeds ``budget``.
+
+        (CPU and memory use are measured once it runs; the tuner keeps within them.)
+
+        Example:
+            >>> budget = Budget(2, 2**30, 2**30, 16, 4)
+            >>> Config("processes", 8).check_within(budget)  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            ValueError: start=Config('processes', 8) asks for 8 worker processes, ...
+        """
+        field = "max_threads" if self.kind == "threads" else "max_processes"
+        most = getattr(budget, field)
+        if self.workers > most:
+            raise ValueError(
+                f"start=Config({self.kind!r}, {self.workers}) asks for {self.workers} worker "
+                f"{self.kind}, but the budget allows at most {most} (Budget.{field}); start "
+                f"with fewer, or raise the budget: Budget.of_this_machine({field}={self.workers})"
+            )
+
     @classmethod
     def from_dict(cls, saved: Any) -> Config:
         """The configuration :meth:`to_dict` saved; ``StateError`` when it is damaged."""

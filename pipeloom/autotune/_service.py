@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..datapipes import IterDataPipe
@@ -70,6 +70,8 @@ class AutoReadingService(ReadingService):
         if tuner is not None and not isinstance(tuner, Tuner):
             raise TypeError(f"tuner must be a pipeloom.autotune.Tuner, got {tuner!r}")
         self.budget = budget if budget is not None else Budget.of_this_machine()
+        if start is not None:
+            start.check_within(self.budget)
         self.config = start if start is not None else Config("threads", self.budget.cpus, 2)
         self.tuner = tuner if tuner is not None else HillClimb(self.budget)
         self.replacements = 0
@@ -113,6 +115,9 @@ class AutoReadingService(ReadingService):
 
     def state_dict(self) -> dict[str, Any]:
         return self._require_inner().state_dict()
+
+    def queues(self) -> Sequence[tuple[str, Any]]:
+        return () if self._inner is None else self._inner.queues()
 
     def placement(self) -> Placement:
         return self._require_inner().placement()

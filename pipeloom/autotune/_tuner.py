@@ -6,7 +6,11 @@ measures each configuration over a window of outputs, keeps the best one, and
 tries its neighbours -- twice the workers, the other kind of worker, twice the
 prefetch -- within the :class:`~pipeloom.autotune.Budget`, until none is
 better. A consumer slower than the loader stops the climb where it is: more
-loading throughput could not help it.
+loading throughput could not help it. Once settled it keeps measuring the
+configuration it chose (counters per output, nothing more); when the loader
+is the bottleneck and the rate stays below :data:`RETUNE_DROP` of the settled
+rate for :data:`RETUNE_WINDOWS` windows (other work took the cores, the data
+got heavier), it climbs again from there.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ LINEAR = 1.7
 """A doubling of workers that multiplied the rate by this much makes the next move x4."""
 ENOUGH_OUTPUTS = 500
 """A window of this many outputs closes after a third of ``window_s`` (fast pipelines)."""
+RETUNE_DROP = 0.7
+"""Settled, a loader-bound window below this share of the settled rate counts as a drop..."""
+RETUNE_WINDOWS = 2
+"""...and this many drops in a row start the climb again from the running configuration."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +141,7 @@ class HillClimb(Tuner):
         self._resident = 0
         self._growth = 2  # the factor the next workers move multiplies by
         self._failed_kinds: set[str] = set()
+        self._drops = 0
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -155,7 +164,7 @@ class HillClimb(Tuner):
 
     def observe(self, now: float, wait_s: float, output_bytes: int) -> Config | None:
         self._largest_output = max(self._largest_output, output_bytes)
-        if self.settled or self._current is None:
+        if self._current is None:
             return None
         self._seen += 1
         if self._seen <= self.warmup:
@@ -169,7 +178,34 @@ class HillClimb(Tuner):
         enough = self._outputs >= ENOUGH_OUTPUTS and elapsed >= self.window_s / 3
         if not enough and (elapsed < self.window_s or self._outputs < self.min_outputs):
             return None
+        if self.settled:
+            return self._watch(elapsed)
         return self._decide(elapsed)
+
+    def _watch(self, elapsed: float) -> Config | None:
+        """Settled: climb again after :data:`RETUNE_WINDOWS` loader-bound drops in a row."""
+        current = self._current
+        assert current is not None
+        rate = self._outputs / elapsed if elapsed > 0 else math.inf
+        cores = max(self._cpu() - self._cpu0, 0.0) / elapsed if elapsed > 0 else 0.0
+        wait_share = self._waited / elapsed if elapsed > 0 else 1.0
+        self._reset_window()
+        if self.best is None or self.best[0] != current:  # resumed tuned: this is the baseline
+            self.best = (current, rate, cores / current.workers)
+            return None
+        dropped = wait_share >= CONSUMER_BOUND_WAIT and rate < RETUNE_DROP * self.best[1]
+        self._drops = self._drops + 1 if dropped else 0
+        if self._drops < RETUNE_WINDOWS:
+            return None
+        at = self._clock() - self._origin
+        self._record(current, at, rate, cores, wait_share, "dropped: tuning again")
+        self.settled, self._drops, self._growth = False, 0, 2
+        self.best = (current, rate, cores / current.workers)
+        self._tried = {current}  # failed kinds stay out (within_budget)
+        following = self._next_candidate()
+        if following is None:
+            self.settled = True
+        return following
 
     def _decide(self, elapsed: float) -> Config | None:
         current = self._current

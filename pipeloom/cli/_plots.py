@@ -12,6 +12,7 @@ from ..stats import LoaderStats
 __all__ = ["write_placement_graph", "write_timeline"]
 
 _TOP_STAGES = 6  # stages drawn by name; the rest are summed as "other"
+_QUEUES = 6  # queues drawn, those to the main process first
 
 
 def write_timeline(stats: LoaderStats, path: str) -> str:
@@ -28,7 +29,9 @@ def write_timeline(stats: LoaderStats, path: str) -> str:
         return "timeline: not drawn (matplotlib is not installed: pip install 'pipeloom[cli]')"
     points = stats.timeline
     times = [p.start_s for p in points]
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
+    figure, (top, bottom, lane) = plt.subplots(
+        3, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [2, 2, 1.4]}
+    )
     top.step(times, [p.outputs_per_s for p in points], where="post", label="outputs/s")
     top.set_ylabel("outputs/s")
     if stats.readiness is not None:
@@ -53,8 +56,19 @@ def write_timeline(stats: LoaderStats, path: str) -> str:
     ]
     bottom.stackplot(times, *shares, other, labels=[*names, "other"], step="post")
     bottom.set_ylabel("share of busy samples")
-    bottom.set_xlabel("seconds")
     bottom.legend(fontsize=6, loc="upper right")
+    queues = sorted(stats.queues, key=lambda q: not q.name.endswith("-> main"))[:_QUEUES]
+    for queue in queues:
+        if queue.timeline:
+            at, fill = zip(*queue.timeline, strict=True)
+            lane.step(at, [100 * f for f in fill], where="post", label=queue.name)
+    lane.set_ylim(0, 105)
+    lane.set_ylabel("queue fill (%)")
+    lane.set_xlabel("seconds")
+    if queues:
+        lane.legend(fontsize=6, loc="upper right")
+    else:
+        lane.text(0.5, 0.5, "no queues (in-process)", ha="center", transform=lane.transAxes)
     figure.tight_layout()
     figure.savefig(path, dpi=80)
     plt.close(figure)

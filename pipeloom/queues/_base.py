@@ -65,6 +65,9 @@ class QueueStatistics:
         bytes_via_shm: payload bytes moved through shared memory.
         segments_created: shared-memory segments created.
         segments_reused: messages that reused a pooled segment.
+        bytes_inline: payload bytes sent through the socket itself.
+        shm_bytes_held: bytes of the shared-memory segments the producer holds
+            now (lent to the consumer or pooled for reuse).
     """
 
     kind: str
@@ -76,6 +79,8 @@ class QueueStatistics:
     bytes_via_shm: int = 0
     segments_created: int = 0
     segments_reused: int = 0
+    bytes_inline: int = 0
+    shm_bytes_held: int = 0
 
 
 def validate_capacity(capacity: int) -> int:

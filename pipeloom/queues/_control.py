@@ -35,6 +35,8 @@ class Slot:
     BYTES_VIA_SHM = 7
     SEGMENTS_CREATED = 8
     SEGMENTS_REUSED = 9
+    BYTES_INLINE = 10
+    SHM_BYTES_HELD = 11
 
 
 class Control:

@@ -241,7 +241,7 @@ class ProcessQueue(DataLoaderQueue):
 
     def statistics(self) -> QueueStatistics:
         ctl = self._ctl
-        values = [0] * 10 if ctl is None else list(ctl.slots[:10])
+        values = [0] * 12 if ctl is None else list(ctl.slots[:12])
         return QueueStatistics(
             kind=self.kind,
             state=self.state.value,
@@ -252,6 +252,8 @@ class ProcessQueue(DataLoaderQueue):
             bytes_via_shm=values[Slot.BYTES_VIA_SHM],
             segments_created=values[Slot.SEGMENTS_CREATED],
             segments_reused=values[Slot.SEGMENTS_REUSED],
+            bytes_inline=values[Slot.BYTES_INLINE],
+            shm_bytes_held=values[Slot.SHM_BYTES_HELD],
         )
 
     # -- lifecycle --------------------------------------------------------

@@ -59,6 +59,7 @@ class ProducerEnd:
         try:
             if not buffers and len(stream) <= INLINE_MAX:
                 send_frame(self._sock, Kind.ITEM, stream)
+                ctl[Slot.BYTES_INLINE] = ctl[Slot.BYTES_INLINE] + len(stream)
             else:
                 self._send_via_shm(stream, buffers)
         except OSError as err:
@@ -120,6 +121,7 @@ class ProducerEnd:
             self._problem = self._broken(err)
         if self._returns.eof and self._problem is None:
             self._problem = self._broken(None)
+        self._ctl[Slot.SHM_BYTES_HELD] = self._pool.held_bytes
         if retired:
             ids = array("I", retired).tobytes()
             try:
@@ -185,11 +187,14 @@ class ProducerEnd:
         ctl[Slot.BYTES_VIA_SHM] = ctl[Slot.BYTES_VIA_SHM] + end
         ctl[Slot.SEGMENTS_CREATED] = self._pool.created
         ctl[Slot.SEGMENTS_REUSED] = self._pool.reused
+        ctl[Slot.SHM_BYTES_HELD] = self._pool.held_bytes
+        ctl[Slot.BYTES_INLINE] = ctl[Slot.BYTES_INLINE] + len(tail)
 
     def close(self, send_close: bool) -> None:
         """Release this end; ``send_close=False`` after fork (touch nothing shared)."""
         if send_close:
             self._ctl[Slot.PRODUCER_CLOSED] = 1
+            self._ctl[Slot.SHM_BYTES_HELD] = 0
             try:
                 send_frame(self._sock, Kind.CLOSE)
             except OSError:

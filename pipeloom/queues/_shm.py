@@ -93,6 +93,7 @@ class SegmentPool:
         self._ids = itertools.count(1)
         self._free: dict[int, collections.deque[Segment]] = {}
         self._lent: dict[int, Segment] = {}
+        self._lent_bytes = 0
         self.created = 0
         self.reused = 0
 
@@ -115,13 +116,20 @@ class SegmentPool:
             self.created += 1
             new = True
         self._lent[segment.id] = segment
+        self._lent_bytes += segment.size
         return segment, new
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the segments it holds, lent to the consumer or free."""
+        return self._lent_bytes + self._free_bytes
 
     def release(self, segment_id: int) -> int | None:
         """Take a segment back; returns its id if it was retired instead of kept."""
         segment = self._lent.pop(segment_id, None)
         if segment is None:
             return None
+        self._lent_bytes -= segment.size
         free = self._free.setdefault(segment.size, collections.deque())
         budget = self._max_free_bytes
         if len(free) < self._max_free and (
@@ -135,7 +143,8 @@ class SegmentPool:
 
     def discard(self, segment: Segment) -> None:
         """Drop a segment that was acquired but never sent."""
-        self._lent.pop(segment.id, None)
+        if self._lent.pop(segment.id, None) is not None:
+            self._lent_bytes -= segment.size
         segment.close()
 
     def close(self) -> None:
@@ -147,7 +156,7 @@ class SegmentPool:
             segment.close()
         self._free.clear()
         self._lent.clear()
-        self._free_bytes = 0
+        self._free_bytes = self._lent_bytes = 0
 
 
 class MappingCache:

@@ -18,6 +18,7 @@ Example:
 """
 
 from ._headspace import Headspace
+from ._queues import QueueStats
 from ._report import LoaderStats, ProcessUse, RankStats, StageStats, TimelinePoint
 from ._resources import shared_memory_in_use
 
@@ -25,6 +26,7 @@ __all__ = [
     "Headspace",
     "LoaderStats",
     "ProcessUse",
+    "QueueStats",
     "RankStats",
     "StageStats",
     "TimelinePoint",

@@ -7,6 +7,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ._queues import QueueStats, queue_lines
+
 __all__ = ["LoaderStats", "ProcessUse", "RankStats", "StageStats", "TimelinePoint"]
 
 LOADER_BOUND_READINESS = 0.5
@@ -112,6 +114,9 @@ class LoaderStats:
         autotune: under ``reading_service="auto"``: what runs now
             (``"config"``, ``"chosen"``), how many times the epoch was re-placed,
             the budget, and each measured trial (``pipeloom.autotune``); else None.
+        queues: each queue of the plan (workers to the main process, tasks to
+            workers, a separate process's), sampled when the consumer asked:
+            occupancy, bytes moved, shared memory held (``QueueStats``).
     """
 
     service: str
@@ -133,6 +138,7 @@ class LoaderStats:
     shared_memory_mib: float = 0.0
     sampler_cpu_s: float = 0.0
     autotune: dict[str, Any] | None = None
+    queues: tuple[QueueStats, ...] = ()
 
     @property
     def loader_bound(self) -> bool:
@@ -179,6 +185,7 @@ class LoaderStats:
                 f"  {p.placement} ({p.processes}): {p.cpu_s:.2f} CPU s, "
                 f"peak RSS {p.peak_rss_mib:.0f} MiB"
             )
+        lines.extend(queue_lines(self.queues))
         lines.append(f"  shared memory in use: {self.shared_memory_mib:.1f} MiB")
         if self.headspace_step_s is not None:
             loop = (self.wait_s + self.step_s) / self.outputs if self.outputs else 0.0

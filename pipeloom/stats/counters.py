@@ -16,6 +16,7 @@ from ..graph import Placement, Plan
 from ..reading_service import DistributedReadingService, ReadingService
 from ..reading_service.workers.epoch import produce_epoch
 from ._headspace import headspace_of
+from ._queues import QueueWatch, queue_verdict
 from ._report import (
     STRAGGLER_RATIO,
     LoaderStats,
@@ -71,6 +72,7 @@ class LoaderCounters:
         self._cpu0 = 0.0
         self._sampler_cpu0 = 0.0
         self._processes: list[ProcessUse] = []
+        self.queue_watch: QueueWatch | None = None
 
     # -- lifetime -----------------------------------------------------------------------
     def start(self) -> None:
@@ -108,8 +110,11 @@ class LoaderCounters:
         shutil.rmtree(self._dir, ignore_errors=True)
         self._dir = None
 
-    def watch(self, items: Iterator[Any]) -> Iterator[Any]:
-        """``items``, each ``next()`` timed; this process is sampled until they end."""
+    def watch(self, items: Iterator[Any], service: ReadingService) -> Iterator[Any]:
+        """``items``, each ``next()`` timed; this process and ``service``'s queues are
+        sampled until they end."""
+        if self.queue_watch is None:
+            self.queue_watch = QueueWatch(service.queues, started=self._perf_started)
         return _Watched(items, self)
 
     # -- per output -------------------------------------------------------------------------
@@ -181,6 +186,19 @@ class LoaderCounters:
         readiness = None
         if service != "in-process" and self.outputs:
             readiness = self.ready / self.outputs
+        queues = () if self.queue_watch is None else self.queue_watch.summary()
+        judged = verdict(
+            service=service,
+            workers=workers,
+            readiness=readiness,
+            wait_s=self.wait_s,
+            step_s=self.step_s,
+            outputs=self.outputs,
+            stages=stages,
+            ranks=ranks,
+        )
+        if judged.startswith("loader-bound"):
+            judged += queue_verdict(queues)
         return LoaderStats(
             service=service,
             workers=workers,
@@ -194,22 +212,14 @@ class LoaderCounters:
             stages=stages,
             ranks=ranks,
             samples=samples,
-            verdict=verdict(
-                service=service,
-                workers=workers,
-                readiness=readiness,
-                wait_s=self.wait_s,
-                step_s=self.step_s,
-                outputs=self.outputs,
-                stages=stages,
-                ranks=ranks,
-            ),
+            verdict=judged,
             timeline=_timeline(timeline, self.windows, service),
             headspace_step_s=self.headspace_step_s,
             processes=tuple(self._processes),
             shared_memory_mib=shared_memory_in_use() / 2**20,
             sampler_cpu_s=self.sampler.cpu_s - self._sampler_cpu0,
             autotune=autotune,
+            queues=queues,
         )
 
 
@@ -229,6 +239,9 @@ class _Watched(Iterator[Any]):
     def __next__(self) -> Any:
         blocked = blocked_waits()
         called = time.perf_counter()
+        watch = self._counters.queue_watch
+        if watch is not None:  # what the queues hold when the consumer asks
+            watch.maybe_sample(called)
         try:
             item = next(self._items)
         except BaseException:

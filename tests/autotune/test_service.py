@@ -162,7 +162,7 @@ def test_checkpoints_move_between_auto_and_plain_services(plain):
         assert service.config == Config("threads", 1, 1)  # a plain state carries no choice
 
 
-def test_a_settled_choice_is_not_tuned_again_after_resume():
+def test_a_resumed_job_starts_settled_on_its_saved_choice():
     service = AutoReadingService(start=Config("threads", 1, 1))
     service.load_tuning_state({"config": Config("threads", 2, 2).to_dict(), "settled": True})
     assert service.tuner.settled
@@ -228,6 +228,57 @@ def test_arguments_are_checked():
     with pytest.raises(TypeError, match="unknown budget field"):
         Budget.of_this_machine(cores=3)
     assert Budget.of_this_machine(cpus=3).max_threads == 24
+
+
+def test_a_start_beyond_the_budget_is_refused():
+    budget = Budget(
+        cpus=2, memory_bytes=2**30, shared_memory_bytes=2**30, max_threads=8, max_processes=2
+    )
+    with pytest.raises(
+        ValueError, match=r"asks for 3 worker processes.*at most 2.*max_processes=3"
+    ):
+        AutoReadingService(start=Config("processes", 3), budget=budget)
+    with pytest.raises(ValueError, match=r"at most 8 \(Budget.max_threads\)"):
+        AutoReadingService(start=Config("threads", 9), budget=budget)
+    assert AutoReadingService(start=Config("threads", 8), budget=budget).config.workers == 8
+
+
+def member_sample(sample):
+    return int(sample["num"]), int(pipeloom.item_rng().integers(1000))
+
+
+@pytest.mark.timeout(120)
+def test_a_tar_pipeline_moves_from_threads_to_whole_batch_processes(tmp_path):
+    """Threads batch in the main process, processes in the workers: the move needs no replay."""
+    import io
+    import tarfile
+
+    for shard in range(4):
+        with tarfile.open(tmp_path / f"s{shard}.tar", "w") as tar:
+            for i in range(shard * 10, shard * 10 + 5 + shard):
+                data = str(i).encode()
+                info = tarfile.TarInfo(f"{i:04d}.num")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+    def make():
+        return (
+            pipeloom.datapipes.FileLister(str(tmp_path), "*.tar")
+            .shuffle()
+            .sharding_filter()
+            .open_files("rb")
+            .load_from_tar()
+            .webdataset()
+            .map(member_sample)
+            .batch(3)
+        )
+
+    plan = {2: Config("processes", 2, 2), 5: Config("threads", 2, 1)}
+    service = AutoReadingService(start=Config("threads", 1, 1), tuner=Scripted(plan))
+    with pipeloom.DataLoader(make(), service, seed=4) as loader:
+        got = list(loader)
+    assert got == list(pipeloom.DataLoader(make(), seed=4))
+    assert service.failures == [] and service.replacements == 2
     with pytest.raises(RuntimeError, match="before initialize"):
         AutoReadingService().placement()
 

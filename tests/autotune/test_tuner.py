@@ -147,3 +147,53 @@ def test_the_climb_drops_a_kind_of_worker_that_failed_to_start():
     _, proposed = model.run(tuner, Config("threads", 1, 1))
     assert tuner.settled and all(config.kind == "threads" for config in proposed)
     assert tuner.trials[0].verdict == "failed to start: RuntimeError: no"
+
+
+def keep_running(model, tuner, config, outputs):
+    """Deliver ``outputs`` more outputs of ``config``; the decisions the tuner made."""
+    decisions = []
+    for _ in range(outputs):
+        rate, cores = model.rate_and_cores(config)
+        model.now += 1 / rate
+        model.cpu_s += cores / rate
+        decision = tuner.observe(model.now, 1 / rate, 1000)
+        if decision is not None:
+            decisions.append(decision)
+            config = decision
+            tuner.start(config)
+    return decisions
+
+
+def test_a_settled_climb_tunes_again_when_the_rate_drops():
+    model = Simulated(per_item_s=0.01, cpu_share=0.02, gil=True)  # waits: threads grow
+    tuner = climb(model)
+    chosen, _ = model.run(tuner, Config("threads", 2, 1))
+    assert tuner.settled
+    assert keep_running(model, tuner, chosen, 400) == []  # steady: nothing moves
+    model.per_item_s *= 3  # the data got heavier: a third of the rate
+    decisions = keep_running(model, tuner, chosen, 2000)
+    assert "dropped: tuning again" in [t.verdict for t in tuner.trials]
+    assert decisions, "it should have tried a neighbour after the drop"
+    for config in decisions:  # still within the budget
+        assert config.workers <= (16 if config.kind == "threads" else 4)
+
+
+def test_a_drop_the_consumer_causes_does_not_tune_again():
+    model = Simulated(per_item_s=0.01, cpu_share=0.02, gil=True)
+    tuner = climb(model)
+    chosen, _ = model.run(tuner, Config("threads", 2, 1))
+    assert tuner.settled
+    for _ in range(400):  # half the rate, but the consumer never waits: its own step is slow
+        model.now += 2 / model.rate_and_cores(chosen)[0]
+        assert tuner.observe(model.now, 0.0, 1000) is None
+    assert "dropped: tuning again" not in [t.verdict for t in tuner.trials]
+
+
+def test_a_resumed_tuned_job_watches_from_its_first_window():
+    model = Simulated(per_item_s=0.01, cpu_share=0.02, gil=True)
+    tuner = climb(model)
+    tuner.resume(Config("threads", 16, 2))
+    assert keep_running(model, tuner, Config("threads", 16, 2), 300) == []  # the baseline
+    model.per_item_s *= 4
+    keep_running(model, tuner, Config("threads", 16, 2), 1000)
+    assert "dropped: tuning again" in [t.verdict for t in tuner.trials]

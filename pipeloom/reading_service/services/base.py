@@ -10,7 +10,7 @@ call on that runner.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...datapipes import IterDataPipe
@@ -49,6 +49,14 @@ class ReadingService(abc.ABC):
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook, nothing to stop by default
         """Stop every thread and process the service started; idempotent."""
+
+    def queues(self) -> Sequence[tuple[str, Any]]:
+        """The queues the running epoch uses, as ``(label, DataLoaderQueue)`` pairs.
+
+        ``loader.stats()`` samples their occupancy; a service without queues
+        (in-process, or one that moves data another way) returns none.
+        """
+        return ()
 
     def agree_seed(self, seed: int) -> int:
         """The seed every participant uses; ``DataLoader`` calls it before seeding.
@@ -106,6 +114,9 @@ class PlannedService(ReadingService):
     def shutdown(self) -> None:
         if self._runner is not None:
             self._runner.shutdown()
+
+    def queues(self) -> Sequence[tuple[str, Any]]:
+        return () if self._runner is None else self._runner.queues()
 
     def _require_runner(self) -> Runner:
         if self._runner is None:

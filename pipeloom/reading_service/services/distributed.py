@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..._validate import check_choice, check_seconds
@@ -169,6 +169,9 @@ class DistributedReadingService(ReadingService):
             return inner.with_rank(job.rank, job.world_size)
         where = f"rank {job.rank} of {job.world_size}"
         return Placement(inner.output, tuple((b, f"{where}, {loc}") for b, loc in inner.locations))
+
+    def queues(self) -> Sequence[tuple[str, Any]]:
+        return self.inner.queues()
 
     def shutdown(self) -> None:
         self._close_epoch()

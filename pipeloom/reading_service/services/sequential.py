@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...datapipes import IterDataPipe
@@ -75,6 +75,9 @@ class SequentialReadingService(ReadingService):
 
     def shutdown(self) -> None:
         self._top.shutdown()
+
+    def queues(self) -> Sequence[tuple[str, Any]]:
+        return self._top.queues()
 
     def __repr__(self) -> str:
         return f"SequentialReadingService({', '.join(repr(s) for s in self.services)})"

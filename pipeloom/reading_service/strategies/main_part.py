@@ -98,3 +98,7 @@ class MainPart:
     def stop(self) -> None:
         for reader in self.readers:
             reader.stop()
+
+    def queues(self) -> list[tuple[str, Any]]:
+        """Each separate process's queue to the main process."""
+        return [q for reader in self.readers for q in reader.queues()]

@@ -13,7 +13,7 @@ from then on each service method is one call on the runner::
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...datapipes import BlockingReader, IterDataPipe
@@ -44,6 +44,10 @@ class Runner(abc.ABC):
 
     def shutdown(self) -> None:  # noqa: B027 - optional: nothing to stop by default
         """Stop every thread and process the runner started; idempotent."""
+
+    def queues(self) -> Sequence[tuple[str, Any]]:
+        """The queues of the running epoch, labelled (see ``ReadingService.queues``)."""
+        return ()
 
 
 def drain(

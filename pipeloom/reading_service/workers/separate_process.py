@@ -70,6 +70,11 @@ class SeparateProcessReader(IterDataPipe):
             self._finalizer()
             self._finalizer = None
 
+    def queues(self) -> list[tuple[str, ProcessQueue]]:
+        """Its queue to the main process, while it runs."""
+        queue = self._queue
+        return [] if queue is None else [(f"separate process {self.block_repr} -> main", queue)]
+
     def readiness_sources(self) -> Sequence[ReadinessSource]:
         if self._queue is None or self._worker is None:
             return ()

@@ -104,6 +104,16 @@ class ProcessPool:
             self._processes.stop()
             self._processes = None
 
+    def queues(self) -> list[tuple[str, Any]]:
+        processes = self._processes
+        if processes is None:
+            return []
+        outputs = [
+            (f"worker process {i} -> main", c.queue) for i, c in enumerate(processes.channels)
+        ]
+        ring = [(f"baton ring -> worker process {i}", q) for i, q in enumerate(processes.inboxes)]
+        return outputs + ring
+
 
 class _Shard:
     """Which shard worker ``index`` keeps, in its copy of the workers' part."""

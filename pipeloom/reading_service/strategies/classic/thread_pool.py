@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ....datapipes import IterDataPipe
 from ....datapipes.runtime import RestOfEpoch, block_seed, read_only_data
@@ -61,6 +62,9 @@ class ThreadPool:
 
     def finish_epoch(self, *, abandoned: bool) -> None:
         self.stop()  # threads live for one epoch
+
+    def queues(self) -> list[tuple[str, Any]]:
+        return [(f"{thread.label} -> main", thread.queue) for thread in self._threads]
 
     def stop(self) -> None:
         threads, self._threads = self._threads, []

@@ -170,6 +170,15 @@ class DispatchPool:
             if worker.exit_code() is not None:
                 raise worker.died()
 
+    def queues(self) -> list[tuple[str, ProcessQueue]]:
+        """The main process's ends: tasks out, results in, labelled."""
+        return [
+            *((f"tasks -> item worker {i}", q) for i, q in enumerate(self._tasks)),
+            *((f"item worker {i} -> main", q) for i, q in enumerate(self._item_results)),
+            *((f"control -> batch worker {j}", q) for j, q in enumerate(self._control)),
+            *((f"batch worker {j} -> main", q) for j, q in enumerate(self._batch_results)),
+        ]
+
     def readiness(self) -> Sequence[ReadinessSource]:
         return [q.readiness() for q in self._results] + [
             FdReadiness(worker.sentinel) for worker in self._workers

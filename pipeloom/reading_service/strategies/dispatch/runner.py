@@ -12,7 +12,7 @@ process: only its index crosses to the worker, which reads the item itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 from ....datapipes import IterDataPipe, MapDataPipe, MapToIter, reset_pipeline, set_pipeline_epoch
@@ -137,6 +137,10 @@ class DispatchRunner(Runner):
         self.main.stop()
         self._stop_pool()
         self._epoch_open = False
+
+    def queues(self) -> Sequence[tuple[str, Any]]:
+        pool = self._pool
+        return [*([] if pool is None else pool.queues()), *self.main.queues()]
 
     def _on_epoch_closed(self, finished: bool) -> None:
         self._finish_epoch()

@@ -136,6 +136,10 @@ class RayPool:
             else:
                 channel.join()
 
+    def queues(self) -> list[tuple[str, Any]]:
+        """None to sample: the actors' outputs travel through Ray's object store."""
+        return []
+
     def stop(self) -> None:
         """Cancel the epoch, end every actor, release the cluster; idempotent."""
         self.finish_epoch(abandoned=True)
