@@ -17,42 +17,91 @@ from ..reading_service import (
 __all__ = ["Budget", "Config"]
 
 KINDS = ("threads", "processes")
+STRATEGIES = ("classic", "economic", "chunked")
 
 
 @dataclass(frozen=True)
 class Config:
-    """One placement the tuner can run: worker threads or processes, how many, how far ahead.
+    """One placement the tuner can run: threads or processes, how many, how far ahead, how split.
 
-    Every ``Config`` runs the classic cut (``strategies/classic/``), so a
-    checkpoint taken under one resumes exactly under any other: that is what
-    lets the tuner re-place an epoch between two batches.
+    Configurations of the classic strategy (threads, or processes with
+    ``strategy="classic"``) resume each other's checkpoints exactly, so the
+    tuner moves between them between two batches. A move to or from economic
+    or chunked processes (or another chunk size) waits for the next epoch,
+    where no checkpoint has to cross: the output is the same either way.
 
     Args:
         kind: ``"threads"`` or ``"processes"``.
         workers: how many (at least 1).
         prefetch: outputs each worker may hold ahead of the consumer (at least 1).
+        strategy: processes only: ``"classic"``, ``"economic"`` or ``"chunked"``.
+        chunk_size: chunked only: items per chunk (None: the strategy's default).
 
     Example:
         >>> Config("processes", 2, 4).service()
         MultiProcessingReadingService(num_workers=2, prefetch_factor=4, start_method=None, \
 persistent_workers=True, strategy='classic')
+        >>> str(Config("processes", 2, 2, "chunked", 8))
+        '2 worker processes (chunked, chunks of 8), prefetch 2'
     """
 
     kind: str
     workers: int
     prefetch: int = 2
+    strategy: str = "classic"
+    chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("kind", self.kind, KINDS)
         check_int("workers", self.workers, minimum=1, hint="the tuner always runs workers")
         check_int("prefetch", self.prefetch, minimum=1, hint="it counts outputs per worker")
+        check_choice("strategy", self.strategy, STRATEGIES)
+        if self.kind == "threads" and self.strategy != "classic":
+            raise ValueError(
+                f"strategy={self.strategy!r} splits work between processes; threads run the "
+                f"classic strategy: use Config('processes', ..., strategy={self.strategy!r})"
+            )
+        if self.chunk_size is not None:
+            check_int("chunk_size", self.chunk_size, minimum=1, hint="items per chunk")
+            if self.strategy != "chunked":
+                raise ValueError(
+                    f"chunk_size={self.chunk_size} applies to strategy='chunked' only, got "
+                    f"strategy={self.strategy!r}; drop chunk_size or use 'chunked'"
+                )
+
+    @property
+    def family(self) -> str:
+        """What a failure to start rules out: the kind of worker and, if not classic, its strategy."""
+        return self.kind if self.strategy == "classic" else f"{self.kind} ({self.strategy})"
+
+    @property
+    def processes(self) -> int:
+        """Worker processes it starts (economic adds ``prefetch`` batch workers)."""
+        if self.kind == "threads":
+            return 0
+        return self.workers + (self.prefetch if self.strategy == "economic" else 0)
+
+    @property
+    def outputs_in_flight(self) -> int:
+        """Outputs it may hold between processes (economic and chunked: flat in workers)."""
+        if self.strategy == "classic":
+            return self.workers * self.prefetch
+        return self.prefetch + 1
+
+    def moves_within_epoch(self, other: Config) -> bool:
+        """Whether an epoch can move from this configuration to ``other`` between two outputs."""
+        return self.strategy == other.strategy == "classic"
 
     def service(self) -> ReadingService:
         """A fresh reading service running this configuration."""
         if self.kind == "threads":
             return ThreadReadingService(self.workers, prefetch_factor=self.prefetch)
         return MultiProcessingReadingService(
-            self.workers, prefetch_factor=self.prefetch, persistent_workers=True
+            self.workers,
+            prefetch_factor=self.prefetch,
+            persistent_workers=True,
+            strategy=self.strategy,
+            chunk_size=self.chunk_size,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -73,20 +122,25 @@ persistent_workers=True, strategy='classic')
         """
         field = "max_threads" if self.kind == "threads" else "max_processes"
         most = getattr(budget, field)
-        if self.workers > most:
+        count = self.workers if self.kind == "threads" else self.processes
+        if count > most:
             raise ValueError(
-                f"start=Config({self.kind!r}, {self.workers}) asks for {self.workers} worker "
+                f"start=Config({self.kind!r}, {self.workers}) asks for {count} worker "
                 f"{self.kind}, but the budget allows at most {most} (Budget.{field}); start "
-                f"with fewer, or raise the budget: Budget.of_this_machine({field}={self.workers})"
+                f"with fewer, or raise the budget: Budget.of_this_machine({field}={count})"
             )
 
     @classmethod
     def from_dict(cls, saved: Any) -> Config:
         """The configuration :meth:`to_dict` saved; ``StateError`` when it is damaged."""
         try:
-            if not isinstance(saved, dict) or set(saved) != {"kind", "workers", "prefetch"}:
-                raise ValueError(f"expected a dict with kind, workers and prefetch, got {saved!r}")
-            return cls(saved["kind"], saved["workers"], saved["prefetch"])
+            required = {"kind", "workers", "prefetch"}
+            if not (isinstance(saved, dict) and required <= set(saved) <= {*required, *_OPTIONAL}):
+                raise ValueError(
+                    f"expected a dict with kind, workers, prefetch (and optionally strategy, "
+                    f"chunk_size), got {saved!r}"
+                )
+            return cls(**saved)
         except (TypeError, ValueError) as error:
             raise StateError(
                 f"the state's autotuned configuration is damaged: {error}; resume from an "
@@ -94,7 +148,14 @@ persistent_workers=True, strategy='classic')
             ) from None
 
     def __str__(self) -> str:
-        return f"{self.workers} worker {self.kind}, prefetch {self.prefetch}"
+        how = ""
+        if self.strategy != "classic":
+            chunks = "" if self.chunk_size is None else f", chunks of {self.chunk_size}"
+            how = f" ({self.strategy}{chunks})"
+        return f"{self.workers} worker {self.kind}{how}, prefetch {self.prefetch}"
+
+
+_OPTIONAL = ("strategy", "chunk_size")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ the untuned run's, output for output.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -104,14 +105,27 @@ class AutoReadingService(ReadingService):
         self._stats_dir = os.environ.get(ENV_DIR)  # set by a loader collecting statistics
         if self._untunable is not None:
             return inner.start_epoch(epoch, state)
-        if self.pending is not None:  # decided on the last output of the previous epoch
-            self.config, self.pending = self.pending, None
-        if self._running != self.config:
-            self._place(self.config)
-            inner = self._require_inner()
-        items = inner.start_epoch(epoch, state)
+        if self.pending is not None:  # decided in the previous epoch (or at its last output)
+            items = self._start_pending(epoch, state)
+        else:
+            if self._running != self.config:
+                self._place(self.config)
+            items = self._require_inner().start_epoch(epoch, state)
         self.tuner.start(self.config)
         return _TunedEpoch(self, epoch, items)
+
+    def _start_pending(self, epoch: int, state: dict[str, Any] | None) -> Iterator[Any]:
+        """Start the epoch under the tuner's choice; if it cannot start, under the last one."""
+        config, self.pending = self.pending, None
+        assert config is not None
+        running = self.config
+        try:
+            items = self._resume(config, epoch, state)
+        except Exception as error:  # noqa: BLE001 - e.g. a strategy this pipeline cannot run
+            self.failures.append(f"{config}: {type(error).__name__}: {error}")
+            self.tuner.rejected(config, f"{type(error).__name__}: {error}")
+            return self._resume(running, epoch, state)
+        return items
 
     def state_dict(self) -> dict[str, Any]:
         return self._require_inner().state_dict()
@@ -158,6 +172,10 @@ class AutoReadingService(ReadingService):
         inner = config.service()
         self._configure(inner)
         inner.initialize(self._pipeline)
+        if config.strategy == "chunked" and config.chunk_size is None:  # what the plan chose
+            unit = getattr(inner.placement(), "unit", None)
+            if unit is not None:
+                config = dataclasses.replace(config, chunk_size=unit[1])
         self._inner, self._running, self.config = inner, config, config
 
     def _configure(self, inner: ReadingService) -> None:
@@ -190,7 +208,7 @@ class AutoReadingService(ReadingService):
         self.tuner.start(config)
         return resumed
 
-    def _resume(self, config: Config, epoch: int, state: dict[str, Any]) -> Iterator[Any]:
+    def _resume(self, config: Config, epoch: int, state: dict[str, Any] | None) -> Iterator[Any]:
         previous = os.environ.get(ENV_DIR)
         if self._stats_dir is not None:  # new worker processes report to the loader too
             os.environ[ENV_DIR] = self._stats_dir
@@ -256,15 +274,18 @@ class _TunedEpoch(Iterator[Any]):
 
     def __next__(self) -> Any:
         service = self._service
-        if service.pending is not None:  # between two outputs: the checkpoint is exact here
-            config, service.pending = service.pending, None
-            self._items = service.replace(config, self._epoch, self._items)
+        pending = service.pending
+        if pending is not None and pending.moves_within_epoch(service.config):
+            service.pending = None  # between two outputs: the checkpoint is exact here
+            self._items = service.replace(pending, self._epoch, self._items)
         called = time.perf_counter()
         item = next(self._items)
         returned = time.perf_counter()
         decision = service.tuner.observe(returned, returned - called, _nbytes(item))
         if decision is not None and decision != service.config:
             service.pending = decision
+            if not decision.moves_within_epoch(service.config):
+                service.tuner.deferred(decision)  # another strategy: from the next epoch
         return item
 
     def close(self) -> None:

@@ -4,7 +4,8 @@ The service calls :meth:`Tuner.observe` once per output the consumer receives
 (the event that drives every decision: nothing polls or sleeps). The climb
 measures each configuration over a window of outputs, keeps the best one, and
 tries its neighbours -- twice the workers, the other kind of worker, twice the
-prefetch -- within the :class:`~pipeloom.autotune.Budget`, until none is
+prefetch; from classic processes, the chunked and economic strategies; from
+chunked, twice and half the chunk size (those apply from the next epoch) -- within the :class:`~pipeloom.autotune.Budget`, until none is
 better. A consumer slower than the loader stops the climb where it is: more
 loading throughput could not help it. Once settled it keeps measuring the
 configuration it chose (counters per output, nothing more); when the loader
@@ -16,6 +17,7 @@ got heavier), it climbs again from there.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -90,6 +92,9 @@ class Tuner(abc.ABC):
     def rejected(self, config: Config, reason: str) -> None:  # noqa: B027 - optional
         """``config`` could not start (``reason``); the previous configuration runs on."""
 
+    def deferred(self, config: Config) -> None:  # noqa: B027 - optional
+        """``config`` (another strategy or chunk size) will start with the next epoch."""
+
     def report(self) -> dict[str, Any]:
         """What it measured and decided, for ``stats()``."""
         return {"settled": self.settled, "trials": []}
@@ -112,8 +117,8 @@ class HillClimb(Tuner):
         >>> climb.start(Config("threads", 1, 1))
         >>> climb.observe(0.0, 0.1, 0) is None  # opens the window
         True
-        >>> climb.observe(0.1, 0.1, 0)  # measured; next: twice the workers
-        Config(kind='threads', workers=2, prefetch=1)
+        >>> str(climb.observe(0.1, 0.1, 0))  # measured; next: twice the workers
+        '2 worker threads, prefetch 1'
     """
 
     def __init__(
@@ -140,8 +145,9 @@ class HillClimb(Tuner):
         self._largest_output = 0
         self._resident = 0
         self._growth = 2  # the factor the next workers move multiplies by
-        self._failed_kinds: set[str] = set()
+        self._failed_kinds: set[str] = set()  # Config.family values
         self._drops = 0
+        self._waiting: Config | None = None  # deferred to the next epoch: nothing to measure
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -152,11 +158,17 @@ class HillClimb(Tuner):
         self._waited = 0.0
 
     def start(self, config: Config) -> None:
+        self._waiting = None
         if config == self._current:  # a new epoch on the same configuration: keep measuring
             return
         self._current = config
         self._tried.add(config)
+        if config.strategy == "chunked":  # the default chunk size, resolved by the service
+            self._tried.add(dataclasses.replace(config, chunk_size=None))
         self._reset_window()
+
+    def deferred(self, config: Config) -> None:
+        self._waiting = config
 
     def resume(self, config: Config) -> None:
         super().resume(config)
@@ -164,7 +176,7 @@ class HillClimb(Tuner):
 
     def observe(self, now: float, wait_s: float, output_bytes: int) -> Config | None:
         self._largest_output = max(self._largest_output, output_bytes)
-        if self._current is None:
+        if self._current is None or self._waiting is not None:
             return None
         self._seen += 1
         if self._seen <= self.warmup:
@@ -255,17 +267,15 @@ class HillClimb(Tuner):
         other = "processes" if best.kind == "threads" else "threads"
         # To processes: at least one per core (a GIL-bound best may have stopped at 1 thread).
         other_workers = best.workers if other == "threads" else max(best.workers, self.budget.cpus)
+        more = min(self._growth * best.workers, self._cap(best.kind, per_worker))
         candidates = [
-            Config(
-                best.kind,
-                min(self._growth * best.workers, self._cap(best.kind, per_worker)),
-                best.prefetch,
-            ),
+            dataclasses.replace(best, workers=more),
             Config(other, min(other_workers, self._cap(other, per_worker)), best.prefetch),
-            Config(best.kind, best.workers, min(2 * best.prefetch, MAX_PREFETCH)),
+            dataclasses.replace(best, prefetch=min(2 * best.prefetch, MAX_PREFETCH)),
         ]
         if best.kind == "threads" and per_worker * best.workers < GIL_FREE_CORES:
             del candidates[1]  # threads that mostly wait hold no GIL that processes would free
+        candidates += _strategy_moves(best)
         for candidate in candidates:
             if candidate not in self._tried and self.within_budget(candidate, per_worker):
                 return candidate
@@ -280,22 +290,23 @@ class HillClimb(Tuner):
     def within_budget(self, config: Config, cores_per_worker: float) -> bool:
         """Whether ``config`` stays within the budget, at the CPU use measured per worker."""
         budget = self.budget
-        if config.kind in self._failed_kinds:
+        if config.family in self._failed_kinds or config.kind in self._failed_kinds:
             return False
         if config.workers * cores_per_worker > budget.cpus * CPU_SLACK:
             return False
         if config.kind == "threads":
             return config.workers <= budget.max_threads
         return (
-            config.workers <= budget.max_processes
-            and config.workers * self._resident <= budget.memory_bytes
-            and config.workers * config.prefetch * self._largest_output
-            <= budget.shared_memory_bytes
+            config.processes <= budget.max_processes
+            and config.processes * self._resident <= budget.memory_bytes
+            and config.outputs_in_flight * self._largest_output <= budget.shared_memory_bytes
         )
 
     def rejected(self, config: Config, reason: str) -> None:
         self._tried.add(config)
-        self._failed_kinds.add(config.kind)  # e.g. a pipeline that cannot go to processes
+        self._waiting = None
+        if config.chunk_size is None:  # e.g. a pipeline that cannot go to processes, or economic
+            self._failed_kinds.add(config.family)
         at = round(self._clock() - self._origin, 3)
         self.trials.append(Trial(config, at, 0.0, 0.0, 0.0, f"failed to start: {reason}"))
 
@@ -307,3 +318,21 @@ class HillClimb(Tuner):
                 {**trial.__dict__, "config": trial.config.to_dict()} for trial in self.trials
             ],
         }
+
+
+def _strategy_moves(best: Config) -> list[Config]:
+    """From classic processes: chunked and economic; from chunked: twice and half the chunk."""
+    if best.kind != "processes":
+        return []
+    if best.strategy == "classic":
+        return [
+            dataclasses.replace(best, strategy="chunked"),
+            dataclasses.replace(best, strategy="economic"),
+        ]
+    if best.strategy == "chunked" and best.chunk_size is not None:
+        size = best.chunk_size
+        moves = [dataclasses.replace(best, chunk_size=2 * size)]
+        if size > 1:
+            moves.append(dataclasses.replace(best, chunk_size=size // 2))
+        return moves
+    return []

@@ -207,8 +207,10 @@ def _autotune_lines(report: dict[str, Any]) -> list[str]:
     ]
     for trial in report.get("trials", ()):
         config = trial["config"]
+        how = config.get("strategy", "classic")
+        how = "" if how == "classic" else f" ({how})"
         lines.append(
-            f"    at {trial['at_s']:6.2f} s: {config['workers']} {config['kind']}, prefetch "
+            f"    at {trial['at_s']:6.2f} s: {config['workers']} {config['kind']}{how}, prefetch "
             f"{config['prefetch']}: {trial['outputs_per_s']:.1f} outputs/s, "
             f"{trial['cores']:.1f} cores -> {trial['verdict']}"
         )

@@ -207,7 +207,8 @@ def test_stats_report_the_choice_and_the_trials():
     with pipeloom.DataLoader(build(40), service, seed=0, stats=True) as loader:
         list(loader)
         stats = loader.stats()
-    assert stats.autotune["config"] == {"kind": "threads", "workers": 2, "prefetch": 2}
+    assert stats.autotune["config"] == Config("threads", 2, 2).to_dict()
+    assert stats.autotune["config"]["strategy"] == "classic"
     assert stats.autotune["replacements"] == 1
     assert stats.autotune["budget"]["cpus"] >= 1
     assert "autotune: 2 worker threads, prefetch 2" in str(stats)
@@ -384,3 +385,63 @@ def test_a_configuration_that_cannot_start_is_reported_and_the_epoch_goes_on(mon
     ]
     assert service.config == Config("threads", 2, 1) and service.replacements == 1
     assert service.autotune_report()["failures"] == service.failures
+
+
+@pytest.mark.timeout(120)
+def test_a_move_to_another_strategy_waits_for_the_next_epoch():
+    plan = {3: Config("processes", 2, 2, "chunked")}
+    service = AutoReadingService(start=Config("threads", 1, 1), tuner=Scripted(plan))
+    reference = pipeloom.DataLoader(build(40, random=True), seed=3)
+    expected = [list(reference), list(reference)]
+    with pipeloom.DataLoader(build(40, random=True), service, seed=3) as loader:
+        first = list(loader)
+        assert service.config == Config("threads", 1, 1)  # the epoch ended where it started
+        second = list(loader)
+        assert service.config.strategy == "chunked"
+        assert service.config.chunk_size is not None  # the plan's default, resolved
+        assert "chunked" in str(loader.placement())
+    assert [first, second] == expected
+    assert service.failures == []
+
+
+@pytest.mark.timeout(120)
+def test_a_strategy_the_pipeline_cannot_run_is_reported_and_the_run_goes_on():
+    plan = {2: Config("processes", 2, 2, "economic")}  # economic refuses a filter
+    service = AutoReadingService(start=Config("threads", 2, 1), tuner=Scripted(plan))
+    reference = pipeloom.DataLoader(build(40, keep_odd=True, batch=2), seed=3)
+    expected = [list(reference), list(reference)]
+    with pipeloom.DataLoader(build(40, keep_odd=True, batch=2), service, seed=3) as loader:
+        got = [list(loader), list(loader)]
+    assert got == expected
+    assert service.config == Config("threads", 2, 1)
+    assert len(service.failures) == 1 and "economic" in service.failures[0]
+
+
+any_configs = st.one_of(
+    configs,
+    st.builds(Config, st.just("processes"), st.integers(1, 2), st.integers(1, 2)),
+    st.builds(
+        Config,
+        st.just("processes"),
+        st.integers(1, 2),
+        st.integers(1, 2),
+        st.sampled_from(["economic", "chunked"]),
+    ),
+)
+
+
+@pytest.mark.timeout(240)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(0, 24),
+    batch=st.sampled_from([1, 3, 4]),
+    seed=st.integers(0, 2**16),
+    plan=st.dictionaries(st.integers(1, 14), any_configs, max_size=4),
+)
+def test_moves_across_strategies_give_the_in_process_output(n, batch, seed, plan):
+    untuned = pipeloom.DataLoader(build(n, batch=batch, random=True), seed=seed)
+    reference = [list(untuned), list(untuned), list(untuned)]
+    service = AutoReadingService(start=Config("threads", 1, 1), tuner=Scripted(plan))
+    with pipeloom.DataLoader(build(n, batch=batch, random=True), service, seed=seed) as tuned:
+        assert [list(tuned), list(tuned), list(tuned)] == reference
+    assert service.failures == []

@@ -197,3 +197,60 @@ def test_a_resumed_tuned_job_watches_from_its_first_window():
     model.per_item_s *= 4
     keep_running(model, tuner, Config("threads", 16, 2), 1000)
     assert "dropped: tuning again" in [t.verdict for t in tuner.trials]
+
+
+class WithStrategies(Simulated):
+    """``faster``: a factor on the rate of configurations of that strategy."""
+
+    def __init__(self, *args, faster, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.faster = faster
+
+    def rate_and_cores(self, config):
+        rate, cores = super().rate_and_cores(config)
+        factor = self.faster.get(config.strategy, 1.0)
+        return rate * factor, cores
+
+
+def test_classic_processes_try_the_other_strategies_and_keep_the_faster():
+    model = WithStrategies(per_item_s=0.002, cpu_share=1.0, gil=True, faster={"chunked": 1.4})
+    tuner = climb(model)
+    chosen, proposed = model.run(tuner, Config("processes", 2, 2))
+    assert chosen.strategy == "chunked", proposed
+    model = WithStrategies(per_item_s=0.002, cpu_share=1.0, gil=True, faster={"economic": 1.4})
+    tuner = climb(model)
+    chosen, proposed = model.run(tuner, Config("processes", 2, 2))
+    assert chosen.strategy == "economic", proposed
+    assert any(c.strategy == "chunked" for c in proposed)  # tried first, no faster
+
+
+def test_a_strategy_that_cannot_start_rules_out_only_itself():
+    tuner = climb(Simulated(per_item_s=0.002, cpu_share=1.0, gil=True))
+    tuner.start(Config("processes", 2, 2))
+    tuner.rejected(Config("processes", 2, 2, "economic"), "ValueError: not one to one")
+    assert not tuner.within_budget(Config("processes", 2, 2, "economic"), 0.1)
+    assert tuner.within_budget(Config("processes", 2, 2, "chunked"), 0.1)
+    assert tuner.within_budget(Config("processes", 3, 2), 0.1)
+    tuner.rejected(Config("processes", 2, 2, "chunked", 4), "ValueError: chunk too big")
+    assert tuner.within_budget(Config("processes", 2, 2, "chunked", 2), 0.1)
+
+
+def test_a_deferred_move_pauses_the_measurements_until_it_starts():
+    model = Simulated(per_item_s=0.002, cpu_share=1.0, gil=True)
+    tuner = climb(model)
+    tuner.start(Config("processes", 2, 2))
+    tuner.deferred(Config("processes", 2, 2, "chunked"))
+    assert all(tuner.observe(0.01 * i, 0.01, 100) is None for i in range(200))
+    assert tuner.trials == []
+    tuner.start(Config("processes", 2, 2, "chunked", 8))
+    assert Config("processes", 2, 2, "chunked") in tuner._tried  # its default size, resolved
+
+
+def test_economic_and_chunked_count_their_shared_memory_flat_in_workers():
+    budget = Budget(2, 2**40, shared_memory_bytes=3 * 1000, max_threads=4, max_processes=8)
+    tuner = climb(Simulated(per_item_s=0.002, cpu_share=1.0, gil=True), budget)
+    tuner.start(Config("processes", 1, 2))
+    tuner.observe(0.0, 0.0, 1000)  # the largest output: 1000 bytes
+    assert not tuner.within_budget(Config("processes", 2, 2), 0.1)  # 4 outputs in flight
+    assert tuner.within_budget(Config("processes", 2, 2, "chunked"), 0.1)  # 3
+    assert not tuner.within_budget(Config("processes", 7, 2, "economic"), 0.1)  # 9 processes
