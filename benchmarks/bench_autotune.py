@@ -186,7 +186,9 @@ def running_at(report: dict[str, Any], second: int) -> str:
 
 def _short(config: dict[str, Any]) -> str:
     kind = "T" if config["kind"] == "threads" else "P"
-    return f"{kind}{config['workers']}/pf{config['prefetch']}"
+    how = {"classic": "", "economic": "e", "chunked": "c"}[config.get("strategy", "classic")]
+    chunk = f"/chunk{config['chunk_size']}" if config.get("chunk_size") else ""
+    return f"{kind}{config['workers']}{how}/pf{config['prefetch']}{chunk}"
 
 
 def hand_configs() -> list[Config]:

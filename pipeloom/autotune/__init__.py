@@ -2,10 +2,11 @@
 
 ``DataLoader(pipe, reading_service="auto")`` runs the pipeline under an
 :class:`AutoReadingService`: it measures the outputs the consumer receives,
-tries worker threads and processes, more workers and deeper prefetch within
-a :class:`Budget` (CPU, memory, shared memory; defaults from the machine), and
-re-places the epoch between two outputs by resuming the running service's
-checkpoint under the new configuration. Because pipeloom's order does not
+tries worker threads and processes, more workers and deeper prefetch, and
+the economic and chunked strategies and chunk sizes, within a :class:`Budget`
+(CPU, memory, shared memory; defaults from the machine). It re-places the
+epoch between two outputs by resuming the running service's checkpoint under
+the new configuration (strategy moves: from the next epoch). Because pipeloom's order does not
 depend on placement, the output is the untuned run's. See
 ``docs/performance.md``, "Autotune".
 

@@ -71,7 +71,7 @@ persistent_workers=True, strategy='classic')
 
     @property
     def family(self) -> str:
-        """What a failure to start rules out: the kind of worker and, if not classic, its strategy."""
+        """What a failure to start rules out: the kind of worker (and strategy, if not classic)."""
         return self.kind if self.strategy == "classic" else f"{self.kind} ({self.strategy})"
 
     @property

@@ -1,13 +1,14 @@
 """``AutoReadingService``: a reading service that re-places the pipeline while it runs.
 
 It runs one configuration at a time (:class:`~pipeloom.autotune.Config`:
-worker threads or processes, how many, how far ahead) through the built-in
-services. When its tuner picks another configuration, it re-places the epoch
-between two outputs: it takes the running service's checkpoint, stops it,
-and resumes that checkpoint under the new configuration. Checkpoints of the
-classic cut are portable between threads and processes and any number of
-workers, and pipeloom's order does not depend on placement, so the output is
-the untuned run's, output for output.
+worker threads or processes, how many, how far ahead, which strategy)
+through the built-in services. When its tuner picks another configuration
+of the classic cut, it re-places the epoch between two outputs: it takes the
+running service's checkpoint, stops it, and resumes that checkpoint under
+the new configuration (classic checkpoints are portable between threads and
+processes and any number of workers). A move to economic or chunked, or to
+another chunk size, starts with the next epoch. pipeloom's order does not
+depend on placement, so the output is the untuned run's, output for output.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ __all__ = ["AutoReadingService", "as_reading_service", "tuned_in"]
 
 
 class AutoReadingService(ReadingService):
-    """Choose and adjust threads or processes, worker count and prefetch from measurements.
+    """Choose and adjust threads or processes, worker count, prefetch and strategy as it runs.
 
     ``DataLoader(pipe, reading_service="auto")`` builds one with the defaults.
     The tuner (:class:`~pipeloom.autotune.HillClimb` by default) measures

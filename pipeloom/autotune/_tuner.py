@@ -5,9 +5,10 @@ The service calls :meth:`Tuner.observe` once per output the consumer receives
 measures each configuration over a window of outputs, keeps the best one, and
 tries its neighbours -- twice the workers, the other kind of worker, twice the
 prefetch; from classic processes, the chunked and economic strategies; from
-chunked, twice and half the chunk size (those apply from the next epoch) -- within the :class:`~pipeloom.autotune.Budget`, until none is
-better. A consumer slower than the loader stops the climb where it is: more
-loading throughput could not help it. Once settled it keeps measuring the
+chunked, twice and half the chunk size (those apply from the next epoch) --
+within the :class:`~pipeloom.autotune.Budget`, until none is better. A
+consumer slower than the loader stops the climb where it is: more loading
+throughput could not help it. Once settled it keeps measuring the
 configuration it chose (counters per output, nothing more); when the loader
 is the bottleneck and the rate stays below :data:`RETUNE_DROP` of the settled
 rate for :data:`RETUNE_WINDOWS` windows (other work took the cores, the data

@@ -9,6 +9,7 @@ from typing import Any
 from .._validate import check_bool
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
+from ._held import HoldsItems
 from ._map import check_callable, fn_name
 
 __all__ = ["LengthBucketer", "equal_cost_boundaries"]
@@ -16,7 +17,7 @@ __all__ = ["LengthBucketer", "equal_cost_boundaries"]
 Entry = tuple[Any, int, tuple]  # (item, length, stamp)
 
 
-class LengthBucketer(IterDataPipe):
+class LengthBucketer(IterDataPipe, HoldsItems):
     """Batch items of similar length together (functional name: ``bucket_by_length``).
 
     Bucket ``i`` holds the items whose ``length_fn(item)`` is in
@@ -226,6 +227,26 @@ class LengthBucketer(IterDataPipe):
         self._buckets = [[_entry(e) for e in bucket] for bucket in state["buckets"]]
         self._ready = [(list(batch), tuple(stamp)) for batch, stamp in state["ready"]]
         self._done = bool(state["done"])
+
+    def load_held_states(self, states: list[dict[str, Any]]) -> None:
+        """Every rank's sample, buckets and ready batches, bucketed again by this block's edges."""
+        self.reset()
+        entries = []
+        for state in states:
+            entries += [_entry(e) for e in state["sample"]]
+            entries += [_entry(e) for bucket in state["buckets"] for e in bucket]
+            self._ready += [(list(batch), tuple(stamp)) for batch, stamp in state["ready"]]
+        if self._edges is None:  # estimated: the first rank's edges, else a sample as before
+            edges = next((s["boundaries"] for s in states if s["boundaries"] is not None), None)
+            self._edges = None if edges is None else [int(b) for b in edges]
+        if self._edges is None:
+            self._sample = entries
+            if len(self._sample) >= self.buffer_size:
+                self._estimate()
+            return
+        self._buckets += [[] for _ in range(len(self._edges) + 1 - len(self._buckets))]
+        for entry in entries:
+            self._add(entry)
 
     def __repr__(self) -> str:
         edges = (

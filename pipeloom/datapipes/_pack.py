@@ -6,6 +6,7 @@ from typing import Any
 
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
+from ._held import HoldsItems
 from ._sequences import PadValue, check_pad_value, item_length, pack_segments, slice_item
 
 __all__ = ["Packer"]
@@ -14,7 +15,7 @@ STRATEGIES = ("first_fit", "best_fit")
 OVERSIZED = ("split", "truncate", "error")
 
 
-class Packer(IterDataPipe):
+class Packer(IterDataPipe, HoldsItems):
     """Pack sequences into rows of ``max_length`` tokens (functional name: ``pack``).
 
     Up to ``buffer_size`` rows ("bins") are open at once. Each sequence goes,
@@ -139,7 +140,7 @@ class Packer(IterDataPipe):
             if free[chosen] == 0:
                 self._close(chosen)
             return
-        if len(free) == self.buffer_size:
+        if len(free) >= self.buffer_size:  # more after an elastic resume: close until fewer
             self._close(min(range(len(free)), key=free.__getitem__))
         self._bins.append([item])
         free.append(limit - size)
@@ -179,6 +180,14 @@ class Packer(IterDataPipe):
         self._stamps = [tuple(stamp) for stamp in state["stamps"]]
         self._ready = [(list(items), tuple(stamp)) for items, stamp in state["ready"]]
         self._done = bool(state["done"])
+
+    def load_held_states(self, states: list[dict[str, Any]]) -> None:
+        """Every rank's open bins and closed rows (see ``HoldsItems``)."""
+        merged: dict[str, Any] = {"bins": [], "free": [], "stamps": [], "ready": [], "done": False}
+        for state in states:
+            for name in ("bins", "free", "stamps", "ready"):
+                merged[name].extend(state[name])
+        self.load_state_dict(merged)
 
     def __repr__(self) -> str:
         return (

@@ -10,12 +10,13 @@ from .._validate import check_int
 from ..errors import NotAvailable
 from ._base import IterDataPipe, MapDataPipe
 from ._context import current_stamp, restore_stamp
+from ._held import HoldsItems
 from ._state_fields import StateFields
 
 __all__ = ["MapShuffler", "Shuffler"]
 
 
-class Shuffler(IterDataPipe):
+class Shuffler(IterDataPipe, HoldsItems):
     """Shuffle a stream through a buffer of ``buffer_size`` items (functional: ``shuffle``).
 
     The buffer is filled first; then each new item replaces a randomly chosen
@@ -66,7 +67,7 @@ class Shuffler(IterDataPipe):
         if rng is None:
             rng = self._rng = random.Random(self.epoch_seed())
         buffer, stamps = self._buffer, self._stamps
-        if not self._source_done:
+        if not self._source_done and len(buffer) <= self.buffer_size:
             source, size = self.source, self.buffer_size
             while True:
                 try:
@@ -105,12 +106,23 @@ class Shuffler(IterDataPipe):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)
         buffer = fields.list("buffer")
-        if len(buffer) > self.buffer_size:
+        if len(buffer) > self.buffer_size and not state.get("merged"):
             fields.fail("buffer", f"a list of at most buffer_size={self.buffer_size} items", buffer)
         self._stamps = fields.stamps("stamps", length=len(buffer))
         self._rng = fields.rng("rng")
         self._source_done = fields.bool("source_done")
         self._buffer = buffer
+
+    def load_held_states(self, states: list[dict[str, Any]]) -> None:
+        """Every rank's buffer; past ``buffer_size``, items go out before more are read."""
+        buffer: list[Any] = []
+        stamps: list[Any] = []
+        for state in states:
+            buffer.extend(state["buffer"])
+            stamps.extend(state["stamps"])
+        rng = next((s["rng"] for s in states if s.get("rng") is not None), None)
+        merged = {"buffer": buffer, "stamps": stamps, "rng": rng, "source_done": False}
+        self.load_state_dict({**merged, "merged": len(buffer) > self.buffer_size})
 
     def __repr__(self) -> str:
         return f"Shuffler(buffer_size={self.buffer_size}, seed={self.seed!r})"

@@ -44,6 +44,7 @@ from ._context import (
     stamp_item,
     worker_info,
 )
+from ._held import HoldsItems, load_held
 from ._pipeline import check_declared_inputs, upstream_blocks
 from ._rest_of_epoch import RestOfEpoch
 from ._runs import RUN_LOOP_CODES, RunReader, running_stage
@@ -51,6 +52,7 @@ from ._runs import RUN_LOOP_CODES, RunReader, running_stage
 __all__ = [
     "NO_STAMP",
     "RUN_LOOP_CODES",
+    "HoldsItems",
     "RestOfEpoch",
     "RunReader",
     "ItemStamp",
@@ -64,6 +66,7 @@ __all__ = [
     "derive_seed",
     "forget_lazy_init",
     "key_position",
+    "load_held",
     "read_only_data",
     "restart_blocks",
     "restore_stamp",

@@ -63,10 +63,25 @@ def mixed_and_packed(root: str):  # 48 documents of 4 tokens, mixed 2:1, packed 
     return rows.sharding_filter().map(lambda row: tuple(row[0].tolist()))
 
 
+def row_length(row) -> int:
+    return int((row[0] != 0).sum())
+
+
+def tokens(batch) -> list:  # a batch of packed rows -> the documents' tokens in it (0 pads)
+    return [int(t) for values, _, _ in batch for t in values.tolist() if t]
+
+
+def lm(root: str):  # shuffle, pack and bucket after the sharding point: they hold items
+    docs = IterableWrapper([[i + 1] * (i % 5 + 1) for i in range(48)])
+    rows = docs.sharding_filter().shuffle(buffer_size=5).pack(8, buffer_size=3)
+    return rows.bucket_by_length(row_length, boundaries=[6], batch_sizes=2).map(tokens)
+
+
 PIPELINES: dict[str, Callable[[str], Any]] = {
     "plain": plain,
     "tars": tars,
     "mixed+packed": mixed_and_packed,
+    "lm": lm,
 }
 
 
@@ -89,6 +104,8 @@ CASES = [  # (pipeline, service)
     ("tars", "threads"),
     ("mixed+packed", "alone"),
     ("mixed+packed", "threads"),
+    ("lm", "alone"),
+    ("lm", "processes"),
 ]
 
 
@@ -165,7 +182,7 @@ def _resume(pipeline: str, name: str, step: int, root: str):
         fresh.set_epoch(1)
         fresh_following = list(fresh)
     padded = None
-    if pipeline == "tars":  # the rest's positions split unevenly: pad covers every item
+    if pipeline in ("tars", "lm"):  # the rest splits unevenly: pad covers every item
         with DataLoader(PIPELINES[pipeline](root), service(name, "pad")) as loader:
             loader.load_state_dict(state)
             padded = list(loader)

@@ -24,7 +24,7 @@ from pipeloom.reading_service import (
     ThreadReadingService,
     merge_rank_states,
 )
-from pipeloom.reading_service.distributed.elastic import rank_picture, rest_of_epoch
+from pipeloom.reading_service.distributed.elastic import held_states, rank_picture, rest_of_epoch
 
 
 def plain():
@@ -46,11 +46,25 @@ def mixed_and_packed():  # mix and pack before the sharding point, read in the s
     return rows.sharding_filter().map(lambda row: tuple(row[0].tolist()))
 
 
+def tokens(batch):  # a batch of packed rows -> the documents' tokens in it (0 pads)
+    return [int(t) for values, _, _ in batch for t in values.tolist() if t]
+
+
+def packed_after_the_point():  # the language-model shape: shuffle, pack, bucket in the shards
+    docs = IterableWrapper([[i + 1] * (i % 5 + 1) for i in range(40)])
+    rows = docs.sharding_filter().shuffle(buffer_size=5).pack(8, buffer_size=3)
+    rows = rows.bucket_by_length(
+        lambda row: int((row[0] != 0).sum()), boundaries=[6], batch_sizes=2
+    )
+    return rows.map(tokens)
+
+
 PIPELINES = {
     "plain": plain,
     "batched": batched,
     "expanded": expanded,
     "mixed+packed": mixed_and_packed,
+    "packed after the point": packed_after_the_point,
 }
 
 
@@ -70,26 +84,31 @@ def _service(kind: str, build, total: int, index: int):
     return service
 
 
-def _epoch(kind, build, total, index, state=None, stop=None):
+def _epoch(kind, build, total, index, state=None, stop=None, inner=None):
     service = _service(kind, build, total, index)
     try:
         outputs = list(itertools.islice(service.start_epoch(0, state), stop))
         picture = rank_picture(service, 0) if stop is not None else None
+        if inner is not None:
+            inner.append(service.state_dict())
         return outputs, picture
     finally:
         service.shutdown()
 
 
-def _elastic(kind, build, old, new, step):
+def _elastic(kind, build, old, new, step, *, with_held=True):
     head, ranks = [], []
     for rank in range(old):
-        outputs, picture = _epoch(kind, build, old, rank, stop=step)
+        inner: list = []
+        outputs, picture = _epoch(kind, build, old, rank, stop=step, inner=inner)
         head += outputs
-        ranks.append({"elastic": picture, "padding": False})
+        ranks.append({"elastic": picture, "padding": False, "inner": inner[0]})
     rest = rest_of_epoch(ranks)
-    tail = [
-        _epoch(kind, build, new, rank, {"kind": "rest", "rest": rest})[0] for rank in range(new)
-    ]
+    tail = []
+    for rank in range(new):
+        held = held_states(ranks, new, rank) if with_held else {}
+        state = {"kind": "rest", "rest": rest, "held": held}
+        tail.append(_epoch(kind, build, new, rank, state)[0])
     return head, tail
 
 
@@ -120,13 +139,46 @@ def test_the_rest_is_dealt_out_evenly_over_the_new_ranks():
     assert len(head) == 10 and [len(outputs) for outputs in tail] == [9, 9, 9]
 
 
-def test_a_block_holding_undelivered_items_refuses_and_says_what_to_do():
-    def packed_in_the_shards():
-        docs = IterableWrapper([[i] * (i % 5 + 1) for i in range(40)])
-        return docs.sharding_filter().pack(8)
+def test_a_block_not_at_rest_that_declares_no_held_items_refuses_and_says_what_to_do():
+    def numbered_in_the_shards():
+        return IterableWrapper(range(40)).sharding_filter().enumerate()
 
-    with pytest.raises(StateError, match=r"Packer.*holds items.*move it before sharding_filter"):
-        _elastic("in-process", packed_in_the_shards, 2, 3, 2)
+    with pytest.raises(StateError, match=r"Enumerator.*HoldsItems.*move it before sharding_filter"):
+        _elastic("in-process", numbered_in_the_shards, 2, 3, 2)
+
+
+@pytest.mark.parametrize("kind", ["in-process", "threads"])
+def test_held_items_go_to_one_new_rank_and_ignoring_them_loses_samples(kind):
+    full = sorted(_samples(_epoch("in-process", packed_after_the_point, 1, 0)[0]))
+    for old, new, step in [(2, 3, 2), (3, 2, 1), (4, 2, 2)]:
+        head, tail = _elastic(kind, packed_after_the_point, old, new, step)
+        assert sorted(_samples(head) + [t for out in tail for t in _samples(out)]) == full
+        head, tail = _elastic(kind, packed_after_the_point, old, new, step, with_held=False)
+        lost = sorted(_samples(head) + [t for out in tail for t in _samples(out)])
+        assert len(lost) < len(full)  # the buffers' and bins' tokens, never delivered
+
+
+def test_merged_buffers_larger_than_a_block_allows_drain_first():
+    from pipeloom.datapipes.runtime import load_held
+
+    pipe = IterableWrapper([[9]] * 3).shuffle(buffer_size=2).pack(4, buffer_size=1)
+    states = {
+        "buffer": [[1], [2]],
+        "stamps": [(None, 0, 0, 0)] * 2,
+        "rng": None,
+        "source_done": False,
+    }
+    bins = {
+        "bins": [[[5, 5]]],
+        "free": [2],
+        "stamps": [(None, 0, 1, 0)],
+        "ready": [],
+        "done": False,
+    }
+    rest = iter(pipe)
+    load_held(pipe, {0: [bins, bins], 1: [states, states]})
+    got = sorted(t for values, _, _ in rest for t in values.tolist() if t)
+    assert got == sorted([5, 5, 5, 5, 1, 2, 1, 2, 9, 9, 9])
 
 
 def test_the_next_epoch_is_a_fresh_run_with_the_new_rank_count():

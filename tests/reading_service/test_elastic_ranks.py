@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections import Counter
 
 import pytest
 
@@ -18,8 +19,8 @@ from pipeloom import DataLoader
 from tests.reading_service import elastic_ranks
 
 STEPS = {  # old ranks -> {pipeline: steps}; 60 plain items, 24 tar members, 24 packed rows
-    2: {"plain": [3, 9], "tars": [2, 5], "mixed+packed": [3, 6]},
-    3: {"plain": [2, 8], "tars": [1, 3], "mixed+packed": [2, 4]},
+    2: {"plain": [3, 9], "tars": [2, 5], "mixed+packed": [3, 6], "lm": [1, 3]},
+    3: {"plain": [2, 8], "tars": [1, 3], "mixed+packed": [2, 4], "lm": [1, 2]},
 }
 
 
@@ -67,6 +68,12 @@ def _check(key, heads, resumed, root) -> None:
         assert len(set(got)) == len(got), f"{key}: a sample twice"
         padded = {x for r in resumed for x in r[3]}
         assert set(head) | padded == set(full), f"{key}: a sample never delivered"
+    elif pipeline == "lm":  # batches of documents' tokens; held items went to one new rank
+        every = Counter(t for batch in full for t in batch)
+        assert not Counter(t for batch in got for t in batch) - every, f"{key}: a document twice"
+        padded = {t for r in resumed for batch in r[3] for t in batch}
+        delivered = {t for batch in head for t in batch} | padded
+        assert delivered == set(every), f"{key}: a document never delivered"
     else:
         assert sorted(got) == sorted(full), f"{key}: not every sample exactly once"
     for _, following, fresh_following, _ in resumed:  # the next epoch is a fresh run's

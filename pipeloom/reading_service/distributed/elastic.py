@@ -3,11 +3,16 @@
 At ``state_dict()`` each rank describes where it stands at the sharding point
 (:func:`rank_picture`): the first group of its shard it has not fully
 delivered (its *frontier*) and how many outputs of that group it delivered.
-That is exact only when nothing after the sharding point holds an item the
-rank read but did not deliver; otherwise the picture names the block
-(its *blocker*). :func:`merge_rank_states` joins every rank's loader state
-into one; :func:`rest_of_epoch` turns it into the positions no one delivered,
-which the new ranks split again (``pipeloom.datapipes.runtime.RestOfEpoch``).
+Everything the rank read before its frontier was delivered or is held by a
+block after the sharding point: a block that holds items declares it
+(``HoldsItems``: shuffle buffers, packing bins, length buckets), and the
+picture lists where they are (*held*); any other block that is not at rest
+makes the picture inexact, and it names that block (its *blocker*).
+:func:`merge_rank_states` joins every rank's loader state into one;
+:func:`rest_of_epoch` turns it into the positions no one delivered, which the
+new ranks split again (``pipeloom.datapipes.runtime.RestOfEpoch``), and
+:func:`held_states` hands each old rank's held items, as they are, to one new
+rank (old rank ``r`` to new rank ``r % new_ranks``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from ...datapipes import (
     reset_pipeline,
     set_pipeline_epoch,
 )
-from ...datapipes.runtime import RestOfEpoch
+from ...datapipes.runtime import HoldsItems, RestOfEpoch
 from ...errors import StateError
 from ...graph import copy, upstream
 from ..services.base import PlannedService, ReadingService
@@ -29,7 +34,7 @@ from ..strategies.classic.merge import WorkerMerge
 from ..strategies.classic.runner import ClassicRunner
 from ..strategies.in_process import InProcessRunner
 
-__all__ = ["merge_rank_states", "rank_picture", "rest_of_epoch"]
+__all__ = ["held_states", "merge_rank_states", "rank_picture", "rest_of_epoch"]
 
 _WORKAROUND = (
     "move it before sharding_filter() (every rank then replays it), save the checkpoint at "
@@ -40,9 +45,10 @@ _WORKAROUND = (
 def rank_picture(inner: ReadingService, epoch: int) -> dict[str, Any]:
     """This rank's frontier at the sharding point, or the reason there is none.
 
-    Returns ``{"group_size", "frontier", "skip", "blocker"}``; ``blocker`` is
-    None when the picture is exact, else a sentence for the ``StateError`` an
-    elastic resume raises.
+    Returns ``{"group_size", "frontier", "skip", "blocker", "held", "held_in"}``;
+    ``blocker`` is None when the picture is exact, else a sentence for the
+    ``StateError`` an elastic resume raises; ``held`` lists the blocks holding
+    items (their index among the blocks of the inner state's ``held_in``).
     """
     runner = inner._require_runner() if isinstance(inner, PlannedService) else None
     if isinstance(runner, InProcessRunner):
@@ -58,7 +64,7 @@ def rank_picture(inner: ReadingService, epoch: int) -> dict[str, Any]:
 
 
 def _blocked(reason: str) -> dict[str, Any]:
-    return {"group_size": 1, "frontier": 0, "skip": 0, "blocker": reason}
+    return {"group_size": 1, "frontier": 0, "skip": 0, "blocker": reason, "held": []}
 
 
 def _in_process_picture(runner: InProcessRunner, epoch: int) -> dict[str, Any]:
@@ -71,7 +77,7 @@ def _in_process_picture(runner: InProcessRunner, epoch: int) -> dict[str, Any]:
         )
     if point.rest is not None:
         return _blocked(_IN_REST)
-    blocker = _first_busy(pipeline, point, epoch)
+    blocker, held = _after_the_point(pipeline, point, epoch)
     # A group read in part with everything after the sharding point at rest: the
     # source ended inside it (the blocks that make whole groups emit only then).
     group, position = point.group_size, point.position
@@ -80,6 +86,8 @@ def _in_process_picture(runner: InProcessRunner, epoch: int) -> dict[str, Any]:
         "frontier": -(-position // group),
         "skip": 0,
         "blocker": blocker,
+        "held": held,
+        "held_in": "pipeline",
     }
 
 
@@ -89,13 +97,15 @@ def _classic_picture(runner: ClassicRunner, epoch: int) -> dict[str, Any]:
         return _blocked("workers building whole batches do not describe a rank's frontier")
     if merge.rest is not None:
         return _blocked(_IN_REST)
-    blocker = _first_busy(runner.main.pipeline, merge, epoch)
+    blocker, held = _after_the_point(runner.main.pipeline, merge, epoch)
     state = merge.state_dict()
     return {
         "group_size": merge.group_size,
         "frontier": state["position"] // merge.group_size,
         "skip": state["delivered_here"],
         "blocker": blocker,
+        "held": held,
+        "held_in": "tail",
     }
 
 
@@ -110,11 +120,14 @@ def _depends_on(block: Any, point: Any) -> bool:
     return any(b is point for b in upstream(block))
 
 
-def _first_busy(output: IterDataPipe, start: Any, epoch: int) -> str | None:
-    """The first block after ``start`` whose state differs from its state at the epoch's start.
+def _after_the_point(output: IterDataPipe, start: Any, epoch: int) -> tuple[str | None, list[int]]:
+    """The blocks after ``start`` whose state differs from their state at the epoch's start.
 
-    The reference is a copy of the blocks after ``start`` (not of what feeds
-    it: a large source is not copied), restarted for ``epoch``.
+    Returns the reason the picture is inexact (the first such block that does
+    not declare ``HoldsItems``), or None, and the indices (in ``upstream(output)``)
+    of those that hold items. The reference is a copy of the blocks after
+    ``start`` (not of what feeds it: a large source is not copied), restarted
+    for ``epoch``.
     """
     stand_in = IterableWrapper([])
     fresh = copy(output, replace={start: stand_in})
@@ -123,19 +136,25 @@ def _first_busy(output: IterDataPipe, start: Any, epoch: int) -> str | None:
     live = [b for b in upstream(output) if b is not start and _depends_on(b, start)]
     reference = [b for b in upstream(fresh) if b is not stand_in and _depends_on(b, stand_in)]
     if [type(b) for b in live] != [type(b) for b in reference]:
-        return "the blocks after the sharding point could not be compared with a fresh copy"
+        return "the blocks after the sharding point could not be compared with a fresh copy", []
+    index = {id(b): i for i, b in enumerate(upstream(output))}
+    held: list[int] = []
     for block, initial in zip(live, reference):
         try:
             same = bool(block.state_dict() == initial.state_dict())
         except (RuntimeError, ValueError, TypeError):  # e.g. tensors compared element-wise
             same = False
-        if not same:
-            return (
-                f"{block!r} comes after the sharding point and holds items this rank read but "
-                f"did not deliver (its state differs from an epoch's start), so they have no "
-                f"place in the positions the new ranks split; {_WORKAROUND}"
-            )
-    return None
+        if same:
+            continue
+        if isinstance(block, HoldsItems):
+            held.append(index[id(block)])
+            continue
+        return (
+            f"{block!r} comes after the sharding point and is not at rest (its state differs "
+            f"from an epoch's start) without declaring the items it holds (HoldsItems), so "
+            f"they have no place in the positions the new ranks split; {_WORKAROUND}"
+        ), held
+    return None, held
 
 
 def merge_rank_states(states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -203,7 +222,7 @@ def rest_of_epoch(ranks: list[dict[str, Any]]) -> RestOfEpoch:
                 f"the epoch's own items were all delivered: start the next epoch instead"
             )
         pictures.append(picture)
-    groups = {p["group_size"] for p in pictures}
+    groups = {p["group_size"] for p in pictures}  # (held items: held_states())
     if len(groups) > 1:
         raise StateError(f"the ranks' states disagree on the sharding group size: {groups}")
     return RestOfEpoch(
@@ -212,3 +231,26 @@ def rest_of_epoch(ranks: list[dict[str, Any]]) -> RestOfEpoch:
         frontiers=tuple(int(p["frontier"]) for p in pictures),
         skips=tuple(int(p["skip"]) for p in pictures),
     )
+
+
+def held_states(ranks: list[dict[str, Any]], total: int, index: int) -> dict[int, list[dict]]:
+    """The held items new rank ``index`` of ``total`` takes (old rank ``r``'s: ``r % total``).
+
+    Returns ``{block index: [its state on each such old rank]}``
+    (``pipeloom.datapipes.runtime.load_held`` gives them to the blocks).
+    """
+    held: dict[int, list[dict]] = {}
+    for rank, state in enumerate(ranks):
+        picture = state.get("elastic") or {}
+        if rank % total != index or not picture.get("held"):
+            continue
+        inner = state.get("inner") or {}
+        blocks = (inner.get(picture.get("held_in")) or {}).get("blocks")
+        if not isinstance(blocks, list):
+            raise StateError(
+                f"rank {rank}'s state says blocks hold items but carries no state of them; "
+                f"resume on {len(ranks)} ranks"
+            )
+        for block in picture["held"]:
+            held.setdefault(int(block), []).append(blocks[block]["state"])
+    return held

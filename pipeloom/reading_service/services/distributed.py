@@ -10,7 +10,7 @@ from ..._validate import check_choice, check_seconds
 from ...datapipes import IterDataPipe, StateFields
 from ...errors import StateError
 from ...graph import Placement, Plan
-from ..distributed.elastic import rank_picture, rest_of_epoch
+from ..distributed.elastic import held_states, rank_picture, rest_of_epoch
 from ..distributed.job import Job, join_job
 from ..distributed.rank_epoch import Progress, RankEpoch, check_start
 from .base import ReadingService
@@ -246,9 +246,10 @@ class DistributedReadingService(ReadingService):
         if world == job.world_size:
             return ranks[job.rank]
         rest = rest_of_epoch(ranks)
+        held = held_states(ranks, job.world_size, job.rank)
         kinds = {(r.get("inner") or {}).get("kind") for r in ranks}
         delivered = StateFields("DistributedReadingService", ranks[0]).int("delivered")
-        return {"kind": kinds.pop(), "rest": rest, "delivered": delivered}
+        return {"kind": kinds.pop(), "rest": rest, "held": held, "delivered": delivered}
 
     def _close_epoch(self) -> None:
         if self._epoch is not None:

@@ -12,7 +12,7 @@ from ...datapipes import (
     reset_pipeline,
     set_pipeline_epoch,
 )
-from ...datapipes.runtime import RestOfEpoch
+from ...datapipes.runtime import RestOfEpoch, load_held
 from ...errors import StateOfAnotherService
 from ...graph import Plan
 from ..planning.sharding import keep_shard
@@ -42,6 +42,7 @@ class InProcessRunner(Runner):
         if isinstance(rest, RestOfEpoch):  # resumed on another number of ranks
             assert self.plan.sharding_point is not None
             self.plan.sharding_point.resume_at(rest)  # type: ignore[arg-type]
+            load_held(pipeline, state.get("held") if state else None)  # the old ranks held them
         elif state is not None:
             if state.get("kind") != "in-process":
                 raise StateOfAnotherService(

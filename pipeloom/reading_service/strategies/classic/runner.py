@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, cast
 
 from ....datapipes import IterDataPipe
-from ....datapipes.runtime import RestOfEpoch, block_seed, derive_seed
+from ....datapipes.runtime import RestOfEpoch, block_seed, derive_seed, load_held
 from ....errors import StateError
 from ....graph import Plan
 from ...planning.cut import assembles_batches, single_output
@@ -113,6 +113,7 @@ class ClassicRunner(Runner):
                     "(alone or followed by threads or processes)"
                 )
             self.main.start_epoch(epoch, None)
+            load_held(self.main.pipeline, state.get("held") if state else None)
             self.merge.resume_rest(rest)
             channels = self.pool.start_epoch(epoch, rest)
         elif isinstance(self.merge, BatchMerge) and state is not None:
