@@ -234,7 +234,9 @@ class HillClimb(Tuner):
             self._reset_window()
             return None
         verdict = "slower"
-        if self.best is None or self._better(current, rate, self.best):
+        if self.best is not None and self.best[0] == current:  # the best, measured again
+            self.best, verdict = (current, max(rate, self.best[1]), cores / current.workers), "best"
+        elif self.best is None or self._better(current, rate, self.best):
             if self.best is not None and self.best[0].kind == current.kind:
                 # Doubling the workers nearly doubled the rate: jump further next time.
                 scaled = rate / self.best[1] if self.best[1] > 0 else 1.0
@@ -244,10 +246,12 @@ class HillClimb(Tuner):
         self._record(current, at, rate, cores, wait_share, verdict)
         self._reset_window()
         following = self._next_candidate()
+        best = self.best[0]
         if following is None:
             self.settled = True
-            best = self.best[0]
             return best if best != current else None
+        if current != best and not following.moves_within_epoch(current):
+            return best  # back to the best now; the other strategy waits for an epoch anyway
         return following
 
     @staticmethod

@@ -254,3 +254,27 @@ def test_economic_and_chunked_count_their_shared_memory_flat_in_workers():
     assert not tuner.within_budget(Config("processes", 2, 2), 0.1)  # 4 outputs in flight
     assert tuner.within_budget(Config("processes", 2, 2, "chunked"), 0.1)  # 3
     assert not tuner.within_budget(Config("processes", 7, 2, "economic"), 0.1)  # 9 processes
+
+
+def test_before_a_strategy_move_waits_for_an_epoch_the_climb_returns_to_its_best():
+    model = Simulated(per_item_s=0.002, cpu_share=1.0, gil=True)
+    tuner = climb(model)
+    tuner.start(Config("processes", 2, 1))
+    proposed = []
+    config = Config("processes", 2, 1)
+    for _ in range(3000):
+        rate, cores = model.rate_and_cores(config)
+        if config.prefetch > 1:
+            rate *= 0.8  # deeper prefetch is slower here
+        model.now += 1 / rate
+        model.cpu_s += cores / rate
+        decision = tuner.observe(model.now, 1 / rate, 1000)
+        if decision is None:
+            continue
+        proposed.append(decision)
+        if not decision.moves_within_epoch(config):
+            break  # the service would defer it: it must come while the best runs
+        config = decision
+        tuner.start(config)
+    assert proposed[-1].strategy != "classic", proposed
+    assert config == Config("processes", 2, 1), proposed  # not the slower prefetch 2
