@@ -270,8 +270,13 @@ class HillClimb(Tuner):
         assert self.best is not None
         best, _, per_worker = self.best
         other = "processes" if best.kind == "threads" else "threads"
-        # To processes: at least one per core (a GIL-bound best may have stopped at 1 thread).
-        other_workers = best.workers if other == "threads" else max(best.workers, self.budget.cpus)
+        # To processes: as many as the cores allow at the CPU a thread used (a GIL-bound best
+        # may have stopped at 1 thread, or at 2 that each compute half the time).
+        other_workers = (
+            best.workers
+            if other == "threads"
+            else max(best.workers, self.budget.cpus, self._cap(other, per_worker))
+        )
         more = min(self._growth * best.workers, self._cap(best.kind, per_worker))
         candidates = [
             dataclasses.replace(best, workers=more),

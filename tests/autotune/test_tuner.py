@@ -35,15 +35,19 @@ class Simulated:
         cores = rate * self.per_item_s * self.cpu_share
         return rate, cores
 
+    def deliver(self, tuner, config):
+        """One output of ``config``: the clock and CPU move on; the tuner's decision."""
+        rate, cores = self.rate_and_cores(config)
+        self.now += 1 / rate
+        self.cpu_s += cores / rate
+        return tuner.observe(self.now, 1 / rate, 1000)
+
     def run(self, tuner, start, outputs=5000):
         config = start
         tuner.start(config)
         proposed = [config]
         for _ in range(outputs):
-            rate, cores = self.rate_and_cores(config)
-            self.now += 1 / rate
-            self.cpu_s += cores / rate
-            decision = tuner.observe(self.now, 1 / rate, 1000)
+            decision = self.deliver(tuner, config)
             if decision is not None:
                 config = decision
                 proposed.append(config)
@@ -153,10 +157,7 @@ def keep_running(model, tuner, config, outputs):
     """Deliver ``outputs`` more outputs of ``config``; the decisions the tuner made."""
     decisions = []
     for _ in range(outputs):
-        rate, cores = model.rate_and_cores(config)
-        model.now += 1 / rate
-        model.cpu_s += cores / rate
-        decision = tuner.observe(model.now, 1 / rate, 1000)
+        decision = model.deliver(tuner, config)
         if decision is not None:
             decisions.append(decision)
             config = decision

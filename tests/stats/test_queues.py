@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import pipeloom
-from pipeloom.datapipes import IterableWrapper, IterDataPipe
+from pipeloom.datapipes import IterableWrapper
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.stats import LoaderStats, QueueStats, shared_memory_in_use
+from tests.reading_service.test_separate import InOwnProcess
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -123,21 +124,6 @@ def test_every_placement_names_its_queues(service, names):
     assert set(names) <= found, found
     assert "queue" in str(stats) and names[0] in str(stats)
     assert stats.to_dict()["queues"][0]["name"] in found
-
-
-class InOwnProcess(IterDataPipe):
-    """Passes its source through, in a process of its own."""
-
-    inputs = ("source",)
-
-    def __init__(self, source: IterDataPipe) -> None:
-        self.source = source
-
-    def is_separate_process(self) -> bool:
-        return True
-
-    def __iter__(self):
-        yield from self.source
 
 
 def test_a_separate_process_block_reports_its_queue():
