@@ -12,7 +12,7 @@ import importlib
 from typing import Any
 
 from . import datapipes, graph, reading_service
-from .datapipes import item_rng, item_seed
+from .datapipes import empty_output, item_rng, item_seed
 from .errors import NotAvailable, PipeloomError, QueueError, StateError, WorkerError
 from .loader import DataLoader
 from .reading_service import InProcessReadingService, get_worker_info
@@ -31,6 +31,7 @@ __all__ = [
     "datapipes",
     "get_worker_info",
     "graph",
+    "empty_output",
     "item_rng",
     "item_seed",
     "reading_service",

@@ -23,7 +23,15 @@ from ._collate import Collator, default_collate
 from ._columns import Dropper, Flattener, Slicer
 from ._compact import CompactStringList
 from ._concat import Concater, MapConcater
-from ._context import current_key, current_position, item_rng, item_seed, item_stamp, set_item_stamp
+from ._context import (
+    current_key,
+    current_position,
+    empty_output,
+    item_rng,
+    item_seed,
+    item_stamp,
+    set_item_stamp,
+)
 from ._cycle import Cycler
 from ._decode import Decoder, default_decoders
 from ._decompress import Bz2FileLoader, CompressionType, Decompressor, XzFileLoader
@@ -135,6 +143,7 @@ __all__ = [
     "InBatchShuffler",
     "IndexAdder",
     "InMemoryCacheHolder",
+    "empty_output",
     "item_rng",
     "item_seed",
     "item_stamp",

@@ -5,7 +5,10 @@ ecosystem's convention, so a batch looks exactly as it does with torch's
 ``DataLoader`` (tensors and NumPy arrays are stacked, numbers become tensors,
 strings stay lists, dicts/tuples/lists/namedtuples are collated per field).
 What it adds: when the samples cannot be stacked, the error names the field
-(e.g. ``sample['image']``) and the differing shapes or lengths.
+(e.g. ``sample['image']``) and the differing shapes or lengths; and in a
+worker process, tensors are stacked straight into the shared memory of the
+queue the batch leaves by (:func:`empty_output`), so it crosses to the main
+process without a copy -- what torch's workers do with ``_new_shared``.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.utils.data
+import torch.utils.data._utils.collate as torch_collate
 
 from ._base import IterDataPipe
-from ._context import current_position
+from ._context import current_position, empty_output, sends_outputs
 from ._map import check_callable, fn_name, raise_with_note
 
 __all__ = ["Collator", "default_collate"]
@@ -40,6 +44,8 @@ def default_collate(batch: Sequence[Any]) -> Any:
     if numbers is not None:
         return numbers
     try:
+        if sends_outputs():
+            return torch_collate.collate(batch, collate_fn_map=_INTO_OUTPUT)
         return torch.utils.data.default_collate(batch)  # type: ignore[arg-type]
     except (RuntimeError, TypeError) as error:
         problem = _diagnose(list(batch), "sample") if _is_sequence(batch) and len(batch) else None
@@ -50,6 +56,20 @@ def default_collate(batch: Sequence[Any]) -> Any:
             f"uniform before batching (e.g. pad or resize in a .map), or pass "
             f"collate_fn= to .collate() (torch said: {error})"
         ) from error
+
+
+def _stack_into_output(batch: Sequence[torch.Tensor], **_: Any) -> torch.Tensor:
+    """torch's tensor collation, stacking into :func:`empty_output` memory."""
+    first = batch[0]
+    if first.is_nested or first.layout != torch.strided or first.device.type != "cpu":
+        return torch_collate.collate_tensor_fn(batch)  # torch's errors and devices
+    out = None
+    if all(sample.dtype == first.dtype and not sample.requires_grad for sample in batch):
+        out = empty_output((len(batch), *first.shape), first.dtype)
+    return torch.stack(list(batch), 0, out=out)
+
+
+_INTO_OUTPUT = {**torch_collate.default_collate_fn_map, torch.Tensor: _stack_into_output}
 
 
 def _collate_numbers(batch: Sequence[Any]) -> torch.Tensor | None:

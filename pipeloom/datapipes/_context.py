@@ -23,11 +23,13 @@ Example:
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 __all__ = [
     "NO_STAMP",
@@ -37,6 +39,7 @@ __all__ = [
     "current_position",
     "current_stamp",
     "derive_seed",
+    "empty_output",
     "item_rng",
     "item_seed",
     "item_stamp",
@@ -44,6 +47,7 @@ __all__ = [
     "output_stamp",
     "restore_stamp",
     "set_item_stamp",
+    "set_output_queue",
     "stamp_item",
     "stamp_output",
 ]
@@ -306,3 +310,42 @@ def set_worker_info(info: Any, *, thread: bool) -> None:
         _THREAD_WORKER.info = info
     else:
         _PROCESS_WORKER[0] = info
+
+
+_OUTPUT_QUEUE: list[Any] = [None, 0]  # the queue this process's outputs leave by, its pid
+
+
+def set_output_queue(queue: Any) -> None:
+    """Declare the queue (a producer end) by which this process's outputs leave it.
+
+    Reading services call it in worker processes; :func:`empty_output` then
+    allocates in that queue's shared memory. A process forked from this one
+    does not inherit it. ``None`` forgets it.
+    """
+    _OUTPUT_QUEUE[:] = [queue, os.getpid()]
+
+
+def sends_outputs() -> bool:
+    """True in a process whose outputs leave by a queue (:func:`set_output_queue`)."""
+    queue, pid = _OUTPUT_QUEUE
+    return queue is not None and pid == os.getpid()
+
+
+def empty_output(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Like ``torch.empty``, for a tensor this worker will send on (a collated batch).
+
+    In a worker process, the tensor lies in the shared memory of the queue
+    that carries the worker's outputs, so sending it copies nothing (torch's
+    workers do the same when they collate); elsewhere it is ``torch.empty``.
+    ``default_collate`` uses it; use it in your own collate function to the
+    same end. Fill it before the batch leaves the collate function.
+
+    Example:
+        >>> rows = [torch.ones(3), torch.zeros(3)]
+        >>> torch.stack(rows, out=empty_output((2, 3), rows[0].dtype))
+        tensor([[1., 1., 1.],
+                [0., 0., 0.]])
+    """
+    if not sends_outputs():
+        return torch.empty(tuple(shape), dtype=dtype)
+    return _OUTPUT_QUEUE[0].empty_tensor(tuple(shape), dtype)

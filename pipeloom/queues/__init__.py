@@ -42,11 +42,12 @@ from pipeloom.queues._base import (
 )
 from pipeloom.queues._factory import Location, make_queue
 from pipeloom.queues._local import LocalQueue
-from pipeloom.queues._process import ProcessQueue
+from pipeloom.queues._process import ALLOCATE_MIN, ProcessQueue
 from pipeloom.queues._serialize import PayloadError, encode
 from pipeloom.queues._thread import ThreadQueue
 
 __all__ = [
+    "ALLOCATE_MIN",
     "DataLoaderQueue",
     "LocalQueue",
     "Location",

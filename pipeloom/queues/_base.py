@@ -17,6 +17,8 @@ import math
 import time
 from typing import Any, Literal
 
+import torch
+
 from pipeloom._validate import check_int
 from pipeloom.errors import QueueError
 from pipeloom.events import ReadinessSource
@@ -68,6 +70,8 @@ class QueueStatistics:
         bytes_inline: payload bytes sent through the socket itself.
         shm_bytes_held: bytes of the shared-memory segments the producer holds
             now (lent to the consumer or pooled for reuse).
+        bytes_uncopied: the part of ``bytes_via_shm`` the producer built in
+            shared memory itself (``empty_tensor``), so put() copied none of it.
     """
 
     kind: str
@@ -81,6 +85,7 @@ class QueueStatistics:
     segments_reused: int = 0
     bytes_inline: int = 0
     shm_bytes_held: int = 0
+    bytes_uncopied: int = 0
 
 
 def validate_capacity(capacity: int) -> int:
@@ -198,6 +203,22 @@ class DataLoaderQueue(abc.ABC):
     @abc.abstractmethod
     def space_readiness(self) -> ReadinessSource:
         """What a producer's waiter attaches to, to learn that room was made."""
+
+    def empty_tensor(
+        self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """An uninitialised tensor for the producer to fill and put (in an item).
+
+        Queues that copy items into shared memory (:class:`ProcessQueue`)
+        return one that already lies there, so putting it copies nothing;
+        the others return ``torch.empty(shape, dtype=dtype)``.
+
+        Example:
+            >>> from pipeloom.queues import ThreadQueue
+            >>> ThreadQueue(capacity=1).empty_tensor((2, 3)).shape
+            torch.Size([2, 3])
+        """
+        return torch.empty(shape, dtype=dtype)
 
     @abc.abstractmethod
     def qsize(self) -> int:

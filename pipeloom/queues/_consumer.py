@@ -164,31 +164,46 @@ class ConsumerEnd:
             raise
 
     def _decode_shm(self, body: bytes) -> Any:
-        segment_id, new_size, flags, count = SHM_META.unpack_from(body)
-        if new_size:
-            self._maps.add(segment_id, self._inbox.fds.popleft(), new_size)
-        mapping = self._maps.get(segment_id)
+        nsegments, count, flags = SHM_META.unpack_from(body)
+        at = SHM_META.size
+        segments = array("Q")
+        segments.frombytes(body[at : at + 16 * nsegments])
+        at += 16 * nsegments
         nspans = count + (1 if flags & STREAM_IN_SHM else 0)
         spans = array("Q")
-        spans.frombytes(body[SHM_META.size : SHM_META.size + 16 * nspans])
-        extent = max((spans[i] + spans[i + 1] for i in range(0, len(spans), 2)), default=0)
-        # One holder per message: every array/tensor built from it keeps it alive
-        # (through the memoryviews' shared export); when the last one dies, the
-        # segment is reported free and only then may the producer reuse it.
-        holder = np.frombuffer(mapping, np.uint8, max(extent, 1), 0)
-        finalizer = weakref.finalize(holder, self._frees.append, segment_id)
-        finalizer.atexit = False
-        view = memoryview(holder)  # type: ignore[arg-type]
-        del holder
-        buffers = [view[spans[i] : spans[i] + spans[i + 1]] for i in range(0, 2 * count, 2)]
+        spans.frombytes(body[at : at + 24 * nspans])
+        at += 24 * nspans
+        # One holder per segment and message: every array/tensor built from it keeps
+        # it alive (through the memoryviews' shared export); when the last one dies,
+        # the segment is reported free, and only then may the producer reuse it.
+        views = []
+        for index in range(nsegments):
+            segment_id, new_size = segments[2 * index], segments[2 * index + 1]
+            if new_size:
+                self._maps.add(segment_id, self._inbox.fds.popleft(), new_size)
+            mapping = self._maps.get(segment_id)
+            extent = max(
+                (spans[i + 1] + spans[i + 2] for i in range(0, 3 * nspans, 3) if spans[i] == index),
+                default=1,
+            )
+            holder = np.frombuffer(mapping, np.uint8, max(extent, 1), 0)
+            finalizer = weakref.finalize(holder, self._frees.append, segment_id)
+            finalizer.atexit = False
+            views.append(memoryview(holder))  # type: ignore[arg-type]
+            del holder
+        buffers = [
+            views[spans[i]][spans[i + 1] : spans[i + 1] + spans[i + 2]]
+            for i in range(0, 3 * count, 3)
+        ]
         if flags & STREAM_IN_SHM:
-            stream: Any = view[spans[-2] : spans[-2] + spans[-1]]
+            i = 3 * count
+            stream: Any = views[spans[i]][spans[i + 1] : spans[i + 1] + spans[i + 2]]
         else:
-            stream = memoryview(body)[SHM_META.size + 16 * nspans :]
+            stream = memoryview(body)[at:]
         try:
             return self._decode(stream, buffers)
         finally:
-            del buffers, stream, view
+            del buffers, stream, views
 
     def _send_frees(self) -> None:
         ids = array("I")

@@ -37,6 +37,7 @@ class Slot:
     SEGMENTS_REUSED = 9
     BYTES_INLINE = 10
     SHM_BYTES_HELD = 11
+    BYTES_UNCOPIED = 12
 
 
 class Control:

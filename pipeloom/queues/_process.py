@@ -6,12 +6,15 @@ See ``docs/queues.md`` for the protocol, the state diagram and cleanup rules.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import socket
 import threading
 import weakref
 from multiprocessing.reduction import DupFd
 from typing import Any, Literal
+
+import torch
 
 from pipeloom.errors import NotAvailable
 from pipeloom.events import ReadinessSource
@@ -29,9 +32,11 @@ from pipeloom.queues._control import Control, Slot
 from pipeloom.queues._producer import ProducerEnd
 from pipeloom.queues._serialize import encode
 
-__all__ = ["ProcessQueue"]
+__all__ = ["ALLOCATE_MIN", "ProcessQueue"]
 
 _SOCKET_BUFFER = 1 << 20
+ALLOCATE_MIN = 256 * 1024
+"""Tensors from :meth:`ProcessQueue.empty_tensor` this big or bigger lie in shared memory."""
 # Bumped in every forked child, so a queue notices a fork without a getpid()
 # system call per operation.
 _forks = [0]
@@ -204,6 +209,36 @@ class ProcessQueue(DataLoaderQueue):
         with self._put_lock:
             end.put(stream, buffers, block, deadline)
 
+    def empty_tensor(
+        self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """An uninitialised tensor in this queue's shared memory (producer side).
+
+        Fill it and put it (alone or inside an item): it reaches the consumer
+        without a copy, as torch's workers collate into shared memory. Call it
+        in the producer process (it binds the producer end, like ``put``).
+        The memory is reused once this process dropped every view of the
+        tensor and the consumer dropped everything built from it; mutate it
+        only before putting it. Small tensors (under :data:`ALLOCATE_MIN`
+        bytes, which travel in the message itself) are plain ``torch.empty``.
+
+        Example:
+            >>> q = ProcessQueue(capacity=2)
+            >>> batch = q.empty_tensor((16, 3, 224, 224), torch.uint8)
+            >>> torch.stack([torch.zeros(3, 224, 224, dtype=torch.uint8)] * 16, out=batch).shape
+            torch.Size([16, 3, 224, 224])
+            >>> q.close()
+        """
+        shape = tuple(shape)
+        numel = math.prod(shape)
+        nbytes = numel * dtype.itemsize
+        if nbytes < ALLOCATE_MIN:
+            return torch.empty(shape, dtype=dtype)
+        end: ProducerEnd = self._end("producer")
+        with self._put_lock:
+            raw = end.allocate(nbytes)
+        return torch.from_numpy(raw).view(dtype).view(shape)
+
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         deadline = Deadline(timeout)
         end: ConsumerEnd = self._end("consumer")
@@ -241,7 +276,7 @@ class ProcessQueue(DataLoaderQueue):
 
     def statistics(self) -> QueueStatistics:
         ctl = self._ctl
-        values = [0] * 12 if ctl is None else list(ctl.slots[:12])
+        values = [0] * 13 if ctl is None else list(ctl.slots[:13])
         return QueueStatistics(
             kind=self.kind,
             state=self.state.value,
@@ -254,6 +289,7 @@ class ProcessQueue(DataLoaderQueue):
             segments_reused=values[Slot.SEGMENTS_REUSED],
             bytes_inline=values[Slot.BYTES_INLINE],
             shm_bytes_held=values[Slot.SHM_BYTES_HELD],
+            bytes_uncopied=values[Slot.BYTES_UNCOPIED],
         )
 
     # -- lifecycle --------------------------------------------------------

@@ -13,14 +13,17 @@ from pipeloom.errors import NotAvailable
 from pipeloom.queues._base import Deadline, QueueBroken, QueueClosed
 from pipeloom.queues._control import Control, Slot
 from pipeloom.queues._peer import FdSetReadiness, describe_exit, open_pidfd, wait_readable
-from pipeloom.queues._shm import SegmentPool
+from pipeloom.queues._shm import Segment, SegmentPool
 from pipeloom.queues._wire import Inbox, Kind, send_frame
 
 __all__ = ["INLINE_MAX", "SHM_META", "STREAM_IN_SHM", "ProducerEnd"]
 
 INLINE_MAX = 64 * 1024
 """Pickle streams longer than this travel in shared memory, not the socket."""
-SHM_META = struct.Struct("<IQBI")  # segment id, size if new else 0, flags, buffer count
+SHM_META = struct.Struct("<HIB")  # segments referred to, buffer count, flags
+"""An SHM_ITEM body: SHM_META; per segment (id, size if new to the consumer else 0);
+per buffer, then for the stream if STREAM_IN_SHM, (segment index, offset, size),
+all u64; then the pickle stream unless it is in shared memory."""
 STREAM_IN_SHM = 1
 _ALIGN = 64
 
@@ -108,7 +111,7 @@ class ProducerEnd:
 
     def drain_returns(self) -> None:
         """Handle every frame the consumer sent back (frees, wake-ups, hello, close)."""
-        retired: list[int] = []
+        retired = self._pool.collect_dropped()
         try:
             while True:
                 frame = self._returns.next_frame()
@@ -153,41 +156,78 @@ class ProducerEnd:
         reason = describe_exit("consumer", self._consumer_pid)
         return QueueBroken(reason if err is None else f"{reason} ({err.strerror or err})")
 
+    def allocate(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of shared memory to build an item in; put() then sends it uncopied."""
+        self._raise_if_unusable()
+        self.drain_returns()
+        array = self._pool.allocate(nbytes)
+        self._ctl[Slot.SHM_BYTES_HELD] = self._pool.held_bytes
+        return array
+
     def _send_via_shm(self, stream: bytes, buffers: list[memoryview]) -> None:
         self.drain_returns()  # take back freed segments first, so they get reused
-        offsets: list[int] = []
-        end = 0
+        pool = self._pool
+        used: list[Segment] = []  # the segments the message refers to, by index
+        spans = array("Q")  # (segment index, offset, size) per buffer, then the stream's
+        copies: list[tuple[int, memoryview | bytes]] = []  # (span, what to copy there)
+        end = uncopied = 0
         for buffer in buffers:
-            offsets += (end, buffer.nbytes)
-            end = -(-(end + buffer.nbytes) // _ALIGN) * _ALIGN
+            found = pool.locate(buffer)
+            if found is None:  # copied into this message's own segment, placed below
+                copies.append((len(spans), buffer))
+                spans.extend((0, end, buffer.nbytes))
+                end = -(-(end + buffer.nbytes) // _ALIGN) * _ALIGN
+            else:  # built in an allocated segment: referred to, not copied
+                segment, offset = found
+                uncopied += buffer.nbytes
+                if segment not in used:
+                    used.append(segment)
+                spans.extend((used.index(segment), offset, buffer.nbytes))
         flags = 0
         if len(stream) > INLINE_MAX:
             flags |= STREAM_IN_SHM
-            offsets += (end, len(stream))
+            copies.append((len(spans), stream))
+            spans.extend((0, end, len(stream)))
             end += len(stream)
-        segment, new = self._pool.acquire(end)
+        own = pool.acquire(end) if copies else None
         try:
-            mapping = segment.mapping
-            for i, buffer in enumerate(buffers):
-                start = offsets[2 * i]
-                dst = np.frombuffer(mapping, np.uint8, buffer.nbytes, start)
-                np.copyto(dst, np.frombuffer(buffer, np.uint8))
-            if flags & STREAM_IN_SHM:
-                segment.view[offsets[-2] : end] = stream
-            meta = SHM_META.pack(segment.id, segment.size if new else 0, flags, len(buffers))
+            if own is not None:
+                for span, data in copies:
+                    spans[span] = len(used)
+                    dst = np.frombuffer(own.mapping, np.uint8, spans[span + 2], spans[span + 1])
+                    np.copyto(dst, np.frombuffer(data, np.uint8))
+                used.append(own)
+            header = array("Q")
+            fds = []
+            for segment in used:
+                header.extend((segment.id, 0 if segment.announced else segment.size))
+                if not segment.announced:
+                    fds.append(segment.fd)
+            meta = SHM_META.pack(len(used), len(buffers), flags)
             tail = b"" if flags & STREAM_IN_SHM else stream
-            fds = (segment.fd,) if new else ()
             send_frame(
-                self._sock, Kind.SHM_ITEM, meta, array("Q", offsets).tobytes(), tail, fds=fds
+                self._sock,
+                Kind.SHM_ITEM,
+                meta,
+                header.tobytes(),
+                spans.tobytes(),
+                tail,
+                fds=tuple(fds),
             )
         except BaseException:
-            self._pool.discard(segment)
+            if own is not None:
+                pool.discard(own)
             raise
+        for segment in used:
+            segment.announced = True
+            if segment is not own:
+                pool.lend(segment)
         ctl = self._ctl
-        ctl[Slot.BYTES_VIA_SHM] = ctl[Slot.BYTES_VIA_SHM] + end
-        ctl[Slot.SEGMENTS_CREATED] = self._pool.created
-        ctl[Slot.SEGMENTS_REUSED] = self._pool.reused
-        ctl[Slot.SHM_BYTES_HELD] = self._pool.held_bytes
+        ctl[Slot.BYTES_VIA_SHM] = ctl[Slot.BYTES_VIA_SHM] + end + uncopied
+        ctl[Slot.BYTES_UNCOPIED] = ctl[Slot.BYTES_UNCOPIED] + uncopied
+        ctl[Slot.SEGMENTS_CREATED] = pool.created
+        ctl[Slot.SEGMENTS_REUSED] = pool.reused
+        ctl[Slot.SHM_BYTES_HELD] = pool.held_bytes
         ctl[Slot.BYTES_INLINE] = ctl[Slot.BYTES_INLINE] + len(tail)
 
     def close(self, send_close: bool) -> None:

@@ -10,6 +10,11 @@ name exists for microseconds); descriptors travel between processes with
 The producer pools segments by power-of-two size class and reuses one only
 after the consumer reported it free. Memory of a memfd is allocated lazily, so
 rounding a size up costs address space, not RAM.
+
+A producer may also *allocate* a segment to build an item in (a batch
+collated straight into shared memory): the segment stays in use while the
+producer's array over it lives and while any message that refers to it is
+with the consumer, so it is reused only once both let go.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ import collections
 import itertools
 import mmap
 import os
+import weakref
 from dataclasses import dataclass, field
+
+import numpy as np
 
 __all__ = ["MIN_SEGMENT", "MappingCache", "Segment", "SegmentPool", "new_segment_fd"]
 
@@ -57,13 +65,20 @@ def size_class(nbytes: int) -> int:
 
 @dataclass(eq=False)
 class Segment:
-    """One producer-side segment: its id, fd, size and writable mapping."""
+    """One producer-side segment: its id, fd, size and writable mapping.
+
+    ``users`` counts what holds it: each message with the consumer that refers
+    to it, and the producer's own array over it while one lives.
+    ``announced``: the consumer has its descriptor (it was sent once).
+    """
 
     id: int
     fd: int
     size: int
     mapping: mmap.mmap
     view: memoryview = field(init=False)
+    users: int = 0
+    announced: bool = False
 
     def __post_init__(self) -> None:
         self.view = memoryview(self.mapping)
@@ -94,18 +109,22 @@ class SegmentPool:
         self._free: dict[int, collections.deque[Segment]] = {}
         self._lent: dict[int, Segment] = {}
         self._lent_bytes = 0
+        # Segments the producer builds items in: (start address, end, segment) by id,
+        # and the ids whose producer-side array died (appended by a finalizer, from
+        # any thread, and handled by :meth:`collect_dropped`).
+        self._writable: dict[int, tuple[int, int, Segment]] = {}
+        self._dropped: collections.deque[int] = collections.deque()
         self.created = 0
         self.reused = 0
 
-    def acquire(self, nbytes: int) -> tuple[Segment, bool]:
-        """A segment of at least ``nbytes``; True if it was just created."""
+    def acquire(self, nbytes: int) -> Segment:
+        """A segment of at least ``nbytes``, with one user (the caller)."""
         size = size_class(nbytes)
         free = self._free.get(size)
         if free:
             segment = free.pop()  # the most recently used one is warmest
             self._free_bytes -= segment.size
             self.reused += 1
-            new = False
         else:
             fd = new_segment_fd(size)
             try:
@@ -114,10 +133,49 @@ class SegmentPool:
                 os.close(fd)
                 raise
             self.created += 1
-            new = True
+        segment.users = 1
         self._lent[segment.id] = segment
         self._lent_bytes += segment.size
-        return segment, new
+        return segment
+
+    def allocate(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of a segment as a writable uint8 array, to build an item in.
+
+        The segment is reused only after this array (and every view of it) is
+        gone and the consumer freed every message that referred to it.
+        """
+        segment = self.acquire(nbytes)
+        array = np.frombuffer(segment.mapping, np.uint8, nbytes, 0)
+        start = array.__array_interface__["data"][0]
+        self._writable[segment.id] = (start, start + segment.size, segment)
+        finalizer = weakref.finalize(array, self._dropped.append, segment.id)
+        finalizer.atexit = False
+        return array
+
+    def locate(self, buffer: memoryview) -> tuple[Segment, int] | None:
+        """The allocated segment holding ``buffer`` and its offset there, or None."""
+        if not self._writable or not buffer.nbytes:
+            return None
+        address = np.frombuffer(buffer, np.uint8).__array_interface__["data"][0]
+        for start, end, segment in self._writable.values():
+            if start <= address and address + buffer.nbytes <= end:
+                return segment, address - start
+        return None
+
+    def lend(self, segment: Segment) -> None:
+        """One more user: a message that refers to ``segment`` went to the consumer."""
+        segment.users += 1
+
+    def collect_dropped(self) -> list[int]:
+        """Release segments whose producer-side array died; the ids retired."""
+        retired = []
+        while self._dropped:
+            segment_id = self._dropped.popleft()
+            if self._writable.pop(segment_id, None) is not None:
+                gone = self.release(segment_id)
+                if gone is not None:
+                    retired.append(gone)
+        return retired
 
     @property
     def held_bytes(self) -> int:
@@ -125,10 +183,14 @@ class SegmentPool:
         return self._lent_bytes + self._free_bytes
 
     def release(self, segment_id: int) -> int | None:
-        """Take a segment back; returns its id if it was retired instead of kept."""
-        segment = self._lent.pop(segment_id, None)
+        """One user fewer; at none, the segment is pooled, or retired (its id returned)."""
+        segment = self._lent.get(segment_id)
         if segment is None:
             return None
+        segment.users -= 1
+        if segment.users > 0:
+            return None
+        del self._lent[segment_id]
         self._lent_bytes -= segment.size
         free = self._free.setdefault(segment.size, collections.deque())
         budget = self._max_free_bytes
@@ -145,6 +207,7 @@ class SegmentPool:
         """Drop a segment that was acquired but never sent."""
         if self._lent.pop(segment.id, None) is not None:
             self._lent_bytes -= segment.size
+        self._writable.pop(segment.id, None)
         segment.close()
 
     def close(self) -> None:
@@ -156,6 +219,7 @@ class SegmentPool:
             segment.close()
         self._free.clear()
         self._lent.clear()
+        self._writable.clear()
         self._free_bytes = self._lent_bytes = 0
 
 

@@ -69,3 +69,14 @@ def try_put(q, out):
 
 def die_now():
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def produce_built(q, n):
+    """Fill tensors made by ``q.empty_tensor`` (shared memory) and put them."""
+    torch.set_num_threads(1)
+    for i in range(n):
+        t = q.empty_tensor((256, 1024), torch.float32)
+        t.fill_(float(i))
+        q.put({"i": i, "t": t}, timeout=10)
+        del t
+    q.close()

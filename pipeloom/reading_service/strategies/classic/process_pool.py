@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...._shutdown import finalize_here
-from ....datapipes.runtime import RestOfEpoch
+from ....datapipes.runtime import RestOfEpoch, set_output_queue
 from ....errors import NotAvailable, QueueError, StateError, WorkerError
 from ....events import FdReadiness, ReadinessSource
 from ....graph import Plan
@@ -287,6 +287,7 @@ def _worker_main(
 ) -> None:
     """A classic worker process: wait for an epoch, produce it, repeat until told to stop."""
     label = bootstrap(f"worker process {index}", reuse_freed_memory=True)
+    set_output_queue(queue)  # batches are collated into its shared memory
     pipe = payload.load()
     point = shard.apply(pipe, index)
     chain = BatchChain(pipe) if ring is not None else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....datapipes.runtime import derive_seed
+from ....datapipes.runtime import derive_seed, set_output_queue
 from ....errors import NotAvailable, QueueError
 from ....events import Waiter
 from ....queues import ProcessQueue
@@ -38,6 +38,7 @@ def batch_worker_main(
 ) -> None:
     """A batch worker: gather each batch's items, batch and collate them."""
     label = bootstrap(f"batch worker {index}")
+    set_output_queue(to_main)  # batches are collated into its shared memory
     chain = WorkerChain(payload.load())
     assembler = _BatchAssembler()
     inputs = list(from_items)
