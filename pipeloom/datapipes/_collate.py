@@ -22,8 +22,9 @@ import torch.utils.data
 import torch.utils.data._utils.collate as torch_collate
 
 from ._base import IterDataPipe
-from ._context import current_position, empty_output, sends_outputs
+from ._context import collates_into_buffers, collating_into, current_position, empty_output
 from ._map import check_callable, fn_name, raise_with_note
+from ._warm import WarmBuffers
 
 __all__ = ["Collator", "default_collate"]
 
@@ -44,7 +45,7 @@ def default_collate(batch: Sequence[Any]) -> Any:
     if numbers is not None:
         return numbers
     try:
-        if sends_outputs():
+        if collates_into_buffers():
             return torch_collate.collate(batch, collate_fn_map=_INTO_OUTPUT)
         return torch.utils.data.default_collate(batch)  # type: ignore[arg-type]
     except (RuntimeError, TypeError) as error:
@@ -144,11 +145,32 @@ class Collator(IterDataPipe):
         self._collate = default_collate if collate_fn is None else collate_fn
 
     def async_next(self) -> Any:
-        batch = self.source.async_next()
+        try:
+            batch = self.source.async_next()
+        except StopIteration:
+            self._warm_buffers().clear()  # a loader at rest holds no batch memory
+            raise
+        previous = collating_into(self._warm_buffers())
         try:
             return self._collate(batch)
         except Exception as error:
             raise_with_note(error, self, current_position())
+        finally:
+            collating_into(previous)
+
+    def _warm_buffers(self) -> WarmBuffers:
+        warm = self.__dict__.get("_warm")
+        if warm is None:
+            warm = self._warm = WarmBuffers()
+        return warm
+
+    def reset(self) -> None:
+        self._warm_buffers().clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_warm", None)  # memory of this process only
+        return state
 
     def __len__(self) -> int:
         return len(self.source)

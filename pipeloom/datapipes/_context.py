@@ -325,6 +325,26 @@ def set_output_queue(queue: Any) -> None:
     _OUTPUT_QUEUE[:] = [queue, os.getpid()]
 
 
+class _WarmSlot(threading.local):
+    pool: Any = None
+
+
+_WARM = _WarmSlot()
+
+
+def collating_into(pool: Any) -> Any:
+    """Make ``pool`` (a ``WarmBuffers``) where :func:`empty_output` allocates in this
+    thread, outside worker processes; returns the previous one, to restore."""
+    previous = _WARM.pool
+    _WARM.pool = pool
+    return previous
+
+
+def collates_into_buffers() -> bool:
+    """True where :func:`empty_output` gives more than ``torch.empty``."""
+    return _WARM.pool is not None or sends_outputs()
+
+
 def sends_outputs() -> bool:
     """True in a process whose outputs leave by a queue (:func:`set_output_queue`)."""
     queue, pid = _OUTPUT_QUEUE
@@ -336,7 +356,9 @@ def empty_output(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> to
 
     In a worker process, the tensor lies in the shared memory of the queue
     that carries the worker's outputs, so sending it copies nothing (torch's
-    workers do the same when they collate); elsewhere it is ``torch.empty``.
+    workers do the same when they collate). Elsewhere, inside ``collate``,
+    big tensors reuse the memory of batches already dropped, so stacking does
+    not fault in fresh pages; otherwise it is ``torch.empty``.
     ``default_collate`` uses it; use it in your own collate function to the
     same end. Fill it before the batch leaves the collate function.
 
@@ -346,6 +368,8 @@ def empty_output(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> to
         tensor([[1., 1., 1.],
                 [0., 0., 0.]])
     """
-    if not sends_outputs():
-        return torch.empty(tuple(shape), dtype=dtype)
-    return _OUTPUT_QUEUE[0].empty_tensor(tuple(shape), dtype)
+    if sends_outputs():
+        return _OUTPUT_QUEUE[0].empty_tensor(tuple(shape), dtype)
+    if _WARM.pool is not None:
+        return _WARM.pool.empty(shape, dtype)
+    return torch.empty(tuple(shape), dtype=dtype)

@@ -179,3 +179,42 @@ def test_collate_takes_torchdatas_conversion_and_collate_fn():
     assert [t.tolist() for t in default] == [[1, 2], [3]]
     with pytest.raises(TypeError, match=r"TorchArrow DataFrames.*collate_fn="):
         batches.collate(conversion={"a": torch.tensor})
+
+
+# -- big batches reuse the memory of dropped ones (pipeloom/datapipes/_warm.py) ----------
+
+
+def test_big_batches_reuse_dropped_memory_and_never_a_live_batch():
+    import numpy as np
+
+    from pipeloom.datapipes import IterableWrapper
+
+    rows = [torch.full((64, 1024), float(i)) for i in range(32)]  # 256 KiB rows, 2 MiB batches
+    pipe = IterableWrapper(rows).batch(8).collate()
+    kept = []
+    for i, batch in enumerate(pipe):
+        assert torch.equal(batch, torch.utils.data.default_collate(rows[8 * i : 8 * i + 8]))
+        if i % 2 == 0:
+            kept.append((batch, batch.clone()))  # held by the consumer: must not change
+        for held, copy in kept:
+            assert torch.equal(held, copy)
+    warm = pipe._warm  # noqa: SLF001 - the pool the collator used
+    assert warm.reused >= 1  # batches 1 and 3 were dropped: their memory came back
+    assert warm.held_bytes == 0  # the epoch ended: nothing kept at rest
+    arrays = [np.full((512, 512), i, dtype=np.float32) for i in range(4)]  # NumPy samples too
+    (stacked,) = list(IterableWrapper(arrays).batch(4).collate())
+    assert torch.equal(stacked, torch.utils.data.default_collate(arrays))
+
+
+def test_a_collator_copies_and_pickles_without_its_buffers():
+    import copy
+    import pickle
+
+    from pipeloom.datapipes import IterableWrapper
+
+    pipe = IterableWrapper([torch.ones(512, 512)] * 4).batch(2).collate()
+    first = next(iter(pipe))
+    assert "_warm" in vars(pipe)
+    for twin in (copy.deepcopy(pipe), pickle.loads(pickle.dumps(pipe))):
+        assert "_warm" not in vars(twin)
+        assert torch.equal(next(iter(twin)), first)
