@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import pipeloom
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper, item_rng
+from pipeloom.errors import NotAvailable
 from pipeloom.reading_service import InProcessReadingService, ThreadReadingService
 
 
@@ -204,3 +205,26 @@ def test_threads_start_before_any_produces(monkeypatch):
         assert list(loader) == list(range(1, 41))
     # Each thread began its epoch only once all four were started (the gate).
     assert produced_while_starting == [4, 4, 4, 4]
+
+
+def test_a_worker_thread_wakes_the_merge_only_when_it_waits_for_that_worker():
+    from pipeloom.events import Waiter
+    from pipeloom.reading_service.workers.thread import WorkerThread
+
+    worker = WorkerThread(
+        IterableWrapper([]), index=0, count=1, seed=0, capacity=8, epoch=0, resume=None
+    )  # not started: this thread puts, as the worker would
+    waiter = Waiter()
+    worker.readiness()[0].attach(waiter)
+    worker.queue.put("ahead")  # the merge waits for another worker: not woken
+    assert waiter.generation == 0
+    assert worker.get_nowait() == "ahead"
+    worker.queue.put("next")  # the merge got what it asked for: still not woken
+    assert waiter.generation == 0
+    assert worker.get_nowait() == "next"
+    with pytest.raises(NotAvailable):
+        worker.get_nowait()  # the merge now waits for this worker
+    worker.queue.put("wanted")
+    assert waiter.generation == 1
+    assert worker.get_nowait() == "wanted"
+    worker.close()

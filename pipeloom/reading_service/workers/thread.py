@@ -55,7 +55,9 @@ class WorkerThread:
     ) -> None:
         self.label = f"worker thread {index}"
         # Read by whichever thread reads the loader's iterator (one at a time, under its lock).
-        self.queue = ThreadQueue(capacity=capacity, any_consumer_thread=True)
+        # Woken only by the worker whose output the merge waits for (request_item):
+        # puts from workers that are ahead do not wake the consumer.
+        self.queue = ThreadQueue(capacity=capacity, any_consumer_thread=True, wake_on_request=True)
         info = WorkerInfo(index, count, worker_seed(seed, epoch, index), pipe)
         self.thread = threading.Thread(
             target=_run,
@@ -69,7 +71,10 @@ class WorkerThread:
 
     # -- the channel the merge reads -------------------------------------------------
     def get_nowait(self) -> Any:
-        return self.queue.get(block=False)
+        self.queue.request_item()  # before the try: a put in between wakes the merge
+        item = self.queue.get(block=False)
+        self.queue.cancel_request()
+        return item
 
     def readiness(self) -> Sequence[ReadinessSource]:
         return [self.queue.readiness()]
