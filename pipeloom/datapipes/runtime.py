@@ -26,6 +26,8 @@ Example:
 
 from __future__ import annotations
 
+import inspect
+import sys
 from collections.abc import Iterable
 
 from ._base import DataPipe
@@ -110,10 +112,28 @@ def read_only_data(pipeline: DataPipe) -> list[object]:
     array, ``CompactStringList``) never changes it, so threads read one object
     concurrently instead of each deep-copying it, as torch's thread-based
     loaders do with the dataset. A block names such data with ``shared_data()``.
+    A block's function (``fn``) that is a bound method of a torch map-style
+    dataset (``map(dataset.__getitem__)``) counts too: the threads share the
+    dataset, as torch's thread-based loaders do, instead of each deep-copying
+    every row of it.
     """
     found: list[object] = []
     for block in upstream_blocks(pipeline):
         hook = getattr(block, "shared_data", None)
         if hook is not None:
             found.extend(hook())
+        dataset = _dataset_of(getattr(block, "fn", None))
+        if dataset is not None:
+            found.append(dataset)
     return found
+
+
+def _dataset_of(fn: object) -> object | None:
+    """The torch ``Dataset`` whose bound method ``fn`` is, if it is one."""
+    owner = getattr(fn, "__self__", None)
+    if owner is None or not inspect.ismethod(fn):
+        return None
+    data = sys.modules.get("torch.utils.data")  # no torch imported: no torch dataset
+    if data is None or not isinstance(owner, data.Dataset):
+        return None
+    return owner

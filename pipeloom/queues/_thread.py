@@ -37,6 +37,10 @@ class ThreadQueue(DataLoaderQueue):
         any_consumer_thread: let any thread ``get``, one at a time (the caller
             makes sure of that, e.g. a loader's iterator read from two threads
             under its lock); the consumer end then binds to no thread.
+        wake_on_request: a ``put`` fires :meth:`readiness` only after the
+            consumer called :meth:`request_item` (once per call), not on every
+            item: a consumer reading several queues is then woken by the one it
+            waits for, not by the others. Closing and a peer's exit always fire.
 
     Example:
         >>> q = ThreadQueue(capacity=1)
@@ -51,9 +55,13 @@ class ThreadQueue(DataLoaderQueue):
 
     kind = "thread"
 
-    def __init__(self, capacity: int = 2, *, any_consumer_thread: bool = False) -> None:
+    def __init__(
+        self, capacity: int = 2, *, any_consumer_thread: bool = False, wake_on_request: bool = False
+    ) -> None:
         self._capacity = validate_capacity(capacity)
         self._any_consumer_thread = any_consumer_thread
+        self._wake_on_request = wake_on_request
+        self._requested = False
         self._items: collections.deque[Any] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._closed_by: str | None = None
@@ -93,7 +101,23 @@ class ThreadQueue(DataLoaderQueue):
             self._items.append(item)
             self._puts += 1
             self._cond.notify_all()
-        self._item_signal.fire()
+            wake = self._requested or not self._wake_on_request
+            self._requested = False
+        if wake:
+            self._item_signal.fire()
+
+    def request_item(self) -> None:
+        """The consumer may wait for the next item: the next ``put`` fires :meth:`readiness`.
+
+        Call it *before* trying a non-blocking ``get``, so that an item put in
+        between wakes the consumer (no lost wake-up); only matters with
+        ``wake_on_request``.
+        """
+        self._requested = True
+
+    def cancel_request(self) -> None:
+        """The consumer got what it wanted: puts need not wake it (``wake_on_request``)."""
+        self._requested = False
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         deadline = Deadline(timeout)

@@ -115,3 +115,54 @@ def test_statistics_is_a_frozen_record():
     )
     with pytest.raises(AttributeError):
         stats.qsize = 3
+
+
+def test_wake_on_request_fires_only_for_a_requested_item():
+    q = ThreadQueue(capacity=4, wake_on_request=True)
+    waiter = Waiter()
+    q.readiness().attach(waiter)
+    q.put("ahead")  # nobody asked: the consumer is not woken
+    assert waiter.generation == 0
+    assert q.get(block=False) == "ahead"
+    q.request_item()
+    q.put("wanted")  # asked for: woken once
+    q.put("next")
+    assert waiter.generation == 1
+    q.request_item()
+    q.cancel_request()  # got it after all: no wake-up
+    q.put("later")
+    assert waiter.generation == 1
+    q.close()  # closing always wakes
+    assert waiter.generation == 2
+    assert [q.get(block=False) for _ in range(3)] == ["wanted", "next", "later"]
+
+
+def test_wake_on_request_loses_no_wake_up_across_threads():
+    q = ThreadQueue(capacity=1, wake_on_request=True)
+    waiter = Waiter()
+    q.readiness().attach(waiter)
+    n = 300
+    producer = _run(lambda: [q.put(i) for i in range(n)])
+    got = []
+    while len(got) < n:
+        seen = waiter.generation
+        q.request_item()  # before the try, as WorkerThread.get_nowait does
+        try:
+            got.append(q.get(block=False))
+        except NotAvailable:
+            assert waiter.wait(seen, timeout=10), "a put did not wake the waiting consumer"
+            continue
+        q.cancel_request()
+    producer.join(10)
+    assert got == list(range(n))
+
+
+def test_a_peer_exiting_wakes_even_without_a_request():
+    q = ThreadQueue(wake_on_request=True)
+    waiter = Waiter()
+    q.readiness().attach(waiter)
+    _run(q.put, "x").join(10)  # the producer thread ends without closing
+    assert waiter.wait(0, timeout=10)
+    assert q.get(block=False) == "x"
+    with pytest.raises(QueueBroken):
+        q.get(block=False)

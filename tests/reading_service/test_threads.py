@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch.utils.data
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeloom
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper, item_rng
+from pipeloom.errors import NotAvailable
 from pipeloom.reading_service import InProcessReadingService, ThreadReadingService
 
 
@@ -134,3 +136,95 @@ def test_a_ready_output_is_not_held_back_by_a_slow_neighbour():
         release.set()
         assert list(iterator) == [2, 3, 5]
         waiter.cancel()
+
+
+class _Rows(torch.utils.data.Dataset):
+    """A map-style dataset that records which object served each item."""
+
+    def __init__(self, n: int) -> None:
+        self.rows = [[i, i + 1] for i in range(n)]
+        self.served_by: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> list[int]:
+        self.served_by.add(id(self))
+        return self.rows[index]
+
+
+class _NotADataset:
+    def __init__(self) -> None:
+        self.served_by: set[int] = set()
+
+    def double(self, x: int) -> int:
+        self.served_by.add(id(self))
+        return 2 * x
+
+
+def test_threads_share_the_torch_dataset_behind_map_getitem():
+    dataset = _Rows(30)
+    pipe = IterableWrapper(range(30)).sharding_filter().map(dataset.__getitem__).batch(4)
+    expected = list(DataLoader(pipe, seed=0))
+    dataset.served_by.clear()
+    with DataLoader(pipe, ThreadReadingService(3), seed=0) as loader:
+        assert list(loader) == expected
+    # Every thread read the user's dataset itself: nothing deep-copied its rows.
+    assert dataset.served_by == {id(dataset)}
+
+
+def test_other_bound_methods_are_still_copied_per_thread():
+    owner = _NotADataset()
+    pipe = IterableWrapper(range(12)).sharding_filter().map(owner.double)
+    with DataLoader(pipe, ThreadReadingService(2), seed=0) as loader:
+        assert list(loader) == [2 * x for x in range(12)]
+    assert owner.served_by == set()  # each thread called its own copy
+
+
+def test_threads_start_before_any_produces(monkeypatch):
+    from pipeloom.reading_service.workers import thread as worker_thread
+
+    started: list[int] = []
+    produced_while_starting: list[int] = []
+    real = worker_thread.produce_epoch
+
+    def recording(*args, **kwargs):
+        produced_while_starting.append(len(started))
+        return real(*args, **kwargs)
+
+    real_start = worker_thread.WorkerThread.start
+
+    def counting_start(self):
+        real_start(self)
+        started.append(1)
+
+    monkeypatch.setattr(worker_thread, "produce_epoch", recording)
+    monkeypatch.setattr(worker_thread.WorkerThread, "start", counting_start)
+    pipe = IterableWrapper(range(40)).sharding_filter().map(lambda x: x + 1)
+    with DataLoader(pipe, ThreadReadingService(4), seed=0) as loader:
+        assert list(loader) == list(range(1, 41))
+    # Each thread began its epoch only once all four were started (the gate).
+    assert produced_while_starting == [4, 4, 4, 4]
+
+
+def test_a_worker_thread_wakes_the_merge_only_when_it_waits_for_that_worker():
+    from pipeloom.events import Waiter
+    from pipeloom.reading_service.workers.thread import WorkerThread
+
+    worker = WorkerThread(
+        IterableWrapper([]), index=0, count=1, seed=0, capacity=8, epoch=0, resume=None
+    )  # not started: this thread puts, as the worker would
+    waiter = Waiter()
+    worker.readiness()[0].attach(waiter)
+    worker.queue.put("ahead")  # the merge waits for another worker: not woken
+    assert waiter.generation == 0
+    assert worker.get_nowait() == "ahead"
+    worker.queue.put("next")  # the merge got what it asked for: still not woken
+    assert waiter.generation == 0
+    assert worker.get_nowait() == "next"
+    with pytest.raises(NotAvailable):
+        worker.get_nowait()  # the merge now waits for this worker
+    worker.queue.put("wanted")
+    assert waiter.generation == 1
+    assert worker.get_nowait() == "wanted"
+    worker.close()

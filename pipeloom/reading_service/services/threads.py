@@ -22,9 +22,10 @@ class ThreadReadingService(PlannedService):
     the in-process order, whatever the timing (``in_order=False`` trades it for
     latency). The cut is the classic strategy's (``strategies/classic/``).
     Each thread has its own copy of the blocks, but not of the built-in
-    sequence a source reads (a ``list``, ``tuple``, NumPy array, ...): the
-    threads read it concurrently, as torch's thread-based loaders read the
-    dataset, so don't modify it while an epoch runs.
+    sequence a source reads (a ``list``, ``tuple``, NumPy array, ...) nor of
+    the torch ``Dataset`` behind ``map(dataset.__getitem__)``: the threads
+    read them concurrently, as torch's thread-based loaders read the dataset,
+    so don't modify them while an epoch runs.
 
     Args:
         num_threads: worker threads; 0 runs everything in the calling thread.

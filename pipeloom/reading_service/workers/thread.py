@@ -34,6 +34,11 @@ class WorkerThread:
         capacity: outputs the queue holds ahead of the consumer.
         epoch: the epoch to produce.
         resume: ``(sharding point in pipe, position)`` to start the epoch from.
+        gate: set when the thread may start producing (None: at once). Starting
+            a thread waits until it runs; if the threads started before it
+            already compute, the starter then waits for the GIL (up to the
+            switch interval, 5 ms) once per thread, so a pool starts every
+            thread first and opens the gate after.
     """
 
     def __init__(
@@ -46,14 +51,17 @@ class WorkerThread:
         capacity: int,
         epoch: int,
         resume: tuple[DataPipe, Any] | None,
+        gate: threading.Event | None = None,
     ) -> None:
         self.label = f"worker thread {index}"
         # Read by whichever thread reads the loader's iterator (one at a time, under its lock).
-        self.queue = ThreadQueue(capacity=capacity, any_consumer_thread=True)
+        # Woken only by the worker whose output the merge waits for (request_item):
+        # puts from workers that are ahead do not wake the consumer.
+        self.queue = ThreadQueue(capacity=capacity, any_consumer_thread=True, wake_on_request=True)
         info = WorkerInfo(index, count, worker_seed(seed, epoch, index), pipe)
         self.thread = threading.Thread(
             target=_run,
-            args=(pipe, self.queue, info, epoch, self.label, resume),
+            args=(pipe, self.queue, info, epoch, self.label, resume, gate),
             name=f"pipeloom-worker-{index}",
             daemon=True,
         )
@@ -63,7 +71,10 @@ class WorkerThread:
 
     # -- the channel the merge reads -------------------------------------------------
     def get_nowait(self) -> Any:
-        return self.queue.get(block=False)
+        self.queue.request_item()  # before the try: a put in between wakes the merge
+        item = self.queue.get(block=False)
+        self.queue.cancel_request()
+        return item
 
     def readiness(self) -> Sequence[ReadinessSource]:
         return [self.queue.readiness()]
@@ -84,7 +95,10 @@ def _run(
     epoch: int,
     label: str,
     resume: tuple[DataPipe, Any] | None,
+    gate: threading.Event | None,
 ) -> None:
+    if gate is not None:
+        gate.wait()
     set_thread_worker_info(info)
     try:
         produce_epoch(pipe, queue.put, epoch=epoch, worker_label=label, resume=resume)

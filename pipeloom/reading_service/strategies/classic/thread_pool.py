@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +45,7 @@ class ThreadPool:
         self._threads: list[WorkerThread] = []
 
     def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None) -> Sequence[WorkerChannel]:
+        gate = threading.Event()  # opened once all run: see WorkerThread
         self._threads = [
             WorkerThread(
                 pipe,
@@ -53,11 +55,15 @@ class ThreadPool:
                 capacity=self.prefetch,
                 epoch=epoch,
                 resume=None if resume is None else (self.points[index], resume),
+                gate=gate,
             )
             for index, pipe in enumerate(self.copies)
         ]
-        for thread in self._threads:
-            thread.start()
+        try:
+            for thread in self._threads:
+                thread.start()
+        finally:
+            gate.set()
         return self._threads
 
     def finish_epoch(self, *, abandoned: bool) -> None:
