@@ -59,7 +59,7 @@ class WarmBuffers:
             mapping = free.pop()
             self.reused += 1
         else:
-            mapping = mmap.mmap(-1, size)
+            mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         array = np.frombuffer(mapping, np.uint8, nbytes)
         finalizer = weakref.finalize(array, _give_back, weakref.ref(self), mapping)
         finalizer.atexit = False
