@@ -209,6 +209,22 @@ class ProcessQueue(DataLoaderQueue):
         with self._put_lock:
             end.put(stream, buffers, block, deadline)
 
+    def wait_for_room(self, timeout: float | None = None) -> None:
+        """Block until ``put`` would not wait: fewer than ``capacity`` items in flight.
+
+        A producer that calls it before making its next item keeps at most
+        ``capacity`` items alive, the one it is making included (torch's
+        ``prefetch_factor`` counts that way). Binds the producer end.
+
+        Raises:
+            TimeoutError: ``timeout`` seconds passed first.
+            QueueClosed, QueueBroken: as ``put`` would.
+        """
+        deadline = Deadline(timeout)
+        end: ProducerEnd = self._end("producer")
+        with self._put_lock:
+            end.wait_for_room(True, deadline)
+
     def empty_tensor(
         self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
     ) -> torch.Tensor:

@@ -56,7 +56,7 @@ class ProducerEnd:
     def put(
         self, stream: bytes, buffers: list[memoryview], block: bool, deadline: Deadline
     ) -> None:
-        self._wait_for_room(block, deadline)
+        self.wait_for_room(block, deadline)
         ctl = self._ctl
         ctl[Slot.PUTS] = ctl[Slot.PUTS] + 1
         try:
@@ -72,7 +72,7 @@ class ProducerEnd:
         ctl = self._ctl
         return ctl[Slot.PUTS] - ctl[Slot.GETS] < self._capacity
 
-    def _wait_for_room(self, block: bool, deadline: Deadline) -> None:
+    def wait_for_room(self, block: bool, deadline: Deadline) -> None:
         ctl = self._ctl
         while True:
             self._raise_if_unusable()

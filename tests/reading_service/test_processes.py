@@ -252,3 +252,35 @@ def test_cancelling_an_epoch_does_not_wait_for_an_end_already_read():
         processes = service._require_runner().pool._processes  # noqa: SLF001
         processes.cancel_epoch(timeout=0.2)  # raised TimeoutError: nothing more was coming
         assert list(loader) == list(range(6))  # the workers serve the next epoch
+
+
+_COLLATED = multiprocessing.Value("i", 0)
+
+
+def _count_collated(batch):
+    with _COLLATED.get_lock():
+        _COLLATED.value += 1
+    return batch
+
+
+@pytest.mark.parametrize("prefetch_factor", [1, 2, 3])
+def test_classic_workers_make_at_most_prefetch_factor_batches_ahead_like_torch(prefetch_factor):
+    """torch counts the batch a worker is making among its ``prefetch_factor``; so do we.
+
+    With a consumer that holds its first batch, the workers may collate no more
+    than ``1 + workers * prefetch_factor`` batches (classic used to make one more
+    per worker, so big batches took a batch of memory more per worker than torch).
+    """
+    import time
+
+    _COLLATED.value = 0
+    pipe = IterableWrapper(range(200)).sharding_filter().batch(2).collate(_count_collated)
+    service = MultiProcessingReadingService(2, prefetch_factor=prefetch_factor, start_method="fork")
+    with DataLoader(pipe, service) as loader:
+        batches = iter(loader)
+        first = next(batches)
+        time.sleep(1.0)  # one settling period (not a poll): let the workers run ahead
+        made = _COLLATED.value
+        rest = list(batches)
+    assert first == [0, 1] and len(rest) == 99  # nothing lost to the waiting
+    assert 1 + 2 <= made <= 1 + 2 * prefetch_factor

@@ -314,6 +314,9 @@ def _worker_main(
                 cancelled.append(True)
                 raise EpochCancelled
             queue.put(message)
+            if type(message) is tuple:  # an output (not END, a marker or a Failure):
+                queue.wait_for_room()  # make the next one only when it fits, as torch's
+                # prefetch_factor counts the batch being made among those in flight
 
         if chain is not None and ring is not None:
             produced = produce_assembled_epoch(
