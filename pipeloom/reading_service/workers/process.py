@@ -45,10 +45,12 @@ from ...datapipes import DataPipe
 from ...datapipes.runtime import NO_STAMP, forget_lazy_init, restore_stamp
 from ...errors import WorkerError
 from ...graph import upstream
+from .start_server import ServedContext, Template, start_server
 
 __all__ = [
     "EXIT_GRACE",
     "PRELOAD",
+    "SERVER_ENV",
     "STOP_GRACE",
     "Payload",
     "WorkerProcess",
@@ -64,6 +66,8 @@ STOP_GRACE = 1.0
 """Seconds workers get to exit after being told to stop, before they are killed."""
 EXIT_GRACE = 5.0
 """Seconds an exiting worker (its sentinel fired, its queue broke) gets to be reaped."""
+SERVER_ENV = "PIPELOOM_SPAWN_SERVER"
+"""Environment variable: ``0`` spawns workers with ``multiprocessing``'s plain spawn."""
 PRELOAD = "pipeloom.reading_service"
 """What a fork server imports once for all the workers it forks."""
 
@@ -76,7 +80,14 @@ _MALLOC_KEEP = 1 << 30  # M_MMAP_THRESHOLD and M_TRIM_THRESHOLD for worker proce
 
 # -- starting ---------------------------------------------------------------------
 def worker_context(start_method: str | None) -> Any:
-    """``multiprocessing.get_context(start_method)``; a fork server preloads pipeloom.
+    """``multiprocessing.get_context(start_method)``; spawn through pipeloom's start server.
+
+    Spawned workers are forked from a template of their pipeline, itself forked
+    from pipeloom's start server (a fresh interpreter, see ``start_server.py``):
+    the same clean process as under spawn, started in milliseconds, with the
+    pipeline unpickled once per loader instead of once per worker. Set the
+    environment variable ``PIPELOOM_SPAWN_SERVER=0`` for ``multiprocessing``'s
+    plain spawn.
 
     Forkserver workers are forked from one server process. With pipeloom (and
     so torch) imported there once, a worker starts in a fraction of a second
@@ -86,8 +97,12 @@ def worker_context(start_method: str | None) -> Any:
     Example:
         >>> worker_context("spawn").get_start_method()
         'spawn'
+        >>> worker_context("fork").get_start_method()
+        'fork'
     """
     context = multiprocessing.get_context(start_method)
+    if context.get_start_method() == "spawn" and os.environ.get(SERVER_ENV, "1") != "0":
+        return ServedContext()
     if context.get_start_method() == "forkserver":
         server = getattr(forkserver, "_forkserver", None)
         modules = list(getattr(server, "_preload_modules", None) or ["__main__"])
@@ -100,7 +115,10 @@ class Payload:
     """The part of a pipeline a worker runs, ready to cross into it.
 
     Under ``fork`` the child inherits the object itself; otherwise it is
-    pickled here, once, with cloudpickle (so lambdas travel).
+    pickled here, once, with cloudpickle (so lambdas travel). Under spawn
+    through the start server, the pickle goes once to a template process
+    (:meth:`template`), which unpickles it once for all the workers it forks;
+    :meth:`close` ends the template.
 
     Raises:
         TypeError: naming the first block that cannot be pickled, and why.
@@ -109,6 +127,22 @@ class Payload:
     def __init__(self, pipe: DataPipe, context: Any) -> None:
         self.forked = context.get_start_method() == "fork"
         self._content: Any = pipe if self.forked else _dumps(pipe)
+        self._template: Template | None = None
+
+    def template(self) -> Template:
+        """The template process holding this payload unpickled, started on first use."""
+        if self._template is None or self._template.closed:
+            self._template = start_server().new_template(self._content)
+        return self._template
+
+    def close(self) -> None:
+        """End the template process, if any (once its workers have exited)."""
+        if self._template is not None:
+            self._template.close()
+            self._template = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"forked": self.forked, "_content": self._content, "_template": None}
 
     def load(self) -> Any:
         """The pipeline, in the worker: unpickled, or (forked) with ``lazy_init`` to run again."""
