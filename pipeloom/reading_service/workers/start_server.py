@@ -64,6 +64,7 @@ _HEADER = struct.Struct("!Q")
 _CODE = struct.Struct("!i")
 _START_TIMEOUT = 60.0  # seconds for the server to import pipeloom, for a template to answer
 _MAX_FDS = 64
+_REAP_TIMEOUT = 5.0  # seconds a closed template gets to exit and be reaped by the server
 _PAYLOAD = "pipeloom-payload"  # the persistent id of the payload in a worker's arguments
 
 
@@ -139,6 +140,7 @@ class StartServer:
         """A template holding ``payload`` unpickled, forked from the server."""
         fd = new_segment_fd(max(len(payload), 1))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        reaped, reaper = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with mmap.mmap(fd, max(len(payload), 1)) as segment:
                 segment[: len(payload)] = payload
@@ -153,10 +155,11 @@ class StartServer:
                 )
             )
             with self._lock:
-                _send(self._socket, setup, [fd, theirs.fileno()])
+                _send(self._socket, setup, [fd, theirs.fileno(), reaper.fileno()])
                 (pid,) = _HEADER.unpack(_recv_exactly(self._socket, _HEADER.size))
         except (OSError, EOFError) as error:
             ours.close()
+            reaped.close()
             raise RuntimeError(
                 f"the pipeloom start server (pid {self.pid}) did not start a template "
                 f"({type(error).__name__}: {error}); it may have been killed. Use "
@@ -165,7 +168,8 @@ class StartServer:
         finally:
             os.close(fd)
             theirs.close()
-        return Template(ours, pid)
+            reaper.close()
+        return Template(ours, pid, reaped)
 
     def alive(self) -> bool:
         return self._process.poll() is None
@@ -213,11 +217,11 @@ class Template:
     The template process exits once this is closed and its workers have exited.
     """
 
-    def __init__(self, sock: socket.socket, pid: int) -> None:
+    def __init__(self, sock: socket.socket, pid: int, reaped: socket.socket) -> None:
         self.pid = pid
         self._socket = sock
         self._lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, sock.close)
+        self._finalizer = weakref.finalize(self, _close_template, sock, reaped)
 
     @property
     def closed(self) -> bool:
@@ -252,6 +256,19 @@ class Template:
 
     def close(self) -> None:
         self._finalizer()
+
+
+def _close_template(sock: socket.socket, reaped: socket.socket) -> None:
+    """Close the template's control socket; wait (briefly) until the server reaped it.
+
+    Its workers (which hold the last references to it) have exited by now, so the
+    template exits at once; waiting for the server's notice leaves no zombie behind.
+    """
+    sock.close()
+    try:
+        multiprocessing.connection.wait([reaped], _REAP_TIMEOUT)
+    finally:
+        reaped.close()
 
 
 class _Spawning:
@@ -394,14 +411,16 @@ def serve(fd: int, user_pid: int) -> None:
     user = _pidfd(user_pid)
     if os.getppid() != user_pid:
         return  # the user's process is already gone
-    templates: dict[int, int] = {}  # pidfd -> pid
+    templates: dict[int, tuple[int, int]] = {}  # pidfd -> (pid, "reaped" notice fd)
     watch: list[Any] = [sock] + ([user] if user is not None else [])
     while True:
         ready = multiprocessing.connection.wait([*watch, *templates])
         if user is not None and user in ready:
             break
         for pidfd in [fd for fd in templates if fd in ready]:
-            os.waitpid(templates.pop(pidfd), 0)
+            pid, notice = templates.pop(pidfd)
+            os.waitpid(pid, 0)
+            os.close(notice)  # the user process sees EOF: reaped
             os.close(pidfd)
         if sock in ready:
             try:
@@ -413,8 +432,10 @@ def serve(fd: int, user_pid: int) -> None:
                 code = 1
                 try:
                     sock.close()
-                    for pidfd in templates:
+                    for pidfd, (_, notice) in templates.items():
                         os.close(pidfd)
+                        os.close(notice)
+                    os.close(fds.pop())
                     if user is not None:
                         os.close(user)
                     _template_main(setup, fds)
@@ -423,11 +444,14 @@ def serve(fd: int, user_pid: int) -> None:
                     traceback.print_exc()
                 finally:
                     os._exit(code)
+            notice = fds.pop()
             for received in fds:
                 os.close(received)
             child = _pidfd(pid)
             if child is not None:
-                templates[child] = pid
+                templates[child] = (pid, notice)
+            else:  # pragma: no cover - no pidfd: no notice either
+                os.close(notice)
             sock.sendall(_HEADER.pack(pid))
     os._exit(0)  # templates watch the user's process themselves
 
