@@ -46,7 +46,9 @@ def test_spawn_uses_the_start_server_unless_turned_off(monkeypatch):
     persistent=st.booleans(),
 )
 def test_spawned_batches_equal_forked_ones(workers, seed, n, persistent):
-    fork = MultiProcessingReadingService(workers, start_method="fork", persistent_workers=persistent)
+    fork = MultiProcessingReadingService(
+        workers, start_method="fork", persistent_workers=persistent
+    )
     with DataLoader(pipelines.augmented(n), fork, seed=seed) as loader:
         expected = [list(loader), list(loader)]
     spawn = _spawn(workers, persistent_workers=persistent)
@@ -102,7 +104,9 @@ def test_shutdown_leaves_no_template_worker_or_descriptor():
 def test_a_killed_spawned_worker_raises():
     pipe = IterableWrapper(range(20)).sharding_filter().map(pipelines.kill_self_at)
     with DataLoader(pipe, _spawn(2), seed=0) as loader:
-        with pytest.raises(WorkerError, match=r"worker process \d \(pid \d+\) was killed by signal SIGKILL"):
+        with pytest.raises(
+            WorkerError, match=r"worker process \d \(pid \d+\) was killed by signal SIGKILL"
+        ):
             list(loader)
 
 

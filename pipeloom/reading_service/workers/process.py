@@ -85,9 +85,9 @@ def worker_context(start_method: str | None) -> Any:
     Spawned workers are forked from a template of their pipeline, itself forked
     from pipeloom's start server (a fresh interpreter, see ``start_server.py``):
     the same clean process as under spawn, started in milliseconds, with the
-    pipeline unpickled once per loader instead of once per worker. Set the
-    environment variable ``PIPELOOM_SPAWN_SERVER=0`` for ``multiprocessing``'s
-    plain spawn.
+    pipeline unpickled once per loader instead of once per worker (Linux:
+    pidfds). Set the environment variable ``PIPELOOM_SPAWN_SERVER=0`` for
+    ``multiprocessing``'s plain spawn.
 
     Forkserver workers are forked from one server process. With pipeloom (and
     so torch) imported there once, a worker starts in a fraction of a second
@@ -101,7 +101,8 @@ def worker_context(start_method: str | None) -> Any:
         'fork'
     """
     context = multiprocessing.get_context(start_method)
-    if context.get_start_method() == "spawn" and os.environ.get(SERVER_ENV, "1") != "0":
+    served = hasattr(os, "pidfd_open") and os.environ.get(SERVER_ENV, "1") != "0"
+    if context.get_start_method() == "spawn" and served:
         return ServedContext()
     if context.get_start_method() == "forkserver":
         server = getattr(forkserver, "_forkserver", None)

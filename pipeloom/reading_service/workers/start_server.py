@@ -232,7 +232,7 @@ class Template:
         fds: list[int] = []
         buffer = io.BytesIO()
         popen = _Spawning(fds)
-        mp_context.set_spawning_popen(popen)  # type: ignore[attr-defined]
+        mp_context.set_spawning_popen(popen)  # type: ignore[arg-type]
         try:
             _WorkerPickler(buffer, payload).dump((target, args, name))
         finally:
@@ -513,10 +513,7 @@ def _template_main(setup: bytes, fds: list[int]) -> None:
                 _worker_main(data, received[:-1], loaded)
             for fd in received[:-1]:
                 os.close(fd)
-            pidfd = _pidfd(pid)
-            if pidfd is None:  # pragma: no cover - no pidfd: reaped when the control closes
-                pidfd = os.open(os.devnull, os.O_RDONLY)
-            children[pidfd] = (pid, status)
+            children[os.pidfd_open(pid)] = (pid, status)
             status.sendall(_HEADER.pack(pid))
 
 
