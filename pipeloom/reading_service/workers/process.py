@@ -45,7 +45,7 @@ from ...datapipes import DataPipe
 from ...datapipes.runtime import NO_STAMP, forget_lazy_init, restore_stamp
 from ...errors import WorkerError
 from ...graph import upstream
-from .start_server import ServedContext, Template, start_server
+from .start_server import ServedContext, Template, TemplateGone, start_server
 
 __all__ = [
     "EXIT_GRACE",
@@ -127,13 +127,18 @@ class Payload:
 
     def __init__(self, pipe: DataPipe, context: Any) -> None:
         self.forked = context.get_start_method() == "fork"
-        self._content: Any = pipe if self.forked else _dumps(pipe)
         self._template: Template | None = None
+        if isinstance(context, ServedContext):  # the template unpickles while it is pickled
+            pickled = io.BytesIO()
+            self._template = start_server().new_template(lambda file: _dumps(pipe, file, pickled))
+            self._content: Any = pickled.getvalue()
+        else:
+            self._content = pipe if self.forked else _dumps(pipe)
 
     def template(self) -> Template:
-        """The template process holding this payload unpickled, started on first use."""
+        """The template process holding this payload unpickled (started again if closed)."""
         if self._template is None or self._template.closed:
-            self._template = start_server().new_template(self._content)
+            self._template = start_server().new_template(lambda file: file.write(self._content))
         return self._template
 
     def close(self) -> None:
@@ -345,9 +350,15 @@ def keep_freed_memory_for_reuse() -> bool:
 
 
 # -- pickling a pipeline ------------------------------------------------------------
-def _dumps(pipe: DataPipe) -> bytes:
+def _dumps(pipe: DataPipe, file: Any = None, copy: io.BytesIO | None = None) -> bytes:
+    """cloudpickle's bytes of ``pipe``; or written into ``file`` and ``copy`` as they come."""
     try:
-        return cloudpickle.dumps(pipe)
+        if file is None:
+            return cloudpickle.dumps(pipe)
+        cloudpickle.dump(pipe, _Tee(file, copy or io.BytesIO()))
+        return b""
+    except TemplateGone:
+        raise  # the template process stopped reading: not the pipeline's fault
     except Exception as error:  # noqa: BLE001 - find the culprit, then explain
         culprit, reason = _find_unpicklable(pipe, error)
         raise TypeError(
@@ -356,6 +367,17 @@ def _dumps(pipe: DataPipe) -> bytes:
             f"module level, drop unpicklable attributes in __getstate__ (open them in "
             f"lazy_init instead), or use start_method='fork' or ThreadReadingService"
         ) from error
+
+
+class _Tee:
+    """Writes to a file and keeps a copy."""
+
+    def __init__(self, file: Any, copy: io.BytesIO) -> None:
+        self._file, self._copy = file, copy
+
+    def write(self, data: Any) -> int:
+        self._copy.write(data)
+        return self._file.write(data)
 
 
 class _OneBlockPickler(cloudpickle.Pickler):

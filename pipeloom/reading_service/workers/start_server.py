@@ -38,7 +38,6 @@ its workers exited, or when the user's process dies (it kills its workers).
 from __future__ import annotations
 
 import io
-import mmap
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.spawn
@@ -52,18 +51,25 @@ import sys
 import threading
 import traceback
 import weakref
+from collections.abc import Callable
 from multiprocessing import context as mp_context
 from multiprocessing import reduction, util
 from typing import Any
 
-from ...queues._shm import new_segment_fd
-
-__all__ = ["ServedContext", "ServedProcess", "StartServer", "Template", "start_server"]
+__all__ = [
+    "ServedContext",
+    "ServedProcess",
+    "StartServer",
+    "Template",
+    "TemplateGone",
+    "start_server",
+]
 
 _HEADER = struct.Struct("!Q")
 _CODE = struct.Struct("!i")
 _START_TIMEOUT = 60.0  # seconds for the server to import pipeloom, for a template to answer
 _MAX_FDS = 64
+_CHUNK = 1 << 20  # bytes of pickle sent at once to a template
 _REAP_TIMEOUT = 5.0  # seconds a closed template gets to exit and be reaped by the server
 _PAYLOAD = "pipeloom-payload"  # the persistent id of the payload in a worker's arguments
 
@@ -136,40 +142,46 @@ class StartServer:
         self.pid = self._process.pid
         self._finalizer = weakref.finalize(self, _close_server, ours, self._process)
 
-    def new_template(self, payload: bytes) -> Template:
-        """A template holding ``payload`` unpickled, forked from the server."""
-        fd = new_segment_fd(max(len(payload), 1))
+    def new_template(self, write_payload: Callable[[Any], None]) -> Template:
+        """A template holding the pipeline that ``write_payload(file)`` pickles, forked
+        from the server; it unpickles the stream as it is written (both at once).
+
+        An error from ``write_payload`` ends the template and propagates.
+        """
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         reaped, reaper = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        stream, unpickler_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            with mmap.mmap(fd, max(len(payload), 1)) as segment:
-                segment[: len(payload)] = payload
             preparation = multiprocessing.spawn.get_preparation_data("pipeloom-template")
             preparation["authkey"] = bytes(preparation["authkey"])  # prepare() wraps it again
-            setup = pickle.dumps(
-                (
-                    preparation,
-                    dict(os.environ),
-                    os.getpid(),
-                    len(payload),
-                )
-            )
+            setup = pickle.dumps((preparation, dict(os.environ), os.getpid()))
+            fds = [unpickler_end.fileno(), theirs.fileno(), reaper.fileno()]
             with self._lock:
-                _send(self._socket, setup, [fd, theirs.fileno(), reaper.fileno()])
+                _send(self._socket, setup, fds)
                 (pid,) = _HEADER.unpack(_recv_exactly(self._socket, _HEADER.size))
         except (OSError, EOFError) as error:
-            ours.close()
-            reaped.close()
+            for sock in (ours, reaped, stream):
+                sock.close()
             raise RuntimeError(
                 f"the pipeloom start server (pid {self.pid}) did not start a template "
                 f"({type(error).__name__}: {error}); it may have been killed. Use "
                 f"start_method='forkserver' or 'fork' if this persists"
             ) from error
         finally:
-            os.close(fd)
             theirs.close()
             reaper.close()
-        return Template(ours, pid, reaped)
+            unpickler_end.close()
+        template = Template(ours, pid, reaped)
+        try:
+            writer = _Stream(stream)
+            write_payload(writer)
+            writer.flush()
+        except BaseException:
+            stream.close()
+            template.close()
+            raise
+        stream.close()
+        return template
 
     def alive(self) -> bool:
         return self._process.poll() is None
@@ -209,6 +221,37 @@ def _forget_server_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_server_in_child)
+
+
+class TemplateGone(RuntimeError):
+    """A template process stopped reading its pipeline or answering (it was killed)."""
+
+
+class _Stream:
+    """A writable file over a socket, for a pickler: sends in chunks of :data:`_CHUNK`."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._socket = sock
+        self._buffer = bytearray()
+
+    def write(self, data: Any) -> int:
+        size = memoryview(data).nbytes
+        self._buffer += data
+        if len(self._buffer) >= _CHUNK:
+            self.flush()
+        return size
+
+    def flush(self) -> None:
+        if not self._buffer:  # the template may have read it all and closed its end
+            return
+        try:
+            self._socket.sendall(self._buffer)
+        except OSError as error:
+            raise TemplateGone(
+                f"the pipeloom template process stopped reading its pipeline "
+                f"({type(error).__name__}: {error}); it may have been killed"
+            ) from error
+        self._buffer.clear()
 
 
 class Template:
@@ -457,19 +500,17 @@ def serve(fd: int, user_pid: int) -> None:
 
 
 def _template_main(setup: bytes, fds: list[int]) -> None:
-    payload_fd, control_fd = fds
+    stream_fd, control_fd = fds
     control = socket.socket(fileno=control_fd)
-    preparation, environ, user_pid, size = pickle.loads(setup)
+    preparation, environ, user_pid = pickle.loads(setup)
     os.environ.clear()
     os.environ.update(environ)
     multiprocessing.spawn.prepare(preparation)
-    try:
-        with mmap.mmap(payload_fd, max(size, 1), access=mmap.ACCESS_READ) as segment:
-            loaded: _Loaded = _Loaded(pickle.loads(segment[:size]), None)
-    except Exception as error:  # noqa: BLE001 - each worker raises it, as under spawn
-        loaded = _Loaded(None, error)
-    finally:
-        os.close(payload_fd)
+    with socket.socket(fileno=stream_fd) as stream, stream.makefile("rb") as file:
+        try:
+            loaded = _Loaded(pickle.load(file), None)
+        except Exception as error:  # noqa: BLE001 - each worker raises it, as under spawn
+            loaded = _Loaded(None, error)
     user = _pidfd(user_pid)
     children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, status socket)
     open_control = True
