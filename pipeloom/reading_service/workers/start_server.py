@@ -142,7 +142,7 @@ class StartServer:
         self.pid = self._process.pid
         self._finalizer = weakref.finalize(self, _close_server, ours, self._process)
 
-    def new_template(self, write_payload: Callable[[Any], None]) -> Template:
+    def new_template(self, write_payload: Callable[[Any], object]) -> Template:
         """A template holding the pipeline that ``write_payload(file)`` pickles, forked
         from the server; it unpickles the stream as it is written (both at once).
 
