@@ -15,6 +15,10 @@ the figures are about start-up, not the epoch. Loaders:
   ``MultiProcessingReadingService(w, start_method="spawn", persistent_workers=True)``;
 - ``pipeloom.compat.DataLoader`` with torch's arguments.
 
+pipeloom spawns through its start server (``PIPELOOM_SPAWN_SERVER=0``:
+``multiprocessing``'s plain spawn, the figures before it): the process's first
+pipeloom loader starts the server (noted below the table), later ones reuse it.
+
 Per loader, the median over the repeats (a fresh loader each) of: the time
 from building the loader to the first batch (the dataset reaches every
 worker in it), the first epoch's wall time, and the time from ``iter()`` to the
@@ -26,6 +30,7 @@ Batches are checked equal to torch's.
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
 import statistics
 import time
@@ -171,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         "included); 2nd epoch: from iter() on the same loader, workers already running. "
         "'vs torch': torch's time over the loader's (> 1: sooner than torch)."
     )
-    if first_pipeloom:
+    if first_pipeloom and os.environ.get("PIPELOOM_SPAWN_SERVER", "1") != "0":
         note(
             f"the process's first pipeloom loader (it starts pipeloom's start server, once per "
             f"process): first batch in {first_pipeloom[0] * 1e3:.0f} ms; counted in its median."

@@ -117,6 +117,24 @@ def test_an_error_in_a_spawned_worker_names_its_origin():
             list(loader)
 
 
+def _refuse_to_unpickle():
+    raise RuntimeError("this block cannot be rebuilt in another process")
+
+
+class RefusesToUnpickle(IterableWrapper):
+    """Pickles fine; unpickling it (in the template) raises."""
+
+    def __reduce__(self):
+        return _refuse_to_unpickle, ()
+
+
+def test_a_pipeline_the_template_cannot_unpickle_fails_each_worker_instead_of_hanging():
+    pipe = RefusesToUnpickle(range(8)).sharding_filter()
+    with DataLoader(pipe, _spawn(2), seed=0) as loader:
+        with pytest.raises(WorkerError, match=r"worker process \d \(pid \d+\) exited with code 1"):
+            list(loader)
+
+
 _USER = textwrap.dedent(
     """
     import os, sys

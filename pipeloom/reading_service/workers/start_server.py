@@ -217,7 +217,9 @@ def start_server() -> StartServer:
 
 def _forget_server_in_child() -> None:
     global _server  # noqa: PLW0603
-    _server = None  # a forked child starts its own, if it needs one
+    if _server is not None:  # the parent's: a forked child starts its own, if it needs one
+        _server._finalizer.detach()  # noqa: SLF001 - closing its copy of the socket is enough
+    _server = None
 
 
 os.register_at_fork(after_in_child=_forget_server_in_child)
@@ -351,7 +353,7 @@ class _WorkerPickler(reduction.ForkingPickler):
         self._payload = payload
 
     def persistent_id(self, obj: Any) -> Any:
-        return _PAYLOAD if obj is self._payload else None
+        return _PAYLOAD if obj is self._payload and obj is not None else None
 
 
 class ServedProcess:
