@@ -38,6 +38,14 @@ def test_spawn_uses_the_start_server_unless_turned_off(monkeypatch):
     assert not isinstance(worker_context("spawn"), start_server.ServedContext)
 
 
+def test_a_spawn_service_starts_the_server_before_the_first_epoch():
+    _spawn(2)
+    server = start_server._server  # noqa: SLF001
+    assert server is not None and server.alive()
+    _spawn(2)
+    assert start_server._server is server  # noqa: SLF001 - one per process
+
+
 @settings(max_examples=4, deadline=None)
 @given(
     workers=st.integers(1, 3),
