@@ -6,12 +6,14 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pipeloom
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import WorkerError
@@ -172,7 +174,8 @@ _USER = textwrap.dedent(
 def test_the_user_process_ending_ends_server_template_and_workers(tmp_path, how):
     script = tmp_path / "user.py"
     script.write_text(_USER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    root = str(Path(pipeloom.__file__).parents[1])  # this checkout's pipeloom
+    env = {**os.environ, "PYTHONPATH": root}
     done = subprocess.run(
         [sys.executable, str(script), how], capture_output=True, text=True, timeout=100, env=env
     )

@@ -31,6 +31,8 @@ Here, with the same guarantee, a worker starts in milliseconds::
   exit status, on a socket that is the worker's sentinel in the user process
   (:class:`ServedProcess`), so a killed worker raises as under ``spawn``.
 
+The processes' side (server, template, worker) is in ``served.py``.
+
 A template ends when its payload is closed (the pool stopped or dropped) and
 its workers exited, or when the user's process dies (it kills its workers).
 """
@@ -45,16 +47,16 @@ import os
 import pickle
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
-import traceback
 import weakref
 from collections.abc import Callable
 from multiprocessing import context as mp_context
 from multiprocessing import reduction, util
 from typing import Any
+
+from .served import CODE, HEADER, PAYLOAD, InheritedFd, recv_exactly, send
 
 __all__ = [
     "ServedContext",
@@ -65,48 +67,8 @@ __all__ = [
     "start_server",
 ]
 
-_HEADER = struct.Struct("!Q")
-_CODE = struct.Struct("!i")
-_START_TIMEOUT = 60.0  # seconds for the server to import pipeloom, for a template to answer
-_MAX_FDS = 64
 _CHUNK = 1 << 20  # bytes of pickle sent at once to a template
 _REAP_TIMEOUT = 5.0  # seconds a closed template gets to exit and be reaped by the server
-_PAYLOAD = "pipeloom-payload"  # the persistent id of the payload in a worker's arguments
-
-
-# -- framing: a length, descriptors, bytes ------------------------------------------
-def _send(sock: socket.socket, data: bytes, fds: list[int]) -> None:
-    socket.send_fds(sock, [_HEADER.pack(len(data))], fds)
-    sock.sendall(data)
-
-
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    chunks = []
-    while size:
-        chunk = sock.recv(min(size, 1 << 20))
-        if not chunk:
-            raise EOFError
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
-def _recv(sock: socket.socket) -> tuple[bytes, list[int]]:
-    """One message and its descriptors; ``EOFError`` when the peer closed."""
-    header, fds, _, _ = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
-    if not header:
-        raise EOFError
-    if len(header) < _HEADER.size:
-        header += _recv_exactly(sock, _HEADER.size - len(header))
-    (size,) = _HEADER.unpack(header)
-    return _recv_exactly(sock, size), fds
-
-
-def _pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):  # pragma: no cover - no pidfd (non-Linux, old kernel)
-        return None
 
 
 # -- the user's side -------------------------------------------------------------------
@@ -122,7 +84,7 @@ class StartServer:
         paths = [path or os.getcwd() for path in sys.path]
         code = (
             f"import sys; sys.path[:0] = {paths!r}; "
-            "from pipeloom.reading_service.workers.start_server import serve; "
+            "from pipeloom.reading_service.workers.served import serve; "
             f"serve({theirs.fileno()}, {os.getpid()})"
         )
         command = [
@@ -157,8 +119,8 @@ class StartServer:
             setup = pickle.dumps((preparation, dict(os.environ), os.getpid()))
             fds = [unpickler_end.fileno(), theirs.fileno(), reaper.fileno()]
             with self._lock:
-                _send(self._socket, setup, fds)
-                (pid,) = _HEADER.unpack(_recv_exactly(self._socket, _HEADER.size))
+                send(self._socket, setup, fds)
+                (pid,) = HEADER.unpack(recv_exactly(self._socket, HEADER.size))
         except (OSError, EOFError) as error:
             for sock in (ours, reaped, stream):
                 sock.close()
@@ -267,6 +229,7 @@ class Template:
         self._socket = sock
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _close_template, sock, reaped)
+        self._finalizer.atexit = False  # at exit, the template sees the user process end
 
     @property
     def closed(self) -> bool:
@@ -285,8 +248,8 @@ class Template:
         status, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with self._lock:
-                _send(self._socket, buffer.getvalue(), [*fds, theirs.fileno()])
-            (pid,) = _HEADER.unpack(_recv_exactly(status, _HEADER.size))
+                send(self._socket, buffer.getvalue(), [*fds, theirs.fileno()])
+            (pid,) = HEADER.unpack(recv_exactly(status, HEADER.size))
         except (OSError, EOFError) as error:
             status.close()
             raise RuntimeError(
@@ -330,21 +293,8 @@ class _Spawning:
         self.fds.append(fd)
         return len(self.fds) - 1
 
-    def DupFd(self, index: int) -> _InheritedFd:  # noqa: N802 - multiprocessing's name
-        return _InheritedFd(index)
-
-
-class _InheritedFd:
-    """A descriptor a worker received from the template, by its position."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-    def detach(self) -> int:
-        return _inherited_fds[self.index]
-
-
-_inherited_fds: list[int] = []
+    def DupFd(self, index: int) -> InheritedFd:  # noqa: N802 - multiprocessing's name
+        return InheritedFd(index)
 
 
 class _WorkerPickler(reduction.ForkingPickler):
@@ -353,7 +303,7 @@ class _WorkerPickler(reduction.ForkingPickler):
         self._payload = payload
 
     def persistent_id(self, obj: Any) -> Any:
-        return _PAYLOAD if obj is self._payload and obj is not None else None
+        return PAYLOAD if obj is self._payload and obj is not None else None
 
 
 class ServedProcess:
@@ -390,7 +340,7 @@ class ServedProcess:
     def _read_code(self) -> None:
         assert self._status is not None
         try:
-            self._code = _CODE.unpack(_recv_exactly(self._status, _CODE.size))[0]
+            self._code = CODE.unpack(recv_exactly(self._status, CODE.size))[0]
         except (OSError, EOFError):  # the template died: its workers were killed
             self._code = -signal.SIGKILL
 
@@ -446,163 +396,3 @@ class ServedContext:
 
     def __repr__(self) -> str:
         return "ServedContext(spawn, through pipeloom's start server)"
-
-
-# -- the server's side -----------------------------------------------------------------
-def serve(fd: int, user_pid: int) -> None:
-    """The start server's loop: fork a template per request, until the user process ends."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the user process's to handle
-    sock = socket.socket(fileno=fd)
-    user = _pidfd(user_pid)
-    if os.getppid() != user_pid:
-        return  # the user's process is already gone
-    templates: dict[int, tuple[int, int]] = {}  # pidfd -> (pid, "reaped" notice fd)
-    watch: list[Any] = [sock] + ([user] if user is not None else [])
-    while True:
-        ready = multiprocessing.connection.wait([*watch, *templates])
-        if user is not None and user in ready:
-            break
-        for pidfd in [fd for fd in templates if fd in ready]:
-            pid, notice = templates.pop(pidfd)
-            os.waitpid(pid, 0)
-            os.close(notice)  # the user process sees EOF: reaped
-            os.close(pidfd)
-        if sock in ready:
-            try:
-                setup, fds = _recv(sock)
-            except (EOFError, OSError):
-                break
-            pid = os.fork()
-            if pid == 0:  # the template
-                code = 1
-                try:
-                    sock.close()
-                    for pidfd, (_, notice) in templates.items():
-                        os.close(pidfd)
-                        os.close(notice)
-                    os.close(fds.pop())
-                    if user is not None:
-                        os.close(user)
-                    _template_main(setup, fds)
-                    code = 0
-                except BaseException:  # noqa: BLE001 - report, then leave
-                    traceback.print_exc()
-                finally:
-                    os._exit(code)
-            notice = fds.pop()
-            for received in fds:
-                os.close(received)
-            child = _pidfd(pid)
-            if child is not None:
-                templates[child] = (pid, notice)
-            else:  # pragma: no cover - no pidfd: no notice either
-                os.close(notice)
-            sock.sendall(_HEADER.pack(pid))
-    os._exit(0)  # templates watch the user's process themselves
-
-
-def _template_main(setup: bytes, fds: list[int]) -> None:
-    stream_fd, control_fd = fds
-    control = socket.socket(fileno=control_fd)
-    preparation, environ, user_pid = pickle.loads(setup)
-    os.environ.clear()
-    os.environ.update(environ)
-    multiprocessing.spawn.prepare(preparation)
-    with socket.socket(fileno=stream_fd) as stream, stream.makefile("rb") as file:
-        try:
-            loaded = _Loaded(pickle.load(file), None)
-        except Exception as error:  # noqa: BLE001 - each worker raises it, as under spawn
-            loaded = _Loaded(None, error)
-    user = _pidfd(user_pid)
-    children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, status socket)
-    open_control = True
-    while open_control or children:
-        watch: list[Any] = [*children] + ([user] if user is not None else [])
-        if open_control:
-            watch.append(control)
-        ready = multiprocessing.connection.wait(watch)
-        if user is not None and user in ready:
-            for pid, _ in children.values():
-                _kill(pid)
-            for pid, _ in children.values():
-                os.waitpid(pid, 0)
-            return
-        for pidfd in [fd for fd in children if fd in ready]:
-            pid, status = children.pop(pidfd)
-            _, wait_status = os.waitpid(pid, 0)
-            try:
-                status.sendall(_CODE.pack(os.waitstatus_to_exitcode(wait_status)))
-            except OSError:
-                pass
-            status.close()
-            os.close(pidfd)
-        if open_control and control in ready:
-            try:
-                data, received = _recv(control)
-            except (EOFError, OSError):
-                open_control = False
-                control.close()
-                continue
-            status = socket.socket(fileno=received[-1])
-            pid = os.fork()
-            if pid == 0:  # the worker
-                control.close()
-                for child_pidfd, (_, other) in children.items():
-                    os.close(child_pidfd)
-                    other.close()
-                if user is not None:
-                    os.close(user)
-                status.close()
-                _worker_main(data, received[:-1], loaded)
-            for fd in received[:-1]:
-                os.close(fd)
-            children[os.pidfd_open(pid)] = (pid, status)
-            status.sendall(_HEADER.pack(pid))
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-class _Loaded:
-    """The template's payload: the unpickled pipeline, or why it could not be unpickled."""
-
-    def __init__(self, content: Any, error: BaseException | None) -> None:
-        self.content = content
-        self.error = error
-        self.forked = True
-
-    def load(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.content
-
-
-class _WorkerUnpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, payload: _Loaded) -> None:
-        super().__init__(file)
-        self._payload = payload
-
-    def persistent_load(self, pid: Any) -> Any:
-        if pid != _PAYLOAD:
-            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
-        return self._payload
-
-
-def _worker_main(data: bytes, fds: list[int], loaded: _Loaded) -> None:
-    """In a worker forked from the template: unpickle its arguments, run, exit."""
-    code = 1
-    try:
-        _inherited_fds[:] = fds
-        target, args, name = _WorkerUnpickler(io.BytesIO(data), loaded).load()
-        process = multiprocessing.Process(target=target, args=args, name=name, daemon=True)
-        code = process._bootstrap()  # type: ignore[attr-defined]  # noqa: SLF001
-    except BaseException:  # noqa: BLE001 - report, then exit
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
