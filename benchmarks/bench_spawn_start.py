@@ -15,6 +15,10 @@ the figures are about start-up, not the epoch. Loaders:
   ``MultiProcessingReadingService(w, start_method="spawn", persistent_workers=True)``;
 - ``pipeloom.compat.DataLoader`` with torch's arguments.
 
+pipeloom spawns through its start server (``PIPELOOM_SPAWN_SERVER=0``:
+``multiprocessing``'s plain spawn, the figures before it): the process's first
+pipeloom loader starts the server (noted below the table), later ones reuse it.
+
 Per loader, the median over the repeats (a fresh loader each) of: the time
 from building the loader to the first batch (the dataset reaches every
 worker in it), the first epoch's wall time, and the time from ``iter()`` to the
@@ -26,6 +30,7 @@ Batches are checked equal to torch's.
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
 import statistics
 import time
@@ -101,12 +106,19 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="32 MiB, 2 workers, 1 run")
+    parser.add_argument("--sizes", type=int, nargs="+", help="dataset sizes, MiB")
+    parser.add_argument("--workers", type=int, nargs="+", help="worker counts")
+    parser.add_argument("--repeats", type=int, help="fresh loaders per configuration")
     args = parser.parse_args(argv)
     quiet_torch_warnings()
     if args.quick:
         sizes, worker_counts, repeats = (32,), (2,), 1
     else:
         sizes, worker_counts, repeats = (16, 32, 64, 128), (2, 4), 3
+    sizes = tuple(args.sizes or sizes)
+    worker_counts = tuple(args.workers or worker_counts)
+    repeats = args.repeats or repeats
+    first_pipeloom: list[float] = []  # the process's first pipeloom loader starts the server
     expected = [list(range(s, s + BATCH)) for s in range(0, READ, BATCH)]
     rows = []
     for mib in sizes:
@@ -120,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(repeats):  # round-robin, so drift in machine load hits all alike
                 for name, make in makers.items():
                     first, wall, second, indices = one_run(make)
+                    if name != "torch" and not first_pipeloom:
+                        first_pipeloom.append(first)
                     if indices != expected:
                         raise AssertionError(f"{name} yields other batches than torch's")
                     runs[name].append((first, wall, second))
@@ -162,6 +176,11 @@ def main(argv: list[str] | None = None) -> None:
         "included); 2nd epoch: from iter() on the same loader, workers already running. "
         "'vs torch': torch's time over the loader's (> 1: sooner than torch)."
     )
+    if first_pipeloom and os.environ.get("PIPELOOM_SPAWN_SERVER", "1") != "0":
+        note(
+            f"the process's first pipeloom loader (it starts pipeloom's start server, once per "
+            f"process): first batch in {first_pipeloom[0] * 1e3:.0f} ms; counted in its median."
+        )
 
 
 if __name__ == "__main__":

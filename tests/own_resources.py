@@ -44,19 +44,34 @@ def memfds() -> dict[int, str]:
 _SHARED_HELPERS = ("resource_tracker", "forkserver")
 
 
+def _start_server() -> object | None:
+    """pipeloom's start server (spawn), kept for the whole process on purpose, like those."""
+    from pipeloom.reading_service.workers import start_server
+
+    return start_server._server  # noqa: SLF001
+
+
 def _shared_helper_fds() -> set[int]:
-    """The fds this process keeps to multiprocessing's resource tracker and fork server."""
+    """The fds this process keeps to multiprocessing's resource tracker and fork server,
+    and to pipeloom's start server."""
     from multiprocessing import forkserver, resource_tracker
 
     tracker = getattr(resource_tracker, "_resource_tracker", None)
     server = getattr(forkserver, "_forkserver", None)
     fds = {getattr(tracker, "_fd", None), getattr(server, "_forkserver_alive_fd", None)}
+    start = _start_server()
+    if start is not None:
+        fds.add(start._socket.fileno())  # type: ignore[attr-defined]  # noqa: SLF001
     return {fd for fd in fds if isinstance(fd, int)}
 
 
 def _children() -> dict[int, psutil.Process]:
     found = {}
+    start = _start_server()
+    server_pid = None if start is None else start.pid  # type: ignore[attr-defined]
     for process in psutil.Process().children(recursive=True):
+        if process.pid == server_pid:  # its templates (its children) still count
+            continue
         try:
             command = " ".join(process.cmdline())
         except psutil.Error:  # exited meanwhile (or a zombie): still ours to account for

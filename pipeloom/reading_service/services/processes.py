@@ -23,6 +23,8 @@ from ..strategies.classic.runner import ClassicRunner
 from ..strategies.economic import EconomicRunner
 from ..strategies.in_process import InProcessRunner
 from ..strategies.runner import Runner
+from ..workers.process import worker_context
+from ..workers.start_server import ServedContext, start_server
 from .base import PlannedService
 
 __all__ = ["STRATEGIES", "MultiProcessingReadingService"]
@@ -44,7 +46,11 @@ class MultiProcessingReadingService(PlannedService):
         prefetch_factor: outputs each worker may hold ahead of the consumer.
         start_method: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None (the
             platform default). Under spawn/forkserver the pipeline is sent with
-            cloudpickle, so lambdas work.
+            cloudpickle, so lambdas work. Under spawn, workers start from
+            pipeloom's start server (``docs/reading_services.md``), which this
+            constructor starts in the background if it is not running yet, so
+            its start overlaps what the program does before the first epoch
+            (building the model, loading a checkpoint).
         worker_init_fn: called as ``worker_init_fn(worker_id)`` once in each
             worker, after its RNGs are seeded.
         persistent_workers: keep the workers alive between epochs.
@@ -130,6 +136,8 @@ class MultiProcessingReadingService(PlannedService):
         self.strategy = strategy
         self.num_batch_workers = prefetch_factor if num_batch_workers is None else num_batch_workers
         self.chunk_size = chunk_size
+        if num_workers > 0 and isinstance(worker_context(start_method), ServedContext):
+            start_server()  # not waited for: it imports torch while the program goes on
         # The one place the strategy matters: which runner initialize() builds. A plain
         # function, not a bound method: a service holding its own method is a reference
         # cycle, which would keep its workers' runner alive until a garbage collection.

@@ -45,10 +45,12 @@ from ...datapipes import DataPipe
 from ...datapipes.runtime import NO_STAMP, forget_lazy_init, restore_stamp
 from ...errors import WorkerError
 from ...graph import upstream
+from .start_server import ServedContext, Template, TemplateGone, start_server
 
 __all__ = [
     "EXIT_GRACE",
     "PRELOAD",
+    "SERVER_ENV",
     "STOP_GRACE",
     "Payload",
     "WorkerProcess",
@@ -64,6 +66,8 @@ STOP_GRACE = 1.0
 """Seconds workers get to exit after being told to stop, before they are killed."""
 EXIT_GRACE = 5.0
 """Seconds an exiting worker (its sentinel fired, its queue broke) gets to be reaped."""
+SERVER_ENV = "PIPELOOM_SPAWN_SERVER"
+"""Environment variable: ``0`` spawns workers with ``multiprocessing``'s plain spawn."""
 PRELOAD = "pipeloom.reading_service"
 """What a fork server imports once for all the workers it forks."""
 
@@ -76,7 +80,14 @@ _MALLOC_KEEP = 1 << 30  # M_MMAP_THRESHOLD and M_TRIM_THRESHOLD for worker proce
 
 # -- starting ---------------------------------------------------------------------
 def worker_context(start_method: str | None) -> Any:
-    """``multiprocessing.get_context(start_method)``; a fork server preloads pipeloom.
+    """``multiprocessing.get_context(start_method)``; spawn through pipeloom's start server.
+
+    Spawned workers are forked from a template of their pipeline, itself forked
+    from pipeloom's start server (a fresh interpreter, see ``start_server.py``):
+    the same clean process as under spawn, started in milliseconds, with the
+    pipeline unpickled once per loader instead of once per worker (Linux:
+    pidfds). Set the environment variable ``PIPELOOM_SPAWN_SERVER=0`` for
+    ``multiprocessing``'s plain spawn.
 
     Forkserver workers are forked from one server process. With pipeloom (and
     so torch) imported there once, a worker starts in a fraction of a second
@@ -86,8 +97,13 @@ def worker_context(start_method: str | None) -> Any:
     Example:
         >>> worker_context("spawn").get_start_method()
         'spawn'
+        >>> worker_context("fork").get_start_method()
+        'fork'
     """
     context = multiprocessing.get_context(start_method)
+    served = hasattr(os, "pidfd_open") and os.environ.get(SERVER_ENV, "1") != "0"
+    if context.get_start_method() == "spawn" and served:
+        return ServedContext()
     if context.get_start_method() == "forkserver":
         server = getattr(forkserver, "_forkserver", None)
         modules = list(getattr(server, "_preload_modules", None) or ["__main__"])
@@ -100,7 +116,10 @@ class Payload:
     """The part of a pipeline a worker runs, ready to cross into it.
 
     Under ``fork`` the child inherits the object itself; otherwise it is
-    pickled here, once, with cloudpickle (so lambdas travel).
+    pickled here, once, with cloudpickle (so lambdas travel). Under spawn
+    through the start server, the pickle goes once to a template process
+    (:meth:`template`), which unpickles it once for all the workers it forks;
+    :meth:`close` ends the template.
 
     Raises:
         TypeError: naming the first block that cannot be pickled, and why.
@@ -108,7 +127,28 @@ class Payload:
 
     def __init__(self, pipe: DataPipe, context: Any) -> None:
         self.forked = context.get_start_method() == "fork"
-        self._content: Any = pipe if self.forked else _dumps(pipe)
+        self._template: Template | None = None
+        if isinstance(context, ServedContext):  # the template unpickles while it is pickled
+            pickled = io.BytesIO()
+            self._template = start_server().new_template(lambda file: _dumps(pipe, file, pickled))
+            self._content: Any = pickled.getvalue()
+        else:
+            self._content = pipe if self.forked else _dumps(pipe)
+
+    def template(self) -> Template:
+        """The template process holding this payload unpickled (started again if closed)."""
+        if self._template is None or self._template.closed:
+            self._template = start_server().new_template(lambda file: file.write(self._content))
+        return self._template
+
+    def close(self) -> None:
+        """End the template process, if any (once its workers have exited)."""
+        if self._template is not None:
+            self._template.close()
+            self._template = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"forked": self.forked, "_content": self._content, "_template": None}
 
     def load(self) -> Any:
         """The pipeline, in the worker: unpickled, or (forked) with ``lazy_init`` to run again."""
@@ -310,9 +350,15 @@ def keep_freed_memory_for_reuse() -> bool:
 
 
 # -- pickling a pipeline ------------------------------------------------------------
-def _dumps(pipe: DataPipe) -> bytes:
+def _dumps(pipe: DataPipe, file: Any = None, copy: io.BytesIO | None = None) -> bytes:
+    """cloudpickle's bytes of ``pipe``; or written into ``file`` and ``copy`` as they come."""
     try:
-        return cloudpickle.dumps(pipe)
+        if file is None:
+            return cloudpickle.dumps(pipe)
+        cloudpickle.dump(pipe, _Tee(file, copy or io.BytesIO()))
+        return b""
+    except TemplateGone:
+        raise  # the template process stopped reading: not the pipeline's fault
     except Exception as error:  # noqa: BLE001 - find the culprit, then explain
         culprit, reason = _find_unpicklable(pipe, error)
         raise TypeError(
@@ -321,6 +367,17 @@ def _dumps(pipe: DataPipe) -> bytes:
             f"module level, drop unpicklable attributes in __getstate__ (open them in "
             f"lazy_init instead), or use start_method='fork' or ThreadReadingService"
         ) from error
+
+
+class _Tee:
+    """Writes to a file and keeps a copy."""
+
+    def __init__(self, file: Any, copy: io.BytesIO) -> None:
+        self._file, self._copy = file, copy
+
+    def write(self, data: Any) -> int:
+        self._copy.write(data)
+        return self._file.write(data)
 
 
 class _OneBlockPickler(cloudpickle.Pickler):

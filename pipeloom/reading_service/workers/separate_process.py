@@ -69,6 +69,7 @@ class SeparateProcessReader(IterDataPipe):
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None
+        self._payload.close()  # its template (spawn), if any
 
     def queues(self) -> list[tuple[str, ProcessQueue]]:
         """Its queue to the main process, while it runs."""

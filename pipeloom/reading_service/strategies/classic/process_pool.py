@@ -97,9 +97,14 @@ class ProcessPool:
                 return
             except (WorkerError, TimeoutError, QueueError):
                 pass
-        self.stop()
+        self._stop_processes()  # the payload's template stays, for the next epoch's workers
 
     def stop(self) -> None:
+        """Stop the workers and end the payload's template (spawn), if any."""
+        self._stop_processes()
+        self.payload.close()
+
+    def _stop_processes(self) -> None:
         if self._processes is not None:
             self._processes.stop()
             self._processes = None

@@ -137,6 +137,9 @@ class DispatchRunner(Runner):
         self.main.stop()
         self._stop_pool()
         self._epoch_open = False
+        self._item_payload.close()  # their templates (spawn), kept between epochs until now
+        if self._batch_payload is not None:
+            self._batch_payload.close()
 
     def queues(self) -> Sequence[tuple[str, Any]]:
         pool = self._pool
