@@ -15,6 +15,7 @@ from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService
+from pipeloom.reading_service.services import processes
 from pipeloom.reading_service.strategies.dispatch.dispatcher import Dispatcher
 from pipeloom.reading_service.workers.messages import MAIN, BatchResult, BatchSize, Task
 from tests.reading_service import pipelines
@@ -30,6 +31,18 @@ def plain(value):
     return value
 
 
+# Economic with its default (whole batches in item workers on a machine this size) and
+# with batch workers: the two ways it builds batches.
+ECONOMIC_WAYS = {"economic": {}, "economic+batch workers": {"num_batch_workers": 2}}
+
+
+def strategy_args(strategy, chunk=None):
+    """Service keyword arguments for a strategy name (``ECONOMIC_WAYS`` or chunked)."""
+    if strategy == "chunked":
+        return {"strategy": "chunked", **({} if chunk is None else {"chunk_size": chunk})}
+    return {"strategy": "economic", **ECONOMIC_WAYS[strategy]}
+
+
 def run(pipe, service, seed=5, epochs=1):
     with DataLoader(pipe, service, seed=seed) as loader:
         return [plain(list(loader)) for _ in range(epochs)]
@@ -42,7 +55,7 @@ def run(pipe, service, seed=5, epochs=1):
     drop_last=st.booleans(),
     map_style=st.booleans(),
     workers=st.integers(1, 3),
-    strategy=st.sampled_from(["economic", "chunked"]),
+    strategy=st.sampled_from([*ECONOMIC_WAYS, "chunked"]),
     chunk=st.integers(1, 6),
 )
 def test_every_strategy_yields_the_in_process_batches(
@@ -51,9 +64,9 @@ def test_every_strategy_yields_the_in_process_batches(
     def build():
         return pipelines.for_strategies(n, batch, drop_last, map_style)
 
-    extra = {"chunk_size": min(chunk, batch)} if strategy == "chunked" else {}
     expected = run(build(), None, epochs=2)
-    service = MultiProcessingReadingService(workers, strategy=strategy, timeout=30, **extra)
+    args = strategy_args(strategy, min(chunk, batch))
+    service = MultiProcessingReadingService(workers, timeout=30, **args)
     assert run(build(), service, epochs=2) == expected
 
 
@@ -65,11 +78,11 @@ def test_the_three_strategies_agree_under_spawn(strategy, method):
     assert run(pipelines.for_strategies(), service) == expected
 
 
-@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+@pytest.mark.parametrize("strategy", [*ECONOMIC_WAYS, "chunked"])
 def test_persistent_workers_drop_the_work_of_an_abandoned_epoch(strategy):
     expected = run(pipelines.for_strategies(40), None, epochs=3)
     service = MultiProcessingReadingService(
-        3, strategy=strategy, persistent_workers=True, timeout=30
+        3, persistent_workers=True, timeout=30, **strategy_args(strategy)
     )
     with DataLoader(pipelines.for_strategies(40), service, seed=5) as loader:
         got = []
@@ -121,7 +134,9 @@ def test_a_killed_batch_worker_raises_naming_it():
         .batch(2)
         .collate(pipelines.kill_self_in_collate)
     )
-    service = MultiProcessingReadingService(2, strategy="economic", timeout=30)
+    service = MultiProcessingReadingService(
+        2, strategy="economic", num_batch_workers=2, timeout=30
+    )
     with DataLoader(pipe, service, seed=0) as loader:
         with pytest.raises(WorkerError, match=r"batch worker \d \(pid \d+\) was killed by signal"):
             list(loader)
@@ -140,12 +155,53 @@ def test_break_and_shutdown_leave_no_process(strategy):
 
 def test_placement_names_item_and_batch_workers():
     pipe = IterableWrapper(range(8)).shuffle().sharding_filter().map(abs).batch(2).collate()
-    service = MultiProcessingReadingService(2, strategy="economic")
+    service = MultiProcessingReadingService(2, strategy="economic", num_batch_workers=2)
     with DataLoader(pipe, service, seed=0) as loader:
         where = {type(b).__name__: place for b, place in loader.placement().locations}
     assert where["ShardingFilter"] == "main process" and where["Shuffler"] == "main process"
     assert where["Mapper"].startswith("item worker processes x2")
     assert where["Batcher"] == where["Collator"] == "batch workers x2"
+
+
+def collated_where(batch):
+    """``(pid collating, pids that made the items, the items)``."""
+    return (os.getpid(), {pid for _, pid, _ in batch}, [x for x, _, _ in batch])
+
+
+def test_without_batch_workers_item_workers_build_and_collate_whole_batches():
+    pipe = (
+        IterableWrapper(range(40))
+        .sharding_filter()
+        .map(pipelines.pid_of_worker)
+        .batch(4)
+        .collate(collated_where)
+    )
+    service = MultiProcessingReadingService(
+        2, strategy="economic", num_batch_workers=0, persistent_workers=True, timeout=30
+    )
+    with DataLoader(pipe, service, seed=0, stats=True) as loader:
+        where = {type(b).__name__: place for b, place in loader.placement().locations}
+        batches = list(loader)
+        queues = {q.name for q in loader.stats().queues}
+        children = {p.pid for p in multiprocessing.active_children()}
+    assert where["Mapper"] == where["Batcher"] == where["Collator"]
+    assert where["Collator"].startswith("item worker processes x2")
+    assert [x for _, _, items in batches for x in items] == list(range(40))
+    assert all(made == {collator} for collator, made, _ in batches)  # one worker per batch
+    assert {collator for collator, _, _ in batches} == children  # spread over both
+    assert len(children) == 2 and not any("batch worker" in name for name in queues)
+
+
+@pytest.mark.parametrize(
+    "workers, prefetch, cores, expected",
+    [(2, 2, 2, 0), (4, 2, 2, 0), (2, 2, 16, 0), (8, 2, 16, 2), (8, 4, 3, 0), (8, 3, 16, 3)],
+)
+def test_batch_workers_by_default_only_when_prefetched_batches_cannot_fill_the_cores(
+    monkeypatch, workers, prefetch, cores, expected
+):
+    monkeypatch.setattr(processes, "_usable_cores", lambda: cores)
+    service = MultiProcessingReadingService(workers, prefetch, strategy="economic")
+    assert service.num_batch_workers == expected
 
 
 # -- bad input ---------------------------------------------------------------------
@@ -158,7 +214,7 @@ def test_placement_names_item_and_batch_workers():
         ({"chunk_size": 0, "strategy": "chunked"}, ValueError, "chunk_size must be an int >= 1"),
         ({"chunk_size": 2}, ValueError, "chunk_size only applies to strategy='chunked'"),
         ({"num_batch_workers": 2}, ValueError, "num_batch_workers only applies to strategy="),
-        ({"num_batch_workers": 0, "strategy": "economic"}, ValueError, "must be an int >= 1"),
+        ({"num_batch_workers": -1, "strategy": "economic"}, ValueError, "must be an int >= 0"),
         ({"strategy": "economic", "in_order": False}, ValueError, "in_order=False only"),
     ],
 )
@@ -294,20 +350,20 @@ def test_map_style_sources_send_indices_not_items():
 @given(
     stop=st.integers(0, 8),
     workers=st.integers(1, 3),
-    strategy=st.sampled_from(["economic", "chunked"]),
+    strategy=st.sampled_from([*ECONOMIC_WAYS, "chunked"]),
     map_style=st.booleans(),
     chunk=st.integers(1, 4),
 )
 def test_resume_at_any_step_equals_the_uninterrupted_epoch(
     stop, workers, strategy, map_style, chunk
 ):
-    extra = {"chunk_size": chunk} if strategy == "chunked" else {}
+    args = strategy_args(strategy, chunk)
 
     def build():
         return pipelines.for_strategies(29, 4, map_style=map_style)
 
     def service():
-        return MultiProcessingReadingService(workers, strategy=strategy, timeout=30, **extra)
+        return MultiProcessingReadingService(workers, timeout=30, **args)
 
     resume_case(build, service, stop, compare=plain)
 
@@ -368,15 +424,15 @@ def test_economic_says_a_tar_reader_before_the_batch_needs_chunked(tmp_path):
             list(loader)
 
 
-@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+@pytest.mark.parametrize("strategy", [*ECONOMIC_WAYS, "chunked"])
 def test_global_rng_draws_depend_on_the_item_not_on_the_worker_or_timing(strategy):
     def build():
         return IterableWrapper(range(24)).sharding_filter().map(pipelines.global_draws).batch(4)
 
     runs = []
     for workers in (1, 3):
-        extra = {"chunk_size": 2} if strategy == "chunked" else {}
-        service = MultiProcessingReadingService(workers, strategy=strategy, timeout=30, **extra)
+        args = strategy_args(strategy, 2)
+        service = MultiProcessingReadingService(workers, timeout=30, **args)
         runs.append(run(build(), service, seed=9, epochs=2))
     assert runs[0] == runs[1]
     epoch0, epoch1 = runs[0]

@@ -52,7 +52,8 @@ class Settings:
         strategy: ``"in-process"``, ``"threads"``, ``"classic"``, ``"ray"``,
             ``"economic"`` or ``"chunked"``.
         workers: worker threads or (item) worker processes.
-        batch_workers: batch worker processes (economic).
+        batch_workers: batch worker processes (economic); 0: each item worker
+            builds whole batches (per-item blocks, ``batch`` and what follows).
         prefetch: outputs per worker (threads, classic), batches in flight
             (economic, chunked), outputs of a separate process.
         chunk_size: items per chunk (chunked); None spreads a batch over the workers.
@@ -172,7 +173,14 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
     item_location = f"item worker processes x{n}"
     item = Part("item workers", item_location, cut.item_blocks, cut.item_exit, n)
     parts: tuple[Part, ...] = (item,)
-    if strategy == "chunked":
+    whole_batches = strategy == "economic" and settings.batch_workers == 0
+    if whole_batches:  # an item worker's task is a batch, which it builds and collates
+        assert cut.batch_exit is not None
+        blocks = (*cut.item_blocks, *cut.batch_blocks)
+        parts = (Part("item workers", item_location, blocks, cut.batch_exit, n),)
+        unit = ("batch", batch_size, settings.prefetch)
+        max_tasks = unit[2]
+    elif strategy == "chunked":
         expands = not all(block.one_to_one for block in cut.item_blocks)
         chunk_size = _chunk_size(settings.chunk_size, batch_size, n, expands)
         unit = ("chunk", chunk_size, max(1, math.ceil(settings.prefetch * batch_size / chunk_size)))
@@ -192,9 +200,10 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
     separate = _separate_parts(pipeline, parts, settings)
     main = _main_part(pipeline, "main process", (*parts, *separate))
     queues = [QueueLink("main process", item_location, "ProcessQueue", n, max_tasks + 2, "tasks")]
-    if strategy == "chunked":
+    if strategy == "chunked" or whole_batches:
+        carried = "chunks" if strategy == "chunked" else "batches"
         queues.append(
-            QueueLink(item_location, "main process", "ProcessQueue", n, unit[2] + 2, "chunks")
+            QueueLink(item_location, "main process", "ProcessQueue", n, unit[2] + 2, carried)
         )
     else:
         m = settings.batch_workers
@@ -205,11 +214,13 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
         ]
     queues += _separate_queues(separate, "main process", settings)
     name, size, in_flight = unit
-    notes = [
-        f"the main process reads the sharding point and gives each "
-        f"{'item' if strategy == 'economic' else 'chunk'} to the least loaded item worker"
-        + ("; each batch to the least loaded batch worker" if strategy == "economic" else "")
-    ]
+    if whole_batches:
+        handed = "batch to the least loaded item worker, which builds and collates it"
+    elif strategy == "economic":
+        handed = "item to the least loaded item worker; each batch to the least loaded batch worker"
+    else:
+        handed = "chunk to the least loaded item worker"
+    notes = [f"the main process reads the sharding point and gives each {handed}"]
     if settings.outer != (1, 0):
         notes.append(_outer_note(settings.outer))
     return Plan.from_parts(

@@ -69,14 +69,16 @@ class DispatchRunner(Runner):
         self.num_batch_workers = batch_parts[0].copies if batch_parts else 0
         if plan.outer != (1, 0):  # this process's share (a rank's), cut as classic would
             keep_shard(self.point, group_size=plan.group_size, outer=plan.outer)
+        # Economic without batch workers: each task is a whole batch, as a chunk is.
+        per_item_tasks = self.per_item_tasks and bool(batch_parts)
         self.dispatcher = Dispatcher(
-            unit_size=unit_size, max_units=max_units, per_item_tasks=self.per_item_tasks
+            unit_size=unit_size, max_units=max_units, per_item_tasks=per_item_tasks
         )
         self.main = MainPart(
             pipeline, plan, self.dispatcher, exit, start_method=start_method, prefetch=prefetch
         )
         self._max_units = max_units
-        self._max_tasks = max_units * (unit_size if self.per_item_tasks else 1)
+        self._max_tasks = max_units * (unit_size if per_item_tasks else 1)
         source = self.point.source if isinstance(self.point, MapToIter) else None
         item_chain = copy(item_part.exit, replace={self.point: TaskFeed(source)})
         self._item_payload = Payload(item_chain, self._context)
