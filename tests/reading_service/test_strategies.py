@@ -134,9 +134,7 @@ def test_a_killed_batch_worker_raises_naming_it():
         .batch(2)
         .collate(pipelines.kill_self_in_collate)
     )
-    service = MultiProcessingReadingService(
-        2, strategy="economic", num_batch_workers=2, timeout=30
-    )
+    service = MultiProcessingReadingService(2, strategy="economic", num_batch_workers=2, timeout=30)
     with DataLoader(pipe, service, seed=0) as loader:
         with pytest.raises(WorkerError, match=r"batch worker \d \(pid \d+\) was killed by signal"):
             list(loader)
