@@ -56,7 +56,9 @@ class Settings:
             builds whole batches (per-item blocks, ``batch`` and what follows).
         prefetch: outputs per worker (threads, classic), batches in flight
             (economic, chunked), outputs of a separate process.
-        chunk_size: items per chunk (chunked); None spreads a batch over the workers.
+        chunk_size: items per chunk (chunked); None spreads a batch over the
+            workers, or over ``cores`` when fewer.
+        cores: the cores the workers may run on (None: as many as the workers).
         outer: ``(total, index)``: this process's share (e.g. a rank's).
     """
 
@@ -66,6 +68,7 @@ class Settings:
     prefetch: int = 2
     chunk_size: int | None = None
     outer: tuple[int, int] = (1, 0)
+    cores: int | None = None
 
 
 def make_plan(pipeline: IterDataPipe, settings: Settings) -> Plan:
@@ -182,7 +185,8 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
         max_tasks = unit[2]
     elif strategy == "chunked":
         expands = not all(block.one_to_one for block in cut.item_blocks)
-        chunk_size = _chunk_size(settings.chunk_size, batch_size, n, expands)
+        spread = n if settings.cores is None else max(1, min(n, settings.cores))
+        chunk_size = _chunk_size(settings.chunk_size, batch_size, spread, expands)
         unit = ("chunk", chunk_size, max(1, math.ceil(settings.prefetch * batch_size / chunk_size)))
         max_tasks = unit[2]
     else:
@@ -237,7 +241,10 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
 
 
 def _chunk_size(asked: int | None, batch_size: int, workers: int, expands: bool) -> int:
-    """Items of the sharding point per chunk: by default a batch spread over the workers.
+    """Items of the sharding point per chunk: by default a batch spread over ``workers``.
+
+    ``workers`` is the item workers, or the cores when fewer: more chunks than
+    can run at once make the first batch no sooner, and each costs a message.
 
     When the per-item part may make several outputs of one input (a tar shard
     read into its samples), one input per chunk, so shards spread over the

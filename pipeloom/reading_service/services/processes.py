@@ -89,7 +89,8 @@ class MultiProcessingReadingService(PlannedService):
             cores)``), since a batch split over workers then only adds work;
             else ``prefetch_factor``.
         chunk_size: items per chunk under ``"chunked"`` (default: the batch
-            spread evenly over the workers, or one item per chunk when the
+            spread evenly over the workers, or over the usable cores when
+            fewer, or one item per chunk when the
             per-item blocks may make several outputs of one input, such as a
             tar shard's samples); at most the batch size.
 
@@ -161,6 +162,7 @@ class MultiProcessingReadingService(PlannedService):
             prefetch=self.prefetch_factor,
             chunk_size=self.chunk_size,
             outer=self.outer,
+            cores=_usable_cores(),
         )
 
     def _in_process(self, pipeline: IterDataPipe) -> Runner:
