@@ -334,6 +334,31 @@ def test_chunked_hands_whole_chunks_to_the_least_loaded_worker():
     ]
 
 
+def fail_at_5(x):
+    if x == 5:
+        raise KeyError("five")
+    return x
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_next_unit_goes_out_when_one_is_taken_and_a_source_error_waits_its_turn(fails):
+    pool = FakePool(item_workers=2, batch_workers=0)
+    dispatcher = Dispatcher(unit_size=2, max_units=2, per_item_tasks=False)
+    source = IterableWrapper(range(10))
+    dispatcher.attach(source.map(fail_at_5) if fails else source, pool, gen=1, seed=None, epoch=0)
+    with pytest.raises(pipeloom.errors.NotAvailable):
+        dispatcher.async_next()
+    assert [task.unit for _, task in pool.tasks] == [0, 1]
+    pool.outbox.append(BatchResult(1, 0, [(0, 0, "a"), (1, 0, "b")]))
+    assert dispatcher.async_next() == "a"
+    if not fails:  # unit 2 left before the consumer's next call
+        assert [task.unit for _, task in pool.tasks] == [0, 1, 2]
+        return
+    assert dispatcher.async_next() == "b"  # what was taken comes first, as in-process
+    with pytest.raises(KeyError, match="five"):
+        dispatcher.async_next()
+
+
 def test_map_style_sources_send_indices_not_items():
     pipe = pipelines.PidOnRead(list(range(6))).to_iter().batch(3)
     service = MultiProcessingReadingService(2, strategy="economic", timeout=30)
