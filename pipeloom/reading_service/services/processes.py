@@ -26,7 +26,7 @@ from ..strategies.in_process import InProcessRunner
 from ..strategies.runner import Runner
 from .base import PlannedService
 
-__all__ = ["STRATEGIES", "MultiProcessingReadingService"]
+__all__ = ["STRATEGIES", "MultiProcessingReadingService", "default_batch_workers"]
 
 STRATEGIES = ("classic", "economic", "chunked")
 
@@ -137,7 +137,7 @@ class MultiProcessingReadingService(PlannedService):
         self.in_order = in_order
         self.strategy = strategy
         self.num_batch_workers = (
-            _default_batch_workers(num_workers, prefetch_factor)
+            default_batch_workers(num_workers, prefetch_factor)
             if num_batch_workers is None
             else num_batch_workers
         )
@@ -240,8 +240,13 @@ def _check_strategy_args(
         )
 
 
-def _default_batch_workers(num_workers: int, prefetch_factor: int) -> int:
-    """Economic's batch workers when not given: none when whole batches fill the cores."""
+def default_batch_workers(num_workers: int, prefetch_factor: int) -> int:
+    """Economic's batch workers when not given: none when whole batches fill the cores.
+
+    Example:
+        >>> default_batch_workers(2, 2)  # 2 batches in flight keep 2 workers busy
+        0
+    """
     return 0 if prefetch_factor >= min(num_workers, _usable_cores()) else prefetch_factor
 
 
