@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import random
 
 import pytest
 import torch
@@ -445,6 +446,26 @@ def test_economic_says_a_tar_reader_before_the_batch_needs_chunked(tmp_path):
     with DataLoader(tar_pipeline(tmp_path), service) as loader:
         with pytest.raises(ValueError, match=r"TarArchiveLoader.*strategy='chunked'"):
             list(loader)
+
+
+def collate_drawing(batch):
+    """A collate function with a random part (e.g. mixup) drawn from the global RNGs."""
+    return (list(batch), random.random(), torch.rand(1).item())
+
+
+def test_economic_collate_draws_are_the_same_with_or_without_batch_workers():
+    def build():
+        return IterableWrapper(range(24)).sharding_filter().batch(4).collate(collate_drawing)
+
+    runs = []
+    for workers, batch_workers in [(1, 0), (3, 0), (2, 2), (3, 1)]:
+        service = MultiProcessingReadingService(
+            workers, strategy="economic", num_batch_workers=batch_workers, timeout=30
+        )
+        runs.append(run(build(), service, seed=9, epochs=2))
+    assert all(got == runs[0] for got in runs[1:])
+    draws = [batch[1] for batch in runs[0][0]]
+    assert len(set(draws)) == len(draws)  # a draw of its own for each batch
 
 
 @pytest.mark.parametrize("strategy", [*ECONOMIC_WAYS, "chunked"])
