@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import random
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -17,6 +18,7 @@ from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService
 from pipeloom.reading_service.services import processes
+from pipeloom.reading_service.strategies.dispatch.chain import TaskFeed, WorkerChain
 from pipeloom.reading_service.strategies.dispatch.dispatcher import Dispatcher
 from pipeloom.reading_service.workers.messages import MAIN, BatchResult, BatchSize, Task
 from tests.reading_service import pipelines
@@ -358,6 +360,36 @@ def test_the_next_unit_goes_out_when_one_is_taken_and_a_source_error_waits_its_t
     assert dispatcher.async_next() == "b"  # what was taken comes first, as in-process
     with pytest.raises(KeyError, match="five"):
         dispatcher.async_next()
+
+
+@pytest.fixture
+def global_rngs_kept():
+    """Give the test process's global RNGs back as they were (the chain seeds them)."""
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    yield
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.set_rng_state(states[2])
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_a_worker_chain_told_of_outside_rng_moves_stays_unseeded(told, global_rngs_kept):
+    calls = []
+
+    def counted(x):
+        calls.append(x)
+        return x
+
+    chain = WorkerChain(TaskFeed().map(counted))
+    chain.start_epoch(1, 0, 5)
+    assert [item for _, _, item in chain.run(1, [(0, 10), (1, 11)], "test")] == [10, 11]
+    random.random()  # the batch part, run after the items, moved the global RNGs
+    if told:
+        chain.global_rngs_moved()
+    assert [item for _, _, item in chain.run(1, [(2, 12), (3, 13)], "test")] == [12, 13]
+    # told: each item once; not told: the move looks like the items' draws, so the
+    # task runs again seeded item by item (and so will every later task)
+    assert calls == ([10, 11, 12, 13] if told else [10, 11, 12, 13, 12, 13])
 
 
 def test_map_style_sources_send_indices_not_items():

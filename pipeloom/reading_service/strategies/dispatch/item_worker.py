@@ -72,6 +72,7 @@ def item_worker_main(
         outputs = chain.run(message.gen, message.entries, label)
         if batch_chain is not None and not isinstance(outputs, Failure):
             outputs = batch_chain.run(message.gen, outputs, label)
+            chain.global_rngs_moved()  # the batch part seeds them per batch
         result = TaskResult(message.gen, message.unit, pack(outputs), len(message.entries))
         destination = to_main if message.dest == MAIN else to_batch[message.dest]
         try:
