@@ -13,6 +13,7 @@ from ..reading_service import (
     ReadingService,
     ThreadReadingService,
 )
+from ..reading_service.services.processes import default_batch_workers
 
 __all__ = ["Budget", "Config"]
 
@@ -76,10 +77,12 @@ persistent_workers=True, strategy='classic')
 
     @property
     def processes(self) -> int:
-        """Worker processes it starts (economic adds ``prefetch`` batch workers)."""
+        """Worker processes it starts (economic may add ``prefetch`` batch workers)."""
         if self.kind == "threads":
             return 0
-        return self.workers + (self.prefetch if self.strategy == "economic" else 0)
+        if self.strategy != "economic":
+            return self.workers
+        return self.workers + default_batch_workers(self.workers, self.prefetch)
 
     @property
     def outputs_in_flight(self) -> int:

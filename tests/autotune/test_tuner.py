@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeloom.autotune import Budget, Config, HillClimb
+from pipeloom.reading_service.services import processes
 
 BUDGET = Budget(
     cpus=2, memory_bytes=2**40, shared_memory_bytes=2**40, max_threads=16, max_processes=4
@@ -247,7 +248,8 @@ def test_a_deferred_move_pauses_the_measurements_until_it_starts():
     assert Config("processes", 2, 2, "chunked") in tuner._tried  # its default size, resolved
 
 
-def test_economic_and_chunked_count_their_shared_memory_flat_in_workers():
+def test_economic_and_chunked_count_their_shared_memory_flat_in_workers(monkeypatch):
+    monkeypatch.setattr(processes, "_usable_cores", lambda: 16)  # economic: batch workers
     budget = Budget(2, 2**40, shared_memory_bytes=3 * 1000, max_threads=4, max_processes=8)
     tuner = climb(Simulated(per_item_s=0.002, cpu_share=1.0, gil=True), budget)
     tuner.start(Config("processes", 1, 2))
@@ -255,6 +257,9 @@ def test_economic_and_chunked_count_their_shared_memory_flat_in_workers():
     assert not tuner.within_budget(Config("processes", 2, 2), 0.1)  # 4 outputs in flight
     assert tuner.within_budget(Config("processes", 2, 2, "chunked"), 0.1)  # 3
     assert not tuner.within_budget(Config("processes", 7, 2, "economic"), 0.1)  # 9 processes
+    monkeypatch.setattr(processes, "_usable_cores", lambda: 2)  # economic: no batch workers
+    assert Config("processes", 7, 2, "economic").processes == 7
+    assert tuner.within_budget(Config("processes", 7, 2, "economic"), 0.1)
 
 
 def test_before_a_strategy_move_waits_for_an_epoch_the_climb_returns_to_its_best():

@@ -200,6 +200,25 @@ def test_economic_and_chunked_plans_name_their_units_and_workers():
     assert chunked.where(pipe) == "main process"
 
 
+def test_economic_without_batch_workers_gives_item_workers_whole_batches():
+    pipe = IterableWrapper(range(8)).sharding_filter().map(abs).batch(4).collate()
+    plan = make_plan(pipe, Settings("economic", workers=3, batch_workers=0, prefetch=2))
+    assert plan.unit == ("batch", 4, 2)  # still 2 batches in flight, whatever the workers
+    assert [p.role for p in plan.parts] == ["main", "item workers"]
+    assert plan.where(pipe) == plan.where(pipe.source.source) == "item worker processes x3"
+    assert "item worker processes x3 -> main process: 3 ProcessQueue" in str(plan)
+    assert "builds and collates it" in str(plan)
+
+
+def test_chunked_spreads_a_batch_over_no_more_workers_than_cores():
+    pipe = IterableWrapper(range(8)).sharding_filter().map(abs).batch(8)
+    four_cores = make_plan(pipe, Settings("chunked", workers=4, prefetch=2, cores=4))
+    two_cores = make_plan(pipe, Settings("chunked", workers=4, prefetch=2, cores=2))
+    assert four_cores.unit == ("chunk", 2, 8)
+    assert two_cores.unit == ("chunk", 4, 4)  # the same 16 items in flight
+    assert two_cores.part("item workers").copies == 4
+
+
 def test_loader_placement_is_the_plan_and_to_dot_draws_it():
     pipe = IterableWrapper(range(8)).sharding_filter().map(abs).shuffle()
     with DataLoader(pipe, ThreadReadingService(2), seed=0) as loader:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import random
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,6 +17,8 @@ from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService
+from pipeloom.reading_service.services import processes
+from pipeloom.reading_service.strategies.dispatch.chain import TaskFeed, WorkerChain
 from pipeloom.reading_service.strategies.dispatch.dispatcher import Dispatcher
 from pipeloom.reading_service.workers.messages import MAIN, BatchResult, BatchSize, Task
 from tests.reading_service import pipelines
@@ -30,6 +34,18 @@ def plain(value):
     return value
 
 
+# Economic with its default (whole batches in item workers on a machine this size) and
+# with batch workers: the two ways it builds batches.
+ECONOMIC_WAYS = {"economic": {}, "economic+batch workers": {"num_batch_workers": 2}}
+
+
+def strategy_args(strategy, chunk=None):
+    """Service keyword arguments for a strategy name (``ECONOMIC_WAYS`` or chunked)."""
+    if strategy == "chunked":
+        return {"strategy": "chunked", **({} if chunk is None else {"chunk_size": chunk})}
+    return {"strategy": "economic", **ECONOMIC_WAYS[strategy]}
+
+
 def run(pipe, service, seed=5, epochs=1):
     with DataLoader(pipe, service, seed=seed) as loader:
         return [plain(list(loader)) for _ in range(epochs)]
@@ -42,7 +58,7 @@ def run(pipe, service, seed=5, epochs=1):
     drop_last=st.booleans(),
     map_style=st.booleans(),
     workers=st.integers(1, 3),
-    strategy=st.sampled_from(["economic", "chunked"]),
+    strategy=st.sampled_from([*ECONOMIC_WAYS, "chunked"]),
     chunk=st.integers(1, 6),
 )
 def test_every_strategy_yields_the_in_process_batches(
@@ -51,9 +67,9 @@ def test_every_strategy_yields_the_in_process_batches(
     def build():
         return pipelines.for_strategies(n, batch, drop_last, map_style)
 
-    extra = {"chunk_size": min(chunk, batch)} if strategy == "chunked" else {}
     expected = run(build(), None, epochs=2)
-    service = MultiProcessingReadingService(workers, strategy=strategy, timeout=30, **extra)
+    args = strategy_args(strategy, min(chunk, batch))
+    service = MultiProcessingReadingService(workers, timeout=30, **args)
     assert run(build(), service, epochs=2) == expected
 
 
@@ -65,11 +81,11 @@ def test_the_three_strategies_agree_under_spawn(strategy, method):
     assert run(pipelines.for_strategies(), service) == expected
 
 
-@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+@pytest.mark.parametrize("strategy", [*ECONOMIC_WAYS, "chunked"])
 def test_persistent_workers_drop_the_work_of_an_abandoned_epoch(strategy):
     expected = run(pipelines.for_strategies(40), None, epochs=3)
     service = MultiProcessingReadingService(
-        3, strategy=strategy, persistent_workers=True, timeout=30
+        3, persistent_workers=True, timeout=30, **strategy_args(strategy)
     )
     with DataLoader(pipelines.for_strategies(40), service, seed=5) as loader:
         got = []
@@ -121,7 +137,7 @@ def test_a_killed_batch_worker_raises_naming_it():
         .batch(2)
         .collate(pipelines.kill_self_in_collate)
     )
-    service = MultiProcessingReadingService(2, strategy="economic", timeout=30)
+    service = MultiProcessingReadingService(2, strategy="economic", num_batch_workers=2, timeout=30)
     with DataLoader(pipe, service, seed=0) as loader:
         with pytest.raises(WorkerError, match=r"batch worker \d \(pid \d+\) was killed by signal"):
             list(loader)
@@ -140,12 +156,53 @@ def test_break_and_shutdown_leave_no_process(strategy):
 
 def test_placement_names_item_and_batch_workers():
     pipe = IterableWrapper(range(8)).shuffle().sharding_filter().map(abs).batch(2).collate()
-    service = MultiProcessingReadingService(2, strategy="economic")
+    service = MultiProcessingReadingService(2, strategy="economic", num_batch_workers=2)
     with DataLoader(pipe, service, seed=0) as loader:
         where = {type(b).__name__: place for b, place in loader.placement().locations}
     assert where["ShardingFilter"] == "main process" and where["Shuffler"] == "main process"
     assert where["Mapper"].startswith("item worker processes x2")
     assert where["Batcher"] == where["Collator"] == "batch workers x2"
+
+
+def collated_where(batch):
+    """``(pid collating, pids that made the items, the items)``."""
+    return (os.getpid(), {pid for _, pid, _ in batch}, [x for x, _, _ in batch])
+
+
+def test_without_batch_workers_item_workers_build_and_collate_whole_batches():
+    pipe = (
+        IterableWrapper(range(40))
+        .sharding_filter()
+        .map(pipelines.pid_of_worker)
+        .batch(4)
+        .collate(collated_where)
+    )
+    service = MultiProcessingReadingService(
+        2, strategy="economic", num_batch_workers=0, persistent_workers=True, timeout=30
+    )
+    with DataLoader(pipe, service, seed=0, stats=True) as loader:
+        where = {type(b).__name__: place for b, place in loader.placement().locations}
+        batches = list(loader)
+        queues = {q.name for q in loader.stats().queues}
+        children = {p.pid for p in multiprocessing.active_children()}
+    assert where["Mapper"] == where["Batcher"] == where["Collator"]
+    assert where["Collator"].startswith("item worker processes x2")
+    assert [x for _, _, items in batches for x in items] == list(range(40))
+    assert all(made == {collator} for collator, made, _ in batches)  # one worker per batch
+    assert {collator for collator, _, _ in batches} == children  # spread over both
+    assert len(children) == 2 and not any("batch worker" in name for name in queues)
+
+
+@pytest.mark.parametrize(
+    "workers, prefetch, cores, expected",
+    [(2, 2, 2, 0), (4, 2, 2, 0), (2, 2, 16, 0), (8, 2, 16, 2), (8, 4, 3, 0), (8, 3, 16, 3)],
+)
+def test_batch_workers_by_default_only_when_prefetched_batches_cannot_fill_the_cores(
+    monkeypatch, workers, prefetch, cores, expected
+):
+    monkeypatch.setattr(processes, "_usable_cores", lambda: cores)
+    service = MultiProcessingReadingService(workers, prefetch, strategy="economic")
+    assert service.num_batch_workers == expected
 
 
 # -- bad input ---------------------------------------------------------------------
@@ -158,7 +215,7 @@ def test_placement_names_item_and_batch_workers():
         ({"chunk_size": 0, "strategy": "chunked"}, ValueError, "chunk_size must be an int >= 1"),
         ({"chunk_size": 2}, ValueError, "chunk_size only applies to strategy='chunked'"),
         ({"num_batch_workers": 2}, ValueError, "num_batch_workers only applies to strategy="),
-        ({"num_batch_workers": 0, "strategy": "economic"}, ValueError, "must be an int >= 1"),
+        ({"num_batch_workers": -1, "strategy": "economic"}, ValueError, "must be an int >= 0"),
         ({"strategy": "economic", "in_order": False}, ValueError, "in_order=False only"),
     ],
 )
@@ -280,6 +337,61 @@ def test_chunked_hands_whole_chunks_to_the_least_loaded_worker():
     ]
 
 
+def fail_at_5(x):
+    if x == 5:
+        raise KeyError("five")
+    return x
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_next_unit_goes_out_when_one_is_taken_and_a_source_error_waits_its_turn(fails):
+    pool = FakePool(item_workers=2, batch_workers=0)
+    dispatcher = Dispatcher(unit_size=2, max_units=2, per_item_tasks=False)
+    source = IterableWrapper(range(10))
+    dispatcher.attach(source.map(fail_at_5) if fails else source, pool, gen=1, seed=None, epoch=0)
+    with pytest.raises(pipeloom.errors.NotAvailable):
+        dispatcher.async_next()
+    assert [task.unit for _, task in pool.tasks] == [0, 1]
+    pool.outbox.append(BatchResult(1, 0, [(0, 0, "a"), (1, 0, "b")]))
+    assert dispatcher.async_next() == "a"
+    if not fails:  # unit 2 left before the consumer's next call
+        assert [task.unit for _, task in pool.tasks] == [0, 1, 2]
+        return
+    assert dispatcher.async_next() == "b"  # what was taken comes first, as in-process
+    with pytest.raises(KeyError, match="five"):
+        dispatcher.async_next()
+
+
+@pytest.fixture
+def global_rngs_kept():
+    """Give the test process's global RNGs back as they were (the chain seeds them)."""
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    yield
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.set_rng_state(states[2])
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_a_worker_chain_told_of_outside_rng_moves_stays_unseeded(told, global_rngs_kept):
+    calls = []
+
+    def counted(x):
+        calls.append(x)
+        return x
+
+    chain = WorkerChain(TaskFeed().map(counted))
+    chain.start_epoch(1, 0, 5)
+    assert [item for _, _, item in chain.run(1, [(0, 10), (1, 11)], "test")] == [10, 11]
+    random.random()  # the batch part, run after the items, moved the global RNGs
+    if told:
+        chain.global_rngs_moved()
+    assert [item for _, _, item in chain.run(1, [(2, 12), (3, 13)], "test")] == [12, 13]
+    # told: each item once; not told: the move looks like the items' draws, so the
+    # task runs again seeded item by item (and so will every later task)
+    assert calls == ([10, 11, 12, 13] if told else [10, 11, 12, 13, 12, 13])
+
+
 def test_map_style_sources_send_indices_not_items():
     pipe = pipelines.PidOnRead(list(range(6))).to_iter().batch(3)
     service = MultiProcessingReadingService(2, strategy="economic", timeout=30)
@@ -294,20 +406,20 @@ def test_map_style_sources_send_indices_not_items():
 @given(
     stop=st.integers(0, 8),
     workers=st.integers(1, 3),
-    strategy=st.sampled_from(["economic", "chunked"]),
+    strategy=st.sampled_from([*ECONOMIC_WAYS, "chunked"]),
     map_style=st.booleans(),
     chunk=st.integers(1, 4),
 )
 def test_resume_at_any_step_equals_the_uninterrupted_epoch(
     stop, workers, strategy, map_style, chunk
 ):
-    extra = {"chunk_size": chunk} if strategy == "chunked" else {}
+    args = strategy_args(strategy, chunk)
 
     def build():
         return pipelines.for_strategies(29, 4, map_style=map_style)
 
     def service():
-        return MultiProcessingReadingService(workers, strategy=strategy, timeout=30, **extra)
+        return MultiProcessingReadingService(workers, timeout=30, **args)
 
     resume_case(build, service, stop, compare=plain)
 
@@ -368,15 +480,35 @@ def test_economic_says_a_tar_reader_before_the_batch_needs_chunked(tmp_path):
             list(loader)
 
 
-@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+def collate_drawing(batch):
+    """A collate function with a random part (e.g. mixup) drawn from the global RNGs."""
+    return (list(batch), random.random(), torch.rand(1).item())
+
+
+def test_economic_collate_draws_are_the_same_with_or_without_batch_workers():
+    def build():
+        return IterableWrapper(range(24)).sharding_filter().batch(4).collate(collate_drawing)
+
+    runs = []
+    for workers, batch_workers in [(1, 0), (3, 0), (2, 2), (3, 1)]:
+        service = MultiProcessingReadingService(
+            workers, strategy="economic", num_batch_workers=batch_workers, timeout=30
+        )
+        runs.append(run(build(), service, seed=9, epochs=2))
+    assert all(got == runs[0] for got in runs[1:])
+    draws = [batch[1] for batch in runs[0][0]]
+    assert len(set(draws)) == len(draws)  # a draw of its own for each batch
+
+
+@pytest.mark.parametrize("strategy", [*ECONOMIC_WAYS, "chunked"])
 def test_global_rng_draws_depend_on_the_item_not_on_the_worker_or_timing(strategy):
     def build():
         return IterableWrapper(range(24)).sharding_filter().map(pipelines.global_draws).batch(4)
 
     runs = []
     for workers in (1, 3):
-        extra = {"chunk_size": 2} if strategy == "chunked" else {}
-        service = MultiProcessingReadingService(workers, strategy=strategy, timeout=30, **extra)
+        args = strategy_args(strategy, 2)
+        service = MultiProcessingReadingService(workers, timeout=30, **args)
         runs.append(run(build(), service, seed=9, epochs=2))
     assert runs[0] == runs[1]
     epoch0, epoch1 = runs[0]

@@ -61,11 +61,15 @@ def formatted(error: BaseException) -> str:
     ],
     ids=["lock", "requires-grad"],
 )
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize(
+    ("strategy", "extra"),
+    [*((name, {}) for name in STRATEGIES), ("economic", {"num_batch_workers": 2})],
+    ids=[*STRATEGIES, "economic-batch-workers"],
+)
 def test_an_output_that_cannot_cross_processes_is_reported_with_its_cause(
-    strategy, fn, kind, match, capfd
+    strategy, extra, fn, kind, match, capfd
 ):
-    service = MultiProcessingReadingService(2, strategy=strategy)
+    service = MultiProcessingReadingService(2, strategy=strategy, **extra)
     with DataLoader(build(fn, strategy), service, seed=0) as loader:
         with pytest.raises(kind, match=match) as info:
             list(loader)
@@ -74,7 +78,7 @@ def test_an_output_that_cannot_cross_processes_is_reported_with_its_cause(
     assert origin.worker is not None and "worker" in origin.worker
     assert origin.block is not None and origin.block.startswith(("Mapper", "Batcher"))
     assert origin.item is not None and origin.item_repr is not None
-    if strategy != "classic":  # item workers send items; classic workers send batches
+    if service.num_batch_workers or strategy == "chunked":  # item workers send items
         assert "'x': 5" in origin.item_repr or "shape=(3,)" in origin.item_repr
     text = formatted(info.value)
     assert "exited with code" not in text and "prefetch_factor" not in text

@@ -109,7 +109,13 @@ def test_thread_queues_move_references_not_bytes():
         ),
         (
             lambda: MultiProcessingReadingService(2, strategy="economic", timeout=60),
-            ["tasks -> item worker 0", "item worker 1 -> main", "batch worker 0 -> main"],
+            ["tasks -> item worker 0", "item worker 1 -> main"],
+        ),
+        (
+            lambda: MultiProcessingReadingService(
+                2, strategy="economic", num_batch_workers=2, timeout=60
+            ),
+            ["tasks -> item worker 0", "control -> batch worker 1", "batch worker 0 -> main"],
         ),
         (
             lambda: MultiProcessingReadingService(2, strategy="chunked", timeout=60),

@@ -52,10 +52,13 @@ class Settings:
         strategy: ``"in-process"``, ``"threads"``, ``"classic"``, ``"ray"``,
             ``"economic"`` or ``"chunked"``.
         workers: worker threads or (item) worker processes.
-        batch_workers: batch worker processes (economic).
+        batch_workers: batch worker processes (economic); 0: each item worker
+            builds whole batches (per-item blocks, ``batch`` and what follows).
         prefetch: outputs per worker (threads, classic), batches in flight
             (economic, chunked), outputs of a separate process.
-        chunk_size: items per chunk (chunked); None spreads a batch over the workers.
+        chunk_size: items per chunk (chunked); None spreads a batch over the
+            workers, or over ``cores`` when fewer.
+        cores: the cores the workers may run on (None: as many as the workers).
         outer: ``(total, index)``: this process's share (e.g. a rank's).
     """
 
@@ -65,6 +68,7 @@ class Settings:
     prefetch: int = 2
     chunk_size: int | None = None
     outer: tuple[int, int] = (1, 0)
+    cores: int | None = None
 
 
 def make_plan(pipeline: IterDataPipe, settings: Settings) -> Plan:
@@ -172,9 +176,17 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
     item_location = f"item worker processes x{n}"
     item = Part("item workers", item_location, cut.item_blocks, cut.item_exit, n)
     parts: tuple[Part, ...] = (item,)
-    if strategy == "chunked":
+    whole_batches = strategy == "economic" and settings.batch_workers == 0
+    if whole_batches:  # an item worker's task is a batch, which it builds and collates
+        assert cut.batch_exit is not None
+        blocks = (*cut.item_blocks, *cut.batch_blocks)
+        parts = (Part("item workers", item_location, blocks, cut.batch_exit, n),)
+        unit = ("batch", batch_size, settings.prefetch)
+        max_tasks = unit[2]
+    elif strategy == "chunked":
         expands = not all(block.one_to_one for block in cut.item_blocks)
-        chunk_size = _chunk_size(settings.chunk_size, batch_size, n, expands)
+        spread = n if settings.cores is None else max(1, min(n, settings.cores))
+        chunk_size = _chunk_size(settings.chunk_size, batch_size, spread, expands)
         unit = ("chunk", chunk_size, max(1, math.ceil(settings.prefetch * batch_size / chunk_size)))
         max_tasks = unit[2]
     else:
@@ -192,9 +204,10 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
     separate = _separate_parts(pipeline, parts, settings)
     main = _main_part(pipeline, "main process", (*parts, *separate))
     queues = [QueueLink("main process", item_location, "ProcessQueue", n, max_tasks + 2, "tasks")]
-    if strategy == "chunked":
+    if strategy == "chunked" or whole_batches:
+        carried = "chunks" if strategy == "chunked" else "batches"
         queues.append(
-            QueueLink(item_location, "main process", "ProcessQueue", n, unit[2] + 2, "chunks")
+            QueueLink(item_location, "main process", "ProcessQueue", n, unit[2] + 2, carried)
         )
     else:
         m = settings.batch_workers
@@ -205,11 +218,13 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
         ]
     queues += _separate_queues(separate, "main process", settings)
     name, size, in_flight = unit
-    notes = [
-        f"the main process reads the sharding point and gives each "
-        f"{'item' if strategy == 'economic' else 'chunk'} to the least loaded item worker"
-        + ("; each batch to the least loaded batch worker" if strategy == "economic" else "")
-    ]
+    if whole_batches:
+        handed = "batch to the least loaded item worker, which builds and collates it"
+    elif strategy == "economic":
+        handed = "item to the least loaded item worker; each batch to the least loaded batch worker"
+    else:
+        handed = "chunk to the least loaded item worker"
+    notes = [f"the main process reads the sharding point and gives each {handed}"]
     if settings.outer != (1, 0):
         notes.append(_outer_note(settings.outer))
     return Plan.from_parts(
@@ -226,7 +241,10 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
 
 
 def _chunk_size(asked: int | None, batch_size: int, workers: int, expands: bool) -> int:
-    """Items of the sharding point per chunk: by default a batch spread over the workers.
+    """Items of the sharding point per chunk: by default a batch spread over ``workers``.
+
+    ``workers`` is the item workers, or the cores when fewer: more chunks than
+    can run at once make the first batch no sooner, and each costs a message.
 
     When the per-item part may make several outputs of one input (a tar shard
     read into its samples), one input per chunk, so shards spread over the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +28,7 @@ from ..workers.process import worker_context
 from ..workers.start_server import ServedContext, start_server
 from .base import PlannedService
 
-__all__ = ["STRATEGIES", "MultiProcessingReadingService"]
+__all__ = ["STRATEGIES", "MultiProcessingReadingService", "default_batch_workers"]
 
 STRATEGIES = ("classic", "economic", "chunked")
 
@@ -85,10 +86,17 @@ class MultiProcessingReadingService(PlannedService):
             a strategy cannot run raises when its first epoch starts, saying
             what to move.
             Every strategy yields the same items in the same order.
-        num_batch_workers: batch workers under ``"economic"`` (default:
-            ``prefetch_factor``; more cannot help).
+        num_batch_workers: batch workers under ``"economic"`` (more than
+            ``prefetch_factor`` cannot help). 0: no batch workers; the main
+            process gives each item worker whole batches, which it builds and
+            collates itself (still at most ``prefetch_factor`` batches in
+            flight). Default: 0 when ``prefetch_factor`` batches in flight
+            keep every usable core busy (``prefetch_factor >= min(num_workers,
+            cores)``), since a batch split over workers then only adds work;
+            else ``prefetch_factor``.
         chunk_size: items per chunk under ``"chunked"`` (default: the batch
-            spread evenly over the workers, or one item per chunk when the
+            spread evenly over the workers, or over the usable cores when
+            fewer, or one item per chunk when the
             per-item blocks may make several outputs of one input, such as a
             tar shard's samples); at most the batch size.
 
@@ -134,7 +142,11 @@ class MultiProcessingReadingService(PlannedService):
         self.timeout = timeout
         self.in_order = in_order
         self.strategy = strategy
-        self.num_batch_workers = prefetch_factor if num_batch_workers is None else num_batch_workers
+        self.num_batch_workers = (
+            default_batch_workers(num_workers, prefetch_factor)
+            if num_batch_workers is None
+            else num_batch_workers
+        )
         self.chunk_size = chunk_size
         if num_workers > 0 and isinstance(worker_context(start_method), ServedContext):
             start_server()  # not waited for: it imports torch while the program goes on
@@ -158,6 +170,7 @@ class MultiProcessingReadingService(PlannedService):
             prefetch=self.prefetch_factor,
             chunk_size=self.chunk_size,
             outer=self.outer,
+            cores=_usable_cores(),
         )
 
     def _in_process(self, pipeline: IterDataPipe) -> Runner:
@@ -219,8 +232,8 @@ def _check_strategy_args(
 ) -> None:
     """Explain strategy arguments that cannot work."""
     check_choice("strategy", strategy, STRATEGIES)
-    _check_option("num_batch_workers", num_batch_workers, strategy, "economic")
-    _check_option("chunk_size", chunk_size, strategy, "chunked")
+    _check_option("num_batch_workers", num_batch_workers, strategy, "economic", minimum=0)
+    _check_option("chunk_size", chunk_size, strategy, "chunked", minimum=1)
     if num_batch_workers is not None and num_batch_workers > prefetch_factor:
         warnings.warn(
             f"num_batch_workers={num_batch_workers} > prefetch_factor={prefetch_factor}: "
@@ -235,7 +248,24 @@ def _check_strategy_args(
         )
 
 
-def _check_option(name: str, value: Any, strategy: str, owner: str) -> None:
+def default_batch_workers(num_workers: int, prefetch_factor: int) -> int:
+    """Economic's batch workers when not given: none when whole batches fill the cores.
+
+    Example:
+        >>> default_batch_workers(2, 2)  # 2 batches in flight keep 2 workers busy
+        0
+    """
+    return 0 if prefetch_factor >= min(num_workers, _usable_cores()) else prefetch_factor
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _check_option(name: str, value: Any, strategy: str, owner: str, *, minimum: int) -> None:
     if value is None:
         return
     if strategy != owner:
@@ -243,4 +273,4 @@ def _check_option(name: str, value: Any, strategy: str, owner: str) -> None:
             f"{name} only applies to strategy={owner!r}, got it with strategy={strategy!r}; "
             f"drop it or use strategy={owner!r}"
         )
-    check_int(name, value, minimum=1)
+    check_int(name, value, minimum=minimum)

@@ -12,6 +12,12 @@ process keeps at most ``prefetch_factor`` batches in flight across all
 workers, so the first batch is built by up to ``batch_size`` workers at once
 and shared memory holds about ``prefetch_factor + 1`` batches.
 
+Without batch workers (``num_batch_workers=0``, the default when
+``prefetch_factor`` batches in flight keep the cores busy) a batch's items
+are one task for the least loaded item worker, which also runs ``batch`` and
+what follows and sends the batch to the main process: still at most
+``prefetch_factor`` batches in flight, and no item crosses processes twice.
+
 Needs ``.batch(n)`` right after the per-item blocks, each of which must yield
 exactly one output per input (``planning/cut.py`` refuses the rest, naming
 the block).
@@ -25,6 +31,7 @@ __all__ = ["EconomicRunner"]
 
 
 class EconomicRunner(DispatchRunner):
-    """Run an economic plan: items to item workers one by one, batches to batch workers."""
+    """Run an economic plan: items to item workers, batches to batch workers (or whole
+    batches to item workers when the plan has no batch workers)."""
 
     per_item_tasks = True

@@ -161,6 +161,11 @@ class WorkerChain:
         set_pipeline_epoch(self.pipe, epoch)
         self.feed.epoch = epoch
 
+    def global_rngs_moved(self) -> None:
+        """Something outside this chain seeded or drew from the global RNGs since its
+        last task (e.g. the batch part run after it): the next task reads them afresh."""
+        self._rng_states = None
+
     def run(self, gen: int, entries: list, label: str) -> list[Output] | Failure:
         """Every output of the chain for ``entries``, or the failure it raised.
 

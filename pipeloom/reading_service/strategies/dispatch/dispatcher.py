@@ -111,6 +111,7 @@ class Dispatcher(IterDataPipe):
         self._unit_end: int | None = None
         self._skip = 0  # outputs at self._skip_position delivered before the resume
         self._skip_position = 0
+        self._fill_error: Exception | None = None  # met by _fill_ahead, raised by _fill
         if self._pool is not None:
             self._item_workers = LeastLoaded(self._pool.num_item_workers)
             self._batch_workers = LeastLoaded(max(1, self._pool.num_batch_workers))
@@ -146,6 +147,7 @@ class Dispatcher(IterDataPipe):
                     raise StopIteration
                 raise NotAvailable
             self._take_finished_unit()
+            self._fill_ahead()
 
     def async_next_many(self, limit: int) -> list[Any]:
         """Up to ``limit`` outputs at once (``batch`` takes runs): no call per output."""
@@ -227,8 +229,19 @@ class Dispatcher(IterDataPipe):
             self._results[message.unit] = unpack(message.outputs)
 
     # -- handing out ------------------------------------------------------------
+    def _fill_ahead(self) -> None:
+        """``_fill`` as soon as a unit is taken, so the worker that made it does not wait
+        for the consumer's next call; an error of the source waits for that call."""
+        try:
+            self._fill()
+        except Exception as error:  # noqa: BLE001 - raised by the next _fill, in order
+            self._fill_error = error
+
     def _fill(self) -> None:
         """Give workers items while fewer than ``max_units`` units are in flight."""
+        if self._fill_error is not None:
+            error, self._fill_error = self._fill_error, None
+            raise error
         try:
             self._read_source()
         finally:

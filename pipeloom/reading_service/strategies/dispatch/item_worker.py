@@ -33,10 +33,16 @@ def item_worker_main(
     count: int,
     seed: int,
     worker_init_fn: Callable[[int], None] | None,
+    batch_payload: Payload | None = None,
 ) -> None:
-    """An item worker: run the per-item blocks for each task it is given."""
+    """An item worker: run the per-item blocks for each task it is given.
+
+    With ``batch_payload`` each task is a whole batch: the worker then runs
+    ``batch`` and what follows on the task's outputs, as a batch worker would.
+    """
     label = bootstrap(f"item worker {index}")
     chain = WorkerChain(payload.load())
+    batch_chain = None if batch_payload is None else WorkerChain(batch_payload.load())
     initialized = False
     next_task = _TaskWaiter(tasks, to_batch)
     while True:
@@ -49,6 +55,8 @@ def item_worker_main(
             seed_worker_rngs(own_seed)
             set_process_worker_info(WorkerInfo(index, count, own_seed, chain.pipe))
             chain.start_epoch(message.gen, message.epoch, message.stamp_seed)
+            if batch_chain is not None:
+                batch_chain.start_epoch(message.gen, message.epoch, message.stamp_seed)
             if not initialized:
                 initialized = True
                 if worker_init_fn is not None:
@@ -62,6 +70,9 @@ def item_worker_main(
         if message.gen not in chain.epochs:
             continue  # a task of an abandoned epoch
         outputs = chain.run(message.gen, message.entries, label)
+        if batch_chain is not None and not isinstance(outputs, Failure):
+            outputs = batch_chain.run(message.gen, outputs, label)
+            chain.global_rngs_moved()  # the batch part seeds them per batch
         result = TaskResult(message.gen, message.unit, pack(outputs), len(message.entries))
         destination = to_main if message.dest == MAIN else to_batch[message.dest]
         try:

@@ -35,6 +35,8 @@ class DispatchPool:
         context: a ``multiprocessing`` context.
         item_payload: the item workers' chain.
         batch_payload: the batch workers' chain; None: no batch workers.
+        own_batch_payload: the chain item workers run on a task's outputs, when
+            each task is a whole batch they build (economic without batch workers).
         max_tasks: the most tasks one worker can be given before it answers.
         max_results: the most results a worker can owe the main process.
     """
@@ -46,6 +48,7 @@ class DispatchPool:
         item_payload: Payload,
         batch_payload: Payload | None,
         num_item_workers: int,
+        own_batch_payload: Payload | None = None,
         num_batch_workers: int,
         max_tasks: int,
         max_results: int,
@@ -103,6 +106,7 @@ class DispatchPool:
                         num_item_workers,
                         seed,
                         worker_init_fn,
+                        own_batch_payload,
                     ),
                 )
             )

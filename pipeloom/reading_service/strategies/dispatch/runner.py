@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from ....datapipes import IterDataPipe, MapDataPipe, MapToIter, reset_pipeline, set_pipeline_epoch
 from ....datapipes.runtime import block_seed, derive_seed
 from ....graph import Plan, copy
+from ...planning.cut import cut_for_dispatch
 from ...planning.sharding import keep_shard
 from ...workers.process import Payload, worker_context
 from ..main_part import MainPart
@@ -69,21 +70,30 @@ class DispatchRunner(Runner):
         self.num_batch_workers = batch_parts[0].copies if batch_parts else 0
         if plan.outer != (1, 0):  # this process's share (a rank's), cut as classic would
             keep_shard(self.point, group_size=plan.group_size, outer=plan.outer)
+        # Economic without batch workers: each task is a whole batch, as a chunk is.
+        per_item_tasks = self.per_item_tasks and bool(batch_parts)
         self.dispatcher = Dispatcher(
-            unit_size=unit_size, max_units=max_units, per_item_tasks=self.per_item_tasks
+            unit_size=unit_size, max_units=max_units, per_item_tasks=per_item_tasks
         )
         self.main = MainPart(
             pipeline, plan, self.dispatcher, exit, start_method=start_method, prefetch=prefetch
         )
         self._max_units = max_units
-        self._max_tasks = max_units * (unit_size if self.per_item_tasks else 1)
+        self._max_tasks = max_units * (unit_size if per_item_tasks else 1)
         source = self.point.source if isinstance(self.point, MapToIter) else None
-        item_chain = copy(item_part.exit, replace={self.point: TaskFeed(source)})
-        self._item_payload = Payload(item_chain, self._context)
         self._batch_payload: Payload | None = None
+        self._own_batch_payload: Payload | None = None  # item workers building whole batches
+        item_exit = item_part.exit
         if batch_parts:
             batch_chain = copy(exit, replace={item_part.exit: BatchFeed()})
             self._batch_payload = Payload(batch_chain, self._context)
+        elif self.per_item_tasks:  # economic without batch workers: the batch part runs as a
+            # batch worker's would, after the items (the same global-RNG seeding per batch)
+            item_exit = cut_for_dispatch(pipeline, "economic").item_exit
+            batch_chain = copy(exit, replace={item_exit: BatchFeed()})
+            self._own_batch_payload = Payload(batch_chain, self._context)
+        item_chain = copy(item_exit, replace={self.point: TaskFeed(source)})
+        self._item_payload = Payload(item_chain, self._context)
         self._pool: DispatchPool | None = None
         self._gen = 0
         self._epoch_open = False
@@ -122,6 +132,7 @@ class DispatchRunner(Runner):
             self._context,
             item_payload=self._item_payload,
             batch_payload=self._batch_payload,
+            own_batch_payload=self._own_batch_payload,
             num_item_workers=self.num_item_workers,
             num_batch_workers=self.num_batch_workers,
             max_tasks=self._max_tasks,
