@@ -140,8 +140,16 @@ def test_no_live_tensor_ever_changes_under_any_order_of_builds_gets_and_drops(op
         q.close()
 
 
-@pytest.mark.parametrize("strategy", ["classic", "economic"])
-def test_workers_collate_into_the_output_queue_and_batches_equal_in_process(strategy):
+@pytest.mark.parametrize(
+    "strategy, options",
+    [
+        ("classic", {}),
+        ("economic", {"num_batch_workers": 0}),
+        ("economic", {"num_batch_workers": 2}),
+    ],
+    ids=["classic", "economic-item-workers-collate", "economic-batch-workers"],
+)
+def test_workers_collate_into_the_output_queue_and_batches_equal_in_process(strategy, options):
     from pipeloom import DataLoader
     from pipeloom.datapipes import SequenceWrapper
     from pipeloom.reading_service import MultiProcessingReadingService
@@ -150,7 +158,7 @@ def test_workers_collate_into_the_output_queue_and_batches_equal_in_process(stra
         return SequenceWrapper(range(24)).to_iter().map(_big_row).batch(4).collate()
 
     expected = [b.clone() for b in DataLoader(pipeline())]
-    service = MultiProcessingReadingService(2, strategy=strategy)
+    service = MultiProcessingReadingService(2, strategy=strategy, **options)
     loader = DataLoader(pipeline(), reading_service=service)
     got, copied = [], []
     try:
@@ -162,7 +170,8 @@ def test_workers_collate_into_the_output_queue_and_batches_equal_in_process(stra
     finally:
         loader.shutdown()
     assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
-    assert uncopied >= 4 * 4 * 128 * 1024 and not any(copied)  # collated into shared memory
+    # Collated (and, economic's items to its batch workers, stacked) into shared memory:
+    assert uncopied >= 4 * 4 * 128 * 1024 and not any(copied)
 
 
 def _big_row(i):

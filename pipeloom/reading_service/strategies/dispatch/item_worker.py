@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ....datapipes.runtime import set_output_queue
 from ....errors import NotAvailable, QueueError
 from ....events import Waiter
 from ....queues import ProcessQueue
@@ -41,6 +42,7 @@ def item_worker_main(
     ``batch`` and what follows on the task's outputs, as a batch worker would.
     """
     label = bootstrap(f"item worker {index}")
+    set_output_queue(to_main)  # batches it collates (no batch workers) go there uncopied
     chain = WorkerChain(payload.load())
     batch_chain = None if batch_payload is None else WorkerChain(batch_payload.load())
     initialized = False
@@ -73,10 +75,11 @@ def item_worker_main(
         if batch_chain is not None and not isinstance(outputs, Failure):
             outputs = batch_chain.run(message.gen, outputs, label)
             chain.global_rngs_moved()  # the batch part seeds them per batch
-        result = TaskResult(message.gen, message.unit, pack(outputs), len(message.entries))
         destination = to_main if message.dest == MAIN else to_batch[message.dest]
+        result = TaskResult(message.gen, message.unit, outputs, len(message.entries))
         try:
             try:
+                result = result._replace(outputs=pack(outputs, into=destination))
                 destination.put(result)
             except QueueError:
                 raise

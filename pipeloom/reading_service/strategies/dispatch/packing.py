@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ....queues import DataLoaderQueue
 from ...workers.messages import Output
 
 __all__ = ["PackedOutputs", "pack", "unpack"]
@@ -38,8 +39,12 @@ class PackedOutputs(NamedTuple):
     items: torch.Tensor
 
 
-def pack(outputs: Any) -> Any:
-    """``outputs`` as :class:`PackedOutputs` when its items stack exactly, else unchanged."""
+def pack(outputs: Any, into: DataLoaderQueue | None = None) -> Any:
+    """``outputs`` as :class:`PackedOutputs` when its items stack exactly, else unchanged.
+
+    ``into``: the queue the result will be put in; the stack is made in its
+    memory (``empty_tensor``), so putting it copies nothing.
+    """
     if not isinstance(outputs, list) or len(outputs) < 2:
         return outputs
     first = outputs[0][2]
@@ -53,8 +58,9 @@ def pack(outputs: Any) -> Any:
         items.append(item)
     if not _plain(first):
         return outputs
+    out = None if into is None else into.empty_tensor((len(items), *shape), dtype)
     try:
-        stacked = torch.stack(items)
+        stacked = torch.stack(items, out=out)
     except RuntimeError:  # devices or layouts differ: they cross one by one
         return outputs
     if not _plain(stacked):  # one required grad, or was not a plain CPU tensor
