@@ -65,14 +65,24 @@ class Dispatcher(IterDataPipe):
         max_units: batches or chunks in flight at most.
         per_item_tasks: send each item as its own task to the least loaded
             item worker (economic); otherwise a whole unit is one task.
+        units_are_batches: a unit is a whole batch (economic), so the part of one
+            that the source made before an error is dropped, as ``batch`` drops
+            it in-process; otherwise (chunks) it goes out, and ``batch`` in the
+            main process sees the error after its items.
+
+    An error of the source is raised after the outputs of every unit read
+    before it, as in-process: the batches made before it all arrive first.
     """
 
     inputs = ()  # the source is attached per epoch: it runs beside the main part, not in it
 
-    def __init__(self, *, unit_size: int, max_units: int, per_item_tasks: bool) -> None:
+    def __init__(
+        self, *, unit_size: int, max_units: int, per_item_tasks: bool, units_are_batches: bool
+    ) -> None:
         self.unit_size = unit_size
         self.max_units = max_units
         self.per_item_tasks = per_item_tasks
+        self.units_are_batches = units_are_batches
         self._source: IterDataPipe | None = None
         self._pool: WorkerPool | None = None
         self._gen = 0
@@ -112,6 +122,7 @@ class Dispatcher(IterDataPipe):
         self._skip = 0  # outputs at self._skip_position delivered before the resume
         self._skip_position = 0
         self._fill_error: Exception | None = None  # met by _fill_ahead, raised by _fill
+        self._source_error: Exception | None = None  # raised once the units before it are out
         if self._pool is not None:
             self._item_workers = LeastLoaded(self._pool.num_item_workers)
             self._batch_workers = LeastLoaded(max(1, self._pool.num_batch_workers))
@@ -143,6 +154,8 @@ class Dispatcher(IterDataPipe):
                 return item
             self._fill()
             if not self._units:
+                if self._source_error is not None:
+                    raise self._source_error
                 if self._source_done:
                     raise StopIteration
                 raise NotAvailable
@@ -267,6 +280,13 @@ class Dispatcher(IterDataPipe):
                 self._source_done = True
                 self._close(unit)
                 return
+            except Exception as error:  # noqa: BLE001 - raised after the units before it
+                self._source_done, self._source_error = True, error
+                if self.units_are_batches:
+                    self._abandon(unit)
+                else:
+                    self._close(unit)
+                return
             if run is not None:  # a slice of a sequence: no call per item
                 self._count += len(run[1])
                 self._add_run(unit, *run)
@@ -342,6 +362,17 @@ class Dispatcher(IterDataPipe):
         unit.item_workers.append((worker, len(unit.positions)))
         chunk, self._pending_chunk = self._pending_chunk, []
         self._pool.send_task(worker, Task(self._gen, unit.id, MAIN, chunk))
+
+    def _abandon(self, unit: _Unit) -> None:
+        """Drop the open ``unit``: a batch the source failed to finish (its items
+        already sent are dropped by the workers when the next epoch starts)."""
+        self._open = None
+        self._assigned, self._pending_chunk = {}, []
+        self._units.remove(unit)
+        for worker, amount in unit.item_workers:
+            self._item_workers.done(worker, amount)
+        if unit.batch_worker != MAIN:
+            self._batch_workers.done(unit.batch_worker)
 
     # -- checkpoints -------------------------------------------------------------
     @property

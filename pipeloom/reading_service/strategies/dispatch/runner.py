@@ -73,7 +73,10 @@ class DispatchRunner(Runner):
         # Economic without batch workers: each task is a whole batch, as a chunk is.
         per_item_tasks = self.per_item_tasks and bool(batch_parts)
         self.dispatcher = Dispatcher(
-            unit_size=unit_size, max_units=max_units, per_item_tasks=per_item_tasks
+            unit_size=unit_size,
+            max_units=max_units,
+            per_item_tasks=per_item_tasks,
+            units_are_batches=self.per_item_tasks,
         )
         self.main = MainPart(
             pipeline, plan, self.dispatcher, exit, start_method=start_method, prefetch=prefetch
