@@ -18,7 +18,7 @@ from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService
 from pipeloom.reading_service.services import processes
-from pipeloom.reading_service.strategies.dispatch.chain import TaskFeed, WorkerChain
+from pipeloom.reading_service.strategies.dispatch.chain import BatchFeed, TaskFeed, WorkerChain
 from pipeloom.reading_service.strategies.dispatch.dispatcher import Dispatcher
 from pipeloom.reading_service.workers.messages import MAIN, BatchResult, BatchSize, Task
 from tests.reading_service import pipelines
@@ -249,6 +249,29 @@ def test_without_batch_workers_item_workers_build_and_collate_whole_batches():
     assert len(children) == 2 and not any("batch worker" in name for name in queues)
 
 
+def test_chunked_builds_the_first_batch_from_chunks_and_later_ones_in_item_workers():
+    pipe = (
+        IterableWrapper(range(24))
+        .sharding_filter()
+        .map(pipelines.pid_of_worker)
+        .batch(6)
+        .collate(collated_where)
+    )
+    service = MultiProcessingReadingService(
+        3, strategy="chunked", chunk_size=2, persistent_workers=True, timeout=30
+    )
+    with DataLoader(pipe, service, seed=0) as loader:
+        where = {type(b).__name__: place for b, place in loader.placement().locations}
+        first, *later = list(loader)
+        children = {p.pid for p in multiprocessing.active_children()}
+    assert where["Collator"].startswith("item worker processes x3")
+    assert [x for _, _, items in [first, *later] for x in items] == list(range(24))
+    collator, made, _ = first
+    assert collator == os.getpid() and len(made) >= 2  # chunks from several workers
+    assert made <= children
+    assert all(made == {collator} and collator in children for collator, made, _ in later)
+
+
 @pytest.mark.parametrize(
     "workers, prefetch, cores, expected",
     [(2, 2, 2, 0), (4, 2, 2, 0), (2, 2, 16, 0), (8, 2, 16, 2), (8, 4, 3, 0), (8, 3, 16, 3)],
@@ -422,6 +445,41 @@ def test_the_next_unit_goes_out_when_one_is_taken_and_a_source_error_waits_its_t
     pool.outbox.append(BatchResult(1, 2, [(4, 0, "e")]))
     assert [dispatcher.async_next() for _ in range(3)] == ["c", "d", "e"]
     with pytest.raises(KeyError, match="five"):
+        dispatcher.async_next()
+
+
+def test_chunked_hands_out_the_first_batch_in_chunks_and_batches_it_itself(global_rngs_kept):
+    pool = FakePool(item_workers=3, batch_workers=0)
+    dispatcher = Dispatcher(
+        unit_size=4,
+        max_units=2,
+        per_item_tasks=False,
+        units_are_batches=True,
+        first_unit_chunk=2,
+        batch_chain=BatchFeed().batch(4),
+    )
+    dispatcher.attach(IterableWrapper(range(10)), pool, gen=1, seed=None, epoch=0)
+    with pytest.raises(pipeloom.errors.NotAvailable):
+        dispatcher.async_next()
+    sent = [(worker, task.unit, task.whole, task.entries) for worker, task in pool.tasks]
+    first, second = sent[0], sent[1]
+    assert first[1:] == (0, False, [(0, 0), (1, 1)])  # chunks of the first batch
+    assert second[1:] == (1, False, [(2, 2), (3, 3)])
+    assert first[0] != second[0]  # on two workers
+    # then whole batches, 2 in flight (the first batch's chunks count as one)
+    assert [(t[1], t[2], [p for p, _ in t[3]]) for t in sent[2:]] == [(2, True, [4, 5, 6, 7])]
+    pool.outbox.append(BatchResult(1, 1, [(2, 0, "c"), (3, 0, "d")]))
+    with pytest.raises(pipeloom.errors.NotAvailable):  # chunk 0 not in yet
+        dispatcher.async_next()
+    pool.outbox.append(BatchResult(1, 0, [(0, 0, "a"), (1, 0, "b")]))
+    assert dispatcher.async_next() == ["a", "b", "c", "d"]  # batched here
+    assert dispatcher.resume_from == (4, 0)
+    pool.outbox.append(BatchResult(1, 2, [(7, 0, "whole")]))
+    assert dispatcher.async_next() == "whole"
+    assert [t.entries[0][0] for _, t in pool.tasks[3:]] == [8]  # the last, short batch
+    pool.outbox.append(BatchResult(1, 3, [(9, 0, "end")]))
+    assert dispatcher.async_next() == "end"
+    with pytest.raises(StopIteration):
         dispatcher.async_next()
 
 

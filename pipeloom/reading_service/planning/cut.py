@@ -77,9 +77,12 @@ class DispatchCut:
         sharding_point: read in the main process, with everything upstream.
         item_exit: the last block item workers run.
         batcher: the block that combines items into batches, after ``item_exit``.
-        batch_exit: the last block batch workers run (economic), else None.
+        batch_exit: the last block of ``batch`` and the per-item blocks after it
+            (``collate``), which batch workers run (economic) or item workers
+            run on whole batches; None for chunked when the per-item blocks may
+            drop or multiply items (the main process then builds the batches).
         item_blocks: the blocks item workers run.
-        batch_blocks: the blocks batch workers run (economic).
+        batch_blocks: ``batcher`` to ``batch_exit`` (empty when that is None).
     """
 
     sharding_point: IterDataPipe
@@ -228,7 +231,7 @@ def cut_for_dispatch(pipeline: IterDataPipe, strategy: str) -> DispatchCut:
     batcher = _following_batcher(graph, item_exit, strategy)
     upstream_of_point = {id(b) for b in upstream(point)}
     item_blocks = tuple(b for b in base.worker_blocks if id(b) not in upstream_of_point)
-    if strategy == "chunked":
+    if strategy == "chunked" and not all(block.one_to_one for block in item_blocks):
         return DispatchCut(point, item_exit, batcher, None, item_blocks, ())
     _check_one_to_one(item_blocks)
     batch_blocks: list[DataPipe] = [batcher]

@@ -72,7 +72,7 @@ def item_worker_main(
         if message.gen not in chain.epochs:
             continue  # a task of an abandoned epoch
         outputs = chain.run(message.gen, message.entries, label)
-        if batch_chain is not None and not isinstance(outputs, Failure):
+        if batch_chain is not None and message.whole and not isinstance(outputs, Failure):
             outputs = batch_chain.run(message.gen, outputs, label)
             chain.global_rngs_moved()  # the batch part seeds them per batch
         destination = to_main if message.dest == MAIN else to_batch[message.dest]
