@@ -271,7 +271,7 @@ class Dispatcher(IterDataPipe):
             return
         self._deliver(result, end)
 
-    def _deliver(self, outputs: list[Output], end: int) -> None:
+    def _deliver(self, outputs: list[Any], end: int) -> None:
         """Queue a unit's ``outputs``; once they are all delivered a resume starts at ``end``."""
         self._outputs.extend(outputs)
         if self._outputs:
@@ -293,7 +293,8 @@ class Dispatcher(IterDataPipe):
             set_global_rng_states(states)
         if isinstance(outputs, Failure):
             outputs.raise_here()
-        self._deliver(outputs, self._split_end)
+        else:
+            self._deliver(outputs, self._split_end)
 
     def _receive(self) -> None:
         assert self._pool is not None

@@ -81,6 +81,7 @@ class DispatchRunner(Runner):
         local_chain = None
         if first_chunk is not None:
             local_chain = copy(exit, replace={cut.item_exit: BatchFeed()})
+            assert isinstance(local_chain, IterDataPipe)
         self.dispatcher = Dispatcher(
             unit_size=unit_size,
             max_units=max_units,
