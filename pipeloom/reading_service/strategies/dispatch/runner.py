@@ -78,10 +78,11 @@ class DispatchRunner(Runner):
         # after the items (the same global-RNG seeding per batch).
         whole_batches = not batch_parts and cut.batch_exit is not None
         first_chunk = plan.first_unit_chunk  # chunked: the first batch in chunks, built here
-        local_chain = None
+        local_chain: IterDataPipe | None = None
         if first_chunk is not None:
-            local_chain = copy(exit, replace={cut.item_exit: BatchFeed()})
-            assert isinstance(local_chain, IterDataPipe)
+            chain = copy(exit, replace={cut.item_exit: BatchFeed()})
+            assert isinstance(chain, IterDataPipe)  # the exit of the item part is iterable
+            local_chain = chain
         self.dispatcher = Dispatcher(
             unit_size=unit_size,
             max_units=max_units,
