@@ -205,6 +205,10 @@ def test_economic_and_chunked_plans_name_their_units_and_workers():
     assert chunked.unit == ("chunk", 1, 8)  # a batch's items unknown up front: chunks only
     assert chunked.first_unit_chunk is None
     assert chunked.where(filtered) == "main process"
+    opened = IterableWrapper(["a"]).sharding_filter().open_files("rb").map(len).batch(4)
+    chunked = make_plan(opened, Settings("chunked", workers=2, prefetch=2))
+    assert chunked.unit == ("batch", 4, 2)  # open_files below the sharding point: one per path
+    assert chunked.first_unit_chunk == 2
 
 
 def test_economic_without_batch_workers_gives_item_workers_whole_batches():

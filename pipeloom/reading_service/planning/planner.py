@@ -195,9 +195,9 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
                 first_unit_chunk = chunk_size
                 max_tasks += math.ceil(batch_size / chunk_size)  # the first batch's chunks
     elif strategy == "chunked":
-        expands = not all(block.one_to_one for block in cut.item_blocks)
+        # the per-item blocks may drop or multiply items (else whole batches, above)
         spread = n if settings.cores is None else max(1, min(n, settings.cores))
-        chunk_size = _chunk_size(settings.chunk_size, batch_size, spread, expands)
+        chunk_size = _chunk_size(settings.chunk_size, batch_size, spread, True)
         unit = ("chunk", chunk_size, max(1, math.ceil(settings.prefetch * batch_size / chunk_size)))
         max_tasks = unit[2]
     else:
