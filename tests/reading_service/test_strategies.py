@@ -621,6 +621,26 @@ def test_economic_collate_draws_are_the_same_with_or_without_batch_workers():
     assert len(set(draws)) == len(draws)  # a draw of its own for each batch
 
 
+def test_chunked_collate_draws_are_economics_and_leave_the_main_process_rngs_alone():
+    def build():
+        return IterableWrapper(range(24)).sharding_filter().batch(4).collate(collate_drawing)
+
+    economic = MultiProcessingReadingService(2, strategy="economic", timeout=30)
+    expected = run(build(), economic, seed=9, epochs=2)
+    for workers, chunk in [(1, None), (3, 2), (2, 1)]:
+        service = MultiProcessingReadingService(
+            workers, timeout=30, **strategy_args("chunked", chunk)
+        )
+        with DataLoader(build(), service, seed=9) as loader:
+            before = (random.getstate(), torch.get_rng_state())
+            got = [plain(list(loader)) for _ in range(2)]  # the first batch collated here
+            assert (random.getstate(), torch.get_rng_state().tolist()) == (
+                before[0],
+                before[1].tolist(),
+            )
+        assert got == expected
+
+
 @pytest.mark.parametrize("strategy", [*ECONOMIC_WAYS, "chunked"])
 def test_global_rng_draws_depend_on_the_item_not_on_the_worker_or_timing(strategy):
     def build():
