@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stall", type=float, help="consumer stall after the first batch (5 s)")
     parser.add_argument("--repeats", type=int, help="runs per case (memory: least peak kept)")
     parser.add_argument("--interval", type=float, default=0.01, help="sampling period, seconds")
+    parser.add_argument("--workers", type=int, nargs="+", help="worker counts (1 2 4 8)")
     args = parser.parse_args(argv)
     quiet_torch_warnings()
     if args.quick:  # a smoke run
@@ -139,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         stall = 5.0
     repeats = args.repeats or repeats
     stall = stall if args.stall is None else args.stall
+    if args.workers:
+        memory_workers = speed_workers = tuple(args.workers)
     if psutil is None:
         note("psutil is not installed (pip install psutil): no process-tree columns")
 

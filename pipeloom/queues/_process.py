@@ -278,6 +278,21 @@ class ProcessQueue(DataLoaderQueue):
             with self._put_lock:
                 producer.drain_returns()
 
+    def trim(self, min_size: int = 1 << 20) -> None:
+        """Give back the memory of free pooled segments of ``min_size`` bytes or more.
+
+        The producer keeps segments the consumer freed, to reuse their warm
+        pages; a producer about to idle calls this so that many idle producers
+        do not each hold big segments (the next put makes a fresh one). Does
+        nothing in a process that has not put yet.
+        """
+        if self._fork_generation != _forks[0]:
+            self._after_fork()
+        producer = self._producer
+        if producer is not None and self._closed_here is None:
+            with self._put_lock:
+                producer.trim(min_size)
+
     def readiness(self) -> ReadinessSource:
         """Readable fds (socket, close wake-up, producer pidfd); binds the consumer end."""
         return self._end("consumer").readiness

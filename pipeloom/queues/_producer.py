@@ -109,6 +109,12 @@ class ProducerEnd:
             self._problem = QueueClosed(f"the {who} closed the queue; put() is refused")
             raise self._problem
 
+    def trim(self, min_size: int) -> None:
+        """Take back what the consumer freed, then retire free segments of ``min_size`` or more."""
+        self.drain_returns()
+        self._send_retired(self._pool.trim(min_size))
+        self._ctl[Slot.SHM_BYTES_HELD] = self._pool.held_bytes
+
     def drain_returns(self) -> None:
         """Handle every frame the consumer sent back (frees, wake-ups, hello, close)."""
         retired = self._pool.collect_dropped()
@@ -125,10 +131,12 @@ class ProducerEnd:
         if self._returns.eof and self._problem is None:
             self._problem = self._broken(None)
         self._ctl[Slot.SHM_BYTES_HELD] = self._pool.held_bytes
+        self._send_retired(retired)
+
+    def _send_retired(self, retired: list[int]) -> None:
         if retired:
-            ids = array("I", retired).tobytes()
             try:
-                send_frame(self._sock, Kind.RETIRE, ids)
+                send_frame(self._sock, Kind.RETIRE, array("I", retired).tobytes())
             except OSError:
                 pass
 

@@ -203,6 +203,20 @@ class SegmentPool:
         segment.close()
         return segment_id
 
+    def trim(self, min_size: int) -> list[int]:
+        """Retire the free segments of ``min_size`` bytes or more; their ids."""
+        retired = []
+        for size, free in self._free.items():
+            while size >= min_size and free:
+                segment = free.pop()
+                self._free_bytes -= segment.size
+                # Free its memory now, not when the consumer reads the RETIRE and
+                # unmaps it (maybe much later): nothing of it is in use there.
+                os.ftruncate(segment.fd, 0)
+                segment.close()
+                retired.append(segment.id)
+        return retired
+
     def discard(self, segment: Segment) -> None:
         """Drop a segment that was acquired but never sent."""
         if self._lent.pop(segment.id, None) is not None:

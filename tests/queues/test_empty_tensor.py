@@ -176,3 +176,51 @@ def test_workers_collate_into_the_output_queue_and_batches_equal_in_process(stra
 
 def _big_row(i):
     return torch.full((128, 1024), float(i))
+
+
+def test_economic_shared_memory_stays_flat_as_item_workers_collate():
+    """Economic's point: batches in flight bound the memory, not ``num_workers``.
+
+    Item workers collate into their queue to the main process; a worker that kept
+    its last batch (or its freed segments) while idle would hold one batch each.
+    """
+    from pipeloom import DataLoader
+    from pipeloom.datapipes import SequenceWrapper
+    from pipeloom.reading_service import MultiProcessingReadingService
+
+    batch_bytes = 8 * 256 * 1024  # 8 rows of 256 KiB: a 2 MiB segment per batch
+    pipe = SequenceWrapper(range(8 * 48)).to_iter().map(_wide_row).batch(8).collate()
+    service = MultiProcessingReadingService(
+        8, strategy="economic", num_batch_workers=0, prefetch_factor=2
+    )
+    loader = DataLoader(pipe, reading_service=service)
+    held = []
+    try:
+        for i, batch in enumerate(loader):
+            assert float(batch[0, 0, 0]) == 8 * i
+            held.append(sum(q.statistics().shm_bytes_held for _, q in service.queues()))
+    finally:
+        loader.shutdown()
+    assert len(held) == 48
+    # 2 in flight, 1 here, the rest on their way back: 4-5 batches at 2 or 8 workers
+    assert max(held) <= 6 * batch_bytes, [h // batch_bytes for h in held]
+
+
+def _wide_row(i):
+    return torch.full((64, 1024), float(i))
+
+
+def test_trim_gives_back_big_free_segments_and_keeps_small_ones():
+    with ProcessQueue(capacity=4) as q:
+        for i in range(3):
+            q.put(torch.full(SHAPE, float(i)))  # 1 MiB: a 1 MiB segment (the stream goes inline)
+            q.put(torch.full((4096,), float(i)))  # 16 KiB: a 64 KiB one
+            assert float(q.get(timeout=10)[0, 0]) == i and float(q.get(timeout=10)[0]) == i
+        q.reclaim()
+        before = q.statistics().shm_bytes_held
+        q.trim()  # 1 MiB and up
+        after = q.statistics().shm_bytes_held
+        assert before - after >= 1 << 20  # a big free segment was given back
+        assert after % (1 << 20) >= 64 << 10  # small ones stay pooled
+        q.put(torch.full(SHAPE, 9.0))  # a fresh segment after the trim
+        assert float(q.get(timeout=10)[0, 0]) == 9.0

@@ -46,7 +46,7 @@ def item_worker_main(
     chain = WorkerChain(payload.load())
     batch_chain = None if batch_payload is None else WorkerChain(batch_payload.load())
     initialized = False
-    next_task = _TaskWaiter(tasks, to_batch)
+    next_task = _TaskWaiter(tasks, to_batch, to_main)
     while True:
         try:
             message = next_task()
@@ -92,6 +92,9 @@ def item_worker_main(
             if message.dest == MAIN:
                 return
             # the batch worker died; the main process sees it and raises
+        # Drop the outputs before waiting: a batch built in the queue's shared memory
+        # is freed for reuse only once this process holds it no longer either.
+        del outputs, result
 
 
 class _TaskWaiter:
@@ -102,12 +105,15 @@ class _TaskWaiter:
     at the next put on that link, maybe batches later) keeps memory flat.
     """
 
-    def __init__(self, tasks: ProcessQueue, links: list[ProcessQueue]) -> None:
+    def __init__(
+        self, tasks: ProcessQueue, links: list[ProcessQueue], to_main: ProcessQueue
+    ) -> None:
         self.tasks = tasks
         self.links = links
+        self.to_main = to_main
         self.waiter = Waiter()
         tasks.readiness().attach(self.waiter)
-        for link in links:
+        for link in (*links, to_main):  # the consumers' frees, to give memory back at once
             link.space_readiness().attach(self.waiter)
 
     def __call__(self) -> Any:
@@ -119,6 +125,9 @@ class _TaskWaiter:
                 pass
             for link in self.links:
                 link.reclaim()
+            # Many item workers, few batches in flight: an idle worker keeps no big
+            # segment, so memory stays flat in num_workers (small ones stay pooled).
+            self.to_main.trim()
             self.waiter.wait(seen)
 
 
