@@ -39,7 +39,9 @@ def item_worker_main(
     """An item worker: run the per-item blocks for each task it is given.
 
     With ``batch_payload`` each task is a whole batch: the worker then runs
-    ``batch`` and what follows on the task's outputs, as a batch worker would.
+    ``batch`` and what follows on the task's outputs, as a batch worker would;
+    except a task with ``whole=False`` (a chunk of chunked's first batch, which
+    the main process batches), whose items go back as they are.
     """
     label = bootstrap(f"item worker {index}")
     set_output_queue(to_main)  # batches it collates (no batch workers) go there uncopied
