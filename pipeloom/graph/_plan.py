@@ -94,6 +94,9 @@ class Plan(Placement):
         unit: what the main process hands out (economic: a batch; chunked: a
             chunk) as ``(name, items in it, at most in flight)``; None for the
             other strategies.
+        first_unit_chunk: chunked with whole batches: the first batch of an
+            epoch goes out in chunks of this many items (to several workers, so
+            it comes sooner) and the main process batches it; None otherwise.
         queues: the queues between the parts.
         rank: ``(rank, world size)`` under a distributed service, else None.
         outer: ``(total, index)``: this process keeps shard ``index`` of
@@ -106,6 +109,7 @@ class Plan(Placement):
     sharding_point: DataPipe | None = None
     group_size: int = 1
     unit: tuple[str, int, int] | None = None
+    first_unit_chunk: int | None = None
     queues: tuple[QueueLink, ...] = ()
     rank: tuple[int, int] | None = None
     outer: tuple[int, int] = (1, 0)
@@ -152,6 +156,8 @@ class Plan(Placement):
         if self.unit is not None:
             name, size, in_flight = self.unit
             lines.append(f"unit: a {name} of {size} items, at most {in_flight} in flight")
+        if self.first_unit_chunk is not None:
+            lines.append(f"the first batch of an epoch: in chunks of {self.first_unit_chunk} items")
         lines.extend(
             f"{'queues: ' if i == 0 else '        '}{link}" for i, link in enumerate(self.queues)
         )

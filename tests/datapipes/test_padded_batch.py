@@ -114,7 +114,7 @@ def test_runs_in_the_workers_under_every_strategy_and_gives_the_in_process_batch
         placement = str(loader.placement())
         assert plain(list(loader)) == expected
     padding = next(line for line in placement.splitlines() if "PadCollate" in line)
-    assert padding.startswith("main process") == (strategy == "chunked")  # chunked: batches in main
+    assert padding.startswith(("worker processes", "item worker processes"))  # all batch there
 
 
 @pytest.mark.parametrize(

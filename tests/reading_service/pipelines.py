@@ -157,3 +157,20 @@ def global_draws(x):
     import torch
 
     return (random.random(), float(np.random.rand()), float(torch.rand(())))
+
+
+class RaisesAfter:
+    """An iterable of ``range(n)`` whose iterator raises ``ValueError`` after ``at`` items."""
+
+    def __init__(self, n: int, at: int) -> None:
+        self.n, self.at = n, at
+
+    def __iter__(self):
+        yield from range(min(self.n, self.at))
+        if self.at < self.n:
+            raise ValueError(f"source broke after {self.at} items")
+
+
+def source_error_after(n: int, batch: int, at: int):
+    """A source of ``n`` items that fails after ``at`` of them, a per-item draw, batch, collate."""
+    return IterableWrapper(RaisesAfter(n, at)).sharding_filter().map(draw).batch(batch).collate()

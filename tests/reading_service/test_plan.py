@@ -196,8 +196,19 @@ def test_economic_and_chunked_plans_name_their_units_and_workers():
     assert [p.role for p in economic.parts] == ["main", "item workers", "batch workers"]
     assert economic.where(pipe.source.source) == "item worker processes x3"
     chunked = make_plan(pipe, Settings("chunked", workers=3, prefetch=2))
-    assert chunked.unit == ("chunk", 2, 4)  # a batch of 4 over 3 workers, 2 batches' worth
-    assert chunked.where(pipe) == "main process"
+    assert chunked.unit == ("batch", 4, 2)  # whole batches to item workers, 2 in flight...
+    assert chunked.first_unit_chunk == 2  # ...but the first in chunks: 4 over 3 workers
+    assert chunked.where(pipe) == "item worker processes x3"
+    assert "the first batch of an epoch: in chunks of 2 items" in str(chunked)
+    filtered = IterableWrapper(range(8)).sharding_filter().filter(bool).batch(4).collate()
+    chunked = make_plan(filtered, Settings("chunked", workers=3, prefetch=2))
+    assert chunked.unit == ("chunk", 1, 8)  # a batch's items unknown up front: chunks only
+    assert chunked.first_unit_chunk is None
+    assert chunked.where(filtered) == "main process"
+    opened = IterableWrapper(["a"]).sharding_filter().open_files("rb").map(len).batch(4)
+    chunked = make_plan(opened, Settings("chunked", workers=2, prefetch=2))
+    assert chunked.unit == ("batch", 4, 2)  # open_files below the sharding point: one per path
+    assert chunked.first_unit_chunk == 2
 
 
 def test_economic_without_batch_workers_gives_item_workers_whole_batches():
@@ -214,8 +225,9 @@ def test_chunked_spreads_a_batch_over_no_more_workers_than_cores():
     pipe = IterableWrapper(range(8)).sharding_filter().map(abs).batch(8)
     four_cores = make_plan(pipe, Settings("chunked", workers=4, prefetch=2, cores=4))
     two_cores = make_plan(pipe, Settings("chunked", workers=4, prefetch=2, cores=2))
-    assert four_cores.unit == ("chunk", 2, 8)
-    assert two_cores.unit == ("chunk", 4, 4)  # the same 16 items in flight
+    assert four_cores.first_unit_chunk == 2
+    assert two_cores.first_unit_chunk == 4
+    assert four_cores.unit == two_cores.unit == ("batch", 8, 2)  # the same 16 items in flight
     assert two_cores.part("item workers").copies == 4
 
 

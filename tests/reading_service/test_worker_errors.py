@@ -78,7 +78,7 @@ def test_an_output_that_cannot_cross_processes_is_reported_with_its_cause(
     assert origin.worker is not None and "worker" in origin.worker
     assert origin.block is not None and origin.block.startswith(("Mapper", "Batcher"))
     assert origin.item is not None and origin.item_repr is not None
-    if service.num_batch_workers or strategy == "chunked":  # item workers send items
+    if service.num_batch_workers:  # item workers send items (else whole batches)
         assert "'x': 5" in origin.item_repr or "shape=(3,)" in origin.item_repr
     text = formatted(info.value)
     assert "exited with code" not in text and "prefetch_factor" not in text

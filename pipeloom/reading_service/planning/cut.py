@@ -37,6 +37,7 @@ __all__ = [
     "cut_for_dispatch",
     "cut_for_workers",
     "find_sharding_point",
+    "one_per_input_below_point",
     "single_output",
 ]
 
@@ -77,9 +78,12 @@ class DispatchCut:
         sharding_point: read in the main process, with everything upstream.
         item_exit: the last block item workers run.
         batcher: the block that combines items into batches, after ``item_exit``.
-        batch_exit: the last block batch workers run (economic), else None.
+        batch_exit: the last block of ``batch`` and the per-item blocks after it
+            (``collate``), which batch workers run (economic) or item workers
+            run on whole batches; None for chunked when the per-item blocks may
+            drop or multiply items (the main process then builds the batches).
         item_blocks: the blocks item workers run.
-        batch_blocks: the blocks batch workers run (economic).
+        batch_blocks: ``batcher`` to ``batch_exit`` (empty when that is None).
     """
 
     sharding_point: IterDataPipe
@@ -228,15 +232,25 @@ def cut_for_dispatch(pipeline: IterDataPipe, strategy: str) -> DispatchCut:
     batcher = _following_batcher(graph, item_exit, strategy)
     upstream_of_point = {id(b) for b in upstream(point)}
     item_blocks = tuple(b for b in base.worker_blocks if id(b) not in upstream_of_point)
-    if strategy == "chunked":
+    if strategy == "chunked" and not all(map(one_per_input_below_point, item_blocks)):
         return DispatchCut(point, item_exit, batcher, None, item_blocks, ())
-    _check_one_to_one(item_blocks)
+    if strategy == "economic":
+        _check_one_to_one(item_blocks)
     batch_blocks: list[DataPipe] = [batcher]
     batch_exit: IterDataPipe = batcher
     for block in _per_item_chain_after(graph, batcher):
         batch_exit = block  # type: ignore[assignment]  # per_item blocks are iterable
         batch_blocks.append(block)
     return DispatchCut(point, item_exit, batcher, batch_exit, item_blocks, tuple(batch_blocks))
+
+
+def one_per_input_below_point(block: DataPipe) -> bool:
+    """True when ``block``, run below the sharding point, yields one output per input.
+
+    A shardable block there (``open_files`` after ``sharding_filter``) keeps every
+    item, as its sharding settings are left at "all": one stream per path.
+    """
+    return block.one_to_one or (block.is_shardable() and block.at_most_one)
 
 
 def single_output(exit_block: DataPipe, point: DataPipe, group_size: int) -> bool:

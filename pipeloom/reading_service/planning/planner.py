@@ -176,17 +176,28 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
     item_location = f"item worker processes x{n}"
     item = Part("item workers", item_location, cut.item_blocks, cut.item_exit, n)
     parts: tuple[Part, ...] = (item,)
-    whole_batches = strategy == "economic" and settings.batch_workers == 0
+    # Chunked whose per-item blocks are one to one: item workers build whole batches too,
+    # but the first batch of an epoch goes out in chunks (it comes sooner).
+    whole_batches = cut.batch_exit is not None and (
+        strategy == "chunked" or settings.batch_workers == 0
+    )
+    first_unit_chunk = None
     if whole_batches:  # an item worker's task is a batch, which it builds and collates
         assert cut.batch_exit is not None
         blocks = (*cut.item_blocks, *cut.batch_blocks)
         parts = (Part("item workers", item_location, blocks, cut.batch_exit, n),)
         unit = ("batch", batch_size, settings.prefetch)
         max_tasks = unit[2]
+        if strategy == "chunked":
+            spread = n if settings.cores is None else max(1, min(n, settings.cores))
+            chunk_size = _chunk_size(settings.chunk_size, batch_size, spread, False)
+            if chunk_size < batch_size:
+                first_unit_chunk = chunk_size
+                max_tasks += math.ceil(batch_size / chunk_size)  # the first batch's chunks
     elif strategy == "chunked":
-        expands = not all(block.one_to_one for block in cut.item_blocks)
+        # the per-item blocks may drop or multiply items (else whole batches, above)
         spread = n if settings.cores is None else max(1, min(n, settings.cores))
-        chunk_size = _chunk_size(settings.chunk_size, batch_size, spread, expands)
+        chunk_size = _chunk_size(settings.chunk_size, batch_size, spread, True)
         unit = ("chunk", chunk_size, max(1, math.ceil(settings.prefetch * batch_size / chunk_size)))
         max_tasks = unit[2]
     else:
@@ -205,9 +216,9 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
     main = _main_part(pipeline, "main process", (*parts, *separate))
     queues = [QueueLink("main process", item_location, "ProcessQueue", n, max_tasks + 2, "tasks")]
     if strategy == "chunked" or whole_batches:
-        carried = "chunks" if strategy == "chunked" else "batches"
+        carried = "batches" if whole_batches else "chunks"
         queues.append(
-            QueueLink(item_location, "main process", "ProcessQueue", n, unit[2] + 2, carried)
+            QueueLink(item_location, "main process", "ProcessQueue", n, max_tasks + 2, carried)
         )
     else:
         m = settings.batch_workers
@@ -220,6 +231,11 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
     name, size, in_flight = unit
     if whole_batches:
         handed = "batch to the least loaded item worker, which builds and collates it"
+        if first_unit_chunk is not None:
+            handed += (
+                f" (the first batch of an epoch: each chunk of {first_unit_chunk} items to "
+                f"the least loaded item worker, and the main process batches them)"
+            )
     elif strategy == "economic":
         handed = "item to the least loaded item worker; each batch to the least loaded batch worker"
     else:
@@ -234,6 +250,7 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
         sharding_point=cut.sharding_point,
         group_size=outer_group_size(pipeline) if settings.outer != (1, 0) else 1,
         unit=(name, size, in_flight),
+        first_unit_chunk=first_unit_chunk,
         queues=tuple(queues),
         outer=settings.outer,
         notes=tuple(notes),

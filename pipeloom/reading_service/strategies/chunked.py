@@ -10,6 +10,11 @@ the fewest items in flight (``dispatch/dispatcher.py`` with
 in order and runs ``batch``, ``collate`` and the rest. The first batch (and
 batches of large items) arrive about ``num_workers`` times sooner.
 
+When the per-item blocks yield one output per input, only an epoch's first
+batch goes out in chunks (the main process batches it); every later batch is
+one task for one item worker, which also runs ``batch`` and ``collate``, as
+economic without batch workers does, so the main process works per batch.
+
 Needs ``.batch(n)`` right after the per-item blocks; ``chunk_size`` is at
 most the batch size.
 """

@@ -110,13 +110,16 @@ class Task(NamedTuple):
     """Item worker: run the per-item blocks on ``entries`` (``(position, value)`` pairs).
 
     The outputs belong to unit ``unit`` (a batch or a chunk) and go to batch
-    worker ``dest`` (or the main process when ``dest`` is :data:`MAIN`).
+    worker ``dest`` (or the main process when ``dest`` is :data:`MAIN`). An
+    item worker that builds whole batches builds one of ``entries`` unless
+    ``whole`` is False (a chunk of a batch the main process builds).
     """
 
     gen: int
     unit: int
     dest: int
     entries: list[tuple[int, Any]]
+    whole: bool = True
 
 
 class TaskResult(NamedTuple):

@@ -18,6 +18,7 @@ from ...datapipes.runtime import derive_seed
 __all__ = [
     "global_rng_states",
     "same_rng_states",
+    "set_global_rng_states",
     "seed_item_rngs",
     "seed_worker_rngs",
     "worker_seed",
@@ -56,6 +57,14 @@ def seed_item_rngs(seed: int) -> None:
 def global_rng_states() -> tuple[Any, Any, torch.Tensor]:
     """The states of ``random``, NumPy's legacy global RNG and torch's CPU generator."""
     return random.getstate(), np.random.get_state(), torch.default_generator.get_state()
+
+
+def set_global_rng_states(states: tuple[Any, Any, torch.Tensor]) -> None:
+    """Put the global RNGs back as :func:`global_rng_states` saw them."""
+    python, numpy, generator = states
+    random.setstate(python)
+    np.random.set_state(numpy)
+    torch.default_generator.set_state(generator)
 
 
 def same_rng_states(a: tuple[Any, Any, torch.Tensor], b: tuple[Any, Any, torch.Tensor]) -> bool:

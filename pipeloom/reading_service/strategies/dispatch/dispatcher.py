@@ -6,6 +6,12 @@ loaded item worker, each batch (economic) to the least loaded batch worker
 (``least_loaded.py``), and keeps at most ``max_units`` batches or chunks in
 flight. It yields the workers' outputs in source order, so the result is the
 in-process result.
+
+Chunked with whole batches (``first_unit_chunk``): the first batch of an
+epoch goes out as chunks to several item workers, which send back items; the
+dispatcher batches them itself (``batch_chain``, e.g. ``batch`` + ``collate``),
+so the first batch comes sooner. Every later batch is one task for one item
+worker, which builds and collates it.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from ....errors import NotAvailable
 from ....events import ReadinessSource
 from ....graph import upstream
 from ...workers.failure import Failure
-from ...workers.messages import MAIN, BatchSize, InitFailed, Task
+from ...workers.messages import MAIN, BatchSize, InitFailed, Output, Task
+from ...workers.rngs import global_rng_states, set_global_rng_states
+from .chain import WorkerChain
 from .least_loaded import LeastLoaded
 from .packing import unpack
 
@@ -53,6 +61,8 @@ class _Unit:
 
     id: int
     batch_worker: int
+    size: int  # items it takes
+    chunk: bool = False  # a chunk of the first batch, which the main process builds
     positions: list[int] = field(default_factory=list)
     item_workers: list[tuple[int, int]] = field(default_factory=list)  # (worker, items)
 
@@ -65,14 +75,42 @@ class Dispatcher(IterDataPipe):
         max_units: batches or chunks in flight at most.
         per_item_tasks: send each item as its own task to the least loaded
             item worker (economic); otherwise a whole unit is one task.
+        units_are_batches: a unit is a whole batch (economic), so the part of one
+            that the source made before an error is dropped, as ``batch`` drops
+            it in-process; otherwise (chunks) it goes out, and ``batch`` in the
+            main process sees the error after its items.
+        first_unit_chunk: hand out the first batch of an epoch in chunks of
+            this many items, whose items ``batch_chain`` (``batch`` and the
+            per-item blocks after it, fed by a ``BatchFeed``) batches here.
+        batch_chain: see ``first_unit_chunk``.
+
+    An error of the source is raised after the outputs of every unit read
+    before it, as in-process: the batches made before it all arrive first.
     """
 
     inputs = ()  # the source is attached per epoch: it runs beside the main part, not in it
 
-    def __init__(self, *, unit_size: int, max_units: int, per_item_tasks: bool) -> None:
+    def __init__(
+        self,
+        *,
+        unit_size: int,
+        max_units: int,
+        per_item_tasks: bool,
+        units_are_batches: bool,
+        first_unit_chunk: int | None = None,
+        batch_chain: IterDataPipe | None = None,
+    ) -> None:
+        if (first_unit_chunk is None) != (batch_chain is None):
+            raise ValueError(
+                f"first_unit_chunk and batch_chain go together (the chain batches the chunks), "
+                f"got first_unit_chunk={first_unit_chunk!r} and batch_chain={batch_chain!r}"
+            )
         self.unit_size = unit_size
         self.max_units = max_units
         self.per_item_tasks = per_item_tasks
+        self.units_are_batches = units_are_batches
+        self.first_unit_chunk = first_unit_chunk
+        self._batch_chain = None if batch_chain is None else WorkerChain(batch_chain)
         self._source: IterDataPipe | None = None
         self._pool: WorkerPool | None = None
         self._gen = 0
@@ -87,6 +125,8 @@ class Dispatcher(IterDataPipe):
         self._source, self._pool, self._gen = source, pool, gen
         self._runs = RunReader(source)
         self._stamp = (seed, epoch)
+        if self._batch_chain is not None:
+            self._batch_chain.start_epoch(gen, epoch, seed)
         # Economic hands a slice of a run to each item worker: a few per unit, not one per item.
         self._piece = max(1, -(-self.unit_size // max(1, pool.num_item_workers)))
         self._item_workers = LeastLoaded(pool.num_item_workers)
@@ -112,6 +152,13 @@ class Dispatcher(IterDataPipe):
         self._skip = 0  # outputs at self._skip_position delivered before the resume
         self._skip_position = 0
         self._fill_error: Exception | None = None  # met by _fill_ahead, raised by _fill
+        self._source_error: Exception | None = None  # raised once the units before it are out
+        # The first batch in chunks: items yet to read into chunks, whether all its chunks
+        # went out, the items of those taken, and the position after them.
+        self._split_left = self.unit_size if self.first_unit_chunk else 0
+        self._split_closed = False
+        self._split: list[Output] = []
+        self._split_end = 0
         if self._pool is not None:
             self._item_workers = LeastLoaded(self._pool.num_item_workers)
             self._batch_workers = LeastLoaded(max(1, self._pool.num_batch_workers))
@@ -142,7 +189,12 @@ class Dispatcher(IterDataPipe):
                 restore_stamp((self._stamp[0], self._stamp[1], key, draws))
                 return item
             self._fill()
+            if self._split_closed and not any(unit.chunk for unit in self._units):
+                self._finish_split()
+                continue
             if not self._units:
+                if self._source_error is not None:
+                    raise self._source_error
                 if self._source_done:
                     raise StopIteration
                 raise NotAvailable
@@ -212,12 +264,37 @@ class Dispatcher(IterDataPipe):
             self._item_workers.done(worker, amount)
         if head.batch_worker != MAIN:
             self._batch_workers.done(head.batch_worker)
-        self._outputs.extend(result)
         end = max(head.positions) + 1
+        if head.chunk:  # its items wait for the rest of the first batch
+            self._split.extend(result)
+            self._split_end = end
+            return
+        self._deliver(result, end)
+
+    def _deliver(self, outputs: list[Any], end: int) -> None:
+        """Queue a unit's ``outputs``; once they are all delivered a resume starts at ``end``."""
+        self._outputs.extend(outputs)
         if self._outputs:
             self._unit_end = end
         else:
             self._resume_position, self._skip_at_resume = end, 0
+
+    def _finish_split(self) -> None:
+        """Batch the first batch's items (all its chunks are in) here, as a worker would."""
+        chain = self._batch_chain
+        assert chain is not None
+        entries, self._split, self._split_closed = self._split, [], False
+        if not entries:  # the source ended at the first chunk's start
+            return
+        states = global_rng_states()  # the chain seeds them per batch; keep the caller's
+        try:
+            outputs = chain.run(self._gen, entries, "main process")
+        finally:
+            set_global_rng_states(states)
+        if isinstance(outputs, Failure):
+            outputs.raise_here()
+        else:
+            self._deliver(outputs, self._split_end)
 
     def _receive(self) -> None:
         assert self._pool is not None
@@ -254,11 +331,11 @@ class Dispatcher(IterDataPipe):
         while not self._source_done:
             unit = self._open
             if unit is None:
-                if len(self._units) >= self.max_units:
+                if not self._split_left and self._batches_in_flight() >= self.max_units:
                     return
                 unit = self._open = self._new_unit()
             try:
-                run = self._runs.positioned(self.unit_size - len(unit.positions))
+                run = self._runs.positioned(unit.size - len(unit.positions))
                 if run is None:
                     value = source.async_next()
             except NotAvailable:
@@ -267,10 +344,17 @@ class Dispatcher(IterDataPipe):
                 self._source_done = True
                 self._close(unit)
                 return
+            except Exception as error:  # noqa: BLE001 - raised after the units before it
+                self._source_done, self._source_error = True, error
+                if self.units_are_batches:
+                    self._abandon(unit)
+                else:
+                    self._close(unit)
+                return
             if run is not None:  # a slice of a sequence: no call per item
                 self._count += len(run[1])
                 self._add_run(unit, *run)
-                if len(unit.positions) == self.unit_size:
+                if len(unit.positions) == unit.size:
                     self._close(unit)
                 continue
             key = current_stamp()[2]  # p, or (p, j, ...) from a point that keys its outputs
@@ -278,15 +362,25 @@ class Dispatcher(IterDataPipe):
                 key = self._count
             self._count += 1
             self._add(unit, key, value)
-            if len(unit.positions) == self.unit_size:
+            if len(unit.positions) == unit.size:
                 self._close(unit)
+
+    def _batches_in_flight(self) -> int:
+        """Units in flight, the first batch's chunks counted as one batch."""
+        chunks = sum(unit.chunk for unit in self._units)
+        return len(self._units) - chunks + (1 if chunks or self._split else 0)
 
     def _new_unit(self) -> _Unit:
         assert self._pool is not None
         batch_worker = MAIN
         if self._pool.num_batch_workers:
             batch_worker = self._batch_workers.assign(self._next_id)
-        unit = _Unit(self._next_id, batch_worker)
+        size, chunk = self.unit_size, False
+        if self._split_left:  # a chunk of the first batch
+            assert self.first_unit_chunk is not None
+            size, chunk = min(self.first_unit_chunk, self._split_left), True
+            self._split_left -= size
+        unit = _Unit(self._next_id, batch_worker, size, chunk)
         self._next_id += 1
         self._units.append(unit)
         return unit
@@ -327,6 +421,8 @@ class Dispatcher(IterDataPipe):
     def _close(self, unit: _Unit) -> None:
         assert self._pool is not None
         self._open = None
+        if unit.chunk and (not self._split_left or self._source_done):
+            self._split_closed = True  # the first batch's last chunk
         if not unit.positions:  # the source ended at a unit boundary
             self._units.remove(unit)
             if unit.batch_worker != MAIN:
@@ -341,7 +437,18 @@ class Dispatcher(IterDataPipe):
         worker = self._item_workers.assign(unit.id, len(unit.positions))
         unit.item_workers.append((worker, len(unit.positions)))
         chunk, self._pending_chunk = self._pending_chunk, []
-        self._pool.send_task(worker, Task(self._gen, unit.id, MAIN, chunk))
+        self._pool.send_task(worker, Task(self._gen, unit.id, MAIN, chunk, not unit.chunk))
+
+    def _abandon(self, unit: _Unit) -> None:
+        """Drop the open ``unit``: a batch the source failed to finish (its items
+        already sent are dropped by the workers when the next epoch starts)."""
+        self._open = None
+        self._assigned, self._pending_chunk = {}, []
+        self._units.remove(unit)
+        for worker, amount in unit.item_workers:
+            self._item_workers.done(worker, amount)
+        if unit.batch_worker != MAIN:
+            self._batch_workers.done(unit.batch_worker)
 
     # -- checkpoints -------------------------------------------------------------
     @property

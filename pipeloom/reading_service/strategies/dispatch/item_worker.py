@@ -39,7 +39,9 @@ def item_worker_main(
     """An item worker: run the per-item blocks for each task it is given.
 
     With ``batch_payload`` each task is a whole batch: the worker then runs
-    ``batch`` and what follows on the task's outputs, as a batch worker would.
+    ``batch`` and what follows on the task's outputs, as a batch worker would;
+    except a task with ``whole=False`` (a chunk of chunked's first batch, which
+    the main process batches), whose items go back as they are.
     """
     label = bootstrap(f"item worker {index}")
     set_output_queue(to_main)  # batches it collates (no batch workers) go there uncopied
@@ -72,7 +74,7 @@ def item_worker_main(
         if message.gen not in chain.epochs:
             continue  # a task of an abandoned epoch
         outputs = chain.run(message.gen, message.entries, label)
-        if batch_chain is not None and not isinstance(outputs, Failure):
+        if batch_chain is not None and message.whole and not isinstance(outputs, Failure):
             outputs = batch_chain.run(message.gen, outputs, label)
             chain.global_rngs_moved()  # the batch part seeds them per batch
         destination = to_main if message.dest == MAIN else to_batch[message.dest]

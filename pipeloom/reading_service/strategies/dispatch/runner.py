@@ -72,14 +72,31 @@ class DispatchRunner(Runner):
             keep_shard(self.point, group_size=plan.group_size, outer=plan.outer)
         # Economic without batch workers: each task is a whole batch, as a chunk is.
         per_item_tasks = self.per_item_tasks and bool(batch_parts)
+        cut = cut_for_dispatch(pipeline, plan.strategy)
+        # Item workers build whole batches (economic without batch workers, chunked whose
+        # per-item blocks are one to one): the batch part runs as a batch worker's would,
+        # after the items (the same global-RNG seeding per batch).
+        whole_batches = not batch_parts and cut.batch_exit is not None
+        first_chunk = plan.first_unit_chunk  # chunked: the first batch in chunks, built here
+        local_chain: IterDataPipe | None = None
+        if first_chunk is not None:
+            chain = copy(exit, replace={cut.item_exit: BatchFeed()})
+            assert isinstance(chain, IterDataPipe)  # the exit of the item part is iterable
+            local_chain = chain
         self.dispatcher = Dispatcher(
-            unit_size=unit_size, max_units=max_units, per_item_tasks=per_item_tasks
+            unit_size=unit_size,
+            max_units=max_units,
+            per_item_tasks=per_item_tasks,
+            units_are_batches=self.per_item_tasks or whole_batches,
+            first_unit_chunk=first_chunk,
+            batch_chain=local_chain,
         )
         self.main = MainPart(
             pipeline, plan, self.dispatcher, exit, start_method=start_method, prefetch=prefetch
         )
-        self._max_units = max_units
-        self._max_tasks = max_units * (unit_size if per_item_tasks else 1)
+        first_chunks = 0 if first_chunk is None else -(-unit_size // first_chunk)
+        self._max_units = max_units + first_chunks
+        self._max_tasks = max_units * (unit_size if per_item_tasks else 1) + first_chunks
         source = self.point.source if isinstance(self.point, MapToIter) else None
         self._batch_payload: Payload | None = None
         self._own_batch_payload: Payload | None = None  # item workers building whole batches
@@ -87,9 +104,8 @@ class DispatchRunner(Runner):
         if batch_parts:
             batch_chain = copy(exit, replace={item_part.exit: BatchFeed()})
             self._batch_payload = Payload(batch_chain, self._context)
-        elif self.per_item_tasks:  # economic without batch workers: the batch part runs as a
-            # batch worker's would, after the items (the same global-RNG seeding per batch)
-            item_exit = cut_for_dispatch(pipeline, "economic").item_exit
+        elif whole_batches:
+            item_exit = cut.item_exit
             batch_chain = copy(exit, replace={item_exit: BatchFeed()})
             self._own_batch_payload = Payload(batch_chain, self._context)
         item_chain = copy(item_exit, replace={self.point: TaskFeed(source)})
