@@ -102,3 +102,37 @@ def test_chunked_spreads_the_shards_of_an_expanding_pipeline_over_its_workers(sh
         assert loader.placement().unit[1] == 1  # one shard per chunk
     assert len(out) == 12
     assert {worker for _, worker in out} == {0, 1}
+
+
+def read_text(path_and_stream):
+    path, stream = path_and_stream
+    with stream:
+        return os.path.basename(path), stream.read().decode(), get_worker_info() is not None
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("workers", [1, 3])
+def test_economic_runs_files_opened_after_the_sharding_point(tmp_path, workers):
+    """``open_files`` below ``sharding_filter`` keeps every path (one stream per input),
+    so economic's item workers open and read them: the JPEG-folder pipeline's shape."""
+    for i in range(11):
+        (tmp_path / f"f{i:02d}.txt").write_text(f"text {i}")
+
+    def pipeline():
+        return (
+            FileLister(str(tmp_path), "*.txt")
+            .shuffle()
+            .sharding_filter()
+            .open_files("rb")
+            .map(read_text)
+            .batch(3)
+        )
+
+    expected = [[item[:2] for item in batch] for batch in DataLoader(pipeline(), seed=4)]
+    service = MultiProcessingReadingService(workers, strategy="economic")
+    with DataLoader(pipeline(), service, seed=4) as loader:
+        placement = str(loader.placement())
+        got = list(loader)
+    assert [[item[:2] for item in batch] for batch in got] == expected
+    assert all(item[2] for batch in got for item in batch)  # read in the item workers
+    assert "item worker processes" in placement

@@ -359,7 +359,7 @@ def _following_batcher(graph: Graph, item_exit: IterDataPipe, strategy: str) -> 
 
 def _check_one_to_one(item_blocks: tuple[DataPipe, ...]) -> None:
     for block in item_blocks:
-        if not block.one_to_one:
+        if not one_per_input_below_point(block):
             raise PlanError(
                 f"strategy='economic' assigns each item of a batch to a worker before it is "
                 f"made, so every block between the sharding point and .batch() must yield "
