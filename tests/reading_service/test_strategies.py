@@ -9,14 +9,14 @@ import random
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import pipeloom
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import WorkerError
-from pipeloom.reading_service import MultiProcessingReadingService
+from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.services import processes
 from pipeloom.reading_service.strategies.dispatch.chain import BatchFeed, TaskFeed, WorkerChain
 from pipeloom.reading_service.strategies.dispatch.dispatcher import Dispatcher
@@ -152,15 +152,50 @@ def test_a_source_error_comes_after_every_batch_made_before_it(at, batch, worker
     assert type(got) is type(error) and str(got).startswith(str(error))
 
 
-@pytest.mark.xfail(
-    reason="classic: each worker reads the source and meets the error at its own place; "
-    "the first worker's error is raised before batches of later workers that precede it",
-    strict=True,
-)
 def test_classic_raises_a_source_error_after_the_batches_made_before_it():
     expected, _, _ = until_error(pipelines.source_error_after(14, 1, 2), None)
     service = MultiProcessingReadingService(2, timeout=30, strategy="classic")
     assert until_error(pipelines.source_error_after(14, 1, 2), service)[0] == expected
+
+
+def _fails_at(limit):
+    def check(x):
+        if x == limit:
+            raise ValueError(f"item {x} is bad")
+        return x
+
+    return check
+
+
+@settings(max_examples=15, deadline=None)
+@example(at=5, source_error=False, batch=1, workers=2, threads=False)  # lost [4] before
+@example(at=5, source_error=False, batch=1, workers=2, threads=True)
+@given(
+    at=st.integers(0, 13),
+    source_error=st.booleans(),
+    batch=st.integers(1, 4),
+    workers=st.integers(1, 3),
+    threads=st.booleans(),
+)
+def test_classic_and_threads_raise_an_error_after_every_batch_made_before_it(
+    at, source_error, batch, workers, threads
+):
+    """Each worker meets an error at its own place; the merge raises it at the item's
+    position, so the batches of other workers that come before it are not lost."""
+
+    def pipeline():
+        if source_error:
+            return pipelines.source_error_after(14, batch, at)
+        return IterableWrapper(range(14)).sharding_filter().map(_fails_at(at)).batch(batch)
+
+    expected, error, _ = until_error(pipeline(), None)
+    if threads:
+        service = ThreadReadingService(workers)
+    else:
+        service = MultiProcessingReadingService(workers, timeout=30, strategy="classic")
+    delivered, got, _ = until_error(pipeline(), service)
+    assert delivered == expected
+    assert type(got) is type(error) and str(got).startswith(str(error))
 
 
 @pytest.mark.parametrize("strategy", ["classic", *ECONOMIC_WAYS, "chunked"])

@@ -128,7 +128,7 @@ class WorkerMerge(IterDataPipe):
         head = self._heads[worker]
         if head is None:
             head = self.channels[worker].get_nowait()  # NotAvailable propagates
-            if isinstance(head, Failure):
+            if isinstance(head, Failure) and not self._raises_in_order(head):
                 head.raise_here()
             if head is END:
                 self._ended[worker] = True
@@ -151,6 +151,11 @@ class WorkerMerge(IterDataPipe):
                 group //= total  # the owner counts this process's groups only
             owner = group % workers
             head = self._head(owner)
+            if isinstance(head, Failure):  # raised at its item's position, as in-process
+                if position >= head.item:
+                    head.raise_here()
+                self._advance_to(position + 1)  # the outputs before it come first
+                continue
             if head is END or self._virtual(head) > position:  # nothing (more) here
                 self._advance_to(position + 1)
                 continue
@@ -164,6 +169,15 @@ class WorkerMerge(IterDataPipe):
             else:
                 self._delivered_here += 1
             return head
+
+    def _raises_in_order(self, failure: Failure) -> bool:
+        """Whether ``failure`` waits for its position (else it is raised when read).
+
+        A worker's error names the position of the item it was making (or, for a
+        source error, of the last one it read): the outputs of other workers at
+        earlier positions are delivered first, as the in-process run delivers them.
+        """
+        return self.in_order and self.rest is None and isinstance(failure.item, int)
 
     def _advance_to(self, position: int) -> None:
         size = self.group_size
