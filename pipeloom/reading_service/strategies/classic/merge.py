@@ -152,7 +152,7 @@ class WorkerMerge(IterDataPipe):
             owner = group % workers
             head = self._head(owner)
             if isinstance(head, Failure):  # raised at its item's position, as in-process
-                if position >= head.item:
+                if head.item is None or position >= head.item:
                     head.raise_here()
                 self._advance_to(position + 1)  # the outputs before it come first
                 continue
