@@ -340,7 +340,8 @@ def test_auto_leaves_the_baton_off_when_the_workers_wait(monkeypatch):
 
 
 def test_gil_baton_is_checked_with_a_hint(monkeypatch):
-    with pytest.raises(ValueError, match=r"gil_baton must be one of 'auto', 'on', 'off', got 'yes'"):
+    expected = r"gil_baton must be one of 'auto', 'on', 'off', got 'yes'; use 'auto'"
+    with pytest.raises(ValueError, match=expected):
         ThreadReadingService(2, gil_baton="yes")
     monkeypatch.setenv("PIPELOOM_GIL_BATON", "always")
     with pytest.raises(ValueError, match="PIPELOOM_GIL_BATON must be one of"):

@@ -8,7 +8,7 @@ closing a thread's queue makes its next ``put`` fail, which ends it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...datapipes import DataPipe, IterDataPipe
@@ -105,9 +105,8 @@ def _run(
     if gate is not None:
         gate.wait()
     set_thread_worker_info(info)
-    if baton is None:
-        put = queue.put
-    else:
+    put: Callable[[Any], None] = queue.put
+    if baton is not None:
         seat = baton.join()
 
         def put(message: Any) -> None:
