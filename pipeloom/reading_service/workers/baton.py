@@ -84,8 +84,12 @@ SLOWER = 0.9
 """Outputs/s with the baton below this fraction of the rate without: baton off."""
 RECHECK = 20
 """Windows on between re-measures without the baton."""
-EVIDENCE = 3
-"""GIL-bound windows in a row, without the baton, before trying it."""
+EVIDENCE = 8
+"""Busy windows in a row, without the baton, before trying it.
+
+A try of work that blocks while holding (I/O and CPU mixed) costs about one
+window at a lower rate; 8 windows first keep that under 1/9 of a short run
+(``bench_workers.py``'s fresh loaders run 3-6 windows: never tried)."""
 FIRST_HOLD_OFF = 8
 """Windows to wait after a first failed try; each failure in a row doubles it."""
 MAX_HOLD_OFF = 1024
