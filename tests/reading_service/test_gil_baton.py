@@ -81,6 +81,16 @@ def test_the_hold_off_stops_doubling_at_its_cap():
     assert policy.hold_off == MAX_HOLD_OFF
 
 
+def test_a_try_that_is_slower_but_saves_cpu_per_output_is_kept():
+    # Without it the threads burn 1.7 cores handing the GIL over, for 400 outputs/s; with it
+    # one core for 300 (a loaded machine's window): 2.5 ms of CPU per output against 4.25.
+    handing_over = Window(wall=0.01, cpu=0.017, puts=4, waited=False)
+    policy = BatonPolicy("auto")
+    tried(policy, handing_over)
+    assert policy.observe(on_window(puts=3))
+    assert policy.statistics().switched_off == 0
+
+
 def test_holders_that_block_while_holding_turn_it_off():
     policy = BatonPolicy("auto")
     tried(policy)

@@ -22,7 +22,8 @@ outputs per second, and tries the baton against going without:
   not show that the work runs in parallel; only the try shows it;
 * on -> off: the first window of a try put out fewer outputs per second than
   the window before it without (below :data:`SLOWER` of it: the threads ran
-  GIL-free work side by side), or in any window the holders computed less
+  GIL-free work side by side) without costing less CPU per output (below
+  :data:`CPU_SAVED` of it: the hand-overs it saves), or in any window the holders computed less
   than :data:`HOLDER_BUSY` of the time they held the baton (they blocked:
   sleep, a socket read), or the workers used less than :data:`BUSY_CORES`.
   After a failed try the pool waits :data:`FIRST_HOLD_OFF` windows, twice as
@@ -81,7 +82,11 @@ part of the time is caught by the try's outputs per second instead."""
 MIN_HOLD_S = 0.002
 """Holds adding up to less than this in a window are too short to judge the holders by."""
 SLOWER = 0.9
-"""Outputs/s with the baton below this fraction of the rate without: baton off."""
+"""Outputs/s with the baton below this fraction of the rate without: baton off (unless cheaper)."""
+CPU_SAVED = 0.8
+"""Worker CPU per output with the baton below this fraction of it without: the try is kept
+even if slower. On a loaded machine the wall rate of one window swings widely, but the CPU
+the threads burn handing the GIL to each other shows in CPU per output."""
 RECHECK = 20
 """Windows on between re-measures without the baton."""
 EVIDENCE = 8
@@ -144,6 +149,7 @@ class BatonPolicy:
         self.mode: BatonMode = mode
         self.on = mode == "on"
         self.rate_off: float | None = None  # outputs/s in the last window without
+        self.cpu_off: float | None = None  # worker CPU seconds per output in that window
         self.trying = False  # the next judged window is the first with the baton
         self.evidence = 0  # GIL-bound windows in a row without the baton
         self.needed = EVIDENCE  # how many it takes to try (1 after a re-measure)
@@ -176,6 +182,7 @@ class BatonPolicy:
                     self.hold_off -= 1
                 elif self.evidence >= self.needed:
                     self.rate_off, self.trying, self.needed = rate, True, EVIDENCE
+                    self.cpu_off = window.cpu / max(window.puts, 1)
                     self._switch(True)
                 elif idle:
                     self.needed = EVIDENCE
@@ -186,7 +193,11 @@ class BatonPolicy:
                 self._fail()
             elif self.trying:
                 self.trying = False
-                if self.rate_off is not None and rate < SLOWER * self.rate_off:
+                slower = self.rate_off is not None and rate < SLOWER * self.rate_off
+                cheaper = self.cpu_off is not None and (
+                    window.cpu / max(window.puts, 1) < CPU_SAVED * self.cpu_off
+                )
+                if slower and not cheaper:
                     self._fail()
                 else:
                     self.backoff = FIRST_HOLD_OFF
