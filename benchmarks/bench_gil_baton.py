@@ -10,7 +10,8 @@ rounds of one epoch each so that a load spike hits every loader alike.
 
 Per loader: the median over the rounds of its items/s over in-process's in
 the same round (wall) and of in-process's CPU time per item over its own
-(CPU: the robust figure on a loaded machine, where wall ratios swing +-50 %);
+(CPU: the robust figure on a loaded machine, where wall ratios swing +-50 %;
+also over all epochs together, which counts the bad epochs' cost);
 and each worker thread's voluntary context switches per epoch (one per sleep
 on the GIL, a lock, a condition or the baton; read from
 ``/proc/self/task/<tid>/status`` as the thread ends): the median, the worst,
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
             loaders[f"threads x{workers}, gil_baton={mode!r}"] = cheap.native(dataset, 256, service)
     counter = SleepCounter()
     counter.install()
-    results: dict[str, list[tuple[float, float, list[int]]]] = {name: [] for name in loaders}
+    results: dict[str, list[tuple[float, float, list[int], float]]] = {name: [] for name in loaders}
     try:
         for round_ in range(epochs + 1):  # the first round warms up
             for name, loader in loaders.items():
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
                     items += len(batch)
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
                 if round_:
-                    results[name].append((items / wall, items / cpu, list(counter.sleeps)))
+                    results[name].append((items / wall, items / cpu, list(counter.sleeps), cpu))
     finally:
         counter.uninstall()
         for loader in loaders.values():
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
     for name, runs in results.items():
         walls = [run[0] / ref[0] for run, ref in zip(runs, base)]
         cpus = [run[1] / ref[1] for run, ref in zip(runs, base)]
+        cpu_all = sum(ref[3] for ref in base) / sum(run[3] for run in runs)  # same items
         sleeps = [s for run in runs for s in run[2]]
         bad = sum(1 for run in runs if run[2] and max(run[2]) > HAND_OVER_EPOCH)
         rows.append(
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
                 name,
                 f"{statistics.median(run[0] for run in runs) / 1e3:,.0f}k/s",
                 f"{statistics.median(walls):.2f} ({min(walls):.2f}-{max(walls):.2f})",
-                f"{statistics.median(cpus):.2f}",
+                f"{statistics.median(cpus):.2f} / {cpu_all:.2f}",
                 f"{statistics.median(sleeps):.0f} / {max(sleeps)}" if sleeps else "",
                 f"{bad}/{len(runs)}" if sleeps else "",
             ]
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
             "loader",
             "items/s",
             "wall vs in-process (range)",
-            "CPU/item vs in-process",
+            "CPU/item vs in-process: median / all epochs",
             "worker sleeps/epoch: median / worst",
             f"epochs > {HAND_OVER_EPOCH} sleeps",
         ],
