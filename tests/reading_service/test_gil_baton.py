@@ -358,6 +358,8 @@ def test_gil_baton_is_checked_with_a_hint(monkeypatch):
         ThreadReadingService(2)
     monkeypatch.setenv("PIPELOOM_GIL_BATON", "off")
     assert ThreadReadingService(2).gil_baton == "off"
+    assert repr(ThreadReadingService(2)).endswith("gil_baton='off')")
+    assert "gil_baton" not in repr(ThreadReadingService(2, gil_baton="auto"))
 
 
 def test_with_the_baton_off_workers_never_touch_it():

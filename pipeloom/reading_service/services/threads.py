@@ -88,7 +88,8 @@ class ThreadReadingService(PlannedService):
         )
 
     def __repr__(self) -> str:
+        baton = "" if self.gil_baton == "auto" else f", gil_baton={self.gil_baton!r}"
         return (
             f"ThreadReadingService(num_threads={self.num_threads}, "
-            f"prefetch_factor={self.prefetch_factor})"
+            f"prefetch_factor={self.prefetch_factor}{baton})"
         )
