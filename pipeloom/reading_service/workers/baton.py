@@ -69,7 +69,7 @@ BatonMode = Literal["auto", "on", "off"]
 MODES: tuple[BatonMode, ...] = ("auto", "on", "off")
 ENV_VAR = "PIPELOOM_GIL_BATON"
 
-WINDOW_S = 0.01
+WINDOW_S = 0.005
 """Shortest measuring window, seconds of wall time (a window closes at a put)."""
 BUSY_CORES = 0.3
 """Below this the workers mostly wait (I/O, sleep): the baton would only serialize the waits."""
