@@ -203,7 +203,13 @@ def test_switching_off_lets_the_waiting_workers_run_without_it():
     holder = baton.join()
     baton.take(holder)
     got = []
-    waiter = threading.Thread(target=lambda: got.append(baton.take(s := baton.join()) or s.held))
+
+    def wait_for_it() -> None:
+        seat = baton.join()
+        baton.take(seat)
+        got.append(seat.held)
+
+    waiter = threading.Thread(target=wait_for_it)
     waiter.start()
     assert turns.arrived.acquire(timeout=10)
     policy.on = False
