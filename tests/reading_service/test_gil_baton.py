@@ -35,9 +35,11 @@ def on_window(puts: int = 10, held_cpu: float = 0.01) -> Window:
 
 
 def tried(policy: BatonPolicy, window: Window = BUSY) -> None:
+    """Feed busy windows until the policy tries the baton (EVIDENCE of them at most)."""
     for _ in range(EVIDENCE):
-        policy.observe(window)
-    assert policy.on
+        if policy.observe(window):
+            return
+    raise AssertionError(f"no try after {EVIDENCE} busy windows")
 
 
 # -- the policy: when the baton is on (windows in, on/off out; no clocks) -----------------------

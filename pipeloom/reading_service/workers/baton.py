@@ -81,7 +81,7 @@ processes (about 0.4 of its hold at load 5 on 2 cores); work that blocks only
 part of the time is caught by the try's outputs per second instead."""
 MIN_HOLD_S = 0.002
 """Holds adding up to less than this in a window are too short to judge the holders by."""
-SLOWER = 0.9
+SLOWER = 0.85
 """Outputs/s with the baton below this fraction of the rate without: baton off (unless cheaper)."""
 CPU_SAVED = 0.8
 """Worker CPU per output with the baton below this fraction of it without: the try is kept
@@ -95,7 +95,7 @@ EVIDENCE = 8
 A try of work that blocks while holding (I/O and CPU mixed) costs about one
 window at a lower rate; 8 windows first keep that under 1/9 of a short run
 (``bench_workers.py``'s fresh loaders run 3-6 windows: never tried)."""
-FIRST_HOLD_OFF = 8
+FIRST_HOLD_OFF = 4
 """Windows to wait after a first failed try; each failure in a row doubles it."""
 MAX_HOLD_OFF = 1024
 """Most windows to wait before trying the baton again."""
@@ -211,6 +211,7 @@ class BatonPolicy:
     def _fail(self) -> None:
         self.trying = False
         self.evidence = 0
+        self.needed = 1  # busy already shown: try again once the hold-off is over
         self.hold_off = self.backoff
         self.backoff = min(2 * self.backoff, MAX_HOLD_OFF)
         self._switch(False)
