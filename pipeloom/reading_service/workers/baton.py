@@ -31,9 +31,10 @@ outputs per second, and tries the baton against going without:
   :data:`RECHECK` windows on, one window runs without it, and the next is a
   try against that window again.
 
-A window in which a worker thread ended is not judged, nor one in which the
-workers used less than :data:`BUSY_CORES` while a put waited on a full
-queue (the consumer set the pace, not the work).
+An epoch's first window (its threads start) and a window in which a worker
+thread ended are not judged, nor one in which the workers used less than
+:data:`BUSY_CORES` while a put waited on a full queue (the consumer set the
+pace, not the work).
 
 A holder that blocks holds the others back until its next output, once per try.
 The baton changes only which thread runs when: outputs, their order, errors
@@ -289,6 +290,7 @@ class GilBaton:
         self._window_waited = False
         self._held_wall = 0.0  # wall and CPU time of the holds given this window
         self._held_cpu = 0.0
+        self._started = False  # the epoch's first window (threads starting) is not judged
 
     def join(self) -> Seat:
         """Register the calling worker thread (its CPU clock is read at each window's end)."""
@@ -369,11 +371,11 @@ class GilBaton:
                 cpu=cpu + self._window_cpu,
                 puts=self._window_puts,
                 waited=self._window_waited,
-                complete=complete,
+                complete=complete and self._started,
                 held_wall=self._held_wall,
                 held_cpu=self._held_cpu,
             )
-            self._window_wall, self._window_cpu = now, -cpu
+            self._window_wall, self._window_cpu, self._started = now, -cpu, True
             self._held_wall = self._held_cpu = 0.0
             self._window_puts, self._window_waited = 0, False
             if not self.policy.observe(window):
