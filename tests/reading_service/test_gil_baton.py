@@ -100,15 +100,22 @@ def test_holders_that_block_while_holding_turn_it_off():
     assert policy.statistics().blocked_holders == 1
 
 
-def test_a_kept_baton_is_measured_again_without_it_every_recheck_windows():
+def test_a_kept_baton_is_measured_again_without_it_ever_less_often():
     policy = BatonPolicy("auto")
     tried(policy)
     policy.observe(on_window())  # the try is kept
-    for _ in range(RECHECK - 1):
+    for wait in (RECHECK, 2 * RECHECK):
+        for _ in range(wait - 1):
+            assert policy.observe(on_window())
+        assert not policy.observe(on_window())  # one window without it
+        assert policy.observe(BUSY)  # still busy: a new try at once, against that window
+        assert policy.observe(on_window())  # as fast: kept, the next re-measure waits twice as long
+    for _ in range(4 * RECHECK - 1):
         assert policy.observe(on_window())
-    assert not policy.observe(on_window())  # one window without it
-    assert policy.observe(BUSY)  # still busy: a new try at once, against that window
+    assert not policy.observe(on_window())
+    assert policy.observe(BUSY)
     assert not policy.observe(on_window(puts=1))  # now much slower with it: off
+    assert policy.recheck == RECHECK
 
 
 def test_windows_paced_by_the_consumer_are_not_judged():

@@ -27,9 +27,10 @@ outputs per second, and tries the baton against going without:
   than :data:`HOLDER_BUSY` of the time they held the baton (they blocked:
   sleep, a socket read), or the workers used less than :data:`BUSY_CORES`.
   After a failed try the pool waits :data:`FIRST_HOLD_OFF` windows, twice as
-  many after each failure in a row (up to :data:`MAX_HOLD_OFF`). Every
+  many after each failure in a row (up to :data:`MAX_HOLD_OFF`). After
   :data:`RECHECK` windows on, one window runs without it, and the next is a
-  try against that window again.
+  try against that window again; each such try that keeps it doubles the
+  wait for the next (up to :data:`MAX_RECHECK`).
 
 An epoch's first window (its threads start) and a window in which a worker
 thread ended are not judged, nor one in which the workers used less than
@@ -89,7 +90,11 @@ CPU_SAVED = 0.8
 even if slower. On a loaded machine the wall rate of one window swings widely, but the CPU
 the threads burn handing the GIL to each other shows in CPU per output."""
 RECHECK = 20
-"""Windows on between re-measures without the baton."""
+"""Windows on before the first re-measure without the baton; each re-measure that keeps it
+doubles the next wait (up to :data:`MAX_RECHECK`): a window without it can itself fall
+into the hand-overs (measured: 20 ms instead of 8), so re-measuring often costs."""
+MAX_RECHECK = 640
+"""Most windows on between re-measures without the baton."""
 EVIDENCE = 8
 """Busy windows in a row, without the baton, before trying it.
 
@@ -157,6 +162,8 @@ class BatonPolicy:
         self.hold_off = 0  # windows to wait before trying again
         self.backoff = FIRST_HOLD_OFF
         self.windows_on = 0
+        self.recheck = RECHECK  # windows on before the next re-measure
+        self.rechecking = False  # the current try follows a re-measure
         self.windows = 0
         self.switched_on = 0
         self.switched_off = 0
@@ -202,15 +209,19 @@ class BatonPolicy:
                     self._fail()
                 else:
                     self.backoff = FIRST_HOLD_OFF
+                    if self.rechecking:  # kept again: re-measure less often
+                        self.recheck = min(2 * self.recheck, MAX_RECHECK)
+                self.rechecking = False
             else:
                 self.windows_on += 1
-                if self.windows_on >= RECHECK:  # one window without it, to measure again
-                    self.needed = 1
+                if self.windows_on >= self.recheck:  # one window without it, to measure again
+                    self.needed, self.rechecking = 1, True
                     self._switch(False)
             return self.on
 
     def _fail(self) -> None:
-        self.trying = False
+        self.trying = self.rechecking = False
+        self.recheck = RECHECK
         self.evidence = 0
         self.needed = 1  # busy already shown: try again once the hold-off is over
         self.hold_off = self.backoff
