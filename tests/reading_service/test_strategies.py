@@ -348,16 +348,14 @@ def test_more_batch_workers_than_prefetch_factor_warns_that_they_cannot_help():
 @pytest.mark.parametrize("strategy", ["economic", "chunked"])
 def test_no_batching_point_says_what_is_missing(strategy):
     pipe = IterableWrapper(range(8)).sharding_filter().map(abs)
-    with DataLoader(pipe, MultiProcessingReadingService(2, strategy=strategy)) as loader:
-        with pytest.raises(ValueError, match=r"needs \.batch\(n\) right after the per-item"):
-            list(loader)
+    with pytest.raises(ValueError, match=r"needs \.batch\(n\) right after the per-item"):
+        DataLoader(pipe, MultiProcessingReadingService(2, strategy=strategy))  # refused here
 
 
 def test_economic_refuses_a_filter_before_the_batch_and_names_it():
     pipe = IterableWrapper(range(8)).sharding_filter().filter(bool).batch(2)
-    with DataLoader(pipe, MultiProcessingReadingService(2, strategy="economic")) as loader:
-        with pytest.raises(ValueError, match=r"exactly one output per input, but Filter"):
-            list(loader)
+    with pytest.raises(ValueError, match=r"exactly one output per input, but Filter"):
+        DataLoader(pipe, MultiProcessingReadingService(2, strategy="economic"))
 
 
 def test_chunked_handles_a_filter_before_the_batch():
@@ -372,9 +370,8 @@ def test_chunked_handles_a_filter_before_the_batch():
 def test_chunk_size_larger_than_the_batch_is_refused():
     pipe = IterableWrapper(range(8)).sharding_filter().batch(2)
     service = MultiProcessingReadingService(2, strategy="chunked", chunk_size=3)
-    with DataLoader(pipe, service) as loader:
-        with pytest.raises(ValueError, match=r"chunk_size must be at most the batch size \(2\)"):
-            list(loader)
+    with pytest.raises(ValueError, match=r"chunk_size must be at most the batch size \(2\)"):
+        DataLoader(pipe, service)
 
 
 # -- the dispatcher's book-keeping, without processes ---------------------------------
@@ -631,9 +628,8 @@ def test_a_skipped_corrupt_shard_loses_or_duplicates_no_batch(tmp_path, strategy
 
 def test_economic_says_a_tar_reader_before_the_batch_needs_chunked(tmp_path):
     service = MultiProcessingReadingService(2, strategy="economic")
-    with DataLoader(tar_pipeline(tmp_path), service) as loader:
-        with pytest.raises(ValueError, match=r"TarArchiveLoader.*strategy='chunked'"):
-            list(loader)
+    with pytest.raises(ValueError, match=r"TarArchiveLoader.*strategy='chunked'"):
+        DataLoader(tar_pipeline(tmp_path), service)
 
 
 def collate_drawing(batch):
