@@ -20,6 +20,7 @@ from ....datapipes import (
     set_pipeline_epoch,
 )
 from ....datapipes.runtime import (
+    Head,
     RunReader,
     current_stamp,
     derive_seed,
@@ -86,6 +87,25 @@ class TaskFeed(IterDataPipe):
         self._next += 1
         return item
 
+    def _run_head(self) -> Head | None:
+        """A fused run's head (``RunReader``) when the rest of the task is one plain run.
+
+        Plain: positions that follow one another, read no item here and seed no
+        global RNG per item, so each item is only stamped with its position (what
+        ``async_next`` does for it) and the run's loop stamps it itself: no call
+        per item here. Otherwise (keys, a map-style source, per-item seeding) the
+        run reads ``async_next`` one item at a time.
+        """
+        if self.source is not None or (self._seed is not None and self.reseed):
+            return None
+        keys = [key for key, _ in self._entries[self._next :]]
+        if not keys or set(map(type, keys)) != {int}:
+            return None
+        first = keys[0]
+        if keys != list(range(first, first + len(keys))):
+            return None
+        return _TaskRun(self)
+
     def _stamp(self, key: Any) -> None:
         """Stamp the key the sharding point gave: ``p``, or ``(p, j, ...)``."""
         stamp_item(self._seed, self.epoch, key_position(key))  # type: ignore[arg-type]
@@ -94,6 +114,32 @@ class TaskFeed(IterDataPipe):
 
     def __repr__(self) -> str:
         return "TaskFeed()" if self.source is None else f"TaskFeed({self.source!r})"
+
+
+class _TaskRun(Head):
+    """A task's entries whose positions follow one another, read as one span."""
+
+    def __init__(self, feed: TaskFeed) -> None:
+        self.feed = feed
+        self.stamper = self  # the loop stamps each item (seed, epoch, position, 0)
+
+    def epoch_seed(self) -> int | None:
+        return self.feed._seed
+
+    def _epoch_number(self) -> int:
+        return self.feed.epoch
+
+    def span(self, count: int) -> tuple[list[Any], int, int] | None:
+        feed = self.feed
+        start = feed._next
+        part = feed._entries[start : start + count]
+        if not part:
+            return None
+        return [value for _, value in part], part[0][0], 1
+
+    def advance(self, last: int) -> None:
+        feed = self.feed
+        feed._next += last - feed._entries[feed._next][0] + 1
 
 
 class BatchFeed(IterDataPipe):
