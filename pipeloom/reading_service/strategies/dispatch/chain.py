@@ -38,6 +38,7 @@ from ...workers.rngs import global_rng_states, same_rng_states, seed_item_rngs
 __all__ = ["BatchFeed", "TaskFeed", "WorkerChain"]
 
 _GLOBAL_RNG_TAG = 0x610B
+_KNOWN_SEED = 0x5EED  # the global RNGs' state before a task's unseeded run, when unknown
 
 
 class TaskFeed(IterDataPipe):
@@ -200,6 +201,7 @@ class WorkerChain:
         self.epochs: dict[int, tuple[int, int | None]] = {}  # gen -> (epoch, stamp seed)
         self._lazy = True  # no task has drawn from the global RNGs yet
         self._rng_states: tuple[Any, Any, Any] | None = None  # as the last task left them
+        self._known_states: tuple[Any, Any, Any] | None = None  # seeded with _KNOWN_SEED
 
     def start_epoch(self, gen: int, epoch: int, stamp_seed: int | None) -> None:
         self.epochs = {gen: (epoch, stamp_seed)}
@@ -228,7 +230,9 @@ class WorkerChain:
             and len(entries) > 1
             and self.epochs[gen][1] is not None
         ):
-            before = self._rng_states or global_rng_states()
+            before = self._rng_states
+            if before is None:  # unknown (the batch part seeded them): seed, not read
+                before = self._seed_known_states()
             feed.reseed = False
             try:
                 outputs = self._run(gen, entries, label)
@@ -239,6 +243,18 @@ class WorkerChain:
                 return outputs
             self._lazy = False  # this pipeline draws from them: seed every item from now on
         return self._run(gen, entries, label)
+
+    def _seed_known_states(self) -> tuple[Any, Any, Any]:
+        """Seed the global RNGs with a fixed seed and return their states, read once.
+
+        For the unseeded first run of a task, which keeps its outputs only when no
+        item drew from them: what state they start in is then unseen, and seeding
+        (about 10 µs) costs a third of reading the states (a task, ~25 µs saved).
+        """
+        seed_item_rngs(_KNOWN_SEED)
+        if self._known_states is None:
+            self._known_states = global_rng_states()
+        return self._known_states
 
     def _run(self, gen: int, entries: list, label: str) -> list[Output] | Failure:
         _, stamp_seed = self.epochs[gen]
