@@ -590,6 +590,37 @@ def test_only_a_task_of_consecutive_positions_is_read_as_one_span(task, one_loop
     assert feed._run_head() is not None
 
 
+class NoDeepCopy(torch.utils.data.Dataset):
+    """A dataset whose deep copy is counted (in the process that makes it)."""
+
+    copies = 0
+
+    def __init__(self, n):
+        self.rows = list(range(n))
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        return self.rows[index] * 10
+
+    def __deepcopy__(self, memo):
+        type(self).copies += 1
+        clone = NoDeepCopy(0)
+        clone.rows = list(self.rows)
+        return clone
+
+
+@pytest.mark.parametrize("strategy", [*ECONOMIC_WAYS, "chunked"])
+def test_the_workers_part_refers_to_the_dataset_instead_of_deep_copying_it(strategy):
+    dataset = NoDeepCopy(12)
+    pipe = IterableWrapper(list(range(12))).sharding_filter().map(dataset.__getitem__).batch(4)
+    NoDeepCopy.copies = 0
+    service = MultiProcessingReadingService(2, timeout=30, **strategy_args(strategy))
+    assert run(pipe, service) == [[[0, 10, 20, 30], [40, 50, 60, 70], [80, 90, 100, 110]]]
+    assert NoDeepCopy.copies == 0  # the start-up cost grew with the dataset
+
+
 def test_map_style_sources_send_indices_not_items():
     pipe = pipelines.PidOnRead(list(range(6))).to_iter().batch(3)
     service = MultiProcessingReadingService(2, strategy="economic", timeout=30)
