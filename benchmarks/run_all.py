@@ -26,6 +26,7 @@ BENCHMARKS = [
     "bench_overhead",
     "bench_cheap_items",
     "bench_fused",
+    "bench_gil_baton",
     "bench_threads",
     "bench_workers",
     "bench_queues",

@@ -68,6 +68,7 @@ class ThreadQueue(DataLoaderQueue):
         self._gone: str | None = None
         self._puts = 0
         self._gets = 0
+        self._put_waits = 0
         self._item_signal = Signal()
         self._space_signal = Signal()
         ref = weakref.ref(self)
@@ -93,6 +94,7 @@ class ThreadQueue(DataLoaderQueue):
                     break
                 if not block:
                     raise NotAvailable(f"ThreadQueue is full (capacity {self._capacity})")
+                self._put_waits += 1
                 if not self._cond.wait(deadline.remaining()) and deadline.expired():
                     raise TimeoutError(
                         f"ThreadQueue.put() timed out after {timeout}s: the queue stayed full "
@@ -168,6 +170,11 @@ class ThreadQueue(DataLoaderQueue):
 
     def space_readiness(self) -> ReadinessSource:
         return self._space_signal
+
+    @property
+    def put_waits(self) -> int:
+        """How many times a ``put`` waited for space (the consumer was behind)."""
+        return self._put_waits
 
     def qsize(self) -> int:
         return len(self._items)

@@ -10,6 +10,7 @@ from ..strategies.classic.runner import ClassicRunner
 from ..strategies.classic.thread_pool import ThreadPool
 from ..strategies.in_process import InProcessRunner
 from ..strategies.runner import Runner
+from ..workers.baton import resolve_mode
 from .base import PlannedService
 
 __all__ = ["ThreadReadingService"]
@@ -32,6 +33,13 @@ class ThreadReadingService(PlannedService):
         num_threads: worker threads; 0 runs everything in the calling thread.
         prefetch_factor: outputs each worker may hold ahead of the consumer.
         in_order: merge by source position (True) or by arrival (False).
+        gil_baton: ``"auto"`` (the default), ``"on"`` or ``"off"``; None reads
+            the ``PIPELOOM_GIL_BATON`` environment variable (else ``"auto"``).
+            With the baton on, the worker threads take turns running Python,
+            one output each, instead of handing the GIL to each other every
+            few items; ``"auto"`` turns it on only while the threads are
+            measured GIL-bound and it pays (see ``docs/reading_services.md``).
+            It changes scheduling only, never the output.
 
     Example:
         >>> from pipeloom import DataLoader
@@ -42,13 +50,19 @@ class ThreadReadingService(PlannedService):
     """
 
     def __init__(
-        self, num_threads: int, *, prefetch_factor: int = 2, in_order: bool = True
+        self,
+        num_threads: int,
+        *,
+        prefetch_factor: int = 2,
+        in_order: bool = True,
+        gil_baton: str | None = None,
     ) -> None:
         check_int("num_threads", num_threads, minimum=0, hint="use 0 to load in the calling thread")
         check_int(
             "prefetch_factor", prefetch_factor, minimum=1, hint="it counts outputs per worker"
         )
         check_bool("in_order", in_order)
+        self.gil_baton = resolve_mode(gil_baton)
         self.num_threads = num_threads
         self.prefetch_factor = prefetch_factor
         self.in_order = in_order
@@ -65,7 +79,9 @@ class ThreadReadingService(PlannedService):
         plan = self.plan(pipeline)
         if self.num_threads == 0:
             return InProcessRunner(pipeline, plan)
-        pool = ThreadPool(plan, count=self.num_threads, prefetch=self.prefetch_factor)
+        pool = ThreadPool(
+            plan, count=self.num_threads, prefetch=self.prefetch_factor, gil_baton=self.gil_baton
+        )
         return ClassicRunner(
             pipeline,
             plan,
@@ -77,7 +93,8 @@ class ThreadReadingService(PlannedService):
         )
 
     def __repr__(self) -> str:
+        baton = "" if self.gil_baton == "auto" else f", gil_baton={self.gil_baton!r}"
         return (
             f"ThreadReadingService(num_threads={self.num_threads}, "
-            f"prefetch_factor={self.prefetch_factor})"
+            f"prefetch_factor={self.prefetch_factor}{baton})"
         )

@@ -8,12 +8,13 @@ closing a thread's queue makes its next ``put`` fail, which ends it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...datapipes import DataPipe, IterDataPipe
 from ...events import ReadinessSource
 from ...queues import ThreadQueue
+from .baton import GilBaton
 from .epoch import produce_epoch
 from .info import WorkerInfo, set_thread_worker_info
 from .rngs import worker_seed
@@ -39,6 +40,8 @@ class WorkerThread:
             already compute, the starter then waits for the GIL (up to the
             switch interval, 5 ms) once per thread, so a pool starts every
             thread first and opens the gate after.
+        baton: the pool's GIL baton for this epoch (None: the thread never
+            waits for one); see ``baton.py``.
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class WorkerThread:
         epoch: int,
         resume: tuple[DataPipe, Any] | None,
         gate: threading.Event | None = None,
+        baton: GilBaton | None = None,
     ) -> None:
         self.label = f"worker thread {index}"
         # Read by whichever thread reads the loader's iterator (one at a time, under its lock).
@@ -61,7 +65,7 @@ class WorkerThread:
         info = WorkerInfo(index, count, worker_seed(seed, epoch, index), pipe)
         self.thread = threading.Thread(
             target=_run,
-            args=(pipe, self.queue, info, epoch, self.label, resume, gate),
+            args=(pipe, self.queue, info, epoch, self.label, resume, gate, baton),
             name=f"pipeloom-worker-{index}",
             daemon=True,
         )
@@ -96,11 +100,26 @@ def _run(
     label: str,
     resume: tuple[DataPipe, Any] | None,
     gate: threading.Event | None,
+    baton: GilBaton | None,
 ) -> None:
     if gate is not None:
         gate.wait()
     set_thread_worker_info(info)
+    put: Callable[[Any], None] = queue.put
+    if baton is not None:
+        seat = baton.join()
+
+        def put(message: Any) -> None:
+            baton.give(seat)  # before a put that may wait: the next worker runs meanwhile
+            waits = queue.put_waits
+            queue.put(message)
+            baton.put_done(waited=queue.put_waits != waits)
+            baton.take(seat)
+
+        baton.take(seat)
     try:
-        produce_epoch(pipe, queue.put, epoch=epoch, worker_label=label, resume=resume)
+        produce_epoch(pipe, put, epoch=epoch, worker_label=label, resume=resume)
     finally:
+        if baton is not None:
+            baton.give(seat)  # also when the pipeline raised a BaseException while held
         set_thread_worker_info(None)

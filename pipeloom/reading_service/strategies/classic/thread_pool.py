@@ -10,6 +10,7 @@ from ....datapipes import IterDataPipe
 from ....datapipes.runtime import RestOfEpoch, block_seed, read_only_data
 from ....graph import Plan, copy
 from ...planning.sharding import find_in_copy, index_in_part, keep_shard
+from ...workers.baton import BatonMode, BatonPolicy, BatonStatistics, GilBaton
 from ...workers.thread import WorkerThread
 from .merge import WorkerChannel
 
@@ -20,10 +21,13 @@ class ThreadPool:
     """``count`` worker threads, started for each epoch and stopped at its end.
 
     Each thread has its own copy of the workers' part (made once), whose
-    sharding point keeps that worker's shard.
+    sharding point keeps that worker's shard. The threads of an epoch share
+    a GIL baton (``workers/baton.py``) whose policy lives as long as the pool.
     """
 
-    def __init__(self, plan: Plan, *, count: int, prefetch: int) -> None:
+    def __init__(
+        self, plan: Plan, *, count: int, prefetch: int, gil_baton: BatonMode = "auto"
+    ) -> None:
         workers = plan.part("workers")
         point = plan.sharding_point
         assert isinstance(workers.exit, IterDataPipe) and point is not None
@@ -43,9 +47,16 @@ class ThreadPool:
                 outer=plan.outer,
             )
         self._threads: list[WorkerThread] = []
+        self.baton_policy = BatonPolicy(gil_baton)
+        self._baton: GilBaton | None = None
+
+    def baton_statistics(self) -> BatonStatistics:
+        return self.baton_policy.statistics()
 
     def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None) -> Sequence[WorkerChannel]:
         gate = threading.Event()  # opened once all run: see WorkerThread
+        use_baton = self.baton_policy.mode != "off" and self.count > 1
+        self._baton = GilBaton(self.baton_policy) if use_baton else None
         self._threads = [
             WorkerThread(
                 pipe,
@@ -56,6 +67,7 @@ class ThreadPool:
                 epoch=epoch,
                 resume=None if resume is None else (self.points[index], resume),
                 gate=gate,
+                baton=self._baton,
             )
             for index, pipe in enumerate(self.copies)
         ]
@@ -74,6 +86,8 @@ class ThreadPool:
 
     def stop(self) -> None:
         threads, self._threads = self._threads, []
+        if self._baton is not None:
+            self._baton.close()  # no worker waits for a turn that will not come
         for thread in threads:
             thread.close()
         for thread in threads:
