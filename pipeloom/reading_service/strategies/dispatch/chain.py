@@ -161,6 +161,11 @@ class WorkerChain:
         set_pipeline_epoch(self.pipe, epoch)
         self.feed.epoch = epoch
 
+    def batch_size(self) -> int:
+        """The size of the batches this chain builds (0 when it builds none)."""
+        sizes = [b.batches_of() for b in self._blocks]
+        return next((size for size in sizes if size is not None), 0)
+
     def global_rngs_moved(self) -> None:
         """Something outside this chain seeded or drew from the global RNGs since its
         last task (e.g. the batch part run after it): the next task reads them afresh."""

@@ -12,6 +12,14 @@ epoch goes out as chunks to several item workers, which send back items; the
 dispatcher batches them itself (``batch_chain``, e.g. ``batch`` + ``collate``),
 so the first batch comes sooner. Every later batch is one task for one item
 worker, which builds and collates it.
+
+Chunked with relayed chunks (``relayed``; per-item blocks that drop or
+multiply items): each chunk's task names the worker of the chunk before it
+and the worker of the one after it (decided now: the least loaded then), and
+the workers build the batches the chunks complete (``relay.py``); each result
+is a chunk's whole batches ``(key, draws, batch, (position, skip))`` and a
+resume starts after the last batch delivered. When the source ends, an empty
+final chunk goes to the next worker, which builds the short last batch.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from ....errors import NotAvailable
 from ....events import ReadinessSource
 from ....graph import upstream
 from ...workers.failure import Failure
-from ...workers.messages import MAIN, BatchSize, InitFailed, Output, Task
+from ...workers.messages import MAIN, BatchSize, InitFailed, Output, RelayOrder, Task
 from ...workers.rngs import global_rng_states, set_global_rng_states
 from .chain import WorkerChain
 from .least_loaded import LeastLoaded
@@ -63,6 +71,7 @@ class _Unit:
     batch_worker: int
     size: int  # items it takes
     chunk: bool = False  # a chunk of the first batch, which the main process builds
+    final: bool = False  # relayed: the empty chunk that builds the short last batch
     positions: list[int] = field(default_factory=list)
     item_workers: list[tuple[int, int]] = field(default_factory=list)  # (worker, items)
 
@@ -83,6 +92,8 @@ class Dispatcher(IterDataPipe):
             this many items, whose items ``batch_chain`` (``batch`` and the
             per-item blocks after it, fed by a ``BatchFeed``) batches here.
         batch_chain: see ``first_unit_chunk``.
+        relayed: chunks whose workers build the batches they complete (see the
+            module docstring).
 
     An error of the source is raised after the outputs of every unit read
     before it, as in-process: the batches made before it all arrive first.
@@ -99,6 +110,7 @@ class Dispatcher(IterDataPipe):
         units_are_batches: bool,
         first_unit_chunk: int | None = None,
         batch_chain: IterDataPipe | None = None,
+        relayed: bool = False,
     ) -> None:
         if (first_unit_chunk is None) != (batch_chain is None):
             raise ValueError(
@@ -110,6 +122,7 @@ class Dispatcher(IterDataPipe):
         self.per_item_tasks = per_item_tasks
         self.units_are_batches = units_are_batches
         self.first_unit_chunk = first_unit_chunk
+        self.relayed = relayed
         self._batch_chain = None if batch_chain is None else WorkerChain(batch_chain)
         self._source: IterDataPipe | None = None
         self._pool: WorkerPool | None = None
@@ -159,6 +172,11 @@ class Dispatcher(IterDataPipe):
         self._split_closed = False
         self._split: list[Output] = []
         self._split_end = 0
+        # Relayed: the worker of the last chunk sent, the one chosen for the next chunk,
+        # and the outputs of the first chunk's first position delivered before a resume.
+        self._last_worker, self._last_unit = -1, -1
+        self._next_worker: int | None = None
+        self._relay_skip = 0
         if self._pool is not None:
             self._item_workers = LeastLoaded(self._pool.num_item_workers)
             self._batch_workers = LeastLoaded(max(1, self._pool.num_batch_workers))
@@ -172,6 +190,11 @@ class Dispatcher(IterDataPipe):
     # -- delivering ------------------------------------------------------------
     def async_next(self) -> Any:
         while True:
+            if self.relayed and self._outputs:  # whole batches, each with its resume point
+                key, draws, item, after = self._outputs.popleft()
+                self._resume_position, self._skip_at_resume = after
+                restore_stamp((self._stamp[0], self._stamp[1], key, draws))
+                return item
             if self._outputs:
                 key, draws, item = self._outputs.popleft()
                 position = key_position(key)
@@ -205,7 +228,8 @@ class Dispatcher(IterDataPipe):
         """Up to ``limit`` outputs at once (``batch`` takes runs): no call per output."""
         items: list[Any] = []
         while len(items) < limit:
-            if self._skip or not self._outputs:  # one by one; ends the run when none is ready
+            if self._skip or not self._outputs or self.relayed:  # one by one; ends the run
+                # when none is ready
                 try:
                     items.append(self.async_next())
                 except (NotAvailable, StopIteration):
@@ -264,6 +288,9 @@ class Dispatcher(IterDataPipe):
             self._item_workers.done(worker, amount)
         if head.batch_worker != MAIN:
             self._batch_workers.done(head.batch_worker)
+        if self.relayed:  # whole batches; a resume starts after the last one delivered
+            self._outputs.extend(result)
+            return
         end = max(head.positions) + 1
         if head.chunk:  # its items wait for the rest of the first batch
             self._split.extend(result)
@@ -343,6 +370,8 @@ class Dispatcher(IterDataPipe):
             except StopIteration:
                 self._source_done = True
                 self._close(unit)
+                if self.relayed:
+                    self._close(self._new_unit(final=True))
                 return
             except Exception as error:  # noqa: BLE001 - raised after the units before it
                 self._source_done, self._source_error = True, error
@@ -370,7 +399,7 @@ class Dispatcher(IterDataPipe):
         chunks = sum(unit.chunk for unit in self._units)
         return len(self._units) - chunks + (1 if chunks or self._split else 0)
 
-    def _new_unit(self) -> _Unit:
+    def _new_unit(self, *, final: bool = False) -> _Unit:
         assert self._pool is not None
         batch_worker = MAIN
         if self._pool.num_batch_workers:
@@ -380,7 +409,7 @@ class Dispatcher(IterDataPipe):
             assert self.first_unit_chunk is not None
             size, chunk = min(self.first_unit_chunk, self._split_left), True
             self._split_left -= size
-        unit = _Unit(self._next_id, batch_worker, size, chunk)
+        unit = _Unit(self._next_id, batch_worker, size, chunk, final)
         self._next_id += 1
         self._units.append(unit)
         return unit
@@ -423,7 +452,7 @@ class Dispatcher(IterDataPipe):
         self._open = None
         if unit.chunk and (not self._split_left or self._source_done):
             self._split_closed = True  # the first batch's last chunk
-        if not unit.positions:  # the source ended at a unit boundary
+        if not unit.positions and not unit.final:  # the source ended at a unit boundary
             self._units.remove(unit)
             if unit.batch_worker != MAIN:
                 self._batch_workers.done(unit.batch_worker)
@@ -434,10 +463,30 @@ class Dispatcher(IterDataPipe):
                 unit.batch_worker, BatchSize(self._gen, unit.id, len(unit.positions))
             )
             return
+        if self.relayed:
+            self._send_relayed(unit)
+            return
         worker = self._item_workers.assign(unit.id, len(unit.positions))
         unit.item_workers.append((worker, len(unit.positions)))
         chunk, self._pending_chunk = self._pending_chunk, []
         self._pool.send_task(worker, Task(self._gen, unit.id, MAIN, chunk, not unit.chunk))
+
+    def _send_relayed(self, unit: _Unit) -> None:
+        """Send a chunk to the worker chosen for it, naming the next chunk's worker."""
+        assert self._pool is not None
+        amount = max(1, len(unit.positions))
+        if self._next_worker is None:
+            worker = self._item_workers.assign(unit.id, amount)
+        else:
+            worker = self._next_worker
+            self._item_workers.loads[worker] += amount
+        unit.item_workers.append((worker, amount))
+        self._next_worker = self._item_workers.assign(unit.id + 1, 0)  # least loaded now
+        skip = self._relay_skip if self._last_worker < 0 else 0
+        order = RelayOrder(self._last_worker, self._last_unit, self._next_worker, skip, unit.final)
+        self._last_worker, self._last_unit = worker, unit.id
+        chunk, self._pending_chunk = self._pending_chunk, []
+        self._pool.send_task(worker, Task(self._gen, unit.id, MAIN, chunk, True, order))
 
     def _abandon(self, unit: _Unit) -> None:
         """Drop the open ``unit``: a batch the source failed to finish (its items
@@ -459,6 +508,9 @@ class Dispatcher(IterDataPipe):
     def resume(self, position: int, skip: int) -> None:
         """Start where :attr:`resume_from` said (after ``reset``, before reading)."""
         self._resume_position, self._skip_at_resume = position, skip
+        if self.relayed:  # the first chunk's worker drops them
+            self._relay_skip = skip
+            return
         self._skip, self._skip_position = skip, position
 
     def state_dict(self) -> dict[str, Any]:

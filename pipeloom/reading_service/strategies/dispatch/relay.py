@@ -1,0 +1,198 @@
+"""Chunked's whole batches when the per-item blocks may drop or multiply items.
+
+A tar reader, ``webdataset()``, a ``filter`` or a ``flatmap`` between the
+sharding point and ``batch``: nobody knows in advance where a batch starts.
+The main process hands out chunks in order, each to the least loaded item
+worker, and tells each chunk's worker where the previous chunk went and where
+the next one will go (:class:`~...workers.messages.RelayOrder`). The worker:
+
+* runs the per-item blocks on its chunk (at the same time as the others);
+* waits for the :class:`~...workers.messages.Relay` of the previous chunk from
+  that chunk's worker: the outputs of earlier chunks that do not fill a batch
+  yet (none for the epoch's first chunk);
+* the relayed outputs followed by its own are, in order, the next outputs of
+  the epoch: cut into batches of ``batch_size`` -- the in-process batches, the
+  rule classic's workers follow (``classic/assemble.py``) -- it sends what is
+  left on to the next chunk's worker at once, then builds and collates the
+  batches and sends them to the main process, each with its resume point
+  ``(position, outputs of it delivered)``.
+
+The main process only reads whole batches, chunk after chunk. After the last
+chunk it sends an empty *final* chunk, whose worker builds the short last
+batch (if ``drop_last`` keeps it). A chunk that fails sends a ``stop`` relay,
+and so does every later chunk of that epoch, so no worker waits for items
+that will not come.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from ....datapipes.runtime import key_position
+from ....errors import NotAvailable
+from ....events import Waiter
+from ....queues import ProcessQueue
+from ...workers.failure import Failure
+from ...workers.messages import EpochStart, Relay, Stop, Task
+from .chain import WorkerChain
+from .packing import pack, unpack
+
+__all__ = ["RelayEnds", "WorkerStopped", "run_relayed"]
+
+
+class WorkerStopped(Exception):
+    """The main process asked the worker to exit while it waited for a relay."""
+
+
+class _EpochOver(Exception):
+    """A new epoch started while the worker waited for a relay of the old one."""
+
+
+class RelayEnds:
+    """An item worker's links to every item worker (itself included), both ways.
+
+    ``inbox[v]`` brings relays from worker ``v``; ``outbox[w]`` takes them to
+    worker ``w``. While it waits for a relay the worker watches its task queue
+    too: tasks that arrive are kept for later (``pending``), a ``Stop`` ends it.
+    """
+
+    def __init__(
+        self,
+        inbox: list[ProcessQueue],
+        outbox: list[ProcessQueue],
+        tasks: ProcessQueue,
+        waiter: Waiter,
+    ) -> None:
+        self.inbox = inbox
+        self.outbox = outbox
+        self.tasks = tasks
+        self.pending: deque[Any] = deque()
+        self.broken: set[int] = set()  # generations a chunk of which failed
+        self._held: list[deque[Relay]] = [deque() for _ in inbox]  # read, for a later epoch
+        self._waiter = waiter  # the one that watches ``tasks`` (a queue wakes one waiter)
+        for link in inbox:
+            link.readiness().attach(waiter)
+
+    def send(self, worker: int, relay: Relay) -> None:
+        self.outbox[worker].put(relay._replace(items=pack(relay.items, into=self.outbox[worker])))
+
+    def send_stop(self, worker: int, gen: int, unit: int) -> None:
+        self.broken.add(gen)
+        self.outbox[worker].put(Relay(gen, unit, [], [], stop=True))
+
+    def receive(self, worker: int, gen: int, unit: int) -> Relay:
+        """The relay of chunk ``unit`` of epoch ``gen`` from ``worker`` (older ones dropped)."""
+        link, held = self.inbox[worker], self._held[worker]
+        while True:
+            if held:
+                relay = held.popleft()
+            else:
+                seen = self._waiter.generation
+                try:
+                    relay = link.get(block=False)
+                except NotAvailable:
+                    self._watch_tasks(gen)
+                    self._waiter.wait(seen)
+                    continue
+            if relay.gen == gen and relay.unit == unit:
+                return relay._replace(items=unpack(relay.items))
+
+    def _watch_tasks(self, gen: int) -> None:
+        """Keep the tasks that arrive; raise when the epoch ``gen`` is over."""
+        while True:
+            try:
+                message = self.tasks.get(block=False)
+            except NotAvailable:
+                break
+            if isinstance(message, Stop):
+                raise WorkerStopped
+            self.pending.append(message)
+        if any(isinstance(m, EpochStart) and m.gen != gen for m in self.pending):
+            raise _EpochOver  # its chunks before this one were dropped: no relay comes
+
+    def drop_stale(self, gen: int) -> None:
+        """Drop relays of epochs before ``gen`` (an abandoned or failed epoch's last
+        chunk's), so none waits in a link; a later epoch's is kept for its chunk."""
+        self.broken = {g for g in self.broken if g >= gen}
+        for link, held in zip(self.inbox, self._held):
+            kept = [relay for relay in held if relay.gen >= gen]
+            while True:
+                try:
+                    relay = link.get(block=False)
+                except NotAvailable:
+                    break
+                if relay.gen >= gen:
+                    kept.append(relay)
+            held.clear()
+            held.extend(kept)
+
+    def reclaim(self) -> None:
+        for link in self.outbox:
+            link.reclaim()
+
+
+def run_relayed(
+    task: Task,
+    chain: WorkerChain,
+    batch_chain: WorkerChain,
+    batch_size: int,
+    ends: RelayEnds,
+    label: str,
+) -> list[Any] | Failure | None:
+    """The whole batches chunk ``task`` completes: ``(key, draws, batch, after)`` each,
+    its failure, or None when an earlier chunk failed (nothing to send)."""
+    order = task.relay
+    assert order is not None
+    gen, unit = task.gen, task.unit
+    if gen in ends.broken:
+        if not order.final:
+            ends.send_stop(order.succ, gen, unit)
+        return None
+    outputs: list[Any] | Failure = []
+    if task.entries:
+        outputs = chain.run(gen, task.entries, label)
+    if isinstance(outputs, Failure):
+        if not order.final:
+            ends.send_stop(order.succ, gen, unit)
+        return outputs
+    if order.pred < 0:
+        relay = Relay(gen, -1, [], [])
+    else:
+        try:
+            relay = ends.receive(order.pred, gen, order.pred_unit)
+        except _EpochOver:
+            return None
+    if relay.stop:
+        if not order.final:
+            ends.send_stop(order.succ, gen, unit)
+        return None
+    items: list[Any] = list(relay.items)
+    after: list[tuple[int, int]] = list(relay.after)
+    skip = order.skip
+    last, count = -1, 0
+    for output in outputs:
+        position = key_position(output[0])
+        assert position is not None
+        if position != last:
+            last, count = position, 0
+        count += 1
+        if skip:  # delivered before the resume
+            skip -= 1
+            continue
+        items.append(output)
+        after.append((position, count))
+    full = len(items) - len(items) % batch_size
+    if not order.final:  # the next chunk's worker need not wait for these batches
+        ends.send(order.succ, Relay(gen, unit, items[full:], after[full:]))
+    else:
+        full = len(items)
+    batches: list[Any] = []
+    for start in range(0, full, batch_size):
+        built = batch_chain.run(gen, items[start : start + batch_size], label)
+        if isinstance(built, Failure):
+            return built
+        point = after[min(start + batch_size, full) - 1]
+        batches += [(key, draws, batch, point) for key, draws, batch in built]
+    chain.global_rngs_moved()  # the batch part seeds them per batch
+    return batches
