@@ -154,6 +154,9 @@ class WorkerChain:
         self.epochs: dict[int, tuple[int, int | None]] = {}  # gen -> (epoch, stamp seed)
         self._lazy = True  # no task has drawn from the global RNGs yet
         self._rng_states: tuple[Any, Any, Any] | None = None  # as the last task left them
+        #: The outputs the last :meth:`run` made before it failed (the batches they fill
+        #: come before the error, as in-process).
+        self.partial: list[Output] = []
 
     def start_epoch(self, gen: int, epoch: int, stamp_seed: int | None) -> None:
         self.epochs = {gen: (epoch, stamp_seed)}
@@ -201,10 +204,11 @@ class WorkerChain:
 
     def _run(self, gen: int, entries: list, label: str) -> list[Output] | Failure:
         _, stamp_seed = self.epochs[gen]
+        outputs: list[Output] = []
+        self.partial = outputs
         try:
             restart_blocks(self._blocks)
             self.feed.load(entries, stamp_seed)
-            outputs: list[Output] = []
             if self._recorder is not None:
                 return self._run_fused(outputs, len(entries))
             reader = self._reader

@@ -191,6 +191,8 @@ class Dispatcher(IterDataPipe):
     def async_next(self) -> Any:
         while True:
             if self.relayed and self._outputs:  # whole batches, each with its resume point
+                if isinstance(self._outputs[0], Failure):  # after the batches before it
+                    self._outputs.popleft().raise_here()
                 key, draws, item, after = self._outputs.popleft()
                 self._resume_position, self._skip_at_resume = after
                 restore_stamp((self._stamp[0], self._stamp[1], key, draws))
@@ -290,7 +292,7 @@ class Dispatcher(IterDataPipe):
             self._batch_workers.done(head.batch_worker)
         if self.relayed:  # whole batches; a resume starts after the last one delivered
             self._outputs.extend(result)
-            return
+            return  # a failure among them raises when it is reached
         end = max(head.positions) + 1
         if head.chunk:  # its items wait for the rest of the first batch
             self._split.extend(result)

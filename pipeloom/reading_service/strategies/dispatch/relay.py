@@ -140,8 +140,9 @@ def run_relayed(
     ends: RelayEnds,
     label: str,
 ) -> list[Any] | Failure | None:
-    """The whole batches chunk ``task`` completes: ``(key, draws, batch, after)`` each,
-    its failure, or None when an earlier chunk failed (nothing to send)."""
+    """The whole batches chunk ``task`` completes, ``(key, draws, batch, after)`` each,
+    then the failure that stopped it if one did (the batches made before an error
+    come first, as in-process); None when an earlier chunk failed (nothing to send)."""
     order = task.relay
     assert order is not None
     gen, unit = task.gen, task.unit
@@ -152,10 +153,13 @@ def run_relayed(
     outputs: list[Any] | Failure = []
     if task.entries:
         outputs = chain.run(gen, task.entries, label)
-    if isinstance(outputs, Failure):
+    failure = outputs if isinstance(outputs, Failure) else None
+    if failure is not None:  # the batches its outputs before the error fill come first
+        outputs = chain.partial
+        chain.partial = []
         if not order.final:
             ends.send_stop(order.succ, gen, unit)
-        return outputs
+    assert not isinstance(outputs, Failure)
     if order.pred < 0:
         relay = Relay(gen, -1, [], [])
     else:
@@ -164,7 +168,7 @@ def run_relayed(
         except _EpochOver:
             return None
     if relay.stop:
-        if not order.final:
+        if failure is None and not order.final:
             ends.send_stop(order.succ, gen, unit)
         return None
     items: list[Any] = list(relay.items)
@@ -183,16 +187,16 @@ def run_relayed(
         items.append(output)
         after.append((position, count))
     full = len(items) - len(items) % batch_size
-    if not order.final:  # the next chunk's worker need not wait for these batches
-        ends.send(order.succ, Relay(gen, unit, items[full:], after[full:]))
-    else:
+    if order.final:
         full = len(items)
+    elif failure is None:  # the next chunk's worker need not wait for these batches
+        ends.send(order.succ, Relay(gen, unit, items[full:], after[full:]))
     batches: list[Any] = []
     for start in range(0, full, batch_size):
         built = batch_chain.run(gen, items[start : start + batch_size], label)
         if isinstance(built, Failure):
-            return built
+            return [*batches, built]
         point = after[min(start + batch_size, full) - 1]
         batches += [(key, draws, batch, point) for key, draws, batch in built]
     chain.global_rngs_moved()  # the batch part seeds them per batch
-    return batches
+    return batches if failure is None else [*batches, failure]
