@@ -97,9 +97,7 @@ def tar_pipeline(root, batch=4):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers", [1, 3])
-def test_chunked_builds_and_collates_a_tar_pipelines_batches_in_its_item_workers(
-    shards, workers
-):
+def test_chunked_builds_and_collates_a_tar_pipelines_batches_in_its_item_workers(shards, workers):
     pipe = tar_pipeline(shards)
     with DataLoader(pipe, chunked(workers), seed=2) as loader:
         plan = loader.placement()

@@ -152,6 +152,7 @@ class Dispatcher(IterDataPipe):
         self._assigned: dict[int, list[tuple[int, Any]]] = {}  # worker -> open unit's items
         self._results: dict[int, Any] = {}
         self._outputs: deque[tuple[int, int, Any]] = deque()
+        self._batches: deque[Any] = deque()  # relayed: (key, draws, batch, after) or a Failure
         self._next_id = 0
         self._source_done = False
         self._count = 0  # items read from the source (the position when it stamps none)
@@ -190,10 +191,11 @@ class Dispatcher(IterDataPipe):
     # -- delivering ------------------------------------------------------------
     def async_next(self) -> Any:
         while True:
-            if self.relayed and self._outputs:  # whole batches, each with its resume point
-                if isinstance(self._outputs[0], Failure):  # after the batches before it
-                    self._outputs.popleft().raise_here()
-                key, draws, item, after = self._outputs.popleft()
+            if self._batches:  # relayed: whole batches, each with its resume point
+                batch = self._batches.popleft()
+                if isinstance(batch, Failure):  # after the batches made before it
+                    batch.raise_here()
+                key, draws, item, after = batch
                 self._resume_position, self._skip_at_resume = after
                 restore_stamp((self._stamp[0], self._stamp[1], key, draws))
                 return item
@@ -230,8 +232,7 @@ class Dispatcher(IterDataPipe):
         """Up to ``limit`` outputs at once (``batch`` takes runs): no call per output."""
         items: list[Any] = []
         while len(items) < limit:
-            if self._skip or not self._outputs or self.relayed:  # one by one; ends the run
-                # when none is ready
+            if self._skip or not self._outputs:  # one by one; ends the run when none is ready
                 try:
                     items.append(self.async_next())
                 except (NotAvailable, StopIteration):
@@ -291,7 +292,7 @@ class Dispatcher(IterDataPipe):
         if head.batch_worker != MAIN:
             self._batch_workers.done(head.batch_worker)
         if self.relayed:  # whole batches; a resume starts after the last one delivered
-            self._outputs.extend(result)
+            self._batches.extend(result)
             return  # a failure among them raises when it is reached
         end = max(head.positions) + 1
         if head.chunk:  # its items wait for the rest of the first batch

@@ -180,4 +180,3 @@ def _send(to_main: ProcessQueue, result: TaskResult, label: str, block: str) -> 
             raise
         failure = unsendable_failure(error, label, block, [o[:3] for o in outputs])
         to_main.put(result._replace(outputs=failure))
-
