@@ -376,8 +376,9 @@ def _check_one_to_one(item_blocks: tuple[DataPipe, ...]) -> None:
                 f"made, so every block between the sharding point and .batch() must yield "
                 f"exactly one output per input, but {block!r} may not. Use "
                 f"strategy='chunked' or 'classic', which run such blocks (tar readers, "
-                f"webdataset, flatmap, filter) in their workers; or move a filter before the "
-                f"sharding point, where the main process runs it"
+                f"webdataset, flatmap, filter) in their workers and build whole batches "
+                f"there; or move a filter before the sharding point, where the main process "
+                f"runs it"
             )
 
 

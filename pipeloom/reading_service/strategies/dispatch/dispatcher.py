@@ -13,21 +13,16 @@ dispatcher batches them itself (``batch_chain``, e.g. ``batch`` + ``collate``),
 so the first batch comes sooner. Every later batch is one task for one item
 worker, which builds and collates it.
 
-Chunked with relayed chunks (``relayed``; per-item blocks that drop or
-multiply items): each chunk's task names the worker of the chunk before it
-and the worker of the one after it (decided now: the least loaded then), and
-the workers build the batches the chunks complete (``relay.py``); each result
-is a chunk's whole batches ``(key, draws, batch, (position, skip))`` and a
-resume starts after the last batch delivered. When the source ends, an empty
-final chunk goes to the next worker, which builds the short last batch.
+Chunked with relayed chunks (``relayed``): item workers build the batches
+their chunks complete (``relay.py``); the results are whole batches, each
+with the point a resume after it starts from.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ....datapipes import IterDataPipe, StateFields
 from ....datapipes.runtime import RunReader, current_stamp, key_position, restore_stamp
@@ -35,45 +30,15 @@ from ....errors import NotAvailable
 from ....events import ReadinessSource
 from ....graph import upstream
 from ...workers.failure import Failure
-from ...workers.messages import MAIN, BatchSize, InitFailed, Output, RelayOrder, Task
+from ...workers.messages import MAIN, BatchSize, InitFailed, Output, Task
 from ...workers.rngs import global_rng_states, set_global_rng_states
 from .chain import WorkerChain
 from .least_loaded import LeastLoaded
 from .packing import unpack
+from .relay import RelayOrders
+from .units import Unit, WorkerPool
 
 __all__ = ["Dispatcher", "WorkerPool"]
-
-
-class WorkerPool(Protocol):
-    """What the dispatcher needs from the processes (see ``pool.py``)."""
-
-    num_item_workers: int
-    num_batch_workers: int
-
-    def send_task(self, worker: int, message: Task) -> None: ...
-
-    def send_control(self, worker: int, message: BatchSize) -> None: ...
-
-    def receive(self) -> list[Any]:
-        """Every message the workers sent to the main process so far (non-blocking)."""
-
-    def check_alive(self) -> None:
-        """Raise ``WorkerError`` if a worker died."""
-
-    def readiness(self) -> Sequence[ReadinessSource]: ...
-
-
-@dataclass
-class _Unit:
-    """A batch (economic) or a chunk (chunked) on its way through the workers."""
-
-    id: int
-    batch_worker: int
-    size: int  # items it takes
-    chunk: bool = False  # a chunk of the first batch, which the main process builds
-    final: bool = False  # relayed: the empty chunk that builds the short last batch
-    positions: list[int] = field(default_factory=list)
-    item_workers: list[tuple[int, int]] = field(default_factory=list)  # (worker, items)
 
 
 class Dispatcher(IterDataPipe):
@@ -146,8 +111,8 @@ class Dispatcher(IterDataPipe):
         self._batch_workers = LeastLoaded(max(1, pool.num_batch_workers))
 
     def reset(self) -> None:
-        self._units: deque[_Unit] = deque()
-        self._open: _Unit | None = None
+        self._units: deque[Unit] = deque()
+        self._open: Unit | None = None
         self._pending_chunk: list[tuple[int, Any]] = []
         self._assigned: dict[int, list[tuple[int, Any]]] = {}  # worker -> open unit's items
         self._results: dict[int, Any] = {}
@@ -173,11 +138,7 @@ class Dispatcher(IterDataPipe):
         self._split_closed = False
         self._split: list[Output] = []
         self._split_end = 0
-        # Relayed: the worker of the last chunk sent, the one chosen for the next chunk,
-        # and the outputs of the first chunk's first position delivered before a resume.
-        self._last_worker, self._last_unit = -1, -1
-        self._next_worker: int | None = None
-        self._relay_skip = 0
+        self._relays = RelayOrders()
         if self._pool is not None:
             self._item_workers = LeastLoaded(self._pool.num_item_workers)
             self._batch_workers = LeastLoaded(max(1, self._pool.num_batch_workers))
@@ -402,7 +363,7 @@ class Dispatcher(IterDataPipe):
         chunks = sum(unit.chunk for unit in self._units)
         return len(self._units) - chunks + (1 if chunks or self._split else 0)
 
-    def _new_unit(self, *, final: bool = False) -> _Unit:
+    def _new_unit(self, *, final: bool = False) -> Unit:
         assert self._pool is not None
         batch_worker = MAIN
         if self._pool.num_batch_workers:
@@ -412,12 +373,12 @@ class Dispatcher(IterDataPipe):
             assert self.first_unit_chunk is not None
             size, chunk = min(self.first_unit_chunk, self._split_left), True
             self._split_left -= size
-        unit = _Unit(self._next_id, batch_worker, size, chunk, final)
+        unit = Unit(self._next_id, batch_worker, size, chunk, final)
         self._next_id += 1
         self._units.append(unit)
         return unit
 
-    def _add(self, unit: _Unit, key: Any, value: Any) -> None:
+    def _add(self, unit: Unit, key: Any, value: Any) -> None:
         assert self._pool is not None
         position = key_position(key)
         assert position is not None  # _read_source numbers unstamped items
@@ -429,7 +390,7 @@ class Dispatcher(IterDataPipe):
         unit.item_workers.append((worker, 1))
         self._assigned.setdefault(worker, []).append((key, value))
 
-    def _add_run(self, unit: _Unit, positions: range, values: list[Any]) -> None:
+    def _add_run(self, unit: Unit, positions: range, values: list[Any]) -> None:
         """``_add`` for a run of items: economic gives each least loaded worker a slice."""
         unit.positions.extend(positions)
         entries = list(zip(positions, values))
@@ -443,14 +404,14 @@ class Dispatcher(IterDataPipe):
             unit.item_workers.append((worker, len(part)))
             self._assigned.setdefault(worker, []).extend(part)
 
-    def _flush(self, unit: _Unit) -> None:
+    def _flush(self, unit: Unit) -> None:
         """Send each item worker the items of ``unit`` assigned to it, as one task."""
         assert self._pool is not None
         for worker, entries in self._assigned.items():
             self._pool.send_task(worker, Task(self._gen, unit.id, unit.batch_worker, entries))
         self._assigned = {}
 
-    def _close(self, unit: _Unit) -> None:
+    def _close(self, unit: Unit) -> None:
         assert self._pool is not None
         self._open = None
         if unit.chunk and (not self._split_left or self._source_done):
@@ -474,24 +435,16 @@ class Dispatcher(IterDataPipe):
         chunk, self._pending_chunk = self._pending_chunk, []
         self._pool.send_task(worker, Task(self._gen, unit.id, MAIN, chunk, not unit.chunk))
 
-    def _send_relayed(self, unit: _Unit) -> None:
+    def _send_relayed(self, unit: Unit) -> None:
         """Send a chunk to the worker chosen for it, naming the next chunk's worker."""
         assert self._pool is not None
         amount = max(1, len(unit.positions))
-        if self._next_worker is None:
-            worker = self._item_workers.assign(unit.id, amount)
-        else:
-            worker = self._next_worker
-            self._item_workers.loads[worker] += amount
+        worker, order = self._relays.order(self._item_workers, unit.id, amount, unit.final)
         unit.item_workers.append((worker, amount))
-        self._next_worker = self._item_workers.assign(unit.id + 1, 0)  # least loaded now
-        skip = self._relay_skip if self._last_worker < 0 else 0
-        order = RelayOrder(self._last_worker, self._last_unit, self._next_worker, skip, unit.final)
-        self._last_worker, self._last_unit = worker, unit.id
         chunk, self._pending_chunk = self._pending_chunk, []
         self._pool.send_task(worker, Task(self._gen, unit.id, MAIN, chunk, True, order))
 
-    def _abandon(self, unit: _Unit) -> None:
+    def _abandon(self, unit: Unit) -> None:
         """Drop the open ``unit``: a batch the source failed to finish (its items
         already sent are dropped by the workers when the next epoch starts)."""
         self._open = None
@@ -512,7 +465,7 @@ class Dispatcher(IterDataPipe):
         """Start where :attr:`resume_from` said (after ``reset``, before reading)."""
         self._resume_position, self._skip_at_resume = position, skip
         if self.relayed:  # the first chunk's worker drops them
-            self._relay_skip = skip
+            self._relays.skip = skip
             return
         self._skip, self._skip_position = skip, position
 

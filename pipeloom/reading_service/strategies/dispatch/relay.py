@@ -34,11 +34,42 @@ from ....errors import NotAvailable
 from ....events import Waiter
 from ....queues import ProcessQueue
 from ...workers.failure import Failure
-from ...workers.messages import EpochStart, Relay, Stop, Task
+from ...workers.messages import EpochStart, Relay, RelayOrder, Stop, Task
 from .chain import WorkerChain
+from .least_loaded import LeastLoaded
 from .packing import pack, unpack
 
-__all__ = ["RelayEnds", "WorkerStopped", "run_relayed"]
+__all__ = ["RelayEnds", "RelayOrders", "WorkerStopped", "run_relayed"]
+
+
+class RelayOrders:
+    """The main process's side: who relays to whom, chunk after chunk, in one epoch.
+
+    Each chunk goes to the worker chosen for it when the chunk before it went
+    out (the first: the least loaded), and names the next chunk's worker (the
+    least loaded now). ``skip``: outputs of the first chunk's first position
+    delivered before a resume.
+    """
+
+    def __init__(self) -> None:
+        self.last_worker, self.last_unit = -1, -1
+        self.next_worker: int | None = None
+        self.skip = 0
+
+    def order(
+        self, loads: LeastLoaded, unit: int, amount: int, final: bool
+    ) -> tuple[int, RelayOrder]:
+        """The worker of chunk ``unit`` (given ``amount`` of work) and its order."""
+        if self.next_worker is None:
+            worker = loads.assign(unit, amount)
+        else:
+            worker = self.next_worker
+            loads.loads[worker] += amount
+        self.next_worker = loads.assign(unit + 1, 0)  # the least loaded now
+        skip = self.skip if self.last_worker < 0 else 0
+        order = RelayOrder(self.last_worker, self.last_unit, self.next_worker, skip, final)
+        self.last_worker, self.last_unit = worker, unit
+        return worker, order
 
 
 class WorkerStopped(Exception):
