@@ -165,3 +165,32 @@ def test_relayed_chunks_resume_mid_epoch_under_another_worker_count(stop):
 
     resume_case(lambda: expanding(sizes, 4, keep=odd_second), service, stop, compare=plain)
     resume_case(lambda: expanding(sizes, 3), service, stop, compare=plain)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("abandon_after", [0, 1, 3])
+def test_persistent_workers_drop_an_abandoned_epochs_relays(abandon_after):
+    sizes = [4, 0, 6, 3, 5, 1, 2, 7]
+    expected = run(expanding(sizes, 3, keep=odd_second), None, epochs=3)
+    service = MultiProcessingReadingService(
+        3, persistent_workers=True, strategy="chunked", timeout=30
+    )
+    with DataLoader(expanding(sizes, 3, keep=odd_second), service, seed=5) as loader:
+        got = []
+        for epoch in range(3):
+            iterator = iter(loader)
+            for _ in range(abandon_after):  # abandon with chunks and relays in flight
+                next(iterator)
+            loader.set_epoch(epoch)
+            got.append(plain(list(loader)))
+    assert got == expected
+
+
+@pytest.mark.timeout(120)
+def test_relayed_chunks_under_spawn_and_a_shutdown_mid_epoch():
+    sizes = [5, 2, 6, 0, 3]
+    service = MultiProcessingReadingService(2, strategy="chunked", start_method="spawn", timeout=60)
+    with DataLoader(expanding(sizes, 2), service, seed=5) as loader:
+        assert plain(list(loader)) == run(expanding(sizes, 2), None, epochs=1)[0]
+        iterator = iter(loader)
+        next(iterator)  # the loader shuts down with workers waiting for relays

@@ -113,7 +113,8 @@ class RelayEnds:
         self.outbox[worker].put(Relay(gen, unit, [], [], stop=True))
 
     def receive(self, worker: int, gen: int, unit: int) -> Relay:
-        """The relay of chunk ``unit`` of epoch ``gen`` from ``worker`` (older ones dropped)."""
+        """The relay of chunk ``unit`` of epoch ``gen`` from ``worker`` (older ones dropped;
+        raises ``_EpochOver`` once that worker or this one moved on to a later epoch)."""
         link, held = self.inbox[worker], self._held[worker]
         while True:
             if held:
@@ -128,6 +129,9 @@ class RelayEnds:
                     continue
             if relay.gen == gen and relay.unit == unit:
                 return relay._replace(items=unpack(relay.items))
+            if relay.gen > gen:  # that worker moved on to a later epoch: none will come
+                held.appendleft(relay)
+                raise _EpochOver
 
     def _watch_tasks(self, gen: int) -> None:
         """Keep the tasks that arrive; raise when the epoch ``gen`` is over."""
