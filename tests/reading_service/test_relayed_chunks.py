@@ -194,3 +194,33 @@ def test_relayed_chunks_under_spawn_and_a_shutdown_mid_epoch():
         assert plain(list(loader)) == run(expanding(sizes, 2), None, epochs=1)[0]
         iterator = iter(loader)
         next(iterator)  # the loader shuts down with workers waiting for relays
+
+
+def gated(fifo, sizes, index):
+    """Input ``index``'s outputs; input 0 waits at its 4th until the test says go."""
+    for j in range(sizes[index]):
+        if index == 0 and j == 3:
+            with open(fifo, "rb") as gate:  # blocks until the test opens it to write
+                gate.read(1)
+        yield (index, j)
+
+
+@pytest.mark.timeout(60)
+def test_the_epochs_first_chunk_sends_each_batch_as_soon_as_it_is_full(tmp_path):
+    fifo = str(tmp_path / "gate")
+    os.mkfifo(fifo)
+    sizes = [7, 2]
+    pipe = IterableWrapper(range(2)).sharding_filter()
+    pipe = pipe.flatmap(functools.partial(gated, fifo, sizes)).batch(3)
+    service = MultiProcessingReadingService(2, strategy="chunked", timeout=20)
+    with DataLoader(pipe, service, seed=0) as loader:
+        iterator = iter(loader)
+        first = next(iterator)  # while its chunk's worker waits at the 4th output
+        with open(fifo, "wb") as gate:
+            gate.write(b"x")
+        rest = list(iterator)
+    assert [first, *rest] == [
+        [(0, 0), (0, 1), (0, 2)],
+        [(0, 3), (0, 4), (0, 5)],
+        [(0, 6), (1, 0), (1, 1)],
+    ]

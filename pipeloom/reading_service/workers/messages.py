@@ -159,12 +159,17 @@ class Relay(NamedTuple):
 
 
 class TaskResult(NamedTuple):
-    """Item worker -> ``dest``: the outputs of a task of ``task_size`` items, or its failure."""
+    """Item worker -> ``dest``: the outputs of a task of ``task_size`` items, or its failure.
+
+    ``partial``: some of them, sent before the rest (the batches of the epoch's first
+    relayed chunk, each as soon as it is full); a result without it follows.
+    """
 
     gen: int
     unit: int
     outputs: list[Output] | Failure
     task_size: int
+    partial: bool = False
 
 
 class BatchSize(NamedTuple):

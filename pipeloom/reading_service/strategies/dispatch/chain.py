@@ -9,6 +9,7 @@ its outputs with their item stamps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ....datapipes import (
@@ -223,6 +224,32 @@ class WorkerChain:
             return capture_failure(error, label)
         finally:
             self.feed.load([], stamp_seed)  # hold no item past its task
+
+    def run_each(
+        self, gen: int, entries: list, label: str, each: Callable[[Output], bool]
+    ) -> Failure | None:
+        """Call ``each`` on every output of the chain for ``entries`` as it is made (the
+        global RNGs seeded per item); stop early when it returns False. The failure the
+        chain raised, if any."""
+        _, stamp_seed = self.epochs[gen]
+        self._rng_states = None  # seeded per item here: the next task reads them afresh
+        try:
+            restart_blocks(self._blocks)
+            self.feed.load(entries, stamp_seed)
+            reader = self._reader
+            while True:
+                try:
+                    item = reader.next()
+                except StopIteration:
+                    return None
+                stamp = current_stamp()
+                if not each((stamp[2], stamp[3], item)):
+                    return None
+                restore_stamp(stamp)  # ``each`` may have stamped other items
+        except Exception as error:  # noqa: BLE001 - surfaced in the main process, in order
+            return capture_failure(error, label)
+        finally:
+            self.feed.load([], stamp_seed)
 
     def _run_fused(self, outputs: list[Output], count: int) -> list[Output]:
         """The task's outputs, the per-item blocks run as one loop (``RunReader``).

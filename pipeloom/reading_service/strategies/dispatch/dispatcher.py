@@ -116,6 +116,7 @@ class Dispatcher(IterDataPipe):
         self._pending_chunk: list[tuple[int, Any]] = []
         self._assigned: dict[int, list[tuple[int, Any]]] = {}  # worker -> open unit's items
         self._results: dict[int, Any] = {}
+        self._partials: dict[int, list[Any]] = {}  # relayed: batches sent ahead of the rest
         self._outputs: deque[tuple[int, int, Any]] = deque()
         self._batches: deque[Any] = deque()  # relayed: (key, draws, batch, after) or a Failure
         self._next_id = 0
@@ -241,6 +242,10 @@ class Dispatcher(IterDataPipe):
         head = self._units[0]
         if head.id not in self._results:
             self._receive()
+        if head.id in self._partials:  # relayed: the first chunk's batches, each when made
+            self._batches.extend(self._partials.pop(head.id))
+            if head.id not in self._results:
+                return
         if head.id not in self._results:
             self._pool.check_alive()
             raise NotAvailable
@@ -294,6 +299,11 @@ class Dispatcher(IterDataPipe):
                 continue  # an abandoned epoch's output
             if isinstance(message, InitFailed):
                 message.failure.raise_here()
+            if getattr(message, "partial", False):  # relayed: batches ahead of the rest
+                outputs = message.outputs
+                part = outputs if isinstance(outputs, list) else [outputs]
+                self._partials.setdefault(message.unit, []).extend(part)
+                continue
             self._results[message.unit] = unpack(message.outputs)
 
     # -- handing out ------------------------------------------------------------

@@ -7,6 +7,7 @@ worker, or to the main process (chunked).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -86,7 +87,12 @@ def item_worker_main(
         if message.relay is not None:
             assert ends is not None and batch_chain is not None
             try:
-                relayed = run_relayed(message, chain, batch_chain, batch_size, ends, label)
+                send_partial = functools.partial(
+                    _send_partial, to_main, message, label, repr(batch_chain.pipe)
+                )
+                relayed = run_relayed(
+                    message, chain, batch_chain, batch_size, ends, label, send_partial
+                )
             except (QueueError, WorkerStopped):  # the main process is gone, or stops us
                 return
             if relayed is None:
@@ -166,6 +172,13 @@ def _run_init(worker_init_fn: Callable[[int], None], index: int, label: str) -> 
         return None
     except Exception as error:  # noqa: BLE001 - surfaced in the main process
         return capture_failure(error, f"{label}, in worker_init_fn({index})")
+
+
+def _send_partial(
+    to_main: ProcessQueue, task: Task, label: str, block: str, batches: list[Any]
+) -> None:
+    """Send some of a chunk's batches ahead of the rest."""
+    _send(to_main, TaskResult(task.gen, task.unit, batches, 0, partial=True), label, block)
 
 
 def _send(to_main: ProcessQueue, result: TaskResult, label: str, block: str) -> None:

@@ -27,6 +27,7 @@ that will not come.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ....datapipes.runtime import key_position
@@ -35,6 +36,7 @@ from ....events import Waiter
 from ....queues import ProcessQueue
 from ...workers.failure import Failure
 from ...workers.messages import EpochStart, Relay, RelayOrder, Stop, Task
+from ...workers.rngs import global_rng_states, set_global_rng_states
 from .chain import WorkerChain
 from .least_loaded import LeastLoaded
 from .packing import pack, unpack
@@ -167,6 +169,45 @@ class RelayEnds:
             link.reclaim()
 
 
+class _Cut:
+    """The outputs of the epoch not in a batch yet, each with its resume point."""
+
+    def __init__(self, relay: Relay, skip: int) -> None:
+        self.items: list[Any] = list(relay.items)
+        self.after: list[tuple[int, int]] = list(relay.after)
+        self.skip = skip  # outputs of the first position delivered before a resume
+        self._last, self._count = -1, 0
+
+    def add(self, output: Any) -> None:
+        position = key_position(output[0])
+        assert position is not None
+        if position != self._last:
+            self._last, self._count = position, 0
+        self._count += 1
+        if self.skip:
+            self.skip -= 1
+            return
+        self.items.append(output)
+        self.after.append((position, self._count))
+
+    def build(
+        self, batch_chain: WorkerChain, gen: int, label: str, end: int, batch_size: int
+    ) -> list[Any]:
+        """Build the batches of the first ``end`` items (dropped from here); a failure
+        ends the list."""
+        batches: list[Any] = []
+        try:
+            for start in range(0, end, batch_size):
+                built = batch_chain.run(gen, self.items[start : start + batch_size], label)
+                if isinstance(built, Failure):
+                    return [*batches, built]
+                point = self.after[min(start + batch_size, end) - 1]
+                batches += [(key, draws, batch, point) for key, draws, batch in built]
+            return batches
+        finally:
+            del self.items[:end], self.after[:end]
+
+
 def run_relayed(
     task: Task,
     chain: WorkerChain,
@@ -174,10 +215,14 @@ def run_relayed(
     batch_size: int,
     ends: RelayEnds,
     label: str,
+    send_partial: Callable[[list[Any]], None],
 ) -> list[Any] | Failure | None:
     """The whole batches chunk ``task`` completes, ``(key, draws, batch, after)`` each,
     then the failure that stopped it if one did (the batches made before an error
-    come first, as in-process); None when an earlier chunk failed (nothing to send)."""
+    come first, as in-process); None when an earlier chunk failed (nothing to send).
+
+    The epoch's first chunk needs no relay: its batches go out through
+    ``send_partial`` as soon as each is full, so the first batch comes sooner."""
     order = task.relay
     assert order is not None
     gen, unit = task.gen, task.unit
@@ -185,6 +230,8 @@ def run_relayed(
         if not order.final:
             ends.send_stop(order.succ, gen, unit)
         return None
+    if order.pred < 0 and not order.final and task.entries:
+        return _stream_first(task, chain, batch_chain, batch_size, ends, label, send_partial)
     outputs: list[Any] | Failure = []
     if task.entries:
         outputs = chain.run(gen, task.entries, label)
@@ -206,32 +253,53 @@ def run_relayed(
         if failure is None and not order.final:
             ends.send_stop(order.succ, gen, unit)
         return None
-    items: list[Any] = list(relay.items)
-    after: list[tuple[int, int]] = list(relay.after)
-    skip = order.skip
-    last, count = -1, 0
+    cut = _Cut(relay, order.skip)
     for output in outputs:
-        position = key_position(output[0])
-        assert position is not None
-        if position != last:
-            last, count = position, 0
-        count += 1
-        if skip:  # delivered before the resume
-            skip -= 1
-            continue
-        items.append(output)
-        after.append((position, count))
-    full = len(items) - len(items) % batch_size
+        cut.add(output)
+    full = len(cut.items) - len(cut.items) % batch_size
     if order.final:
-        full = len(items)
+        full = len(cut.items)
     elif failure is None:  # the next chunk's worker need not wait for these batches
-        ends.send(order.succ, Relay(gen, unit, items[full:], after[full:]))
-    batches: list[Any] = []
-    for start in range(0, full, batch_size):
-        built = batch_chain.run(gen, items[start : start + batch_size], label)
-        if isinstance(built, Failure):
-            return [*batches, built]
-        point = after[min(start + batch_size, full) - 1]
-        batches += [(key, draws, batch, point) for key, draws, batch in built]
+        ends.send(order.succ, Relay(gen, unit, cut.items[full:], cut.after[full:]))
+    batches = cut.build(batch_chain, gen, label, full, batch_size)
     chain.global_rngs_moved()  # the batch part seeds them per batch
     return batches if failure is None else [*batches, failure]
+
+
+def _stream_first(
+    task: Task,
+    chain: WorkerChain,
+    batch_chain: WorkerChain,
+    batch_size: int,
+    ends: RelayEnds,
+    label: str,
+    send_partial: Callable[[list[Any]], None],
+) -> list[Any]:
+    """The epoch's first chunk: each batch sent as soon as it is full, then the rest
+    relayed; returns the failure that stopped it, if any, as ``run_relayed`` does."""
+    order = task.relay
+    assert order is not None
+    gen, unit = task.gen, task.unit
+    cut = _Cut(Relay(gen, -1, [], []), order.skip)
+    stopped: list[Any] = []
+
+    def each(output: Any) -> bool:
+        cut.add(output)
+        if len(cut.items) < batch_size:
+            return True
+        states = global_rng_states()  # the batch part seeds them; the items go on
+        batches = cut.build(batch_chain, gen, label, batch_size, batch_size)
+        set_global_rng_states(states)
+        if batches and isinstance(batches[-1], Failure):
+            stopped.append(batches.pop())
+        if batches:
+            send_partial(batches)
+        return not stopped
+
+    failure = chain.run_each(gen, task.entries, label, each)
+    chain.global_rngs_moved()
+    if stopped or failure is not None:
+        ends.send_stop(order.succ, gen, unit)
+        return stopped or [failure]
+    ends.send(order.succ, Relay(gen, unit, cut.items, cut.after))
+    return []
