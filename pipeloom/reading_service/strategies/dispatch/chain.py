@@ -206,7 +206,6 @@ class WorkerChain:
     def _run(self, gen: int, entries: list, label: str) -> list[Output] | Failure:
         _, stamp_seed = self.epochs[gen]
         outputs: list[Output] = []
-        self.partial = outputs
         try:
             restart_blocks(self._blocks)
             self.feed.load(entries, stamp_seed)
@@ -221,6 +220,7 @@ class WorkerChain:
                 stamp = current_stamp()
                 outputs.append((stamp[2], stamp[3], item))
         except Exception as error:  # noqa: BLE001 - surfaced in the main process, in order
+            self.partial = outputs  # held only past a failure: outputs pin shared memory
             return capture_failure(error, label)
         finally:
             self.feed.load([], stamp_seed)  # hold no item past its task
