@@ -94,6 +94,7 @@ class DataLoader(ShutsDown):
             check_int("seed", seed, allow_none=True)
         seed = reading_service.agree_seed(seed)  # e.g. every rank takes rank 0's seed
         seed_pipeline(pipeline, seed)
+        reading_service.check(pipeline)  # a pipeline it cannot run is refused here
         self.datapipe: IterDataPipe = pipeline
         self.reading_service = reading_service
         self.seed = seed

@@ -1,7 +1,10 @@
 """Record files: items stored compactly on disk, found again by position.
 
-A *record* is one output of a block, with the position and draw count of its
-item stamp. Writers append records to shard files of bounded size
+A *record* is one output of a block, with the key and draw count of its item
+stamp: the position goes to the index, the rest of a multi-output key
+(``j`` of ``(p, j)``: the ``j``-th sample of the tar shard at position ``p``)
+to the record, so that a replayed item draws from ``item_rng()`` exactly as
+the live item did. Writers append records to shard files of bounded size
 (``<writer>-<n>.rec``) and, on close, an index (``index-<writer>.npy``: one
 row of position, draws, file, offset and size per record). :func:`combine`
 merges the writers' indexes, in position order, into the ``index.npy`` a
@@ -17,13 +20,14 @@ Example:
     >>> folder = tempfile.mkdtemp()
     >>> writer = RecordWriter(folder, "w0", max_bytes=1 << 20)
     >>> writer.append(0, 0, {"x": torch.arange(3)})
-    >>> writer.append(2, 0, "two")
+    >>> writer.append((2, 0), 0, "two")
+    >>> writer.append((2, 1), 0, "three")
     >>> writer.close()
     >>> combine(folder, ["w0"], sort=True)
-    2
+    3
     >>> reader = RecordReader(folder)
-    >>> reader.lookup(2), reader.read(1)
-    ((1, 2), (2, 0, 'two'))
+    >>> reader.lookup(2), reader.read(2)
+    ((1, 3), ((2, 1), 0, 'three'))
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._context import Key, key_position
 from ._npy import load as load_npy
 
 __all__ = ["RecordReader", "RecordWriter", "combine", "dumps", "loads"]
@@ -132,9 +137,10 @@ class RecordWriter:
         self._offset = 0
         self.bytes_written = 0
 
-    def append(self, position: int | None, draws: int, item: Any) -> None:
-        """Write one record (``position`` None when the item carries none)."""
-        parts = _frame(item)
+    def append(self, key: Key | None, draws: int, item: Any) -> None:
+        """Write one record; ``key`` is the item's (``p`` or ``(p, j, ...)``), None if none."""
+        position = key_position(key)
+        parts = _frame((key[1:] if key.__class__ is tuple else None, item))  # type: ignore[index]
         size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
         if self._fd < 0 or (self._offset and self._offset + size > self.max_bytes):
             self._next_file()
@@ -221,8 +227,9 @@ def combine(directory: str, writers: Sequence[str], *, sort: bool) -> int:
 class RecordReader:
     """Read records of a finished directory (see :func:`combine`) by number or position."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, keyed: bool = True) -> None:
         self.directory = directory
+        self.keyed = keyed  # False: written before records kept their key's rest (format 1)
         # A plain view of the mapped file (no np.memmap per-access overhead).
         self.index = np.asarray(load_npy(os.path.join(directory, "index.npy"), mmap_mode="r"))
         self._positions = self.index["position"]
@@ -246,11 +253,11 @@ class RecordReader:
         start, stop = np.searchsorted(self._positions, (position, position + 1))
         return int(start), int(stop)
 
-    def read(self, number: int) -> tuple[int | None, int, Any]:
-        """Record ``number`` as ``(position, draws, item)``."""
+    def read(self, number: int) -> tuple[Key | None, int, Any]:
+        """Record ``number`` as ``(key, draws, item)``."""
         return self.read_many(number, number + 1)[0]
 
-    def read_many(self, start: int, stop: int) -> list[tuple[int | None, int, Any]]:
+    def read_many(self, start: int, stop: int) -> list[tuple[Key | None, int, Any]]:
         """Records ``[start, stop)``, reading each run in the same file at once."""
         rows = self.index[start:stop]
         files, offsets, sizes = (
@@ -259,7 +266,8 @@ class RecordReader:
             rows["size"].tolist(),
         )
         positions, draws = rows["position"].tolist(), rows["draws"].tolist()
-        out: list[tuple[int | None, int, Any]] = []
+        out: list[tuple[Key | None, int, Any]] = []
+        keyed = self.keyed
         i, count = 0, len(files)
         while i < count:
             j = i + 1
@@ -273,9 +281,13 @@ class RecordReader:
             view = memoryview(span)
             for k in range(i, j):
                 at = offsets[k] - base
-                item = _unframe(view[at : at + sizes[k]])
+                record = _unframe(view[at : at + sizes[k]])
+                rest, item = record if keyed else (None, record)
                 position = positions[k]
-                out.append((None if position == _NO_POSITION else position, draws[k], item))
+                key: Key | None = None if position == _NO_POSITION else position
+                if rest is not None:
+                    key = (position, *rest)
+                out.append((key, draws[k], item))
             i = j
         return out
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from types import CodeType
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import NotAvailable
 from ._base import DataPipe, IterDataPipe
@@ -102,6 +102,14 @@ class Stage:
         self.drops = drops  # may return DROP
 
 
+class Stamper(Protocol):
+    """What a run's loop stamps each item with: a block's epoch seed and epoch."""
+
+    def epoch_seed(self) -> int | None: ...
+
+    def _epoch_number(self) -> int: ...
+
+
 class Head:
     """Where a run's items come from.
 
@@ -113,7 +121,7 @@ class Head:
             only once their epoch seeds need no draw from torch's generator.
     """
 
-    stamper: DataPipe | None = None
+    stamper: Stamper | None = None
     seed_blocks: tuple[DataPipe, ...] = ()
 
     def ready(self) -> bool:
@@ -251,7 +259,7 @@ class PullHead(Head):
         return len(out) > before
 
 
-def _stamp(block: DataPipe, position: int) -> None:
+def _stamp(block: Stamper, position: int) -> None:
     """One store of the item stamp: ``block``'s epoch seed, epoch and ``position``."""
     _ITEM.stamp = (block.epoch_seed(), block._epoch_number(), position, 0)
 

@@ -18,7 +18,7 @@ from ._pipeline import upstream_blocks
 from ._positions import authority_index, sharded_upstream
 from ._records import RecordReader
 from ._snapshot_modes import OrderedReader, Passthrough, PositionReader, Writer
-from ._snapshot_store import SnapshotStore, run_name
+from ._snapshot_store import KEYED_FORMAT, SnapshotStore, run_name
 
 __all__ = ["Snapshot"]
 
@@ -151,10 +151,11 @@ class Snapshot(IterDataPipe):
         store = SnapshotStore(self.path, self.fingerprint.digest)
         info = worker_info()
         if store.is_complete():
+            manifest = store.manifest()
             reader = self._reader
             if reader is None or reader.directory != store.final:
-                reader = self._reader = RecordReader(store.final)
-            manifest = store.manifest()
+                keyed = manifest.get("format", 1) >= KEYED_FORMAT
+                reader = self._reader = RecordReader(store.final, keyed=keyed)
             authority = authority_index(self)
             by_position = info is not None or sharded_upstream(self)
             if by_position and authority is not None and reader.is_sorted():

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._context import (
+    Key,
     current_stamp,
     key_position,
     restore_stamp,
@@ -85,21 +86,21 @@ class Writer:
         finally:
             if previous is not None:
                 unwatch_stamps(previous)
-        seed, epoch, position, draws = current_stamp()
+        seed, epoch, key, draws = current_stamp()
         if draws and not block.allow_random:
             raise RuntimeError(
-                f"{block!r}: the item at position {position} drew from item_rng() upstream, so "
-                f"the snapshot would freeze its random augmentation; apply it after the "
-                f".snapshot(...), or pass allow_random=True to freeze it on purpose"
+                f"{block!r}: the item at position {key_position(key)} drew from item_rng() "
+                f"upstream, so the snapshot would freeze its random augmentation; apply it "
+                f"after the .snapshot(...), or pass allow_random=True to freeze it on purpose"
             )
         if self.stamper is None:
             self.first_seed = seed
             self.stamper = self._stamped_by_authority(seed, epoch)
         elif seed != self.first_seed:  # e.g. rounds of a cycle upstream: no single seed
             self.stamper = False
-        # Records keep the source position: a sub-key (p, j) of a multi-output block
-        # upstream is replayed as p (its item_rng() draws after the snapshot differ).
-        self.writer.append(key_position(position), draws, item)
+        # Records keep the whole key: output j of a multi-output block upstream is
+        # replayed as (p, j), so its item_rng() draws after the snapshot are the live ones.
+        self.writer.append(key, draws, item)
         block._emitted += 1
         return item
 
@@ -139,7 +140,7 @@ class OrderedReader:
         self.stamp: tuple[int | None, int] | None = None
         if authority is not None:
             self.stamp = (block._authority(authority).epoch_seed(), block._epoch_number())
-        self.buffer: list[tuple[int | None, int, Any]] = []
+        self.buffer: list[tuple[Key | None, int, Any]] = []
         self.next_record = block._emitted
 
     def next(self) -> Any:
@@ -150,8 +151,8 @@ class OrderedReader:
                 return live[0]
         if not self.buffer:
             self._read_ahead()
-        position, draws, item = self.buffer.pop()
-        restore_stamp((self.stamp[0], self.stamp[1], position, draws))  # type: ignore[index]
+        key, draws, item = self.buffer.pop()
+        restore_stamp((self.stamp[0], self.stamp[1], key, draws))  # type: ignore[index]
         block._emitted += 1
         return item
 
@@ -203,7 +204,7 @@ class PositionReader:
     ):
         self.block, self.reader, self.positions = block, reader, positions
         self.authority = block._authority(authority)
-        self.pending: list[tuple[int | None, int, Any]] = []
+        self.pending: list[tuple[Key | None, int, Any]] = []
         self.position: int | None = None
         self.given = 0  # records of ``position`` returned
         self.stamp: tuple[int | None, int] = (None, 0)
@@ -232,8 +233,8 @@ class PositionReader:
                 )
             self.stamp, self.position, self.given = (seed, epoch), position, 0
             self.pending = self.reader.read_many(start, stop)[::-1] if stop > start else []
-        position, draws, item = self.pending.pop()
-        restore_stamp((self.stamp[0], self.stamp[1], position, draws))
+        key, draws, item = self.pending.pop()
+        restore_stamp((self.stamp[0], self.stamp[1], key, draws))
         self.given += 1
         self.block._emitted += 1
         return item

@@ -45,7 +45,8 @@ from ._records import combine
 
 __all__ = ["SnapshotStore", "run_name"]
 
-FORMAT = 1
+FORMAT = 2
+KEYED_FORMAT = 2  # from this format on, records keep their key's rest (see _records.py)
 _LOG = logging.getLogger("pipeloom.snapshot")
 
 

@@ -50,11 +50,12 @@ from ._context import (
 from ._held import HoldsItems, load_held
 from ._pipeline import check_declared_inputs, upstream_blocks
 from ._rest_of_epoch import RestOfEpoch
-from ._runs import RUN_LOOP_CODES, RunReader, running_stage
+from ._runs import RUN_LOOP_CODES, Head, RunReader, running_stage
 
 __all__ = [
     "NO_STAMP",
     "RUN_LOOP_CODES",
+    "Head",
     "HoldsItems",
     "RestOfEpoch",
     "RunReader",

@@ -206,6 +206,27 @@ def test_big_batches_reuse_dropped_memory_and_never_a_live_batch():
     assert torch.equal(stacked, torch.utils.data.default_collate(arrays))
 
 
+def test_views_of_a_dropped_big_batch_keep_its_memory_from_reuse():
+    """The batch object goes, a view of it stays: its memory must not take the next batch."""
+    from pipeloom.datapipes import IterableWrapper
+
+    def views(batch):
+        return [batch[1], batch.numpy(), batch.view(-1)[5:], batch.untyped_storage()]
+
+    def content(view):
+        return bytes(view[:64]) if isinstance(view, torch.UntypedStorage) else view.tolist()
+
+    rows = [torch.full((64, 1024), float(i)) for i in range(48)]  # 2 MiB batches of 8
+    pipe = IterableWrapper(rows).batch(8).collate()
+    held = []
+    for i, batch in enumerate(pipe):
+        view = views(batch)[i % 4]
+        held.append((view, content(view)))
+        del batch, view  # only the view keeps the memory now
+        assert all(content(kept) == before for kept, before in held)
+    assert pipe._warm.reused == 0  # noqa: SLF001 - every batch's memory stayed in use
+
+
 def test_a_collator_copies_and_pickles_without_its_buffers():
     import copy
     import pickle

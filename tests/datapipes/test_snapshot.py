@@ -196,6 +196,24 @@ def test_resume_from_every_step_inside_a_position_with_several_items(tmp_path):
     check_resume_from_every_step(make, seed=1, epoch=1)
 
 
+def several_per_position(path=None):
+    """Three outputs per source item (as a tar shard's samples), then random augmentation."""
+    made = IterableWrapper(range(8)).sharding_filter().flatmap(lambda x: [x, x, x])
+    made = made.snapshot(path) if path is not None else made.map(identity)
+    return made.map(jitter)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("service", SERVICES, ids=SERVICE_IDS)
+def test_outputs_of_one_position_replay_with_their_own_item_rng(tmp_path, service):
+    """Output j of position p is replayed as (p, j): its draws are the live item's, and the
+    outputs of one position do not all draw the same (they did when only p was kept)."""
+    reference = epochs(several_per_position(), count=2)
+    assert len({value for value in reference[0] if int(value) == 0}) == 3
+    assert epochs(several_per_position(tmp_path), service, count=2) == reference  # writes, reads
+    assert epochs(several_per_position(tmp_path), service, count=2) == reference  # a new loader
+
+
 def rank_service(kind, rank):
     service = (
         InProcessReadingService() if kind == "in-process" else MultiProcessingReadingService(2)

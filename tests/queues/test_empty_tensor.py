@@ -7,6 +7,7 @@ A reused segment under a live tensor would silently change a training batch.
 """
 
 import multiprocessing as mp
+from typing import Any
 
 import pytest
 import torch
@@ -96,7 +97,9 @@ def test_a_tensor_put_twice_arrives_twice_and_unbuilt_tensors_return_to_the_pool
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(
-        st.sampled_from(["build", "build_keep", "get", "get_keep", "drop_kept", "put_kept"]),
+        st.sampled_from(
+            ["build", "build_keep", "get", "get_keep", "get_view", "drop_kept", "put_kept"]
+        ),
         min_size=1,
         max_size=40,
     )
@@ -105,7 +108,7 @@ def test_no_live_tensor_ever_changes_under_any_order_of_builds_gets_and_drops(op
     """Property: whatever either side holds keeps its value; nothing is lost."""
     q = ProcessQueue(capacity=64)
     producer_kept: list[tuple[torch.Tensor, float]] = []
-    consumer_kept: list[tuple[torch.Tensor, float]] = []
+    consumer_kept: list[tuple[Any, float]] = []
     sent: list[float] = []
     received: list[float] = []
     value = 0.0
@@ -125,6 +128,8 @@ def test_no_live_tensor_ever_changes_under_any_order_of_builds_gets_and_drops(op
                 received.append(float(item[0, 0]))
                 if op == "get_keep":
                     consumer_kept.append((item, received[-1]))
+                elif op == "get_view":  # a row of it, as a NumPy array: the tensor itself goes
+                    consumer_kept.append((item[-1].numpy(), received[-1]))
                 del item
             elif op == "drop_kept" and producer_kept:
                 producer_kept.pop(0)

@@ -55,6 +55,15 @@ def kill_self_at(x, at=3):
     return x
 
 
+def stall_at_0_and_kill_self_at_1(x):
+    """Worker 0 stalls on item 0 while worker 1 kills itself on item 1."""
+    if x == 0:
+        select.select([], [], [], 20)  # sleeps; the merge waits for this item
+    if x == 1:
+        os.kill(os.getpid(), 9)
+    return x
+
+
 def draw(x):
     return (x, int(item_rng().integers(1000)))
 

@@ -89,6 +89,15 @@ def test_a_killed_worker_raises_naming_it_and_the_signal():
             list(loader)
 
 
+def test_a_worker_killed_while_the_merge_waits_for_another_raises_at_once():
+    """The merge waits for worker 0's item; worker 1's death must end that wait, not the
+    timeout (the pool polls every worker's sentinel after an empty get)."""
+    pipe = IterableWrapper(range(4)).sharding_filter().map(pipelines.stall_at_0_and_kill_self_at_1)
+    with DataLoader(pipe, MultiProcessingReadingService(2, timeout=10), seed=0) as loader:
+        with pytest.raises(WorkerError, match=r"worker process 1 \(pid \d+\) was killed"):
+            list(loader)
+
+
 def test_worker_init_fn_runs_once_per_worker_and_its_errors_name_the_worker():
     pipe = IterableWrapper(range(4)).sharding_filter()
     with DataLoader(

@@ -15,11 +15,13 @@ from hypothesis import strategies as st
 import pipeloom
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
+from pipeloom.datapipes.runtime import key_position
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.services import processes
 from pipeloom.reading_service.strategies.dispatch.chain import BatchFeed, TaskFeed, WorkerChain
 from pipeloom.reading_service.strategies.dispatch.dispatcher import Dispatcher
+from pipeloom.reading_service.workers.failure import Failure
 from pipeloom.reading_service.workers.messages import MAIN, BatchResult, BatchSize, Task
 from tests.reading_service import pipelines
 from tests.reading_service.resuming import resume_case
@@ -348,16 +350,14 @@ def test_more_batch_workers_than_prefetch_factor_warns_that_they_cannot_help():
 @pytest.mark.parametrize("strategy", ["economic", "chunked"])
 def test_no_batching_point_says_what_is_missing(strategy):
     pipe = IterableWrapper(range(8)).sharding_filter().map(abs)
-    with DataLoader(pipe, MultiProcessingReadingService(2, strategy=strategy)) as loader:
-        with pytest.raises(ValueError, match=r"needs \.batch\(n\) right after the per-item"):
-            list(loader)
+    with pytest.raises(ValueError, match=r"needs \.batch\(n\) right after the per-item"):
+        DataLoader(pipe, MultiProcessingReadingService(2, strategy=strategy))  # refused here
 
 
 def test_economic_refuses_a_filter_before_the_batch_and_names_it():
     pipe = IterableWrapper(range(8)).sharding_filter().filter(bool).batch(2)
-    with DataLoader(pipe, MultiProcessingReadingService(2, strategy="economic")) as loader:
-        with pytest.raises(ValueError, match=r"exactly one output per input, but Filter"):
-            list(loader)
+    with pytest.raises(ValueError, match=r"exactly one output per input, but Filter"):
+        DataLoader(pipe, MultiProcessingReadingService(2, strategy="economic"))
 
 
 def test_chunked_handles_a_filter_before_the_batch():
@@ -372,9 +372,8 @@ def test_chunked_handles_a_filter_before_the_batch():
 def test_chunk_size_larger_than_the_batch_is_refused():
     pipe = IterableWrapper(range(8)).sharding_filter().batch(2)
     service = MultiProcessingReadingService(2, strategy="chunked", chunk_size=3)
-    with DataLoader(pipe, service) as loader:
-        with pytest.raises(ValueError, match=r"chunk_size must be at most the batch size \(2\)"):
-            list(loader)
+    with pytest.raises(ValueError, match=r"chunk_size must be at most the batch size \(2\)"):
+        DataLoader(pipe, service)
 
 
 # -- the dispatcher's book-keeping, without processes ---------------------------------
@@ -548,6 +547,77 @@ def test_a_worker_chain_told_of_outside_rng_moves_stays_unseeded(told, global_rn
     assert calls == ([10, 11, 12, 13] if told else [10, 11, 12, 13, 12, 13])
 
 
+def fail_at_12(x):
+    if x == 12:
+        raise KeyError("twelve")
+    return x * 2
+
+
+TASKS = {
+    "a run": [(3, 10), (4, 11), (5, 12), (6, 13)],
+    "gaps": [(3, 10), (5, 11), (6, 12), (9, 13)],
+    "keys": [((3, 0), 10), ((3, 1), 11), ((4, 0), 12), ((5, 0), 13)],
+}
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_a_worker_chain_gives_each_output_its_key_whether_or_not_the_task_is_one_run(
+    task, seed, global_rngs_kept
+):
+    entries = TASKS[task]
+    chain = WorkerChain(TaskFeed().map(lambda x: x * 2))
+    chain.start_epoch(1, 0, seed)
+    assert chain.run(1, entries, "test") == [(key, 0, value * 2) for key, value in entries]
+    chain = WorkerChain(TaskFeed().map(fail_at_12))
+    chain.start_epoch(1, 0, seed)
+    failure = chain.run(1, entries, "test")
+    assert isinstance(failure, Failure) and "twelve" in failure.message
+    assert failure.item == key_position(entries[2][0])  # the failing item's position
+
+
+@pytest.mark.parametrize(("task", "one_loop"), [("a run", True), ("gaps", False), ("keys", False)])
+def test_only_a_task_of_consecutive_positions_is_read_as_one_span(task, one_loop):
+    feed = TaskFeed()
+    feed.load(TASKS[task], None)
+    assert (feed._run_head() is not None) == one_loop
+    feed.load(TASKS["a run"], 5)  # seeded per item: read item by item
+    assert feed._run_head() is None
+    feed.reseed = False
+    assert feed._run_head() is not None
+
+
+class NoDeepCopy(torch.utils.data.Dataset):
+    """A dataset whose deep copy is counted (in the process that makes it)."""
+
+    copies = 0
+
+    def __init__(self, n):
+        self.rows = list(range(n))
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        return self.rows[index] * 10
+
+    def __deepcopy__(self, memo):
+        type(self).copies += 1
+        clone = NoDeepCopy(0)
+        clone.rows = list(self.rows)
+        return clone
+
+
+@pytest.mark.parametrize("strategy", [*ECONOMIC_WAYS, "chunked"])
+def test_the_workers_part_refers_to_the_dataset_instead_of_deep_copying_it(strategy):
+    dataset = NoDeepCopy(12)
+    pipe = IterableWrapper(list(range(12))).sharding_filter().map(dataset.__getitem__).batch(4)
+    NoDeepCopy.copies = 0
+    service = MultiProcessingReadingService(2, timeout=30, **strategy_args(strategy))
+    assert run(pipe, service) == [[[0, 10, 20, 30], [40, 50, 60, 70], [80, 90, 100, 110]]]
+    assert NoDeepCopy.copies == 0  # the start-up cost grew with the dataset
+
+
 def test_map_style_sources_send_indices_not_items():
     pipe = pipelines.PidOnRead(list(range(6))).to_iter().batch(3)
     service = MultiProcessingReadingService(2, strategy="economic", timeout=30)
@@ -631,9 +701,8 @@ def test_a_skipped_corrupt_shard_loses_or_duplicates_no_batch(tmp_path, strategy
 
 def test_economic_says_a_tar_reader_before_the_batch_needs_chunked(tmp_path):
     service = MultiProcessingReadingService(2, strategy="economic")
-    with DataLoader(tar_pipeline(tmp_path), service) as loader:
-        with pytest.raises(ValueError, match=r"TarArchiveLoader.*strategy='chunked'"):
-            list(loader)
+    with pytest.raises(ValueError, match=r"TarArchiveLoader.*strategy='chunked'"):
+        DataLoader(tar_pipeline(tmp_path), service)
 
 
 def collate_drawing(batch):

@@ -39,6 +39,14 @@ class ReadingService(abc.ABC):
     def start_epoch(self, epoch: int, state: dict[str, Any] | None = None) -> Iterator[Any]:
         """Start an epoch (resuming from ``state`` if given); return its items."""
 
+    def check(self, pipeline: IterDataPipe) -> None:  # noqa: B027 - optional hook
+        """Raise now what :meth:`initialize` would raise about ``pipeline``; start nothing.
+
+        ``DataLoader`` calls it when it is built, so a pipeline the service
+        cannot run (no sharding point, a filter before an economic batch) is
+        refused on the line that builds the loader, not at its first ``iter()``.
+        """
+
     @abc.abstractmethod
     def placement(self) -> Placement:
         """Which block runs where (the built-in services return their :class:`Plan`)."""
@@ -83,16 +91,23 @@ class ReadingService(abc.ABC):
 class PlannedService(ReadingService):
     """A service that plans once and delegates each epoch to the runner it chose.
 
-    Subclasses implement :meth:`make_runner`: plan the pipeline (with
-    ``self.outer``, this process's share) and build the runner.
+    Subclasses implement :meth:`plan` (plan the pipeline with ``self.outer``,
+    this process's share) and :meth:`make_runner` (plan it and build the runner).
     """
 
     _runner: Runner | None = None
     outer: tuple[int, int] = (1, 0)
 
     @abc.abstractmethod
+    def plan(self, pipeline: IterDataPipe) -> Plan:
+        """Where each block of ``pipeline`` would run; raises if the service cannot run it."""
+
+    @abc.abstractmethod
     def make_runner(self, pipeline: IterDataPipe) -> Runner:
         """Plan ``pipeline`` and build the runner for it."""
+
+    def check(self, pipeline: IterDataPipe) -> None:
+        self.plan(pipeline)
 
     def set_outer_sharding(self, total: int, index: int) -> None:
         self.outer = (total, index)

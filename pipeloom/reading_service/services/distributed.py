@@ -111,12 +111,20 @@ class DistributedReadingService(ReadingService):
     def agree_seed(self, seed: int) -> int:
         return self.inner.agree_seed(self._require_job().broadcast(seed))
 
+    def check(self, pipeline: IterDataPipe) -> None:
+        self._share_out()
+        self.inner.check(pipeline)
+
     def initialize(self, pipeline: IterDataPipe) -> None:
+        self._share_out()
+        self.inner.initialize(pipeline)
+        self._pipeline = pipeline
+
+    def _share_out(self) -> None:
+        """Give the inner service this rank's share of the data."""
         job = self._require_job()
         if job.world_size > 1:
             self.inner.set_outer_sharding(job.world_size, job.rank)
-        self.inner.initialize(pipeline)
-        self._pipeline = pipeline
 
     def start_epoch(self, epoch: int, state: dict[str, Any] | None = None) -> Iterator[Any]:
         job = self._require_job()

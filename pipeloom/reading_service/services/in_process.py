@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ...datapipes import IterDataPipe
+from ...graph import Plan
 from ..planning.planner import Settings, make_plan
 from ..strategies.in_process import InProcessRunner
 from ..strategies.runner import Runner
@@ -25,9 +26,11 @@ class InProcessReadingService(PlannedService):
         [0, 1, 2]
     """
 
+    def plan(self, pipeline: IterDataPipe) -> Plan:
+        return make_plan(pipeline, Settings("in-process", outer=self.outer))
+
     def make_runner(self, pipeline: IterDataPipe) -> Runner:
-        plan = make_plan(pipeline, Settings("in-process", outer=self.outer))
-        return InProcessRunner(pipeline, plan)
+        return InProcessRunner(pipeline, self.plan(pipeline))
 
     def __repr__(self) -> str:
         return "InProcessReadingService()"

@@ -17,6 +17,7 @@ from ..._validate import (
 )
 from ...datapipes import IterDataPipe
 from ...datapipes.runtime import block_seed
+from ...graph import Plan
 from ..planning.planner import Settings, make_plan
 from ..strategies.chunked import ChunkedRunner
 from ..strategies.classic.process_pool import ProcessPool
@@ -83,8 +84,8 @@ class MultiProcessingReadingService(PlannedService):
             in the main process, and what the sharding point yields crosses to
             the workers, so it must be picklable (a path or an index, not an
             open file); ``in_order=False`` applies to classic only. A pipeline
-            a strategy cannot run raises when its first epoch starts, saying
-            what to move.
+            a strategy cannot run is refused when the ``DataLoader`` is built,
+            saying what to move.
             Every strategy yields the same items in the same order.
         num_batch_workers: batch workers under ``"economic"`` (more than
             ``prefetch_factor`` cannot help). 0: no batch workers; the main
@@ -159,6 +160,11 @@ class MultiProcessingReadingService(PlannedService):
             else _RUNNER_MAKERS[strategy]
         )
 
+    def plan(self, pipeline: IterDataPipe) -> Plan:
+        if self.num_workers == 0:
+            return make_plan(pipeline, Settings("in-process", outer=self.outer))
+        return make_plan(pipeline, self._settings(self.strategy))
+
     def make_runner(self, pipeline: IterDataPipe) -> Runner:
         return self._make(self, pipeline)
 
@@ -174,12 +180,10 @@ class MultiProcessingReadingService(PlannedService):
         )
 
     def _in_process(self, pipeline: IterDataPipe) -> Runner:
-        return InProcessRunner(
-            pipeline, make_plan(pipeline, Settings("in-process", outer=self.outer))
-        )
+        return InProcessRunner(pipeline, self.plan(pipeline))
 
     def _classic(self, pipeline: IterDataPipe) -> Runner:
-        plan = make_plan(pipeline, self._settings("classic"))
+        plan = self.plan(pipeline)
         pool = ProcessPool(
             plan,
             seed=block_seed(plan.part("workers").exit) or 0,  # type: ignore[arg-type]
@@ -200,7 +204,7 @@ class MultiProcessingReadingService(PlannedService):
         )
 
     def _dispatch(self, pipeline: IterDataPipe) -> Runner:
-        plan = make_plan(pipeline, self._settings(self.strategy))
+        plan = self.plan(pipeline)
         runner = EconomicRunner if self.strategy == "economic" else ChunkedRunner
         return runner(
             pipeline,

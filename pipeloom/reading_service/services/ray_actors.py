@@ -8,6 +8,7 @@ from typing import Any
 from ..._validate import check_bool, check_callable, check_int, check_seconds
 from ...datapipes import IterDataPipe
 from ...datapipes.runtime import block_seed
+from ...graph import Plan
 from ..planning.planner import Settings, make_plan
 from ..strategies.classic.runner import ClassicRunner
 from ..strategies.in_process import InProcessRunner
@@ -114,14 +115,18 @@ class RayReadingService(PlannedService):
         self.in_order = in_order
         self.ray_options = ray_options
 
-    def make_runner(self, pipeline: IterDataPipe) -> Runner:
+    def plan(self, pipeline: IterDataPipe) -> Plan:
         if self.num_actors == 0:
-            plan = make_plan(pipeline, Settings("in-process", outer=self.outer))
-            return InProcessRunner(pipeline, plan)
+            return make_plan(pipeline, Settings("in-process", outer=self.outer))
         settings = Settings(
             "ray", workers=self.num_actors, prefetch=self.prefetch_factor, outer=self.outer
         )
-        plan = make_plan(pipeline, settings)
+        return make_plan(pipeline, settings)
+
+    def make_runner(self, pipeline: IterDataPipe) -> Runner:
+        plan = self.plan(pipeline)
+        if self.num_actors == 0:
+            return InProcessRunner(pipeline, plan)
         options = ActorOptions(
             num_cpus=self.num_cpus_per_actor,
             max_restarts=self.max_restarts,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..._validate import check_bool, check_int
 from ...datapipes import IterDataPipe
+from ...graph import Plan
 from ..planning.planner import Settings, make_plan
 from ..strategies.classic.runner import ClassicRunner
 from ..strategies.classic.thread_pool import ThreadPool
@@ -52,14 +53,18 @@ class ThreadReadingService(PlannedService):
         self.prefetch_factor = prefetch_factor
         self.in_order = in_order
 
-    def make_runner(self, pipeline: IterDataPipe) -> Runner:
+    def plan(self, pipeline: IterDataPipe) -> Plan:
         if self.num_threads == 0:
-            plan = make_plan(pipeline, Settings("in-process", outer=self.outer))
-            return InProcessRunner(pipeline, plan)
+            return make_plan(pipeline, Settings("in-process", outer=self.outer))
         settings = Settings(
             "threads", workers=self.num_threads, prefetch=self.prefetch_factor, outer=self.outer
         )
-        plan = make_plan(pipeline, settings)
+        return make_plan(pipeline, settings)
+
+    def make_runner(self, pipeline: IterDataPipe) -> Runner:
+        plan = self.plan(pipeline)
+        if self.num_threads == 0:
+            return InProcessRunner(pipeline, plan)
         pool = ThreadPool(plan, count=self.num_threads, prefetch=self.prefetch_factor)
         return ClassicRunner(
             pipeline,

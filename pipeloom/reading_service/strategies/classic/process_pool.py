@@ -10,6 +10,7 @@ epochs, and an abandoned epoch is cancelled through a shared flag.
 from __future__ import annotations
 
 import multiprocessing.connection
+import select
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -142,9 +143,7 @@ class _Shard:
 class _ProcessChannel:
     """The main process's end of one worker: its queue and its liveness."""
 
-    def __init__(
-        self, worker: WorkerProcess, queue: ProcessQueue, siblings: list[WorkerProcess]
-    ) -> None:
+    def __init__(self, worker: WorkerProcess, queue: ProcessQueue, siblings: _Sentinels) -> None:
         self.worker = worker
         self.queue = queue
         self.siblings = siblings  # every worker of the pool, this one included
@@ -154,9 +153,10 @@ class _ProcessChannel:
         try:
             message = self.queue.get(block=False)
         except NotAvailable:
-            if self.worker.exit_code() is not None:
-                raise self.worker.died() from None
-            self._check_siblings()
+            if self.siblings.any_exited():  # one poll for the pool, not two calls per worker
+                if self.worker.exit_code() is not None:
+                    raise self.worker.died() from None
+                self._check_siblings()
             raise
         except QueueError as error:
             raise self.worker.died(error) from error
@@ -170,12 +170,34 @@ class _ProcessChannel:
         would wait for this worker's next item before noticing the death.
         A clean exit (code 0, e.g. after sending a worker_init_fn failure) is left to the merge.
         """
-        for other in self.siblings:
+        for other in self.siblings.workers:
             if other is not self.worker and other.exit_code() not in (None, 0):
                 raise other.died()
 
     def readiness(self) -> Sequence[ReadinessSource]:
         return [self.queue.readiness(), FdReadiness(self.worker.sentinel)]
+
+
+class _Sentinels:
+    """The sentinels of a pool's workers, polled together: has any of them exited?
+
+    A worker's sentinel is readable once it exited, so an empty poll rules out
+    every death with one system call (the merge asks after each empty get).
+    """
+
+    def __init__(self, workers: list[WorkerProcess]) -> None:
+        self.workers = workers
+        self._poll = select.poll()
+        self._registered = 0
+
+    def any_exited(self) -> bool:
+        while self._registered < len(self.workers):  # workers start one after the other
+            worker = self.workers[self._registered]
+            if worker.released:  # reaped: its descriptor is closed
+                return True
+            self._poll.register(worker.sentinel, select.POLLIN)
+            self._registered += 1
+        return bool(self._poll.poll(0))
 
 
 class _Processes:
@@ -187,6 +209,7 @@ class _Processes:
 
     def __init__(self, pool: ProcessPool) -> None:
         self.workers: list[WorkerProcess] = []
+        sentinels = _Sentinels(self.workers)
         self.channels: list[_ProcessChannel] = []
         self.controls: list[Any] = []
         self.cancels: list[SharedFlag] = []
@@ -225,7 +248,7 @@ class _Processes:
             )
             receive.close()
             self.workers.append(worker)
-            self.channels.append(_ProcessChannel(worker, queue, self.workers))
+            self.channels.append(_ProcessChannel(worker, queue, sentinels))
             self.controls.append(send)
             self.cancels.append(cancel)
         self._finalizer = finalize_here(

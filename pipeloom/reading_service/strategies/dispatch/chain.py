@@ -21,6 +21,7 @@ from ....datapipes import (
     set_pipeline_epoch,
 )
 from ....datapipes.runtime import (
+    Head,
     RunReader,
     current_stamp,
     derive_seed,
@@ -38,6 +39,7 @@ from ...workers.rngs import global_rng_states, same_rng_states, seed_item_rngs
 __all__ = ["BatchFeed", "TaskFeed", "WorkerChain"]
 
 _GLOBAL_RNG_TAG = 0x610B
+_KNOWN_SEED = 0x5EED  # the global RNGs' state before a task's unseeded run, when unknown
 
 
 class TaskFeed(IterDataPipe):
@@ -87,6 +89,25 @@ class TaskFeed(IterDataPipe):
         self._next += 1
         return item
 
+    def _run_head(self) -> Head | None:
+        """A fused run's head (``RunReader``) when the rest of the task is one plain run.
+
+        Plain: positions that follow one another, read no item here and seed no
+        global RNG per item, so each item is only stamped with its position (what
+        ``async_next`` does for it) and the run's loop stamps it itself: no call
+        per item here. Otherwise (keys, a map-style source, per-item seeding) the
+        run reads ``async_next`` one item at a time.
+        """
+        if self.source is not None or (self._seed is not None and self.reseed):
+            return None
+        keys = [key for key, _ in self._entries[self._next :]]
+        if not keys or set(map(type, keys)) != {int}:
+            return None
+        first = keys[0]
+        if keys != list(range(first, first + len(keys))):
+            return None
+        return _TaskRun(self)
+
     def _stamp(self, key: Any) -> None:
         """Stamp the key the sharding point gave: ``p``, or ``(p, j, ...)``."""
         stamp_item(self._seed, self.epoch, key_position(key))  # type: ignore[arg-type]
@@ -95,6 +116,32 @@ class TaskFeed(IterDataPipe):
 
     def __repr__(self) -> str:
         return "TaskFeed()" if self.source is None else f"TaskFeed({self.source!r})"
+
+
+class _TaskRun(Head):
+    """A task's entries whose positions follow one another, read as one span."""
+
+    def __init__(self, feed: TaskFeed) -> None:
+        self.feed = feed
+        self.stamper = self  # the loop stamps each item (seed, epoch, position, 0)
+
+    def epoch_seed(self) -> int | None:
+        return self.feed._seed
+
+    def _epoch_number(self) -> int:
+        return self.feed.epoch
+
+    def span(self, count: int) -> tuple[list[Any], int, int] | None:
+        feed = self.feed
+        start = feed._next
+        part = feed._entries[start : start + count]
+        if not part:
+            return None
+        return [value for _, value in part], part[0][0], 1
+
+    def advance(self, last: int) -> None:
+        feed = self.feed
+        feed._next += last - feed._entries[feed._next][0] + 1
 
 
 class BatchFeed(IterDataPipe):
@@ -155,6 +202,7 @@ class WorkerChain:
         self.epochs: dict[int, tuple[int, int | None]] = {}  # gen -> (epoch, stamp seed)
         self._lazy = True  # no task has drawn from the global RNGs yet
         self._rng_states: tuple[Any, Any, Any] | None = None  # as the last task left them
+        self._known_states: tuple[Any, Any, Any] | None = None  # seeded with _KNOWN_SEED
         #: The outputs the last :meth:`run` made before it failed (the batches they fill
         #: come before the error, as in-process).
         self.partial: list[Output] = []
@@ -191,7 +239,9 @@ class WorkerChain:
             and len(entries) > 1
             and self.epochs[gen][1] is not None
         ):
-            before = self._rng_states or global_rng_states()
+            before = self._rng_states
+            if before is None:  # unknown (the batch part seeded them): seed, not read
+                before = self._seed_known_states()
             feed.reseed = False
             try:
                 outputs = self._run(gen, entries, label)
@@ -202,6 +252,18 @@ class WorkerChain:
                 return outputs
             self._lazy = False  # this pipeline draws from them: seed every item from now on
         return self._run(gen, entries, label)
+
+    def _seed_known_states(self) -> tuple[Any, Any, Any]:
+        """Seed the global RNGs with a fixed seed and return their states, read once.
+
+        For the unseeded first run of a task, which keeps its outputs only when no
+        item drew from them: what state they start in is then unseen, and seeding
+        (about 10 µs) costs a third of reading the states (a task, ~25 µs saved).
+        """
+        seed_item_rngs(_KNOWN_SEED)
+        if self._known_states is None:
+            self._known_states = global_rng_states()
+        return self._known_states
 
     def _run(self, gen: int, entries: list, label: str) -> list[Output] | Failure:
         _, stamp_seed = self.epochs[gen]

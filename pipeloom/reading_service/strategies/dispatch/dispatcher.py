@@ -377,7 +377,7 @@ class Dispatcher(IterDataPipe):
         assert self._pool is not None
         batch_worker = MAIN
         if self._pool.num_batch_workers:
-            batch_worker = self._batch_workers.assign(self._next_id)
+            batch_worker = self._batch_workers.assign()
         size, chunk = self.unit_size, False
         if self._split_left:  # a chunk of the first batch
             assert self.first_unit_chunk is not None
@@ -396,7 +396,7 @@ class Dispatcher(IterDataPipe):
         if not self.per_item_tasks:
             self._pending_chunk.append((key, value))
             return
-        worker = self._item_workers.assign(position)
+        worker = self._item_workers.assign()
         unit.item_workers.append((worker, 1))
         self._assigned.setdefault(worker, []).append((key, value))
 
@@ -410,7 +410,7 @@ class Dispatcher(IterDataPipe):
         piece = self._piece
         for start in range(0, len(entries), piece):
             part = entries[start : start + piece]
-            worker = self._item_workers.assign(part[0][0], len(part))
+            worker = self._item_workers.assign(len(part))
             unit.item_workers.append((worker, len(part)))
             self._assigned.setdefault(worker, []).extend(part)
 
@@ -440,7 +440,7 @@ class Dispatcher(IterDataPipe):
         if self.relayed:
             self._send_relayed(unit)
             return
-        worker = self._item_workers.assign(unit.id, len(unit.positions))
+        worker = self._item_workers.assign(len(unit.positions))
         unit.item_workers.append((worker, len(unit.positions)))
         chunk, self._pending_chunk = self._pending_chunk, []
         self._pool.send_task(worker, Task(self._gen, unit.id, MAIN, chunk, not unit.chunk))

@@ -14,9 +14,11 @@ class LeastLoaded:
 
     Example:
         >>> workers = LeastLoaded(3)
-        >>> [workers.assign(turn) for turn in range(4)]
+        >>> [workers.assign() for _ in range(4)]
         [0, 1, 2, 0]
-        >>> workers.done(1); workers.assign(0)
+        >>> workers.done(1); workers.assign()
+        1
+        >>> workers.done(2); workers.done(1); workers.assign()  # 1 and 2 tie: the lowest
         1
     """
 
@@ -25,15 +27,16 @@ class LeastLoaded:
     def __init__(self, count: int) -> None:
         self.loads = [0] * count
 
-    def assign(self, turn: int, amount: int = 1) -> int:
-        """The worker with the least load (ties go round-robin from ``turn``), given ``amount``."""
+    def assign(self, amount: int = 1) -> int:
+        """The worker with the least load (ties go to the lowest-numbered), given ``amount``.
+
+        With fewer units in flight than workers the same few workers take turns
+        and the rest sleep: on a busy machine a worker that has just sent its
+        output is the one awake with warm caches, where round-robin woke every
+        worker in turn (8% slower at 4 workers on 2 cores, issue #16).
+        """
         loads = self.loads
-        count = len(loads)
-        best, best_load = 0, None
-        for offset in range(count):
-            worker = (turn + offset) % count
-            if best_load is None or loads[worker] < best_load:
-                best, best_load = worker, loads[worker]
+        best = loads.index(min(loads))
         loads[best] += amount
         return best
 

@@ -176,8 +176,12 @@ class DispatchPool:
 
         ``wait``: seconds to give a worker whose queue just broke to be reaped.
         """
-        if wait:
-            multiprocessing.connection.wait([w.sentinel for w in self._workers], wait)
+        # A worker's sentinel is readable once it exited: none readable, none to look at
+        # (one poll, not a poll and a waitpid per worker each time the dispatcher waits).
+        workers = self._workers
+        if not any(w.released for w in workers):
+            if not multiprocessing.connection.wait([w.sentinel for w in workers], wait):
+                return
         for worker in self._workers:
             if worker.exit_code() is not None:
                 raise worker.died()

@@ -63,11 +63,11 @@ class RelayOrders:
     ) -> tuple[int, RelayOrder]:
         """The worker of chunk ``unit`` (given ``amount`` of work) and its order."""
         if self.next_worker is None:
-            worker = loads.assign(unit, amount)
+            worker = loads.assign(amount)
         else:
             worker = self.next_worker
             loads.loads[worker] += amount
-        self.next_worker = loads.assign(unit + 1, 0)  # the least loaded now
+        self.next_worker = loads.assign(0)  # the least loaded now
         skip = self.skip if self.last_worker < 0 else 0
         order = RelayOrder(self.last_worker, self.last_unit, self.next_worker, skip, final)
         self.last_worker, self.last_unit = worker, unit

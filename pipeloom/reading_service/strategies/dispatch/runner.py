@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 from ....datapipes import IterDataPipe, MapDataPipe, MapToIter, reset_pipeline, set_pipeline_epoch
-from ....datapipes.runtime import block_seed, derive_seed
+from ....datapipes.runtime import block_seed, derive_seed, read_only_data
 from ....graph import Plan, copy
 from ...planning.cut import cut_for_dispatch
 from ...planning.sharding import keep_shard
@@ -78,9 +78,13 @@ class DispatchRunner(Runner):
         # after the items (the same global-RNG seeding per batch).
         whole_batches = not batch_parts and cut.batch_exit is not None
         first_chunk = plan.first_unit_chunk  # chunked: the first batch in chunks, built here
+        # The copies refer to the data the blocks only read (a dataset's rows, a list of
+        # paths) instead of deep-copying it: the workers get it by fork or by pickle
+        # anyway, and a deep copy of a large dataset cost the first epoch hundreds of ms.
+        shared = read_only_data(pipeline)
         local_chain: IterDataPipe | None = None
         if first_chunk is not None:
-            chain = copy(exit, replace={cut.item_exit: BatchFeed()})
+            chain = copy(exit, replace={cut.item_exit: BatchFeed()}, share=shared)
             assert isinstance(chain, IterDataPipe)  # the exit of the item part is iterable
             local_chain = chain
         self.dispatcher = Dispatcher(
@@ -106,13 +110,13 @@ class DispatchRunner(Runner):
         self._own_batch_payload: Payload | None = None  # item workers building whole batches
         item_exit = item_part.exit
         if batch_parts:
-            batch_chain = copy(exit, replace={item_part.exit: BatchFeed()})
+            batch_chain = copy(exit, replace={item_part.exit: BatchFeed()}, share=shared)
             self._batch_payload = Payload(batch_chain, self._context)
         elif whole_batches:
             item_exit = cut.item_exit
-            batch_chain = copy(exit, replace={item_exit: BatchFeed()})
+            batch_chain = copy(exit, replace={item_exit: BatchFeed()}, share=shared)
             self._own_batch_payload = Payload(batch_chain, self._context)
-        item_chain = copy(item_exit, replace={self.point: TaskFeed(source)})
+        item_chain = copy(item_exit, replace={self.point: TaskFeed(source)}, share=shared)
         self._item_payload = Payload(item_chain, self._context)
         self._pool: DispatchPool | None = None
         self._gen = 0
