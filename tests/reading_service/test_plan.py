@@ -202,9 +202,16 @@ def test_economic_and_chunked_plans_name_their_units_and_workers():
     assert "the first batch of an epoch: in chunks of 2 items" in str(chunked)
     filtered = IterableWrapper(range(8)).sharding_filter().filter(bool).batch(4).collate()
     chunked = make_plan(filtered, Settings("chunked", workers=3, prefetch=2))
-    assert chunked.unit == ("chunk", 1, 8)  # a batch's items unknown up front: chunks only
+    # A batch's items are unknown up front: chunks throughout (a batch over 3 workers), each
+    # worker building the batches its chunk completes from the items relayed to it.
+    assert chunked.unit == ("chunk", 2, 4)
     assert chunked.first_unit_chunk is None
-    assert chunked.where(filtered) == "main process"
+    assert chunked.where(filtered) == "item worker processes x3"
+    assert "9 ProcessQueue(capacity=4) of relayed items that do not fill a batch" in str(chunked)
+    expanded = IterableWrapper(range(8)).sharding_filter().flatmap(lambda x: [x, x]).batch(4)
+    chunked = make_plan(expanded, Settings("chunked", workers=3, prefetch=2))
+    assert chunked.unit == ("chunk", 1, 8)  # may make several of one input: one per chunk
+    assert chunked.where(expanded) == "item worker processes x3"
     opened = IterableWrapper(["a"]).sharding_filter().open_files("rb").map(len).batch(4)
     chunked = make_plan(opened, Settings("chunked", workers=2, prefetch=2))
     assert chunked.unit == ("batch", 4, 2)  # open_files below the sharding point: one per path

@@ -81,9 +81,13 @@ class DispatchCut:
         batch_exit: the last block of ``batch`` and the per-item blocks after it
             (``collate``), which batch workers run (economic) or item workers
             run on whole batches; None for chunked when the per-item blocks may
-            drop or multiply items (the main process then builds the batches).
+            drop or multiply items and the sharding point may give one position
+            several items (the main process then builds the batches).
         item_blocks: the blocks item workers run.
         batch_blocks: ``batcher`` to ``batch_exit`` (empty when that is None).
+        relayed: chunked whose per-item blocks may drop or multiply items: item
+            workers build the batches their chunks complete, relaying the items
+            that do not fill one (``strategies/dispatch/relay.py``).
     """
 
     sharding_point: IterDataPipe
@@ -92,6 +96,7 @@ class DispatchCut:
     batch_exit: IterDataPipe | None
     item_blocks: tuple[DataPipe, ...]
     batch_blocks: tuple[DataPipe, ...]
+    relayed: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -232,16 +237,22 @@ def cut_for_dispatch(pipeline: IterDataPipe, strategy: str) -> DispatchCut:
     batcher = _following_batcher(graph, item_exit, strategy)
     upstream_of_point = {id(b) for b in upstream(point)}
     item_blocks = tuple(b for b in base.worker_blocks if id(b) not in upstream_of_point)
-    if strategy == "chunked" and not all(map(one_per_input_below_point, item_blocks)):
-        return DispatchCut(point, item_exit, batcher, None, item_blocks, ())
+    relayed = strategy == "chunked" and not all(map(one_per_input_below_point, item_blocks))
+    if relayed and point.stamps_positions and not (point.one_to_one or point.at_most_one):
+        return DispatchCut(point, item_exit, batcher, None, item_blocks, ())  # a position's
+        # several items could fall in two chunks: the main process builds the batches
     if strategy == "economic":
         _check_one_to_one(item_blocks)
     batch_blocks: list[DataPipe] = [batcher]
     batch_exit: IterDataPipe = batcher
     for block in _per_item_chain_after(graph, batcher):
+        if relayed and not block.one_to_one:  # a batch's resume point is its one output's
+            break
         batch_exit = block  # type: ignore[assignment]  # per_item blocks are iterable
         batch_blocks.append(block)
-    return DispatchCut(point, item_exit, batcher, batch_exit, item_blocks, tuple(batch_blocks))
+    return DispatchCut(
+        point, item_exit, batcher, batch_exit, item_blocks, tuple(batch_blocks), relayed
+    )
 
 
 def one_per_input_below_point(block: DataPipe) -> bool:
@@ -365,8 +376,9 @@ def _check_one_to_one(item_blocks: tuple[DataPipe, ...]) -> None:
                 f"made, so every block between the sharding point and .batch() must yield "
                 f"exactly one output per input, but {block!r} may not. Use "
                 f"strategy='chunked' or 'classic', which run such blocks (tar readers, "
-                f"webdataset, flatmap, filter) in their workers; or move a filter before the "
-                f"sharding point, where the main process runs it"
+                f"webdataset, flatmap, filter) in their workers and build whole batches "
+                f"there; or move a filter before the sharding point, where the main process "
+                f"runs it"
             )
 
 

@@ -182,21 +182,28 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
         strategy == "chunked" or settings.batch_workers == 0
     )
     first_unit_chunk = None
-    if whole_batches:  # an item worker's task is a batch, which it builds and collates
+    spread = n if settings.cores is None else max(1, min(n, settings.cores))
+    if whole_batches and cut.relayed:  # chunks, each worker building the batches they complete
+        assert cut.batch_exit is not None
+        blocks = (*cut.item_blocks, *cut.batch_blocks)
+        parts = (Part("item workers", item_location, blocks, cut.batch_exit, n),)
+        expands = not all(b.one_to_one or b.at_most_one for b in cut.item_blocks)
+        chunk_size = _chunk_size(settings.chunk_size, batch_size, spread, expands)
+        unit = ("chunk", chunk_size, max(1, math.ceil(settings.prefetch * batch_size / chunk_size)))
+        max_tasks = unit[2] + 1  # the epoch's final chunk
+    elif whole_batches:  # an item worker's task is a batch, which it builds and collates
         assert cut.batch_exit is not None
         blocks = (*cut.item_blocks, *cut.batch_blocks)
         parts = (Part("item workers", item_location, blocks, cut.batch_exit, n),)
         unit = ("batch", batch_size, settings.prefetch)
         max_tasks = unit[2]
         if strategy == "chunked":
-            spread = n if settings.cores is None else max(1, min(n, settings.cores))
             chunk_size = _chunk_size(settings.chunk_size, batch_size, spread, False)
             if chunk_size < batch_size:
                 first_unit_chunk = chunk_size
                 max_tasks += math.ceil(batch_size / chunk_size)  # the first batch's chunks
     elif strategy == "chunked":
         # the per-item blocks may drop or multiply items (else whole batches, above)
-        spread = n if settings.cores is None else max(1, min(n, settings.cores))
         chunk_size = _chunk_size(settings.chunk_size, batch_size, spread, True)
         unit = ("chunk", chunk_size, max(1, math.ceil(settings.prefetch * batch_size / chunk_size)))
         max_tasks = unit[2]
@@ -220,6 +227,17 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
         queues.append(
             QueueLink(item_location, "main process", "ProcessQueue", n, max_tasks + 2, carried)
         )
+        if cut.relayed and whole_batches:
+            queues.append(
+                QueueLink(
+                    item_location,
+                    item_location,
+                    "ProcessQueue",
+                    n * n,
+                    LINK_CAPACITY,
+                    "relayed items that do not fill a batch",
+                )
+            )
     else:
         m = settings.batch_workers
         queues += [
@@ -229,7 +247,13 @@ def _plan_dispatch(pipeline: IterDataPipe, settings: Settings) -> Plan:
         ]
     queues += _separate_queues(separate, "main process", settings)
     name, size, in_flight = unit
-    if whole_batches:
+    if whole_batches and cut.relayed:
+        handed = (
+            "chunk to the least loaded item worker, which builds and collates the batches "
+            "the chunk completes and passes the items that do not fill one on to the next "
+            "chunk's worker; the main process reads the batches chunk after chunk"
+        )
+    elif whole_batches:
         handed = "batch to the least loaded item worker, which builds and collates it"
         if first_unit_chunk is not None:
             handed += (

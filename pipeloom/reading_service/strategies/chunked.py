@@ -1,4 +1,4 @@
-"""Chunked: one batch split into chunks built by several workers, reassembled in order.
+"""Chunked: one batch split into chunks built by several workers, put together in order.
 
 The sharding point and its upstream run in the main process, which cuts the
 stream into runs of ``chunk_size`` consecutive items (by default a batch
@@ -14,6 +14,12 @@ When the per-item blocks yield one output per input, only an epoch's first
 batch goes out in chunks (the main process batches it); every later batch is
 one task for one item worker, which also runs ``batch`` and ``collate``, as
 economic without batch workers does, so the main process works per batch.
+
+When they may drop or multiply items (a tar reader, ``webdataset()``, a
+filter), every batch goes out in chunks, and each chunk's worker builds and
+collates the batches its chunk completes, relaying the items that do not
+fill one to the next chunk's worker (``dispatch/relay.py``): the main process
+reads whole batches there too.
 
 Needs ``.batch(n)`` right after the per-item blocks; ``chunk_size`` is at
 most the batch size.

@@ -22,6 +22,8 @@ Control of a classic worker process (over its control pipe):
 Economic and chunked (every message carries the *generation* ``gen`` of the
 epoch it belongs to, so the leftovers of an abandoned epoch are dropped):
 main -> item worker :class:`EpochStart`, :class:`Task`, :class:`Stop`;
+item worker -> item worker :class:`Relay` (chunked building batches of a per-item
+part that is not one to one: the items of a chunk that do not fill a batch);
 item worker -> batch worker (or main, when ``dest`` is :data:`MAIN`)
 :class:`TaskResult`; main -> batch worker :class:`EpochStart`,
 :class:`BatchSize`, :class:`Stop`; batch worker -> main :class:`BatchResult`;
@@ -43,6 +45,8 @@ __all__ = [
     "EpochStart",
     "InitFailed",
     "Output",
+    "Relay",
+    "RelayOrder",
     "RunDone",
     "StampedOutput",
     "StartEpoch",
@@ -106,13 +110,32 @@ class EpochStart(NamedTuple):
     stamp_seed: int | None
 
 
+class RelayOrder(NamedTuple):
+    """How a chunk's outputs join the epoch's batches (``dispatch/relay.py``).
+
+    The items that earlier chunks left over (fewer than a batch) come from
+    item worker ``pred`` with the relay of chunk ``pred_unit`` (``pred`` -1:
+    none, this is the epoch's first chunk, whose first ``skip`` outputs were
+    delivered before a resume); what this chunk
+    leaves over goes to item worker ``succ``. ``final``: no more chunks, build
+    the short last batch of what is left over.
+    """
+
+    pred: int
+    pred_unit: int
+    succ: int
+    skip: int = 0
+    final: bool = False
+
+
 class Task(NamedTuple):
     """Item worker: run the per-item blocks on ``entries`` (``(position, value)`` pairs).
 
     The outputs belong to unit ``unit`` (a batch or a chunk) and go to batch
     worker ``dest`` (or the main process when ``dest`` is :data:`MAIN`). An
     item worker that builds whole batches builds one of ``entries`` unless
-    ``whole`` is False (a chunk of a batch the main process builds).
+    ``whole`` is False (a chunk of a batch the main process builds), or, with
+    ``relay``, the batches the chunk completes (``dispatch/relay.py``).
     """
 
     gen: int
@@ -120,15 +143,33 @@ class Task(NamedTuple):
     dest: int
     entries: list[tuple[int, Any]]
     whole: bool = True
+    relay: RelayOrder | None = None
+
+
+class Relay(NamedTuple):
+    """Item worker -> item worker: the outputs of the chunks up to ``unit`` not in a
+    batch yet (packed ``(key, draws, item)``), each one's resume point ``after``;
+    or ``stop``: that chunk failed, so no batch of epoch ``gen`` follows."""
+
+    gen: int
+    unit: int
+    items: Any
+    after: list[tuple[int, int]]
+    stop: bool = False
 
 
 class TaskResult(NamedTuple):
-    """Item worker -> ``dest``: the outputs of a task of ``task_size`` items, or its failure."""
+    """Item worker -> ``dest``: the outputs of a task of ``task_size`` items, or its failure.
+
+    ``partial``: some of them, sent before the rest (the batches of the epoch's first
+    relayed chunk, each as soon as it is full); a result without it follows.
+    """
 
     gen: int
     unit: int
     outputs: list[Output] | Failure
     task_size: int
+    partial: bool = False
 
 
 class BatchSize(NamedTuple):

@@ -9,6 +9,7 @@ its outputs with their item stamps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ....datapipes import (
@@ -202,12 +203,20 @@ class WorkerChain:
         self._lazy = True  # no task has drawn from the global RNGs yet
         self._rng_states: tuple[Any, Any, Any] | None = None  # as the last task left them
         self._known_states: tuple[Any, Any, Any] | None = None  # seeded with _KNOWN_SEED
+        #: The outputs the last :meth:`run` made before it failed (the batches they fill
+        #: come before the error, as in-process).
+        self.partial: list[Output] = []
 
     def start_epoch(self, gen: int, epoch: int, stamp_seed: int | None) -> None:
         self.epochs = {gen: (epoch, stamp_seed)}
         self._rng_states = None  # the worker reseeds its global RNGs at each epoch
         set_pipeline_epoch(self.pipe, epoch)
         self.feed.epoch = epoch
+
+    def batch_size(self) -> int:
+        """The size of the batches this chain builds (0 when it builds none)."""
+        sizes = [b.batches_of() for b in self._blocks]
+        return next((size for size in sizes if size is not None), 0)
 
     def global_rngs_moved(self) -> None:
         """Something outside this chain seeded or drew from the global RNGs since its
@@ -258,10 +267,10 @@ class WorkerChain:
 
     def _run(self, gen: int, entries: list, label: str) -> list[Output] | Failure:
         _, stamp_seed = self.epochs[gen]
+        outputs: list[Output] = []
         try:
             restart_blocks(self._blocks)
             self.feed.load(entries, stamp_seed)
-            outputs: list[Output] = []
             if self._recorder is not None:
                 return self._run_fused(outputs, len(entries))
             reader = self._reader
@@ -273,9 +282,36 @@ class WorkerChain:
                 stamp = current_stamp()
                 outputs.append((stamp[2], stamp[3], item))
         except Exception as error:  # noqa: BLE001 - surfaced in the main process, in order
+            self.partial = outputs  # held only past a failure: outputs pin shared memory
             return capture_failure(error, label)
         finally:
             self.feed.load([], stamp_seed)  # hold no item past its task
+
+    def run_each(
+        self, gen: int, entries: list, label: str, each: Callable[[Output], bool]
+    ) -> Failure | None:
+        """Call ``each`` on every output of the chain for ``entries`` as it is made (the
+        global RNGs seeded per item); stop early when it returns False. The failure the
+        chain raised, if any."""
+        _, stamp_seed = self.epochs[gen]
+        self._rng_states = None  # seeded per item here: the next task reads them afresh
+        try:
+            restart_blocks(self._blocks)
+            self.feed.load(entries, stamp_seed)
+            reader = self._reader
+            while True:
+                try:
+                    item = reader.next()
+                except StopIteration:
+                    return None
+                stamp = current_stamp()
+                if not each((stamp[2], stamp[3], item)):
+                    return None
+                restore_stamp(stamp)  # ``each`` may have stamped other items
+        except Exception as error:  # noqa: BLE001 - surfaced in the main process, in order
+            return capture_failure(error, label)
+        finally:
+            self.feed.load([], stamp_seed)
 
     def _run_fused(self, outputs: list[Output], count: int) -> list[Output]:
         """The task's outputs, the per-item blocks run as one loop (``RunReader``).

@@ -12,14 +12,17 @@ epoch goes out as chunks to several item workers, which send back items; the
 dispatcher batches them itself (``batch_chain``, e.g. ``batch`` + ``collate``),
 so the first batch comes sooner. Every later batch is one task for one item
 worker, which builds and collates it.
+
+Chunked with relayed chunks (``relayed``): item workers build the batches
+their chunks complete (``relay.py``); the results are whole batches, each
+with the point a resume after it starts from.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ....datapipes import IterDataPipe, StateFields
 from ....datapipes.runtime import RunReader, current_stamp, key_position, restore_stamp
@@ -32,39 +35,10 @@ from ...workers.rngs import global_rng_states, set_global_rng_states
 from .chain import WorkerChain
 from .least_loaded import LeastLoaded
 from .packing import unpack
+from .relay import RelayOrders
+from .units import Unit, WorkerPool
 
 __all__ = ["Dispatcher", "WorkerPool"]
-
-
-class WorkerPool(Protocol):
-    """What the dispatcher needs from the processes (see ``pool.py``)."""
-
-    num_item_workers: int
-    num_batch_workers: int
-
-    def send_task(self, worker: int, message: Task) -> None: ...
-
-    def send_control(self, worker: int, message: BatchSize) -> None: ...
-
-    def receive(self) -> list[Any]:
-        """Every message the workers sent to the main process so far (non-blocking)."""
-
-    def check_alive(self) -> None:
-        """Raise ``WorkerError`` if a worker died."""
-
-    def readiness(self) -> Sequence[ReadinessSource]: ...
-
-
-@dataclass
-class _Unit:
-    """A batch (economic) or a chunk (chunked) on its way through the workers."""
-
-    id: int
-    batch_worker: int
-    size: int  # items it takes
-    chunk: bool = False  # a chunk of the first batch, which the main process builds
-    positions: list[int] = field(default_factory=list)
-    item_workers: list[tuple[int, int]] = field(default_factory=list)  # (worker, items)
 
 
 class Dispatcher(IterDataPipe):
@@ -83,6 +57,8 @@ class Dispatcher(IterDataPipe):
             this many items, whose items ``batch_chain`` (``batch`` and the
             per-item blocks after it, fed by a ``BatchFeed``) batches here.
         batch_chain: see ``first_unit_chunk``.
+        relayed: chunks whose workers build the batches they complete (see the
+            module docstring).
 
     An error of the source is raised after the outputs of every unit read
     before it, as in-process: the batches made before it all arrive first.
@@ -99,6 +75,7 @@ class Dispatcher(IterDataPipe):
         units_are_batches: bool,
         first_unit_chunk: int | None = None,
         batch_chain: IterDataPipe | None = None,
+        relayed: bool = False,
     ) -> None:
         if (first_unit_chunk is None) != (batch_chain is None):
             raise ValueError(
@@ -110,6 +87,7 @@ class Dispatcher(IterDataPipe):
         self.per_item_tasks = per_item_tasks
         self.units_are_batches = units_are_batches
         self.first_unit_chunk = first_unit_chunk
+        self.relayed = relayed
         self._batch_chain = None if batch_chain is None else WorkerChain(batch_chain)
         self._source: IterDataPipe | None = None
         self._pool: WorkerPool | None = None
@@ -133,12 +111,14 @@ class Dispatcher(IterDataPipe):
         self._batch_workers = LeastLoaded(max(1, pool.num_batch_workers))
 
     def reset(self) -> None:
-        self._units: deque[_Unit] = deque()
-        self._open: _Unit | None = None
+        self._units: deque[Unit] = deque()
+        self._open: Unit | None = None
         self._pending_chunk: list[tuple[int, Any]] = []
         self._assigned: dict[int, list[tuple[int, Any]]] = {}  # worker -> open unit's items
         self._results: dict[int, Any] = {}
+        self._partials: dict[int, list[Any]] = {}  # relayed: batches sent ahead of the rest
         self._outputs: deque[tuple[int, int, Any]] = deque()
+        self._batches: deque[Any] = deque()  # relayed: (key, draws, batch, after) or a Failure
         self._next_id = 0
         self._source_done = False
         self._count = 0  # items read from the source (the position when it stamps none)
@@ -159,6 +139,7 @@ class Dispatcher(IterDataPipe):
         self._split_closed = False
         self._split: list[Output] = []
         self._split_end = 0
+        self._relays = RelayOrders()
         if self._pool is not None:
             self._item_workers = LeastLoaded(self._pool.num_item_workers)
             self._batch_workers = LeastLoaded(max(1, self._pool.num_batch_workers))
@@ -172,6 +153,14 @@ class Dispatcher(IterDataPipe):
     # -- delivering ------------------------------------------------------------
     def async_next(self) -> Any:
         while True:
+            if self._batches:  # relayed: whole batches, each with its resume point
+                batch = self._batches.popleft()
+                if isinstance(batch, Failure):  # after the batches made before it
+                    batch.raise_here()
+                key, draws, item, after = batch
+                self._resume_position, self._skip_at_resume = after
+                restore_stamp((self._stamp[0], self._stamp[1], key, draws))
+                return item
             if self._outputs:
                 key, draws, item = self._outputs.popleft()
                 position = key_position(key)
@@ -253,6 +242,10 @@ class Dispatcher(IterDataPipe):
         head = self._units[0]
         if head.id not in self._results:
             self._receive()
+        if head.id in self._partials:  # relayed: the first chunk's batches, each when made
+            self._batches.extend(self._partials.pop(head.id))
+            if head.id not in self._results:
+                return
         if head.id not in self._results:
             self._pool.check_alive()
             raise NotAvailable
@@ -264,6 +257,9 @@ class Dispatcher(IterDataPipe):
             self._item_workers.done(worker, amount)
         if head.batch_worker != MAIN:
             self._batch_workers.done(head.batch_worker)
+        if self.relayed:  # whole batches; a resume starts after the last one delivered
+            self._batches.extend(result)
+            return  # a failure among them raises when it is reached
         end = max(head.positions) + 1
         if head.chunk:  # its items wait for the rest of the first batch
             self._split.extend(result)
@@ -303,6 +299,11 @@ class Dispatcher(IterDataPipe):
                 continue  # an abandoned epoch's output
             if isinstance(message, InitFailed):
                 message.failure.raise_here()
+            if getattr(message, "partial", False):  # relayed: batches ahead of the rest
+                outputs = message.outputs
+                part = outputs if isinstance(outputs, list) else [outputs]
+                self._partials.setdefault(message.unit, []).extend(part)
+                continue
             self._results[message.unit] = unpack(message.outputs)
 
     # -- handing out ------------------------------------------------------------
@@ -343,6 +344,8 @@ class Dispatcher(IterDataPipe):
             except StopIteration:
                 self._source_done = True
                 self._close(unit)
+                if self.relayed:
+                    self._close(self._new_unit(final=True))
                 return
             except Exception as error:  # noqa: BLE001 - raised after the units before it
                 self._source_done, self._source_error = True, error
@@ -370,7 +373,7 @@ class Dispatcher(IterDataPipe):
         chunks = sum(unit.chunk for unit in self._units)
         return len(self._units) - chunks + (1 if chunks or self._split else 0)
 
-    def _new_unit(self) -> _Unit:
+    def _new_unit(self, *, final: bool = False) -> Unit:
         assert self._pool is not None
         batch_worker = MAIN
         if self._pool.num_batch_workers:
@@ -380,12 +383,12 @@ class Dispatcher(IterDataPipe):
             assert self.first_unit_chunk is not None
             size, chunk = min(self.first_unit_chunk, self._split_left), True
             self._split_left -= size
-        unit = _Unit(self._next_id, batch_worker, size, chunk)
+        unit = Unit(self._next_id, batch_worker, size, chunk, final)
         self._next_id += 1
         self._units.append(unit)
         return unit
 
-    def _add(self, unit: _Unit, key: Any, value: Any) -> None:
+    def _add(self, unit: Unit, key: Any, value: Any) -> None:
         assert self._pool is not None
         position = key_position(key)
         assert position is not None  # _read_source numbers unstamped items
@@ -397,7 +400,7 @@ class Dispatcher(IterDataPipe):
         unit.item_workers.append((worker, 1))
         self._assigned.setdefault(worker, []).append((key, value))
 
-    def _add_run(self, unit: _Unit, positions: range, values: list[Any]) -> None:
+    def _add_run(self, unit: Unit, positions: range, values: list[Any]) -> None:
         """``_add`` for a run of items: economic gives each least loaded worker a slice."""
         unit.positions.extend(positions)
         entries = list(zip(positions, values))
@@ -411,19 +414,19 @@ class Dispatcher(IterDataPipe):
             unit.item_workers.append((worker, len(part)))
             self._assigned.setdefault(worker, []).extend(part)
 
-    def _flush(self, unit: _Unit) -> None:
+    def _flush(self, unit: Unit) -> None:
         """Send each item worker the items of ``unit`` assigned to it, as one task."""
         assert self._pool is not None
         for worker, entries in self._assigned.items():
             self._pool.send_task(worker, Task(self._gen, unit.id, unit.batch_worker, entries))
         self._assigned = {}
 
-    def _close(self, unit: _Unit) -> None:
+    def _close(self, unit: Unit) -> None:
         assert self._pool is not None
         self._open = None
         if unit.chunk and (not self._split_left or self._source_done):
             self._split_closed = True  # the first batch's last chunk
-        if not unit.positions:  # the source ended at a unit boundary
+        if not unit.positions and not unit.final:  # the source ended at a unit boundary
             self._units.remove(unit)
             if unit.batch_worker != MAIN:
                 self._batch_workers.done(unit.batch_worker)
@@ -434,12 +437,24 @@ class Dispatcher(IterDataPipe):
                 unit.batch_worker, BatchSize(self._gen, unit.id, len(unit.positions))
             )
             return
+        if self.relayed:
+            self._send_relayed(unit)
+            return
         worker = self._item_workers.assign(len(unit.positions))
         unit.item_workers.append((worker, len(unit.positions)))
         chunk, self._pending_chunk = self._pending_chunk, []
         self._pool.send_task(worker, Task(self._gen, unit.id, MAIN, chunk, not unit.chunk))
 
-    def _abandon(self, unit: _Unit) -> None:
+    def _send_relayed(self, unit: Unit) -> None:
+        """Send a chunk to the worker chosen for it, naming the next chunk's worker."""
+        assert self._pool is not None
+        amount = max(1, len(unit.positions))
+        worker, order = self._relays.order(self._item_workers, unit.id, amount, unit.final)
+        unit.item_workers.append((worker, amount))
+        chunk, self._pending_chunk = self._pending_chunk, []
+        self._pool.send_task(worker, Task(self._gen, unit.id, MAIN, chunk, True, order))
+
+    def _abandon(self, unit: Unit) -> None:
         """Drop the open ``unit``: a batch the source failed to finish (its items
         already sent are dropped by the workers when the next epoch starts)."""
         self._open = None
@@ -459,6 +474,9 @@ class Dispatcher(IterDataPipe):
     def resume(self, position: int, skip: int) -> None:
         """Start where :attr:`resume_from` said (after ``reset``, before reading)."""
         self._resume_position, self._skip_at_resume = position, skip
+        if self.relayed:  # the first chunk's worker drops them
+            self._relays.skip = skip
+            return
         self._skip, self._skip_position = skip, position
 
     def state_dict(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ worker, or to the main process (chunked).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from ...workers.process import Payload, bootstrap
 from ...workers.rngs import seed_worker_rngs, worker_seed
 from .chain import WorkerChain
 from .packing import pack
+from .relay import RelayEnds, WorkerStopped, run_relayed
 
 __all__ = ["item_worker_main"]
 
@@ -35,13 +37,17 @@ def item_worker_main(
     seed: int,
     worker_init_fn: Callable[[int], None] | None,
     batch_payload: Payload | None = None,
+    relay_links: tuple[list[ProcessQueue], list[ProcessQueue]] | None = None,
 ) -> None:
     """An item worker: run the per-item blocks for each task it is given.
 
     With ``batch_payload`` each task is a whole batch: the worker then runs
     ``batch`` and what follows on the task's outputs, as a batch worker would;
     except a task with ``whole=False`` (a chunk of chunked's first batch, which
-    the main process batches), whose items go back as they are.
+    the main process batches), whose items go back as they are. With
+    ``relay_links`` (``(inbox, outbox)``, chunked whose per-item blocks are not one
+    to one) a task with a ``relay`` order sends the batches its chunk completes
+    (``relay.py``).
     """
     label = bootstrap(f"item worker {index}")
     set_output_queue(to_main)  # batches it collates (no batch workers) go there uncopied
@@ -49,12 +55,17 @@ def item_worker_main(
     batch_chain = None if batch_payload is None else WorkerChain(batch_payload.load())
     initialized = False
     next_task = _TaskWaiter(tasks, to_batch, to_main)
+    ends = None if relay_links is None else RelayEnds(*relay_links, tasks, next_task.waiter)
+    next_task.relays = ends
+    batch_size = 0 if batch_chain is None else batch_chain.batch_size()
     while True:
         try:
             message = next_task()
         except QueueError:  # the main process is gone
             return
         if isinstance(message, EpochStart):
+            if ends is not None:
+                ends.drop_stale(message.gen)
             own_seed = worker_seed(seed, message.epoch, index)
             seed_worker_rngs(own_seed)
             set_process_worker_info(WorkerInfo(index, count, own_seed, chain.pipe))
@@ -73,6 +84,23 @@ def item_worker_main(
             return  # Stop
         if message.gen not in chain.epochs:
             continue  # a task of an abandoned epoch
+        if message.relay is not None:
+            assert ends is not None and batch_chain is not None
+            try:
+                send_partial = functools.partial(
+                    _send_partial, to_main, message, label, repr(batch_chain.pipe)
+                )
+                relayed = run_relayed(
+                    message, chain, batch_chain, batch_size, ends, label, send_partial
+                )
+            except (QueueError, WorkerStopped):  # the main process is gone, or stops us
+                return
+            if relayed is None:
+                continue  # an earlier chunk failed: the main process raises that
+            result = TaskResult(message.gen, message.unit, relayed, len(message.entries))
+            _send(to_main, result, label, repr(batch_chain.pipe))
+            del relayed, result
+            continue
         outputs = chain.run(message.gen, message.entries, label)
         if batch_chain is not None and message.whole and not isinstance(outputs, Failure):
             outputs = batch_chain.run(message.gen, outputs, label)
@@ -113,12 +141,15 @@ class _TaskWaiter:
         self.tasks = tasks
         self.links = links
         self.to_main = to_main
+        self.relays: RelayEnds | None = None  # tasks read while waiting for a relay: first
         self.waiter = Waiter()
         tasks.readiness().attach(self.waiter)
         for link in (*links, to_main):  # the consumers' frees, to give memory back at once
             link.space_readiness().attach(self.waiter)
 
     def __call__(self) -> Any:
+        if self.relays is not None and self.relays.pending:
+            return self.relays.pending.popleft()
         while True:
             seen = self.waiter.generation
             try:
@@ -127,6 +158,8 @@ class _TaskWaiter:
                 pass
             for link in self.links:
                 link.reclaim()
+            if self.relays is not None:
+                self.relays.reclaim()
             # Many item workers, few batches in flight: an idle worker keeps no big
             # segment, so memory stays flat in num_workers (small ones stay pooled).
             self.to_main.trim()
@@ -139,3 +172,24 @@ def _run_init(worker_init_fn: Callable[[int], None], index: int, label: str) -> 
         return None
     except Exception as error:  # noqa: BLE001 - surfaced in the main process
         return capture_failure(error, f"{label}, in worker_init_fn({index})")
+
+
+def _send_partial(
+    to_main: ProcessQueue, task: Task, label: str, block: str, batches: list[Any]
+) -> None:
+    """Send some of a chunk's batches ahead of the rest."""
+    _send(to_main, TaskResult(task.gen, task.unit, batches, 0, partial=True), label, block)
+
+
+def _send(to_main: ProcessQueue, result: TaskResult, label: str, block: str) -> None:
+    """Put a chunk's whole batches; a batch that cannot cross is reported as its failure."""
+    try:
+        to_main.put(result)
+    except QueueError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a batch cannot cross processes
+        outputs = result.outputs
+        if isinstance(outputs, Failure):
+            raise
+        failure = unsendable_failure(error, label, block, [o[:3] for o in outputs])
+        to_main.put(result._replace(outputs=failure))

@@ -39,6 +39,8 @@ class DispatchPool:
             each task is a whole batch they build (economic without batch workers).
         max_tasks: the most tasks one worker can be given before it answers.
         max_results: the most results a worker can owe the main process.
+        relay: link every item worker to every item worker (itself included), for
+            chunked's relays of the items that do not fill a batch (``relay.py``).
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class DispatchPool:
         max_results: int,
         seed: int,
         worker_init_fn: Callable[[int], None] | None,
+        relay: bool = False,
     ) -> None:
         self.num_item_workers = num_item_workers
         self.num_batch_workers = num_batch_workers if batch_payload is not None else 0
@@ -72,6 +75,10 @@ class DispatchPool:
         links = [
             [ProcessQueue(LINK_CAPACITY) for _ in range(self.num_batch_workers)]
             for _ in range(num_item_workers)
+        ]
+        relays = [
+            [ProcessQueue(LINK_CAPACITY) for _ in range(num_item_workers)]
+            for _ in range(num_item_workers if relay else 0)
         ]
         self._workers: list[WorkerProcess] = []
         for j in range(self.num_batch_workers):
@@ -107,10 +114,11 @@ class DispatchPool:
                         seed,
                         worker_init_fn,
                         own_batch_payload,
+                        ([row[i] for row in relays], relays[i]) if relay else None,
                     ),
                 )
             )
-        for row in links:  # only the workers use these; drop the main process's copies
+        for row in (*links, *relays):  # only the workers use these; drop the main's copies
             for link in row:
                 link.close()
         self._results = self._item_results + self._batch_results

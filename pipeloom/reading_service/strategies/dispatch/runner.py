@@ -91,9 +91,10 @@ class DispatchRunner(Runner):
             unit_size=unit_size,
             max_units=max_units,
             per_item_tasks=per_item_tasks,
-            units_are_batches=self.per_item_tasks or whole_batches,
+            units_are_batches=self.per_item_tasks or (whole_batches and not cut.relayed),
             first_unit_chunk=first_chunk,
             batch_chain=local_chain,
+            relayed=cut.relayed,
         )
         self.main = MainPart(
             pipeline, plan, self.dispatcher, exit, start_method=start_method, prefetch=prefetch
@@ -101,6 +102,9 @@ class DispatchRunner(Runner):
         first_chunks = 0 if first_chunk is None else -(-unit_size // first_chunk)
         self._max_units = max_units + first_chunks
         self._max_tasks = max_units * (unit_size if per_item_tasks else 1) + first_chunks
+        self._relayed = cut.relayed
+        if cut.relayed:
+            self._max_tasks += 1  # the epoch's final chunk
         source = self.point.source if isinstance(self.point, MapToIter) else None
         self._batch_payload: Payload | None = None
         self._own_batch_payload: Payload | None = None  # item workers building whole batches
@@ -159,6 +163,7 @@ class DispatchRunner(Runner):
             max_results=self._max_units,
             seed=block_seed(self.plan.part("item workers").exit) or 0,  # type: ignore[arg-type]
             worker_init_fn=self.worker_init_fn,
+            relay=self._relayed,
         )
 
     def state_dict(self) -> dict[str, Any]:
