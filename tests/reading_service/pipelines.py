@@ -12,7 +12,8 @@ from pipeloom import get_worker_info
 from pipeloom.datapipes import IterableWrapper, IterDataPipe, SequenceWrapper, item_rng
 
 
-def augmented(n: int = 40):
+def augmented(n: int = 40, batch: int = 4):
+    """Shuffle, shard, draw per item, filter, two outputs per input, batch."""
     return (
         IterableWrapper(range(n))
         .shuffle()
@@ -20,7 +21,7 @@ def augmented(n: int = 40):
         .map(lambda x: (x, int(item_rng().integers(1000))))
         .filter(lambda t: t[0] % 3 != 0)
         .flatmap(lambda t: [t, t])
-        .batch(4)
+        .batch(batch)
     )
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper, item_rng
+from pipeloom.datapipes import IterableWrapper
 from pipeloom.reading_service import InProcessReadingService, ThreadReadingService
 from pipeloom.reading_service.workers import baton as baton_module
 from pipeloom.reading_service.workers.baton import (
@@ -23,6 +23,7 @@ from pipeloom.reading_service.workers.baton import (
     GilBaton,
     Window,
 )
+from tests.reading_service import pipelines
 
 BUSY = Window(wall=0.01, cpu=0.01, puts=10, waited=False)  # one core, 1000 outputs/s
 GIL_FREE = Window(wall=0.01, cpu=0.02, puts=10, waited=False)  # two cores
@@ -230,18 +231,6 @@ def test_switching_off_lets_the_waiting_workers_run_without_it():
 # -- through the loader -------------------------------------------------------------------
 
 
-def augmented(n: int = 40):
-    return (
-        IterableWrapper(range(n))
-        .shuffle()
-        .sharding_filter()
-        .map(lambda x: (x, int(item_rng().integers(1000))))
-        .filter(lambda t: t[0] % 3 != 0)
-        .flatmap(lambda t: [t, t])
-        .batch(3)
-    )
-
-
 @settings(max_examples=10, deadline=None)
 @given(
     threads=st.integers(2, 4),
@@ -250,10 +239,10 @@ def augmented(n: int = 40):
     mode=st.sampled_from(["on", "auto"]),
 )
 def test_output_with_the_baton_equals_in_process(threads, seed, n, mode):
-    reference = DataLoader(augmented(n), InProcessReadingService(), seed=seed)
+    reference = DataLoader(pipelines.augmented(n, batch=3), InProcessReadingService(), seed=seed)
     expected = [list(reference), list(reference)]  # two epochs
     service = ThreadReadingService(threads, gil_baton=mode)
-    with DataLoader(augmented(n), service, seed=seed) as loader:
+    with DataLoader(pipelines.augmented(n, batch=3), service, seed=seed) as loader:
         assert [list(loader), list(loader)] == expected
 
 

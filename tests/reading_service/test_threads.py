@@ -11,28 +11,17 @@ from hypothesis import strategies as st
 
 import pipeloom
 from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper, item_rng
+from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import NotAvailable
 from pipeloom.reading_service import InProcessReadingService, ThreadReadingService
-
-
-def augmented(n=40):
-    return (
-        IterableWrapper(range(n))
-        .shuffle()
-        .sharding_filter()
-        .map(lambda x: (x, int(item_rng().integers(1000))))
-        .filter(lambda t: t[0] % 3 != 0)
-        .flatmap(lambda t: [t, t])
-        .batch(4)
-    )
+from tests.reading_service import pipelines
 
 
 @settings(max_examples=12, deadline=None)
 @given(threads=st.integers(0, 4), seed=st.integers(0, 2**16), n=st.integers(0, 40))
 def test_output_equals_in_process_at_any_thread_count(threads, seed, n):
-    expected = list(DataLoader(augmented(n), InProcessReadingService(), seed=seed))
-    with DataLoader(augmented(n), ThreadReadingService(threads), seed=seed) as loader:
+    expected = list(DataLoader(pipelines.augmented(n), InProcessReadingService(), seed=seed))
+    with DataLoader(pipelines.augmented(n), ThreadReadingService(threads), seed=seed) as loader:
         assert list(loader) == expected
 
 
@@ -46,15 +35,17 @@ def test_batches_built_in_threads_equal_in_process_batches():
 
 
 def test_epochs_differ_and_replay():
-    with DataLoader(augmented(), ThreadReadingService(2), seed=1) as loader:
+    with DataLoader(pipelines.augmented(), ThreadReadingService(2), seed=1) as loader:
         first, second = list(loader), list(loader)
         loader.set_epoch(0)
         assert first != second and list(loader) == first
 
 
 def test_arrival_order_mode_yields_the_same_items():
-    expected = sorted(x for batch in DataLoader(augmented(), seed=2) for x in batch)
-    with DataLoader(augmented(), ThreadReadingService(3, in_order=False), seed=2) as loader:
+    expected = sorted(x for batch in DataLoader(pipelines.augmented(), seed=2) for x in batch)
+    with DataLoader(
+        pipelines.augmented(), ThreadReadingService(3, in_order=False), seed=2
+    ) as loader:
         assert sorted(x for batch in loader for x in batch) == expected
 
 
