@@ -200,6 +200,10 @@ class _Stream:
 
     def write(self, data: Any) -> int:
         size = memoryview(data).nbytes
+        if size >= _CHUNK:  # a big chunk goes as it is, without a copy into the buffer
+            self.flush()
+            self._send(data)
+            return size
         self._buffer += data
         if len(self._buffer) >= _CHUNK:
             self.flush()
@@ -208,14 +212,17 @@ class _Stream:
     def flush(self) -> None:
         if not self._buffer:  # the template may have read it all and closed its end
             return
+        self._send(self._buffer)
+        self._buffer.clear()
+
+    def _send(self, data: Any) -> None:
         try:
-            self._socket.sendall(self._buffer)
+            self._socket.sendall(data)
         except OSError as error:
             raise TemplateGone(
                 f"the pipeloom template process stopped reading its pipeline "
                 f"({type(error).__name__}: {error}); it may have been killed"
             ) from error
-        self._buffer.clear()
 
 
 class Template:
