@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import io
 import pickle
 import pickletools
@@ -93,6 +94,7 @@ def test_short_or_mixed_lists_and_custom_reduce_are_pickled_as_usual(monkeypatch
         Holder(strings=[*strings, b"bytes"]),
         Holder(strings={"in": strings}),
         Reduced(strings=strings),
+        Holder(kind=Holder, abc=collections.abc.Sequence, strings=strings[:5]),
     ):
         assert _memoized(atoms.dumps(obj)) >= 5, obj
         assert vars(_round_trip(obj)) == vars(obj)

@@ -74,6 +74,7 @@ class Pickler(cloudpickle.Pickler):
         reduced = super().reducer_override(obj)
         if (
             reduced is not NotImplemented
+            or isinstance(obj, type)  # a class cloudpickle left to pickle (by reference)
             or not kind.__flags__ & _HEAP_TYPE  # a builtin type (function, module, ...)
             or kind.__reduce_ex__ is not object.__reduce_ex__
             or kind.__reduce__ is not object.__reduce__
