@@ -119,7 +119,14 @@ class StartServer:
             setup = pickle.dumps((preparation, dict(os.environ), os.getpid()))
             fds = [unpickler_end.fileno(), theirs.fileno(), reaper.fileno()]
             with self._lock:
-                send(self._socket, setup, fds)
+                try:
+                    send(self._socket, setup, fds)
+                finally:  # the server has its copies: a template that dies closes the stream
+                    theirs.close()
+                    reaper.close()
+                    unpickler_end.close()
+                # pickled while the server forks the template (its pid is read after)
+                failure = _write_payload(stream, write_payload)
                 (pid,) = HEADER.unpack(recv_exactly(self._socket, HEADER.size))
         except (OSError, EOFError) as error:
             for sock in (ours, reaped, stream):
@@ -129,20 +136,10 @@ class StartServer:
                 f"({type(error).__name__}: {error}); it may have been killed. Use "
                 f"start_method='forkserver' or 'fork' if this persists"
             ) from error
-        finally:
-            theirs.close()
-            reaper.close()
-            unpickler_end.close()
         template = Template(ours, pid, reaped)
-        try:
-            writer = _Stream(stream)
-            write_payload(writer)
-            writer.flush()
-        except BaseException:
-            stream.close()
+        if failure is not None:
             template.close()
-            raise
-        stream.close()
+            raise failure
         return template
 
     def alive(self) -> bool:
@@ -185,6 +182,21 @@ def _forget_server_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_server_in_child)
+
+
+def _write_payload(
+    stream: socket.socket, write_payload: Callable[[Any], object]
+) -> BaseException | None:
+    """Run ``write_payload`` on ``stream`` and close it; what it raised, if anything."""
+    try:
+        writer = _Stream(stream)
+        write_payload(writer)
+        writer.flush()
+    except BaseException as error:  # noqa: BLE001 - raised by the caller, once the server answered
+        return error
+    finally:
+        stream.close()
+    return None
 
 
 class TemplateGone(RuntimeError):
