@@ -186,12 +186,9 @@ def test_the_user_process_ending_ends_server_template_and_workers(tmp_path, how)
     assert wait_for_exit(pids, timeout=10) == []
 
 
-def _holds_lock(x, lock=threading.Lock()):  # noqa: B008 - a lock cannot be pickled: the point
-    return x
-
-
 def test_after_an_unpicklable_pipeline_the_server_still_starts_templates():
-    bad = IterableWrapper(range(4)).sharding_filter().map(_holds_lock)
+    lock = threading.Lock()  # cannot be pickled
+    bad = IterableWrapper(range(4)).sharding_filter().map(lambda x, lock=lock: x)
     with DataLoader(bad, _spawn(1), seed=0) as loader:
         with pytest.raises(TypeError, match="cannot be pickled"):
             list(loader)
