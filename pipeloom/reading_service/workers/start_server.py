@@ -10,7 +10,7 @@ Here, with the same guarantee, a worker starts in milliseconds::
     user process ──(socket)──> start server          fresh interpreter, started once
                                     │ fork            per user process (torch and
                                     v                 pipeloom imported there once)
-    payload (memfd) ──────────> template              one per pipeline: unpickles it once
+    payload (socket stream) ──> template              one per pipeline: unpickles it once
                                     │ fork × N
                                     v
                                  workers              inherit the pipeline copy-on-write
@@ -20,10 +20,11 @@ Here, with the same guarantee, a worker starts in milliseconds::
   imports pipeloom (and so torch) once and never runs user code. It exits with
   the user's process (it watches it through a pidfd).
 * A **template** (:class:`Template`) is forked from the server for each
-  payload: the pipeline is written once into an anonymous shared-memory
-  segment (memfd), whose descriptor travels with ``SCM_RIGHTS``; the template
-  prepares itself as ``spawn`` prepares a child (``sys.path``, working
-  directory, environment, the main module) and unpickles the pipeline once.
+  payload; the main process pickles the pipeline meanwhile (big lists of
+  strings without the memo: ``atoms.py``), streamed over a socket whose other
+  end travels with ``SCM_RIGHTS``; the template prepares itself as ``spawn``
+  prepares a child (``sys.path``, working directory, environment, the main
+  module) and unpickles the pipeline once, as it arrives.
 * Each **worker** is forked from the template: it inherits the unpickled
   pipeline, so its start is flat in the dataset's size and the worker count.
   Its arguments (queues, pipes: descriptors with ``SCM_RIGHTS``) are pickled
