@@ -86,6 +86,15 @@ def test_a_big_list_of_strings_is_pickled_without_memo(monkeypatch):
     assert pickle.loads(data).strings == strings
 
 
+def test_a_list_given_to_the_pipeline_itself_is_pickled_without_memo(monkeypatch):
+    monkeypatch.setattr(atoms, "MIN_ITEMS", 10)
+    strings = [f"s{i}" for i in range(100)]
+    pipe = IterableWrapper(strings).sharding_filter()
+    data = atoms.dumps(pipe)
+    assert _memoized(data) < 100 - 10
+    assert list(pickle.loads(data)) == strings
+
+
 def test_short_or_mixed_lists_and_custom_reduce_are_pickled_as_usual(monkeypatch):
     monkeypatch.setattr(atoms, "MIN_ITEMS", 10)
     strings = [f"s{i}" for i in range(100)]
