@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import psutil
@@ -183,3 +184,15 @@ def test_the_user_process_ending_ends_server_template_and_workers(tmp_path, how)
     pids = [int(pid) for pid in done.stdout.split()]
     assert len(pids) == 3
     assert wait_for_exit(pids, timeout=10) == []
+
+
+def test_after_an_unpicklable_pipeline_the_server_still_starts_templates():
+    lock = threading.Lock()  # cannot be pickled
+    bad = IterableWrapper(range(4)).sharding_filter().map(lambda x, lock=lock: x)
+    with DataLoader(bad, _spawn(1), seed=0) as loader:
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            list(loader)
+    server = start_server.start_server()
+    with DataLoader(IterableWrapper(range(6)).sharding_filter(), _spawn(2), seed=0) as loader:
+        assert sorted(loader) == list(range(6))
+    assert start_server.start_server() is server and server.alive()

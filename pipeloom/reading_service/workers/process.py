@@ -45,6 +45,7 @@ from ...datapipes import DataPipe
 from ...datapipes.runtime import NO_STAMP, forget_lazy_init, restore_stamp
 from ...errors import WorkerError
 from ...graph import upstream
+from . import atoms
 from .start_server import ServedContext, Template, TemplateGone, start_server
 
 __all__ = [
@@ -129,17 +130,21 @@ class Payload:
         self.forked = context.get_start_method() == "fork"
         self._template: Template | None = None
         if isinstance(context, ServedContext):  # the template unpickles while it is pickled
-            pickled = io.BytesIO()
+            pickled: list[bytes] = []  # kept, to start its template again if closed
             self._template = start_server().new_template(lambda file: _dumps(pipe, file, pickled))
-            self._content: Any = pickled.getvalue()
+            self._content: Any = pickled
         else:
             self._content = pipe if self.forked else _dumps(pipe)
 
     def template(self) -> Template:
         """The template process holding this payload unpickled (started again if closed)."""
         if self._template is None or self._template.closed:
-            self._template = start_server().new_template(lambda file: file.write(self._content))
+            self._template = start_server().new_template(self._write_content)
         return self._template
+
+    def _write_content(self, file: Any) -> None:
+        for chunk in self._content:
+            file.write(chunk)
 
     def close(self) -> None:
         """End the template process, if any (once its workers have exited)."""
@@ -148,7 +153,10 @@ class Payload:
             self._template = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"forked": self.forked, "_content": self._content, "_template": None}
+        content = self._content
+        if isinstance(content, list):  # pickled chunks, as sent to a template
+            content = b"".join(content)
+        return {"forked": self.forked, "_content": content, "_template": None}
 
     def load(self) -> Any:
         """The pipeline, in the worker: unpickled, or (forked) with ``lazy_init`` to run again."""
@@ -350,12 +358,13 @@ def keep_freed_memory_for_reuse() -> bool:
 
 
 # -- pickling a pipeline ------------------------------------------------------------
-def _dumps(pipe: DataPipe, file: Any = None, copy: io.BytesIO | None = None) -> bytes:
-    """cloudpickle's bytes of ``pipe``; or written into ``file`` and ``copy`` as they come."""
+def _dumps(pipe: DataPipe, file: Any = None, copy: list[bytes] | None = None) -> bytes:
+    """cloudpickle's bytes of ``pipe`` (:mod:`.atoms`: big lists of strings pickled fast);
+    or written into ``file`` and appended to ``copy`` as they come."""
     try:
         if file is None:
-            return cloudpickle.dumps(pipe)
-        cloudpickle.dump(pipe, _Tee(file, copy or io.BytesIO()))
+            return atoms.dumps(pipe)
+        atoms.dump(pipe, _Tee(file, [] if copy is None else copy))
         return b""
     except TemplateGone:
         raise  # the template process stopped reading: not the pipeline's fault
@@ -370,13 +379,13 @@ def _dumps(pipe: DataPipe, file: Any = None, copy: io.BytesIO | None = None) -> 
 
 
 class _Tee:
-    """Writes to a file and keeps a copy."""
+    """Writes to a file and keeps a copy: the chunks written (bytes are kept, not copied)."""
 
-    def __init__(self, file: Any, copy: io.BytesIO) -> None:
+    def __init__(self, file: Any, copy: list[bytes]) -> None:
         self._file, self._copy = file, copy
 
     def write(self, data: Any) -> int:
-        self._copy.write(data)
+        self._copy.append(data if type(data) is bytes else bytes(data))
         return self._file.write(data)
 
 

@@ -7,6 +7,7 @@ descriptors sent with it (``SCM_RIGHTS``), then the bytes.
 
 from __future__ import annotations
 
+import gc
 import io
 import multiprocessing
 import multiprocessing.connection
@@ -147,11 +148,16 @@ def _template_main(setup: bytes, fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(environ)
     multiprocessing.spawn.prepare(preparation)
-    with socket.socket(fileno=stream_fd) as stream, stream.makefile("rb") as file:
-        try:
-            loaded = _Loaded(pickle.load(file), None)
-        except Exception as error:  # noqa: BLE001 - each worker raises it, as under spawn
-            loaded = _Loaded(None, error)
+    gc.disable()  # unpickling allocates objects that all live: no collection meanwhile
+    try:
+        with socket.socket(fileno=stream_fd) as stream, stream.makefile("rb") as file:
+            try:
+                loaded = _Loaded(pickle.load(file), None)
+            except Exception as error:  # noqa: BLE001 - each worker raises it, as under spawn
+                loaded = _Loaded(None, error)
+    finally:
+        gc.enable()
+    gc.freeze()  # workers' collections skip the pipeline: its pages stay shared with the template
     user = open_pidfd(user_pid)
     children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, status socket)
     open_control = True

@@ -10,7 +10,7 @@ Here, with the same guarantee, a worker starts in milliseconds::
     user process ──(socket)──> start server          fresh interpreter, started once
                                     │ fork            per user process (torch and
                                     v                 pipeloom imported there once)
-    payload (memfd) ──────────> template              one per pipeline: unpickles it once
+    payload (socket stream) ──> template              one per pipeline: unpickles it once
                                     │ fork × N
                                     v
                                  workers              inherit the pipeline copy-on-write
@@ -20,10 +20,11 @@ Here, with the same guarantee, a worker starts in milliseconds::
   imports pipeloom (and so torch) once and never runs user code. It exits with
   the user's process (it watches it through a pidfd).
 * A **template** (:class:`Template`) is forked from the server for each
-  payload: the pipeline is written once into an anonymous shared-memory
-  segment (memfd), whose descriptor travels with ``SCM_RIGHTS``; the template
-  prepares itself as ``spawn`` prepares a child (``sys.path``, working
-  directory, environment, the main module) and unpickles the pipeline once.
+  payload; the main process pickles the pipeline meanwhile (big lists of
+  strings without the memo: ``atoms.py``), streamed over a socket whose other
+  end travels with ``SCM_RIGHTS``; the template prepares itself as ``spawn``
+  prepares a child (``sys.path``, working directory, environment, the main
+  module) and unpickles the pipeline once, as it arrives.
 * Each **worker** is forked from the template: it inherits the unpickled
   pipeline, so its start is flat in the dataset's size and the worker count.
   Its arguments (queues, pipes: descriptors with ``SCM_RIGHTS``) are pickled
@@ -119,7 +120,14 @@ class StartServer:
             setup = pickle.dumps((preparation, dict(os.environ), os.getpid()))
             fds = [unpickler_end.fileno(), theirs.fileno(), reaper.fileno()]
             with self._lock:
-                send(self._socket, setup, fds)
+                try:
+                    send(self._socket, setup, fds)
+                finally:  # the server has its copies: a template that dies closes the stream
+                    theirs.close()
+                    reaper.close()
+                    unpickler_end.close()
+                # pickled while the server forks the template (its pid is read after)
+                failure = _write_payload(stream, write_payload)
                 (pid,) = HEADER.unpack(recv_exactly(self._socket, HEADER.size))
         except (OSError, EOFError) as error:
             for sock in (ours, reaped, stream):
@@ -129,20 +137,10 @@ class StartServer:
                 f"({type(error).__name__}: {error}); it may have been killed. Use "
                 f"start_method='forkserver' or 'fork' if this persists"
             ) from error
-        finally:
-            theirs.close()
-            reaper.close()
-            unpickler_end.close()
         template = Template(ours, pid, reaped)
-        try:
-            writer = _Stream(stream)
-            write_payload(writer)
-            writer.flush()
-        except BaseException:
-            stream.close()
+        if failure is not None:
             template.close()
-            raise
-        stream.close()
+            raise failure
         return template
 
     def alive(self) -> bool:
@@ -187,6 +185,21 @@ def _forget_server_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_server_in_child)
 
 
+def _write_payload(
+    stream: socket.socket, write_payload: Callable[[Any], object]
+) -> BaseException | None:
+    """Run ``write_payload`` on ``stream`` and close it; what it raised, if anything."""
+    try:
+        writer = _Stream(stream)
+        write_payload(writer)
+        writer.flush()
+    except BaseException as error:  # noqa: BLE001 - raised by the caller, once the server answered
+        return error
+    finally:
+        stream.close()
+    return None
+
+
 class TemplateGone(RuntimeError):
     """A template process stopped reading its pipeline or answering (it was killed)."""
 
@@ -200,6 +213,10 @@ class _Stream:
 
     def write(self, data: Any) -> int:
         size = memoryview(data).nbytes
+        if size >= _CHUNK:  # a big chunk goes as it is, without a copy into the buffer
+            self.flush()
+            self._send(data)
+            return size
         self._buffer += data
         if len(self._buffer) >= _CHUNK:
             self.flush()
@@ -208,14 +225,17 @@ class _Stream:
     def flush(self) -> None:
         if not self._buffer:  # the template may have read it all and closed its end
             return
+        self._send(self._buffer)
+        self._buffer.clear()
+
+    def _send(self, data: Any) -> None:
         try:
-            self._socket.sendall(self._buffer)
+            self._socket.sendall(data)
         except OSError as error:
             raise TemplateGone(
                 f"the pipeloom template process stopped reading its pipeline "
                 f"({type(error).__name__}: {error}); it may have been killed"
             ) from error
-        self._buffer.clear()
 
 
 class Template:

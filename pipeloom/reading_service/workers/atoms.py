@@ -1,0 +1,114 @@
+"""Pickling a pipeline fast when it holds big lists of strings (spawn, forkserver).
+
+A dataset often holds a file list or a caption table: a list of a million
+``str``. ``pickle`` memoizes each string (a dict insert per object: ~80% of
+the time of pickling such a list) although a list of strings can hold no
+cycle, and no shared reference that matters (strings are immutable).
+
+:class:`Pickler` is cloudpickle's pickler, except that a big list or tuple of
+``str`` (or of ``bytes``) found in an object's attributes is pickled without
+the memo (``Pickler.fast``, turned on for its items only, in the stream): it
+is unpickled as any list (a template unpickles while the main process
+pickles, item by item), and comes back as a list (tuple) equal to the
+original; a list referenced twice comes back as one list referenced twice.
+
+Only plain objects' attribute dicts are looked at (an object whose class
+defines neither ``__reduce__`` nor ``__reduce_ex__``; ``__getstate__`` is
+respected): a list held elsewhere (in a dict, in another list) is pickled as
+usual, as is every list of mixed types or of fewer than :data:`MIN_ITEMS`.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import cloudpickle
+
+__all__ = ["MIN_ITEMS", "Pickler", "dump", "dumps"]
+
+MIN_ITEMS = 4096  # a shorter list is pickled as usual
+_ATOMS = ({str}, {bytes})
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
+
+
+class _Atoms:
+    """A big list or tuple of ``str``/``bytes``, to pickle without the memo."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list | tuple) -> None:
+        self.items = items
+
+
+class _Fast:
+    """Turns the pickler's memo off (``on``) or back on where it is pickled, in the stream.
+
+    A fresh one each time: a memoized one would not reach ``reducer_override`` again.
+    """
+
+    __slots__ = ("on",)
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+
+def _items(_on: bool, items: list | tuple, _off: bool) -> list | tuple:
+    return items
+
+
+class Pickler(cloudpickle.Pickler):
+    """cloudpickle's pickler, with big lists of strings in attributes pickled fast."""
+
+    def __init__(self, file: Any, protocol: int | None = None, **kwargs: Any) -> None:
+        super().__init__(file, protocol, **kwargs)
+        self._atoms: dict[int, tuple[_Atoms, Any]] = {}  # id(list) -> its wrapper, the list
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is _Atoms:  # its items are pickled between a _Fast(True) and a _Fast(False)
+            return _items, (_Fast(True), obj.items, _Fast(False))
+        if kind is _Fast:
+            self.fast = obj.on  # read by the C pickler as it goes: no memo for the items
+            return bool, ()
+        reduced = super().reducer_override(obj)
+        if (
+            reduced is not NotImplemented
+            or isinstance(obj, type)  # a class cloudpickle left to pickle (by reference)
+            or not kind.__flags__ & _HEAP_TYPE  # a builtin type (function, module, ...)
+            or kind.__reduce_ex__ is not object.__reduce_ex__
+            or kind.__reduce__ is not object.__reduce__
+            or kind in self.dispatch_table
+            or not hasattr(obj, "__dict__")
+        ):
+            return reduced
+        reduced = obj.__reduce_ex__(self.proto)  # what pickle would call next
+        if type(reduced) is not tuple or len(reduced) < 3 or type(reduced[2]) is not dict:
+            return reduced
+        state = reduced[2]
+        wrapped = {key: self._wrap(value) for key, value in state.items()}
+        if all(wrapped[key] is value for key, value in state.items()):
+            return reduced
+        return (*reduced[:2], wrapped, *reduced[3:])
+
+    def _wrap(self, value: Any) -> Any:
+        """``value`` itself, or its :class:`_Atoms` if it is a big list of strings."""
+        if type(value) not in (list, tuple) or len(value) < MIN_ITEMS:
+            return value
+        known = self._atoms.get(id(value))
+        if known is None:  # keep the list: its id stays its own while pickling
+            atoms = _Atoms(value) if set(map(type, value)) in _ATOMS else value
+            known = self._atoms[id(value)] = (atoms, value)
+        return known[0]
+
+
+def dump(obj: Any, file: Any) -> None:
+    """Pickle ``obj`` into ``file`` with :class:`Pickler` (cloudpickle's protocol)."""
+    Pickler(file, cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+
+
+def dumps(obj: Any) -> bytes:
+    """``obj`` pickled with :class:`Pickler`."""
+    buffer = io.BytesIO()
+    dump(obj, buffer)
+    return buffer.getvalue()
