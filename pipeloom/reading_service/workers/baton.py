@@ -22,8 +22,9 @@ outputs per second, and tries the baton against going without:
   not show that the work runs in parallel; only the try shows it;
 * on -> off: the first window of a try put out fewer outputs per second than
   the window before it without (below :data:`SLOWER` of it: the threads ran
-  GIL-free work side by side) without costing less CPU per output (below
-  :data:`CPU_SAVED` of it: the hand-overs it saves), or in any window the holders computed less
+  GIL-free work side by side, e.g. Pillow decoding; the try may still cost
+  less CPU per output, but throughput is what threads are for), or in any
+  window the holders computed less
   than :data:`HOLDER_BUSY` of the time they held the baton (they blocked:
   sleep, a socket read), or the workers used less than :data:`BUSY_CORES`.
   After a failed try the pool waits :data:`FIRST_HOLD_OFF` windows, twice as
@@ -71,8 +72,11 @@ BatonMode = Literal["auto", "on", "off"]
 MODES: tuple[BatonMode, ...] = ("auto", "on", "off")
 ENV_VAR = "PIPELOOM_GIL_BATON"
 
-WINDOW_S = 0.005
-"""Shortest measuring window, seconds of wall time (a window closes at a put)."""
+WINDOW_S = 0.02
+"""Shortest measuring window, seconds of wall time (a window closes at a put).
+
+Long enough to hold tens of outputs of decoding work (a JPEG's 0.4-0.8 ms), whose
+rate in a 5 ms window was too noisy to see that the baton halved it."""
 BUSY_CORES = 0.3
 """Below this the workers mostly wait (I/O, sleep): the baton would only serialize the waits."""
 HOLDER_BUSY = 0.3
@@ -84,23 +88,19 @@ part of the time is caught by the try's outputs per second instead."""
 MIN_HOLD_S = 0.002
 """Holds adding up to less than this in a window are too short to judge the holders by."""
 SLOWER = 0.85
-"""Outputs/s with the baton below this fraction of the rate without: baton off (unless cheaper)."""
-CPU_SAVED = 0.8
-"""Worker CPU per output with the baton below this fraction of it without: the try is kept
-even if slower. On a loaded machine the wall rate of one window swings widely, but the CPU
-the threads burn handing the GIL to each other shows in CPU per output."""
+"""Outputs/s with the baton below this fraction of the rate without: baton off."""
 RECHECK = 20
 """Windows on before the first re-measure without the baton; each re-measure that keeps it
 doubles the next wait (up to :data:`MAX_RECHECK`): a window without it can itself fall
 into the hand-overs (measured: 20 ms instead of 8), so re-measuring often costs."""
 MAX_RECHECK = 640
 """Most windows on between re-measures without the baton."""
-EVIDENCE = 8
+EVIDENCE = 3
 """Busy windows in a row, without the baton, before trying it.
 
 A try of work that blocks while holding (I/O and CPU mixed) costs about one
-window at a lower rate; 8 windows first keep that under 1/9 of a short run
-(``bench_workers.py``'s fresh loaders run 3-6 windows: never tried)."""
+window at a lower rate; 3 windows (60 ms) let the first epoch of a short job
+decide (an epoch of 20,000 cheap items lasts about 80 ms)."""
 FIRST_HOLD_OFF = 4
 """Windows to wait after a first failed try; each failure in a row doubles it."""
 MAX_HOLD_OFF = 1024
@@ -155,7 +155,6 @@ class BatonPolicy:
         self.mode: BatonMode = mode
         self.on = mode == "on"
         self.rate_off: float | None = None  # outputs/s in the last window without
-        self.cpu_off: float | None = None  # worker CPU seconds per output in that window
         self.trying = False  # the next judged window is the first with the baton
         self.evidence = 0  # GIL-bound windows in a row without the baton
         self.needed = EVIDENCE  # how many it takes to try (1 after a re-measure)
@@ -190,7 +189,6 @@ class BatonPolicy:
                     self.hold_off -= 1
                 elif self.evidence >= self.needed:
                     self.rate_off, self.trying, self.needed = rate, True, EVIDENCE
-                    self.cpu_off = window.cpu / max(window.puts, 1)
                     self._switch(True)
                 elif idle:
                     self.needed = EVIDENCE
@@ -201,11 +199,7 @@ class BatonPolicy:
                 self._fail()
             elif self.trying:
                 self.trying = False
-                slower = self.rate_off is not None and rate < SLOWER * self.rate_off
-                cheaper = self.cpu_off is not None and (
-                    window.cpu / max(window.puts, 1) < CPU_SAVED * self.cpu_off
-                )
-                if slower and not cheaper:
+                if self.rate_off is not None and rate < SLOWER * self.rate_off:
                     self._fail()
                 else:
                     self.backoff = FIRST_HOLD_OFF
