@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipeloom.autotune import Budget, Config, HillClimb
@@ -118,6 +118,15 @@ def test_shared_memory_budget_limits_process_prefetch():
     max_processes=st.integers(1, 8),
     more_threads=st.integers(0, 24),
     start=st.builds(Config, st.sampled_from(["threads", "processes"]), st.just(1), st.just(1)),
+)
+@example(  # a measured 0.700000000000008 cores per thread put 6 threads over 4.2 cores
+    per_item_ms=2.0,
+    cpu_share=0.7,
+    gil=False,
+    cpus=4,
+    max_processes=1,
+    more_threads=5,
+    start=Config("threads", 1, 1),
 )
 def test_never_exceeds_the_budget_and_reaches_most_of_the_best(
     per_item_ms, cpu_share, gil, cpus, max_processes, more_threads, start
