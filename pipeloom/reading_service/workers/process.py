@@ -27,10 +27,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import io
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import select
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -249,6 +251,34 @@ class WorkerProcess:
         if self._final_code is None and self.process.exitcode is not None:
             self._final_code = self.process.exitcode
             self.process.close()
+
+
+class ExitWatch:
+    """Has any worker of a pool exited? One poll over all their sentinels.
+
+    A worker's sentinel is readable once it exited, so an empty poll rules out
+    every death with one system call, where asking each worker costs a poll
+    and a ``waitpid``. Workers appended to the list later are watched too.
+
+    Example:
+        >>> ExitWatch([]).any_exited()
+        False
+    """
+
+    def __init__(self, workers: list[WorkerProcess]) -> None:
+        self.workers = workers
+        self._poll = select.poll()
+        self._registered = 0
+
+    def any_exited(self, wait: float = 0.0) -> bool:
+        """Whether a sentinel fired (or a worker was reaped), waiting at most ``wait`` s."""
+        while self._registered < len(self.workers):  # pools start workers one by one
+            worker = self.workers[self._registered]
+            if worker.released:  # reaped: its descriptor is closed
+                return True
+            self._poll.register(worker.sentinel, select.POLLIN)
+            self._registered += 1
+        return bool(self._poll.poll(math.ceil(max(wait, 0.0) * 1000)))
 
 
 def exit_advice(code: int | None) -> str:

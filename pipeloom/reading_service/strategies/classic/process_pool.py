@@ -10,7 +10,6 @@ epochs, and an abandoned epoch is cancelled through a shared flag.
 from __future__ import annotations
 
 import multiprocessing.connection
-import select
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +26,7 @@ from ...workers.failure import Failure, capture_failure
 from ...workers.info import WorkerInfo, set_process_worker_info
 from ...workers.messages import END, StartEpoch, Stop
 from ...workers.process import (
+    ExitWatch,
     Payload,
     WorkerProcess,
     bootstrap,
@@ -143,7 +143,7 @@ class _Shard:
 class _ProcessChannel:
     """The main process's end of one worker: its queue and its liveness."""
 
-    def __init__(self, worker: WorkerProcess, queue: ProcessQueue, siblings: _Sentinels) -> None:
+    def __init__(self, worker: WorkerProcess, queue: ProcessQueue, siblings: ExitWatch) -> None:
         self.worker = worker
         self.queue = queue
         self.siblings = siblings  # every worker of the pool, this one included
@@ -178,28 +178,6 @@ class _ProcessChannel:
         return [self.queue.readiness(), FdReadiness(self.worker.sentinel)]
 
 
-class _Sentinels:
-    """The sentinels of a pool's workers, polled together: has any of them exited?
-
-    A worker's sentinel is readable once it exited, so an empty poll rules out
-    every death with one system call (the merge asks after each empty get).
-    """
-
-    def __init__(self, workers: list[WorkerProcess]) -> None:
-        self.workers = workers
-        self._poll = select.poll()
-        self._registered = 0
-
-    def any_exited(self) -> bool:
-        while self._registered < len(self.workers):  # workers start one after the other
-            worker = self.workers[self._registered]
-            if worker.released:  # reaped: its descriptor is closed
-                return True
-            self._poll.register(worker.sentinel, select.POLLIN)
-            self._registered += 1
-        return bool(self._poll.poll(0))
-
-
 class _Processes:
     """The started processes of a pool, their queues, control pipes and cancel flags.
 
@@ -209,7 +187,7 @@ class _Processes:
 
     def __init__(self, pool: ProcessPool) -> None:
         self.workers: list[WorkerProcess] = []
-        sentinels = _Sentinels(self.workers)
+        sentinels = ExitWatch(self.workers)
         self.channels: list[_ProcessChannel] = []
         self.controls: list[Any] = []
         self.cancels: list[SharedFlag] = []

@@ -8,7 +8,6 @@ and result queues to the main process (sizes in ``planning/planner.py``).
 
 from __future__ import annotations
 
-import multiprocessing.connection
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ from ....events import FdReadiness, ReadinessSource
 from ....queues import ProcessQueue
 from ...planning.planner import LINK_CAPACITY
 from ...workers.messages import EpochStart, Stop
-from ...workers.process import EXIT_GRACE, Payload, WorkerProcess, stop_processes
+from ...workers.process import EXIT_GRACE, ExitWatch, Payload, WorkerProcess, stop_processes
 from .batch_worker import batch_worker_main
 from .item_worker import item_worker_main
 
@@ -81,6 +80,7 @@ class DispatchPool:
             for _ in range(num_item_workers if relay else 0)
         ]
         self._workers: list[WorkerProcess] = []
+        self._exits = ExitWatch(self._workers)
         for j in range(self.num_batch_workers):
             self._workers.append(
                 WorkerProcess(
@@ -176,12 +176,8 @@ class DispatchPool:
 
         ``wait``: seconds to give a worker whose queue just broke to be reaped.
         """
-        # A worker's sentinel is readable once it exited: none readable, none to look at
-        # (one poll, not a poll and a waitpid per worker each time the dispatcher waits).
-        workers = self._workers
-        if not any(w.released for w in workers):
-            if not multiprocessing.connection.wait([w.sentinel for w in workers], wait):
-                return
+        if not self._exits.any_exited(wait):
+            return
         for worker in self._workers:
             if worker.exit_code() is not None:
                 raise worker.died()
