@@ -224,3 +224,24 @@ def test_the_epochs_first_chunk_sends_each_batch_as_soon_as_it_is_full(tmp_path)
         [(0, 3), (0, 4), (0, 5)],
         [(0, 6), (1, 0), (1, 1)],
     ]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_large_chunks_keep_the_prefetch_bound_not_the_chunk_count(workers):
+    """A chunk of one input that makes many outputs (a big tar shard) is many batches:
+    once measured, only the chunks every worker needs run ahead, not ``prefetch *
+    batch_size`` of them (which held nearly the whole epoch's decoded samples ahead of
+    a slow consumer), and the output is still the in-process one."""
+    sizes = [40] * 24  # 2.5 batches of 16 per input; planned: 2 * 16 chunks in flight
+    pipe = expanding(sizes, 16)
+    service = MultiProcessingReadingService(workers, strategy="chunked", timeout=30)
+    in_flight = []
+    with DataLoader(pipe, service, seed=3) as loader:
+        batches = []
+        for batch in loader:
+            batches.append(batch)
+            dispatcher = service._runner.dispatcher  # noqa: SLF001
+            in_flight.append(len(dispatcher._units))  # noqa: SLF001
+    assert dispatcher.max_units == 32
+    assert max(in_flight[2:]) <= workers + 1, in_flight
+    assert plain(batches) == run(expanding(sizes, 16), None, seed=3, epochs=1)[0]

@@ -193,19 +193,25 @@ class _Cut:
     def build(
         self, batch_chain: WorkerChain, gen: int, label: str, end: int, batch_size: int
     ) -> list[Any]:
-        """Build the batches of the first ``end`` items (dropped from here); a failure
-        ends the list."""
+        """Build the batches of the first ``end`` items, dropping each batch's items as
+        it is built (a chunk's items and its batches are not all held at once); a
+        failure ends the list."""
         batches: list[Any] = []
+        made = 0
         try:
-            for start in range(0, end, batch_size):
-                built = batch_chain.run(gen, self.items[start : start + batch_size], label)
+            while made < end:
+                size = min(batch_size, end - made)
+                items, point = self.items[:size], self.after[size - 1]
+                del self.items[:size], self.after[:size]
+                made += size
+                built = batch_chain.run(gen, items, label)
+                del items
                 if isinstance(built, Failure):
                     return [*batches, built]
-                point = self.after[min(start + batch_size, end) - 1]
                 batches += [(key, draws, batch, point) for key, draws, batch in built]
             return batches
         finally:
-            del self.items[:end], self.after[:end]
+            del self.items[: end - made], self.after[: end - made]
 
 
 def run_relayed(
@@ -256,6 +262,7 @@ def run_relayed(
     cut = _Cut(relay, order.skip)
     for output in outputs:
         cut.add(output)
+    del outputs  # the cut holds them now, and drops each batch's as it builds it
     full = len(cut.items) - len(cut.items) % batch_size
     if order.final:
         full = len(cut.items)

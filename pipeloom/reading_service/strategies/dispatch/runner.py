@@ -95,6 +95,7 @@ class DispatchRunner(Runner):
             first_unit_chunk=first_chunk,
             batch_chain=local_chain,
             relayed=cut.relayed,
+            batches_ahead=prefetch if cut.relayed else None,
         )
         self.main = MainPart(
             pipeline, plan, self.dispatcher, exit, start_method=start_method, prefetch=prefetch
