@@ -27,6 +27,8 @@ __all__ = ["ChunkBudget"]
 class ChunkBudget:
     """The chunks in flight for ``batches_ahead`` batches, from the batches chunks made.
 
+    ``batches_ahead=None``: always ``max_units`` (each chunk makes at most its size).
+
     Example:
         >>> budget = ChunkBudget(max_units=64, batches_ahead=2)
         >>> budget.workers = 2
@@ -40,7 +42,7 @@ class ChunkBudget:
         4
     """
 
-    def __init__(self, *, max_units: int, batches_ahead: int) -> None:
+    def __init__(self, *, max_units: int, batches_ahead: int | None) -> None:
         self.max_units = max_units
         self.batches_ahead = batches_ahead
         self.workers = 1
@@ -54,6 +56,8 @@ class ChunkBudget:
 
     def limit(self) -> int:
         """Chunks in flight at most now."""
+        if self.batches_ahead is None:
+            return self.max_units
         floor = min(self.workers + 1, self.max_units)
         if not self._chunks:
             return floor

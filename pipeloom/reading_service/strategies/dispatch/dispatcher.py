@@ -58,11 +58,9 @@ class Dispatcher(IterDataPipe):
             this many items, whose items ``batch_chain`` (``batch`` and the
             per-item blocks after it, fed by a ``BatchFeed``) batches here.
         batch_chain: see ``first_unit_chunk``.
-        relayed: chunks whose workers build the batches they complete (see the
-            module docstring).
-        batches_ahead: relayed: the batches the chunks in flight should make (the
-            loader's prefetch); fewer than ``max_units`` chunks go out when each
-            makes several (``budget.py``). None: ``max_units`` chunks.
+        relayed: chunks whose workers build the batches they complete (module docstring).
+        batches_ahead: relayed: the batches the chunks in flight should make (fewer
+            chunks than ``max_units`` when each makes several; ``budget.py``).
 
     An error of the source is raised after the outputs of every unit read
     before it, as in-process: the batches made before it all arrive first.
@@ -93,11 +91,7 @@ class Dispatcher(IterDataPipe):
         self.units_are_batches = units_are_batches
         self.first_unit_chunk = first_unit_chunk
         self.relayed = relayed
-        self._budget = (
-            ChunkBudget(max_units=max_units, batches_ahead=batches_ahead)
-            if relayed and batches_ahead is not None
-            else None
-        )
+        self._budget = ChunkBudget(max_units=max_units, batches_ahead=batches_ahead)
         self._batch_chain = None if batch_chain is None else WorkerChain(batch_chain)
         self._source: IterDataPipe | None = None
         self._pool: WorkerPool | None = None
@@ -119,8 +113,7 @@ class Dispatcher(IterDataPipe):
         self._piece = max(1, -(-self.unit_size // max(1, pool.num_item_workers)))
         self._item_workers = LeastLoaded(pool.num_item_workers)
         self._batch_workers = LeastLoaded(max(1, pool.num_batch_workers))
-        if self._budget is not None:
-            self._budget.workers = pool.num_item_workers
+        self._budget.workers = pool.num_item_workers
 
     def reset(self) -> None:
         self._units: deque[Unit] = deque()
@@ -257,8 +250,7 @@ class Dispatcher(IterDataPipe):
         if head.id in self._partials:  # relayed: the first chunk's batches, each when made
             partial = self._partials.pop(head.id)
             self._batches.extend(partial)
-            if self._budget is not None:
-                self._budget.record(batches=len(partial), chunks=0)
+            self._budget.record(batches=len(partial), chunks=0)
             if head.id not in self._results:
                 return
         if head.id not in self._results:
@@ -274,8 +266,7 @@ class Dispatcher(IterDataPipe):
             self._batch_workers.done(head.batch_worker)
         if self.relayed:  # whole batches; a resume starts after the last one delivered
             self._batches.extend(result)
-            if self._budget is not None:
-                self._budget.record(batches=len(result), chunks=1)
+            self._budget.record(batches=len(result), chunks=1)
             return  # a failure among them raises when it is reached
         end = max(head.positions) + 1
         if head.chunk:  # its items wait for the rest of the first batch
@@ -349,7 +340,7 @@ class Dispatcher(IterDataPipe):
         while not self._source_done:
             unit = self._open
             if unit is None:
-                if not self._split_left and self._batches_in_flight() >= self._unit_limit():
+                if not self._split_left and self._batches_in_flight() >= self._budget.limit():
                     return
                 unit = self._open = self._new_unit()
             try:
@@ -384,10 +375,6 @@ class Dispatcher(IterDataPipe):
             self._add(unit, key, value)
             if len(unit.positions) == unit.size:
                 self._close(unit)
-
-    def _unit_limit(self) -> int:
-        """Units in flight at most now: ``max_units``, or the budget's (relayed)."""
-        return self.max_units if self._budget is None else self._budget.limit()
 
     def _batches_in_flight(self) -> int:
         """Units in flight, the first batch's chunks counted as one batch."""
