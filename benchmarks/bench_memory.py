@@ -1,10 +1,12 @@
 """Peak shared memory and process-tree memory vs num_workers: pipeloom vs torch.utils.data.
 
-    python benchmarks/bench_memory.py [--quick] [--plot PATH]
+    python benchmarks/bench_memory.py [--workload big|tar|all] [--quick] [--plot PATH]
 
-A map-style dataset whose item ``i`` is an 8 MiB float32 tensor filled with
-``i`` (the only cost is the allocation), in batches of 16, so one batch is
-128 MiB. A consumer slower than the loader (it sleeps ``--train`` seconds per
+Two workloads, each with a consumer slower than the loaders, sampled alike (below).
+
+**big** (the default): a map-style dataset whose item ``i`` is an 8 MiB float32
+tensor filled with ``i`` (the only cost is the allocation), in batches of 16, so
+one batch is 128 MiB. A consumer slower than the loader (it sleeps ``--train`` seconds per
 batch, then drops it) lets every loader fill its prefetch buffers, and each
 run yields ``max(10, 2 x num_workers + 6)`` batches (``--quick``: 8 and +4), more than the
 ``num_workers x prefetch_factor`` torch keeps in flight, so the peak is a
@@ -15,6 +17,24 @@ steady-state one. Loaders, all with prefetch_factor 2:
   ``"economic"`` (items go to the least-loaded item worker, batch workers
   collate, at most prefetch_factor batches in flight whatever w is) and
   ``"chunked"``, over ``SequenceWrapper(range(n)).to_iter().map(make_item).batch(16).collate()``.
+
+**tar**: ``--shards`` (24; quick 8) WebDataset tar shards of ``--per-shard`` (200;
+quick 100) one-member samples of 1 KB (deterministic bytes) in a temporary directory;
+``decode`` tiles a sample's bytes into a ``--sample-kb`` (100; quick 20) KB uint8 tensor,
+so one decoded shard is ~19 MiB. Batches of 32, ``prefetch_factor`` 2, a consumer that
+holds each batch ``--pause`` (0.05; quick 0.02) seconds, at 2 and 4 workers:
+
+- torch: an ``IterableDataset`` that gives each worker every ``num_workers``-th shard
+  (``get_worker_info()``) and streams its samples with ``tarfile``, under
+  ``DataLoader(ds, batch_size=32, num_workers=w, prefetch_factor=2)``;
+- pipeloom ``FileLister(d, "*.tar").sharding_filter().open_files("rb").load_from_tar()
+  .webdataset().map(decode).batch(32).collate()`` under
+  ``MultiProcessingReadingService(w, strategy="classic")`` and ``"chunked"`` (whose
+  chunks are one shard each) and ``ThreadReadingService(w)``.
+
+Every loader's samples are checked to be the dataset's, as a multiset (number and byte
+sum of each decoded sample): the order differs between torch and pipeloom. "= shards" is
+the Shmem peak in decoded shards.
 
 A thread samples every ``--interval`` seconds, relative to a baseline taken
 just before the loader is built:
@@ -31,9 +51,12 @@ just before the loader is built:
 Shmem is system-wide: other programs on the machine can add to it, so with
 ``--repeats`` > 1 the smallest peak over the repeats is reported. Each run's
 batches are checked against the expected ``batch[:, 0]`` (the item indices)
-so every loader yields identical batches. Throughput is batches per second of
-wall time (start-up included); "vs torch" is torch's wall time over the
-loader's at the same num_workers (> 1: faster than torch).
+so every loader yields identical batches (tar: the same samples). Before each
+run the heap's free memory is given back (``malloc_trim``), so an in-process
+loader's private memory is not hidden by the heap an earlier run left.
+Throughput is batches per second of wall time (start-up included); "vs torch"
+is torch's wall time over the loader's at the same num_workers (> 1: faster
+than torch).
 """
 
 from __future__ import annotations
