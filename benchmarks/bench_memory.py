@@ -453,7 +453,7 @@ def write_shards(root: str, shards: int, per_shard: int) -> list[bytes]:
     little-endian int32 ``k`` and ``PAYLOAD_BYTES - 4`` bytes of a seeded stream.
     """
     rng = np.random.default_rng(0)
-    payloads = []
+    payloads: list[bytes] = []
     for shard in range(shards):
         with tarfile.open(os.path.join(root, f"shard-{shard:04d}.tar"), "w") as tar:
             for index in range(per_shard):
