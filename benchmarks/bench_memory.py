@@ -22,7 +22,8 @@ steady-state one. Loaders, all with prefetch_factor 2:
 quick 100) one-member samples of 1 KB (deterministic bytes) in a temporary directory;
 ``decode`` tiles a sample's bytes into a ``--sample-kb`` (100; quick 20) KB uint8 tensor,
 so one decoded shard is ~19 MiB. Batches of 32, ``prefetch_factor`` 2, a consumer that
-holds each batch ``--pause`` (0.05; quick 0.02) seconds, at 2 and 4 workers:
+holds each batch ``--pause`` (0.05; quick 0.02) seconds, at 2 and 4 workers
+(``--workers``):
 
 - torch: an ``IterableDataset`` that gives each worker every ``num_workers``-th shard
   (``get_worker_info()``) and streams its samples with ``tarfile``, under
@@ -611,6 +612,7 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
     parser.add_argument("--per-shard", type=int, help="tar: samples per shard (200; quick 100)")
     parser.add_argument("--sample-kb", type=int, help="tar: KB per decoded sample (100; quick 20)")
     parser.add_argument("--pause", type=float, help="tar: consumer s per batch (0.05; quick 0.02)")
+    parser.add_argument("--workers", type=int, nargs="+", help="tar: num_workers to run (2 4)")
     args = parser.parse_args(argv)
     quiet_torch_warnings()
     if psutil is None:
@@ -670,7 +672,7 @@ def tar_workload(args: argparse.Namespace) -> list[list[Any]]:
     decode = Decode(1000 * (args.sample_kb or sample_kb))
     pause = pause if args.pause is None else args.pause
     repeats = args.repeats or repeats
-    worker_counts = (2, 4)
+    worker_counts = tuple(args.workers or (2, 4))
     rows = tar_rows(worker_counts, shards, per_shard, decode, pause, repeats, args.interval)
     shard_mib = per_shard * decode.size / MIB
     print_table(
