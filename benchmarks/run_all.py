@@ -46,6 +46,7 @@ BENCHMARKS = [
     "bench_autotune",
     "bench_ray",
 ]
+OPTIONS = {"bench_memory": ["--workload", "all"]}  # more than a benchmark's default
 MARKDOWN_ENV = "PIPELOOM_BENCH_MARKDOWN"  # read by _common.print_table and _common.note
 
 
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     failed = []
     for name in args.only or BENCHMARKS:
         print(f"\n# {name}\n", flush=True)
-        options = ["--quick"] if args.quick else []
+        options = OPTIONS.get(name, []) + (["--quick"] if args.quick else [])
         if markdown is not None:
             shown = " ".join(["python", f"benchmarks/{name}.py", *options])
             with markdown.open("a", encoding="utf-8") as out:
