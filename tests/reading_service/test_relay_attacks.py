@@ -15,6 +15,7 @@ import pytest
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.reading_service import MultiProcessingReadingService
+from pipeloom.reading_service.strategies.dispatch import pool
 from tests.reading_service.test_strategies import plain
 
 
@@ -55,3 +56,46 @@ def test_an_epoch_after_a_failed_one_runs_on_persistent_workers(tmp_path, worker
             list(loader)
         os.remove(flag)
         assert plain(list(loader)) == expected
+
+
+def gated(fifo, sizes, index):
+    """Input ``index``'s outputs; input 1 waits before its first until the test says go."""
+    for j in range(sizes[index]):
+        if index == 1 and j == 0:
+            with open(fifo, "rb") as gate:  # blocks until the test opens it to write
+                gate.read(1)
+        yield (index, j)
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_chunk_that_ends_after_the_loader_shut_down_exits_quietly(
+    tmp_path, monkeypatch, capfd, workers
+):
+    """A worker that finishes its chunk once the main process closed the queues
+    stops as the other tasks' workers do, without a traceback (it raised
+    ``QueueClosed`` from the put of the chunk's batches)."""
+    fifo = str(tmp_path / "gate")
+    os.mkfifo(fifo)
+    stop = pool.stop_processes
+
+    def release_then_stop(workers, *args):  # the queues are closed by now
+        try:  # no reader: the worker never got to the gate (it stopped before)
+            gate = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            pass
+        else:
+            os.write(gate, b"x")
+            os.close(gate)
+        for worker in workers:  # the gated worker finishes its chunk, then exits
+            worker.process.join(timeout=10)
+        stop(workers, *args)
+
+    monkeypatch.setattr(pool, "stop_processes", release_then_stop)
+    pipe = IterableWrapper(range(2)).sharding_filter()
+    pipe = pipe.flatmap(functools.partial(gated, fifo, [2, 3])).batch(2)
+    service = MultiProcessingReadingService(workers, strategy="chunked", chunk_size=1, timeout=20)
+    with DataLoader(pipe, service, seed=0) as loader:
+        assert next(iter(loader)) == [(0, 0), (0, 1)]
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
