@@ -8,13 +8,16 @@ tried to break, kept where it found a bug or guards a property.
 from __future__ import annotations
 
 import functools
+import io
 import os
+import tarfile
 
 import pytest
+import torch
 
-from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.reading_service import MultiProcessingReadingService
+from pipeloom import DataLoader, item_rng
+from pipeloom.datapipes import FileLister, IterableWrapper
+from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.strategies.dispatch import pool
 from tests.reading_service.test_strategies import plain
 
@@ -45,7 +48,7 @@ def test_an_epoch_after_a_failed_one_runs_on_persistent_workers(tmp_path, worker
     in flight the link (4 relays) filled, the worker blocked on it for good, and the
     next epoch's tasks never ran (1 worker, chunks of 1: the second epoch hung)."""
     flag = str(tmp_path / "bad")
-    open(flag, "w").close()
+    open(flag, "w").close()  # noqa: SIM115 - an empty file
     sizes = [2] * 40
     expected = plain(list(DataLoader(failing_once(str(tmp_path / "none"), sizes, 4), None)))
     service = MultiProcessingReadingService(
@@ -99,3 +102,68 @@ def test_a_chunk_that_ends_after_the_loader_shut_down_exits_quietly(
         assert next(iter(loader)) == [(0, 0), (0, 1)]
     err = capfd.readouterr().err
     assert "Traceback" not in err, err
+
+
+def write_shards(root, counts):
+    """``shard-<s>.tar`` with ``counts[s]`` samples of an ``x`` and a ``cls`` member."""
+    for s, count in enumerate(counts):
+        with tarfile.open(os.path.join(root, f"shard-{s}.tar"), "w") as tar:
+            for i in range(count):
+                for ext, data in (("x", bytes([s, i]) * 3), ("cls", str(s * 100 + i).encode())):
+                    info = tarfile.TarInfo(f"s{s}_{i:03d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+
+
+def decode(sample):
+    return torch.tensor(list(sample["x"])) + int(item_rng().integers(100)), int(sample["cls"])
+
+
+def tar_pipeline(root, batch):
+    return (
+        FileLister(root, "shard-*.tar")
+        .sharding_filter()
+        .open_files("rb")
+        .load_from_tar()
+        .webdataset()
+        .map(decode)
+        .batch(batch)
+        .collate()
+    )
+
+
+def delivered_until_error(pipe, service):
+    """The batches delivered, then the error the loader raised (None if it did not)."""
+    got = []
+    try:
+        with DataLoader(pipe, service, seed=1) as loader:
+            for batch in loader:
+                got.append(plain(batch))
+    except Exception as error:  # noqa: BLE001 - compared with the in-process one
+        return got, error
+    return got, None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("damage", ["garbage", "truncated header"])
+def test_an_unreadable_shard_raises_after_the_whole_samples_before_it_everywhere(tmp_path, damage):
+    """The last sample of the shard before an unreadable one is whole: in-process it
+    was dropped (``webdataset`` waited for the next member to close it, and the next
+    read raised) while chunked's worker, whose task ends at its shard, delivered it:
+    one batch more under chunked than in-process (shards [9, 3], batch 3)."""
+    write_shards(str(tmp_path), [9, 3, 2])
+    path = tmp_path / "shard-1.tar"
+    data = bytearray(path.read_bytes())
+    data = bytearray(b"garbage" * 100) if damage == "garbage" else data[:100]
+    path.write_bytes(bytes(data))
+    expected, error = delivered_until_error(tar_pipeline(str(tmp_path), 3), None)
+    assert [batch[1] for batch in expected] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert type(error).__name__ == "ReadError" and "shard-1.tar" in str(error)
+    for service in (
+        MultiProcessingReadingService(1, strategy="chunked", chunk_size=2, timeout=20),
+        MultiProcessingReadingService(3, strategy="chunked", timeout=20),
+        ThreadReadingService(2),
+    ):
+        got, got_error = delivered_until_error(tar_pipeline(str(tmp_path), 3), service)
+        assert got == expected
+        assert type(got_error) is type(error) and str(got_error).startswith(str(error))
