@@ -8,15 +8,23 @@ tried to break, kept where it found a bug or guards a property.
 from __future__ import annotations
 
 import functools
+import gc
 import io
 import os
+import pickle
+import signal
 import tarfile
+import threading
 
+import psutil
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeloom import DataLoader, item_rng
 from pipeloom.datapipes import FileLister, IterableWrapper
+from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.strategies.dispatch import pool
 from tests.reading_service.test_strategies import plain
@@ -167,3 +175,164 @@ def test_an_unreadable_shard_raises_after_the_whole_samples_before_it_everywhere
         got, got_error = delivered_until_error(tar_pipeline(str(tmp_path), 3), service)
         assert got == expected
         assert type(got_error) is type(error) and str(got_error).startswith(str(error))
+
+
+def draw(pair):
+    return (*pair, int(item_rng().integers(1000)))
+
+
+def drop_shards(bad, pair):
+    return pair[0] not in bad
+
+
+def fanned_out(sizes, batch, drop_last=False, bad=None, unbatch=None):
+    """Inputs fanned out by ``sizes`` (runs of empty inputs, inputs larger than a batch),
+    optionally whole inputs filtered out, an ``item_rng()`` draw per output."""
+    pipe = IterableWrapper(range(len(sizes))).shuffle().sharding_filter()
+    pipe = pipe.flatmap(functools.partial(expand, sizes))
+    if bad:
+        pipe = pipe.filter(functools.partial(drop_shards, frozenset(bad)))
+    pipe = pipe.map(draw)
+    if unbatch:
+        pipe = pipe.batch(unbatch).unbatch()
+    return pipe.batch(batch, drop_last=drop_last).collate()
+
+
+def epochs_of(pipe, service, seed=5, epochs=2):
+    with DataLoader(pipe, service, seed=seed) as loader:
+        return [plain(list(loader)) for _ in range(epochs)]
+
+
+SIZES = st.lists(st.sampled_from([0, 0, 0, 1, 2, 3, 7, 15]), max_size=12)
+
+
+def a_service(kind, workers, chunk):
+    if kind == "threads":
+        return ThreadReadingService(workers)
+    if kind == "classic":
+        return MultiProcessingReadingService(workers, strategy="classic", timeout=30)
+    extra = {} if chunk is None else {"chunk_size": chunk}
+    return MultiProcessingReadingService(workers, strategy="chunked", timeout=30, **extra)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    sizes=SIZES,
+    batch=st.sampled_from([1, 2, 3, 7, 16, 40]),
+    drop_last=st.booleans(),
+    bad=st.sets(st.integers(0, 11), max_size=3),
+    workers=st.integers(1, 4),
+    chunk=st.one_of(st.none(), st.integers(1, 5)),
+    kind=st.sampled_from(["chunked", "chunked", "classic", "threads"]),
+)
+def test_every_service_gives_the_in_process_batches_and_draws_of_a_fan_out(
+    sizes, batch, drop_last, bad, workers, chunk, kind
+):
+    expected = epochs_of(fanned_out(sizes, batch, drop_last, bad), None)
+    service = a_service(kind, workers, None if chunk is None else min(chunk, batch))
+    assert epochs_of(fanned_out(sizes, batch, drop_last, bad), service) == expected
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("inner", [1, 3])
+def test_relayed_chunks_after_an_unbatch_give_the_in_process_batches(inner):
+    sizes = [0, 0, 0, 15, 1, 0, 7, 2, 0, 0, 3]
+    expected = epochs_of(fanned_out(sizes, 4, unbatch=inner), None)
+    for workers in (1, 3):
+        service = MultiProcessingReadingService(workers, strategy="chunked", timeout=30)
+        assert epochs_of(fanned_out(sizes, 4, unbatch=inner), service) == expected
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    sizes=SIZES.filter(lambda s: sum(s) > 0),
+    batch=st.sampled_from([1, 2, 3, 5, 16]),
+    bad=st.sets(st.integers(0, 11), max_size=3),
+    stop=st.floats(0, 1),
+    first=st.tuples(st.sampled_from(["chunked", "classic", "threads"]), st.integers(1, 4)),
+    then=st.tuples(st.sampled_from(["chunked", "classic", "threads"]), st.integers(1, 4)),
+    chunk=st.one_of(st.none(), st.integers(1, 3)),
+)
+def test_a_relayed_epoch_stopped_anywhere_resumes_under_another_service(
+    sizes, batch, bad, stop, first, then, chunk
+):
+    """The batches before ``state_dict()`` and after ``load_state_dict`` into a loader
+    with another strategy and worker count are one in-process epoch: none twice, no gap."""
+
+    def build():
+        return fanned_out(sizes, batch, bad=bad)
+
+    chunk = None if chunk is None else min(chunk, batch)
+    with DataLoader(build(), None, seed=3) as loader:
+        list(loader)
+        expected, following = plain(list(loader)), plain(list(loader))
+    k = round(stop * len(expected))
+    with DataLoader(build(), a_service(*first, chunk), seed=3) as loader:
+        list(loader)
+        iterator = iter(loader)
+        head = plain([next(iterator) for _ in range(k)])
+        state = pickle.loads(pickle.dumps(loader.state_dict()))
+    with DataLoader(build(), a_service(*then, chunk), seed=4) as resumed:
+        resumed.load_state_dict(state)
+        assert head + plain(list(resumed)) == expected
+        assert plain(list(resumed)) == following
+
+
+@pytest.mark.timeout(60)
+def test_states_taken_from_another_thread_resume_exactly_after_the_batches_before_them():
+    sizes = [3, 0, 0, 0, 11, 1, 0, 5, 2, 7, 0, 4] * 2
+    with DataLoader(fanned_out(sizes, 4), None, seed=3) as loader:
+        expected = plain(list(loader))
+    service = MultiProcessingReadingService(2, strategy="chunked", chunk_size=1, timeout=20)
+    states, done = [], threading.Event()
+    with DataLoader(fanned_out(sizes, 4), service, seed=3) as loader:
+
+        def snapshot():
+            while not done.is_set() and len(states) < 200:
+                states.append(loader.state_dict())
+
+        thread = threading.Thread(target=snapshot)
+        thread.start()
+        try:
+            got = [plain(batch) for batch in loader]
+        finally:
+            done.set()
+            thread.join(timeout=20)
+    assert got == expected
+    for state in states[:: max(1, len(states) // 12)]:
+        if state["epoch"] != 0:  # taken after the last batch: the next epoch's start
+            continue
+        with DataLoader(fanned_out(sizes, 4), None, seed=3) as resumed:
+            resumed.load_state_dict(state)
+            assert expected[state["delivered"] :] == plain(list(resumed))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_killed_worker_is_named_and_its_processes_are_gone(workers):
+    sizes = [4] * 500
+    pipe = fanned_out(sizes, 3)
+    service = MultiProcessingReadingService(workers, strategy="chunked", chunk_size=1, timeout=20)
+    me = psutil.Process()
+    with pytest.raises(WorkerError) as info:
+        with DataLoader(pipe, service, seed=0) as loader:
+            for index, _ in enumerate(loader):
+                if index == 2:
+                    victim = me.children()[-1].pid
+                    os.kill(victim, signal.SIGKILL)
+    assert f"pid {victim}" in str(info.value) and "item worker" in str(info.value)
+    assert me.children() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_dropped_loader_stops_its_workers_without_the_garbage_collector():
+    pipe = fanned_out([3, 0, 0, 11, 1, 5] * 20, 4)
+    gc.disable()
+    try:
+        loader = DataLoader(pipe, MultiProcessingReadingService(2, strategy="chunked"), seed=0)
+        iterator = iter(loader)
+        next(iterator)  # workers waiting for relays and for room in the queues
+        del loader, iterator
+        assert psutil.Process().children() == []
+    finally:
+        gc.enable()
