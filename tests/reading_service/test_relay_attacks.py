@@ -19,7 +19,7 @@ import threading
 import psutil
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipeloom import DataLoader, item_rng
@@ -336,3 +336,39 @@ def test_a_dropped_loader_stops_its_workers_without_the_garbage_collector():
         assert psutil.Process().children() == []
     finally:
         gc.enable()
+
+
+def opens(sizes, at, index):
+    """Input ``index``'s outputs; input ``at`` cannot be opened."""
+    if index == at:
+        raise OSError(f"cannot open input {index}")
+    return [(index, j) for j in range(sizes[index])]
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    sizes=st.lists(st.sampled_from([0, 1, 2, 3, 7]), min_size=1, max_size=10),
+    at=st.integers(0, 9),
+    batch=st.sampled_from([1, 2, 3, 5]),
+    workers=st.integers(1, 3),
+    kind=st.sampled_from(["chunked", "classic", "threads"]),
+)
+@example(sizes=[3] * 6, at=3, batch=2, workers=1, kind="classic")
+def test_every_service_delivers_the_batches_made_before_an_input_that_fails(
+    sizes, at, batch, workers, kind
+):
+    """In-process, the batches the outputs before the failing input fill come first.
+    Classic's worker dropped every batch of its run made before the error (1 worker,
+    sizes [3] * 6, input 3 failing, batch 2: [20, 21] was missing)."""
+
+    def build():
+        pipe = IterableWrapper(range(len(sizes))).sharding_filter()
+        pipe = pipe.flatmap(functools.partial(opens, sizes, at)).map(draw)
+        return pipe.batch(batch).collate()
+
+    expected, error = delivered_until_error(build(), None)
+    got, got_error = delivered_until_error(build(), a_service(kind, workers, None))
+    assert got == expected
+    assert type(got_error) is type(error)
+    if error is not None:
+        assert str(got_error).startswith(str(error))
