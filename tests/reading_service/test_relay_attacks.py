@@ -372,3 +372,20 @@ def test_every_service_delivers_the_batches_made_before_an_input_that_fails(
     assert type(got_error) is type(error)
     if error is not None:
         assert str(got_error).startswith(str(error))
+
+
+@pytest.mark.timeout(30)
+def test_abandoned_epochs_whose_first_chunk_outgrows_the_queue_do_not_block_the_next():
+    """An abandoned epoch's first chunk streams more batches than the queue to the main
+    process holds: its worker waits for room and takes no task. The main process, sending
+    the next epochs' tasks into the worker's full task queue, read nothing meanwhile:
+    both waited, 60 s, then "a worker stopped taking work" (1 worker, batch 4, chunk 1)."""
+    sizes = [60] * 11
+    expected = epochs_of(fanned_out(sizes, 4), None, seed=7, epochs=1)[0]
+    service = MultiProcessingReadingService(
+        1, strategy="chunked", chunk_size=1, persistent_workers=True, timeout=20
+    )
+    with DataLoader(fanned_out(sizes, 4), service, seed=7) as loader:
+        next(iter(loader))  # abandoned with its first chunk half sent
+        loader.set_epoch(0)
+        assert plain(list(loader)) == expected
