@@ -389,3 +389,29 @@ def test_abandoned_epochs_whose_first_chunk_outgrows_the_queue_do_not_block_the_
         next(iter(loader))  # abandoned with its first chunk half sent
         loader.set_epoch(0)
         assert plain(list(loader)) == expected
+
+
+def decode_failing_at(bad, sample):
+    if int(sample["cls"]) == bad:
+        raise ValueError(f"cannot decode sample {bad}")
+    return decode(sample)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bad", [0, 4, 202, 207])
+def test_a_sample_that_fails_to_decode_raises_after_the_batches_before_it(tmp_path, bad):
+    write_shards(str(tmp_path), [5, 0, 8, 1])
+
+    def build():
+        pipe = FileLister(str(tmp_path), "shard-*.tar").sharding_filter().open_files("rb")
+        pipe = pipe.load_from_tar().webdataset().map(functools.partial(decode_failing_at, bad))
+        return pipe.batch(3).collate()
+
+    expected, error = delivered_until_error(build(), None)
+    assert isinstance(error, ValueError)
+    for workers in (1, 3):
+        service = MultiProcessingReadingService(workers, strategy="chunked", timeout=20)
+        got, got_error = delivered_until_error(build(), service)
+        assert got == expected
+        assert type(got_error) is ValueError and str(got_error).startswith(str(error))
+        assert "item worker" in str(got_error) and "Mapper" in str(got_error)
