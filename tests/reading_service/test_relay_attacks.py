@@ -415,3 +415,57 @@ def test_a_sample_that_fails_to_decode_raises_after_the_batches_before_it(tmp_pa
         assert got == expected
         assert type(got_error) is ValueError and str(got_error).startswith(str(error))
         assert "item worker" in str(got_error) and "Mapper" in str(got_error)
+
+
+def resumed_twice(first, between, then, k, iterate):
+    """``k`` batches under ``first``; its state loaded under ``between``, saved again
+    before any batch (after ``iter()`` if ``iterate``); the rest under ``then``."""
+    sizes = [2, 0, 15, 7, 1, 2, 7, 0, 2, 7]
+    with DataLoader(fanned_out(sizes, 3), None, seed=4) as loader:
+        expected = plain(list(loader))
+    with DataLoader(fanned_out(sizes, 3), first(), seed=4) as loader:
+        iterator = iter(loader)
+        head = plain([next(iterator) for _ in range(k)])
+        state = pickle.loads(pickle.dumps(loader.state_dict()))
+    with DataLoader(fanned_out(sizes, 3), between(), seed=4) as loader:
+        loader.load_state_dict(state)
+        if iterate:
+            iter(loader)
+        state = pickle.loads(pickle.dumps(loader.state_dict()))
+    with DataLoader(fanned_out(sizes, 3), then(), seed=4) as resumed:
+        resumed.load_state_dict(state)
+        return head + plain(list(resumed)), expected
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["in-process", "chunked", "threads"])
+def test_a_state_saved_right_after_loading_one_is_the_loaded_one(kind):
+    """Saved before ``iter()``, the state was the epoch's start: the next resume
+    replayed every batch before the loaded checkpoint (1 batch, then 15 from the start)."""
+
+    def service():
+        return {
+            "in-process": lambda: None,
+            "chunked": lambda: MultiProcessingReadingService(2, strategy="chunked", timeout=20),
+            "threads": lambda: ThreadReadingService(2),
+        }[kind]()
+
+    got, expected = resumed_twice(service, service, service, 1, iterate=False)
+    assert got == expected
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_state_saved_before_a_resumes_skip_is_passed_keeps_it(k):
+    """Threads (and classic's per-item merge) skip the outputs of the checkpoint's
+    position delivered before it at the first ``next()``; a state saved before that
+    said none were delivered: resumed under classic, 3 batches came twice."""
+
+    def threads():
+        return ThreadReadingService(2)
+
+    def classic():
+        return MultiProcessingReadingService(2, strategy="classic", timeout=20)
+
+    got, expected = resumed_twice(threads, threads, classic, k, iterate=True)
+    assert got == expected
