@@ -27,6 +27,7 @@ from pipeloom.datapipes import FileLister, IterableWrapper
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.strategies.dispatch import pool
+from tests.own_resources import OwnResources
 from tests.reading_service.test_strategies import plain
 
 
@@ -313,15 +314,15 @@ def test_a_killed_worker_is_named_and_its_processes_are_gone(workers):
     sizes = [4] * 500
     pipe = fanned_out(sizes, 3)
     service = MultiProcessingReadingService(workers, strategy="chunked", chunk_size=1, timeout=20)
-    me = psutil.Process()
+    before = OwnResources()  # its children, threads and fds (memfds: its shared memory)
     with pytest.raises(WorkerError) as info:
         with DataLoader(pipe, service, seed=0) as loader:
             for index, _ in enumerate(loader):
-                if index == 2:
-                    victim = me.children()[-1].pid
+                if index == 2:  # workers mid-chunk and waiting for relays
+                    victim = psutil.Process().children()[-1].pid
                     os.kill(victim, signal.SIGKILL)
     assert f"pid {victim}" in str(info.value) and "item worker" in str(info.value)
-    assert me.children() == []
+    before.assert_released()
 
 
 @pytest.mark.timeout(60)
