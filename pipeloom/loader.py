@@ -242,7 +242,8 @@ class DataLoader(ShutsDown):
     def _take_state(self) -> dict[str, Any]:
         """The state now (the caller holds the step lock)."""
         current = self._current
-        epoch, delivered, service_state = self._next_epoch, 0, None
+        # Not started: the next epoch's start, or the loaded state the next iter() resumes.
+        epoch, delivered, service_state = self._next_epoch, self._resume_delivered, self._resume
         if current is not None:
             if current.stopped_by is not None:
                 raise StateError(

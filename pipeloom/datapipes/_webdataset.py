@@ -31,9 +31,9 @@ import re
 import urllib.parse
 from typing import Any
 
-from ..errors import StateError
+from ..errors import NotAvailable, StateError
 from ._base import IterDataPipe
-from ._context import current_stamp, restore_stamp
+from ._context import current_stamp, key_position, restore_stamp
 from ._state_fields import StateFields
 
 __all__ = ["WebDataset", "split_key", "split_shard"]
@@ -101,16 +101,27 @@ class WebDataset(IterDataPipe):
         self._sample: dict[str, Any] | None = None
         self._stamp: tuple | None = None
         self._ended = False
+        self._error: Exception | None = None  # raised after the sample before it
 
     def reset(self) -> None:
-        self._sample, self._stamp, self._ended = None, None, False
+        self._sample, self._stamp, self._ended, self._error = None, None, False, None
 
     def async_next(self) -> dict[str, Any]:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
         while not self._ended:
             try:
                 item = self.source.async_next()
             except StopIteration:
                 self._ended = True
+                break
+            except NotAvailable:
+                raise
+            except Exception as error:
+                if not self._next_shard_failed():
+                    raise
+                self._error = error  # the sample before it is whole: it comes first
                 break
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
                 raise TypeError(
@@ -148,6 +159,15 @@ class WebDataset(IterDataPipe):
         if self._stamp is not None:
             restore_stamp(self._stamp)
         return sample
+
+    def _next_shard_failed(self) -> bool:
+        """Whether the read that failed was of a later input than the sample being grouped
+        (a shard that cannot be opened or read): that sample is whole, as it is when a
+        worker's task ends at its shard (groups never span two inputs)."""
+        if self._sample is None or self._stamp is None:
+            return False
+        failed, grouped = key_position(current_stamp()[2]), key_position(self._stamp[2])
+        return failed is not None and grouped is not None and failed != grouped
 
     def state_dict(self) -> dict[str, Any]:
         # A copy: the sample being grouped grows after the state is taken.

@@ -237,6 +237,11 @@ class _Assembler:
                 item = reader.next()
             except StopIteration:
                 break
+            except (EpochCancelled, QueueError):
+                raise
+            except Exception:
+                self._finish_before_error(outputs)
+                raise
             stamp = current_stamp()
             position = key_position(stamp[2])
             assert position is not None
@@ -247,6 +252,22 @@ class _Assembler:
         more = self._finish_run(outputs, exhausted=True)
         while more:  # relay the baton through runs this worker has no outputs in
             more = self._finish_run([], exhausted=True)
+
+    def _finish_before_error(self, outputs: list) -> None:
+        """Send the whole batches made of the outputs before an error, as in-process: the
+        runs before the failing item's, then its run's full batches (the error follows)."""
+        failed = key_position(current_stamp()[2])
+        while failed is not None and failed // self.run_size > self.current:
+            if not self._finish_run(outputs, exhausted=False):
+                return
+            outputs = []
+        baton = self._receive()
+        if baton.kind == "finished":
+            return
+        pending = self._pending(baton, outputs)
+        batch_size = self.chain.batch_size
+        for first in range(0, len(pending) - len(pending) % batch_size, batch_size):
+            self._send(pending[first : first + batch_size])
 
     def _receive(self) -> Baton:
         if self.current == self.first_run:
@@ -263,16 +284,7 @@ class _Assembler:
             if baton.idle > 1:
                 self.ring.send(baton._replace(idle=baton.idle - 1))
             return False
-        pending: list = list(baton.items)  # (stamp, item, the resume point after it)
-        skip = baton.skip
-        for stamp, item, position in outputs:
-            if position != self.last_position:
-                self.last_position, self.index_at_position = position, 0
-            self.index_at_position += 1
-            if skip:
-                skip -= 1
-                continue
-            pending.append((stamp, item, (position, self.index_at_position)))
+        pending = self._pending(baton, outputs)
         batch_size = self.chain.batch_size
         full = len(pending) - len(pending) % batch_size
         idle = baton.idle + 1 if exhausted and not outputs else 0
@@ -289,6 +301,20 @@ class _Assembler:
         self.put(RunDone(self.current, done))
         self.current += self.count
         return not done
+
+    def _pending(self, baton: Baton, outputs: list) -> list:
+        """The baton's items then the run's ``outputs``: ``(stamp, item, resume point)``."""
+        pending: list = list(baton.items)
+        skip = baton.skip
+        for stamp, item, position in outputs:
+            if position != self.last_position:
+                self.last_position, self.index_at_position = position, 0
+            self.index_at_position += 1
+            if skip:
+                skip -= 1
+                continue
+            pending.append((stamp, item, (position, self.index_at_position)))
+        return pending
 
     def _send(self, items: list) -> None:
         built = self.chain.build(items)

@@ -244,7 +244,8 @@ class WorkerMerge(IterDataPipe):
             )
         state: dict[str, Any] = {
             "position": self.resume_position,
-            "delivered_here": self._delivered_here,
+            # a resume's skip not yet passed: those outputs were delivered before it
+            "delivered_here": self._delivered_here + self._skip_here,
         }
         if self.rest is not None:
             state["rest"] = self.rest.to_dict()

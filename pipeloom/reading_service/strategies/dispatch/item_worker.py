@@ -98,7 +98,10 @@ def item_worker_main(
             if relayed is None:
                 continue  # an earlier chunk failed: the main process raises that
             result = TaskResult(message.gen, message.unit, relayed, len(message.entries))
-            _send(to_main, result, label, repr(batch_chain.pipe))
+            try:
+                _send(to_main, result, label, repr(batch_chain.pipe))
+            except QueueError:  # the main process is gone
+                return
             del relayed, result
             continue
         outputs = chain.run(message.gen, message.entries, label)

@@ -8,12 +8,13 @@ and result queues to the main process (sizes in ``planning/planner.py``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...._shutdown import finalize_here
 from ....errors import NotAvailable, QueueError, WorkerError
-from ....events import FdReadiness, ReadinessSource
+from ....events import FdReadiness, ReadinessSource, Waiter
 from ....queues import ProcessQueue
 from ...planning.planner import LINK_CAPACITY
 from ...workers.messages import EpochStart, Stop
@@ -122,6 +123,7 @@ class DispatchPool:
             for link in row:
                 link.close()
         self._results = self._item_results + self._batch_results
+        self._received: list[Any] = []  # read while waiting to send a task
         self._finalizer = finalize_here(
             self, _stop, self._workers, self._tasks + self._control, self._results
         )
@@ -145,7 +147,7 @@ class DispatchPool:
             try:
                 queue.put(message, block=False)
             except NotAvailable:  # tasks of an abandoned epoch still queued: they go fast
-                queue.put(message, timeout=SEND_TIMEOUT)
+                self._put_receiving(queue, message)
         except (QueueError, TimeoutError) as error:
             self.check_alive()
             raise WorkerError(f"a worker stopped taking work: {error}") from error
@@ -157,8 +159,43 @@ class DispatchPool:
                 f"sharding point, or use strategy='classic'"
             ) from error
 
+    def _put_receiving(self, queue: ProcessQueue, message: Any) -> None:
+        """Wait for room in ``queue``, reading the workers' results meanwhile (kept for
+        :meth:`receive`): a worker blocked on a full queue to the main process (an
+        abandoned epoch's batches) takes no task until it has sent them."""
+        deadline = time.monotonic() + SEND_TIMEOUT
+        waiter = Waiter()
+        sources = [queue.space_readiness(), *self.readiness()]
+        for source in sources:
+            source.attach(waiter)
+        try:
+            while True:
+                seen = waiter.generation
+                self._received += self._receive_now()
+                try:
+                    queue.put(message, block=False)
+                    return
+                except NotAvailable:
+                    pass
+                self.check_alive()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"the queue stayed full for {SEND_TIMEOUT:.0f}s (capacity "
+                        f"{queue.capacity}); the worker took no task meanwhile"
+                    )
+                waiter.wait(seen, left)
+        finally:
+            for source in sources:
+                source.detach(waiter)
+            waiter.close()
+
     def receive(self) -> list[Any]:
         """Every message the workers sent the main process so far (never waits)."""
+        messages, self._received = self._received, []
+        return messages + self._receive_now()
+
+    def _receive_now(self) -> list[Any]:
         messages = []
         for queue in self._results:
             while True:

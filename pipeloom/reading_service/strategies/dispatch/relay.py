@@ -235,6 +235,11 @@ def run_relayed(
     if gen in ends.broken:
         if not order.final:
             ends.send_stop(order.succ, gen, unit)
+        if order.pred >= 0:  # its stop: left in the link, a worker's relays fill it and block
+            try:
+                ends.receive(order.pred, gen, order.pred_unit)
+            except _EpochOver:
+                pass
         return None
     if order.pred < 0 and not order.final and task.entries:
         return _stream_first(task, chain, batch_chain, batch_size, ends, label, send_partial)
