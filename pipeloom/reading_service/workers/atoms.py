@@ -38,6 +38,7 @@ __all__ = ["MIN_ITEMS", "Pickler", "dump", "dumps"]
 MIN_ITEMS = 4096  # a shorter list is pickled as usual
 _ATOMS = ({str}, {bytes})
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
+_FRAME = 1 << 17  # bytes the pickler holds before writing them (a frame, 64 KiB, and an item)
 _SAMPLE = 1024  # items looked at for repeats: a list of fewer distinct objects has one
 
 
@@ -85,6 +86,19 @@ class _Fast:
         self.on = on
 
 
+class _Counted:
+    """A file, counting the bytes written to it (an upper bound of the memo's size)."""
+
+    __slots__ = ("file", "written")
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.written = file, 0
+
+    def write(self, data: Any) -> Any:
+        self.written += len(data)
+        return self.file.write(data)
+
+
 def _items(_on: bool, items: list | tuple, _off: bool) -> list | tuple:
     return items
 
@@ -103,7 +117,8 @@ class Pickler(cloudpickle.Pickler):
     """cloudpickle's pickler, with big lists of strings in attributes pickled fast."""
 
     def __init__(self, file: Any, protocol: int | None = None, **kwargs: Any) -> None:
-        super().__init__(file, protocol, **kwargs)
+        self._file = _Counted(file)
+        super().__init__(self._file, protocol, **kwargs)
         self._atoms: dict[int, tuple[_Atoms, Any]] = {}  # id(list) -> its wrapper, the list
 
     def reducer_override(self, obj: Any) -> Any:
@@ -141,7 +156,7 @@ class Pickler(cloudpickle.Pickler):
 
     def _rekey(self, inner: _Items) -> None:
         """Keys the memo entry of ``inner`` by its list (unless the list has one already)."""
-        memo = self.memo.copy()  # {id: (index, object)}
+        memo = self.memo.copy()  # {id: (index, object)}: O(memo), see _wrap
         entry = memo.pop(id(inner), None)
         if entry is None or id(inner.items) in memo:  # the list was pickled before: a reference
             return
@@ -154,7 +169,14 @@ class Pickler(cloudpickle.Pickler):
             return value
         known = self._atoms.get(id(value))
         if known is None:  # keep the list: its id stays its own while pickling
-            atoms = _Atoms(value) if set(map(type, value)) in _ATOMS and _distinct(value) else value
+            fast = (
+                # a memo entry costs a byte of the stream at least: re-keying (copying the
+                # memo, ~3 times the time an item saves) would cost less than it saves
+                self._file.written + _FRAME < len(value) // 4
+                and set(map(type, value)) in _ATOMS
+                and _distinct(value)
+            )
+            atoms = _Atoms(value) if fast else value
             known = self._atoms[id(value)] = (atoms, value)
         return known[0]
 
