@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
-from pipeloom.errors import WorkerError
+from pipeloom.errors import NotAvailable, WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService
 from pipeloom.reading_service.workers import atoms
 from tests.own_resources import OwnResources
@@ -284,3 +284,47 @@ def test_a_loader_closed_while_its_workers_start_leaves_nothing():
 
 def _spawn(workers: int, **kwargs) -> MultiProcessingReadingService:
     return MultiProcessingReadingService(workers, start_method="spawn", timeout=30, **kwargs)
+
+
+# -- an exited worker's last message is read before its exit is reported ----------
+class _QueueFilledLate:
+    """Empty at the first look; then holds what the worker sent just before exiting."""
+
+    def __init__(self, last):
+        self.looks, self.last = 0, last
+
+    def get(self, block=True):
+        self.looks += 1
+        if self.looks == 1 or self.last is None:
+            raise NotAvailable
+        last, self.last = self.last, None
+        return last
+
+
+class _Exited:
+    label = "worker process 0 (pid 1)"
+
+    def exit_code(self):
+        return 0
+
+    def died(self):
+        return WorkerError(f"{self.label} exited with code 0 before finishing its epoch")
+
+
+class _AllExited:
+    workers: list = []
+
+    def any_exited(self):
+        return True
+
+
+def test_a_failure_sent_just_before_the_worker_exited_is_read_not_its_exit():
+    from pipeloom.reading_service.strategies.classic.process_pool import _ProcessChannel
+    from pipeloom.reading_service.workers.failure import capture_failure
+
+    failure = capture_failure(RuntimeError("cannot open the table"), "worker process 0")
+    channel = _ProcessChannel(_Exited(), _QueueFilledLate(failure), _AllExited())
+    assert channel.get_nowait() is failure  # was: "exited with code 0 before finishing"
+    assert channel.ended
+    with pytest.raises(WorkerError, match="exited with code 0"):
+        channel.get_nowait()  # nothing more: now the exit is reported
