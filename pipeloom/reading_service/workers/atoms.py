@@ -156,12 +156,12 @@ class Pickler(cloudpickle.Pickler):
 
     def _rekey(self, inner: _Items) -> None:
         """Keys the memo entry of ``inner`` by its list (unless the list has one already)."""
-        memo = self.memo.copy()  # {id: (index, object)}: O(memo), see _wrap
+        memo: dict[int, tuple[int, Any]] = self.memo.copy()  # type: ignore[has-type]
         entry = memo.pop(id(inner), None)
         if entry is None or id(inner.items) in memo:  # the list was pickled before: a reference
             return
         memo[id(inner.items)] = (entry[0], inner.items)
-        self.memo = memo
+        self.memo = memo  # {id: (index, object)}, copied: O(memo), hence _wrap's bound
 
     def _wrap(self, value: Any) -> Any:
         """``value`` itself, or its :class:`_Atoms` if it is a big list of strings."""
