@@ -4,6 +4,7 @@ a dataset that fails to unpickle in the template is named, and nothing hangs."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
 import time
 
@@ -236,7 +237,8 @@ class Unloadable:
 
 
 def _slow_load(seconds):
-    time.sleep(seconds)
+    if str(os.getpid()) != os.environ.get("ATTACK_MAIN_PID"):  # the main process copies it
+        time.sleep(seconds)  # (economic): only the template is slow
     return SlowToLoad(seconds)
 
 
@@ -280,6 +282,19 @@ def test_a_loader_closed_while_its_workers_start_leaves_nothing():
     loader.shutdown()
     assert isinstance(loader.state_dict(), dict)  # the position stays askable
     before.assert_released(timeout=10)
+
+
+@pytest.mark.parametrize("strategy", ["classic", "economic"])
+def test_a_template_stuck_unpickling_raises_within_the_timeout_and_is_ended(monkeypatch, strategy):
+    monkeypatch.setenv("ATTACK_MAIN_PID", str(os.getpid()))
+    list(DataLoader(IterableWrapper(range(2)).sharding_filter(), _spawn(1), seed=0))  # server up
+    before = OwnResources()
+    pipe = IterableWrapper(range(8)).sharding_filter().map(SlowToLoad(1000.0)).batch(2)
+    service = MultiProcessingReadingService(2, start_method="spawn", timeout=3, strategy=strategy)
+    with pytest.raises(TimeoutError, match=r"did not start .* within timeout=3 s: it was still"):
+        with DataLoader(pipe, service, seed=0) as loader:  # was: waited the whole 1000 s
+            list(loader)
+    before.assert_released(timeout=10)  # the stuck template is killed, not left
 
 
 def _spawn(workers: int, **kwargs) -> MultiProcessingReadingService:
@@ -328,3 +343,21 @@ def test_a_failure_sent_just_before_the_worker_exited_is_read_not_its_exit():
     assert channel.ended
     with pytest.raises(WorkerError, match="exited with code 0"):
         channel.get_nowait()  # nothing more: now the exit is reported
+
+
+def test_closing_a_template_stuck_unpickling_kills_it_after_the_grace(monkeypatch):
+    import pickle
+
+    import psutil
+
+    from pipeloom.reading_service.workers import start_server
+
+    monkeypatch.setattr(start_server, "_REAP_TIMEOUT", 0.5)
+    monkeypatch.setenv("ATTACK_MAIN_PID", str(os.getpid()))
+    data = pickle.dumps(SlowToLoad(1000.0))
+    template = start_server.start_server().new_template(lambda file: file.write(data))
+    assert psutil.pid_exists(template.pid)
+    template.close()  # was: returned after the grace, the template left sleeping
+    assert not psutil.pid_exists(template.pid) or psutil.Process(template.pid).status() == (
+        psutil.STATUS_ZOMBIE
+    )

@@ -65,11 +65,12 @@ class ProcessPool:
         start_method: str | None,
         worker_init_fn: Callable[[int], None] | None,
         persistent: bool,
+        timeout: float | None = None,
     ) -> None:
         workers = plan.part("workers")
         assert workers.exit is not None and plan.sharding_point is not None
         self.context: Any = worker_context(start_method)
-        self.payload = Payload(workers.exit, self.context)
+        self.payload = Payload(workers.exit, self.context, start_timeout=timeout)
         self.shard = _Shard(
             index_in_part(workers.exit, plan.sharding_point), count, plan.group_size, plan.outer
         )
