@@ -334,11 +334,13 @@ class _AllExited:
 
 
 def test_a_failure_sent_just_before_the_worker_exited_is_read_not_its_exit():
-    from pipeloom.reading_service.strategies.classic.process_pool import _ProcessChannel
+    from pipeloom.reading_service.strategies.classic import process_pool
     from pipeloom.reading_service.workers.failure import capture_failure
 
     failure = capture_failure(RuntimeError("cannot open the table"), "worker process 0")
-    channel = _ProcessChannel(_Exited(), _QueueFilledLate(failure), _AllExited())
+    channel = process_pool._ProcessChannel(  # noqa: SLF001 - the main's end of one worker
+        _Exited(), _QueueFilledLate(failure), _AllExited()
+    )
     assert channel.get_nowait() is failure  # was: "exited with code 0 before finishing"
     assert channel.ended
     with pytest.raises(WorkerError, match="exited with code 0"):
