@@ -47,7 +47,7 @@ import torch
 from ._context import Key, key_position
 from ._npy import load as load_npy
 
-__all__ = ["RecordReader", "RecordWriter", "combine", "dumps", "loads"]
+__all__ = ["RecordReader", "RecordWriter", "combine", "damaged", "dumps", "loads"]
 
 INDEX_DTYPE = np.dtype(
     [("position", "<i8"), ("draws", "<i4"), ("file", "<i4"), ("offset", "<i8"), ("size", "<i8")]
@@ -55,6 +55,11 @@ INDEX_DTYPE = np.dtype(
 _HEAD = struct.Struct("<QI")  # pickle bytes, number of buffers
 _ALIGN = 64
 _NO_POSITION = -1  # an item without a position stamp
+
+
+def damaged(directory: str, what: str) -> OSError:
+    """The error for a snapshot directory whose files do not hold what they should."""
+    return OSError(f"{what}; the snapshot is damaged: delete {directory} to rebuild it")
 
 
 def _reduce_tensor(tensor: torch.Tensor) -> Any:
@@ -227,14 +232,30 @@ def combine(directory: str, writers: Sequence[str], *, sort: bool) -> int:
 class RecordReader:
     """Read records of a finished directory (see :func:`combine`) by number or position."""
 
-    def __init__(self, directory: str, *, keyed: bool = True) -> None:
+    def __init__(self, directory: str, *, keyed: bool = True, records: int | None = None) -> None:
         self.directory = directory
         self.keyed = keyed  # False: written before records kept their key's rest (format 1)
-        # A plain view of the mapped file (no np.memmap per-access overhead).
-        self.index = np.asarray(load_npy(os.path.join(directory, "index.npy"), mmap_mode="r"))
+        try:
+            # A plain view of the mapped file (no np.memmap per-access overhead).
+            self.index = np.asarray(load_npy(os.path.join(directory, "index.npy"), mmap_mode="r"))
+            with open(os.path.join(directory, "files.txt")) as listing:
+                self.files = [line for line in listing.read().split("\n") if line]
+        except (OSError, ValueError, EOFError) as error:
+            raise damaged(directory, f"its index cannot be read ({error})") from error
+        if self.index.dtype != INDEX_DTYPE:
+            raise damaged(directory, f"index.npy holds {self.index.dtype}, not {INDEX_DTYPE}")
+        if records is not None and len(self.index) != records:
+            raise damaged(
+                directory,
+                f"index.npy has {len(self.index)} records where manifest.json says {records}",
+            )
+        if len(self.index) and int(self.index["file"].max()) >= len(self.files):
+            raise damaged(
+                directory,
+                f"index.npy refers to data file {int(self.index['file'].max())} but files.txt "
+                f"lists {len(self.files)}",
+            )
         self._positions = self.index["position"]
-        with open(os.path.join(directory, "files.txt")) as listing:
-            self.files = [line for line in listing.read().split("\n") if line]
         self._fds: dict[int, int] = {}
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
         self._sorted: bool | None = None
@@ -281,7 +302,7 @@ class RecordReader:
             view = memoryview(span)
             for k in range(i, j):
                 at = offsets[k] - base
-                record = _unframe(view[at : at + sizes[k]])
+                record = self._unframe(view[at : at + sizes[k]], start + k, files[i])
                 rest, item = record if keyed else (None, record)
                 position = positions[k]
                 key: Key | None = None if position == _NO_POSITION else position
@@ -291,20 +312,32 @@ class RecordReader:
             i = j
         return out
 
+    def _unframe(self, frame: memoryview, number: int, file: int) -> Any:
+        try:
+            record = _unframe(frame)
+            if self.keyed and not (type(record) is tuple and len(record) == 2):
+                raise ValueError(f"a {type(record).__name__}, not a (key rest, item) pair")
+        except Exception as error:  # noqa: BLE001 - whatever garbage raises, say where
+            raise damaged(
+                self.directory,
+                f"record {number} (in {self.files[file]}) cannot be read back "
+                f"({type(error).__name__}: {error})",
+            ) from error
+        return record
+
     def _read_into(self, file: int, span: bytearray, offset: int) -> None:
         fd = self._fds.get(file)
         if fd is None:
-            fd = self._fds[file] = os.open(
-                os.path.join(self.directory, self.files[file]), os.O_RDONLY
-            )
+            try:
+                fd = os.open(os.path.join(self.directory, self.files[file]), os.O_RDONLY)
+            except FileNotFoundError as error:
+                raise damaged(self.directory, f"{self.files[file]} is missing") from error
+            self._fds[file] = fd
         view = memoryview(span)
         while view:
             got = os.preadv(fd, [view], offset)
             if got <= 0:
-                raise OSError(
-                    f"{self.files[file]} in {self.directory} is shorter than its index says; "
-                    f"the snapshot is damaged: delete {self.directory} to rebuild it"
-                )
+                raise damaged(self.directory, f"{self.files[file]} is shorter than its index says")
             view, offset = view[got:], offset + got
 
     def close(self) -> None:

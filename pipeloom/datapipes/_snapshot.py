@@ -154,8 +154,9 @@ class Snapshot(IterDataPipe):
             manifest = store.manifest()
             reader = self._reader
             if reader is None or reader.directory != store.final:
-                keyed = manifest.get("format", 1) >= KEYED_FORMAT
-                reader = self._reader = RecordReader(store.final, keyed=keyed)
+                keyed = manifest["format"] >= KEYED_FORMAT
+                reader = RecordReader(store.final, keyed=keyed, records=manifest["records"])
+                self._reader = reader
             authority = authority_index(self)
             by_position = info is not None or sharded_upstream(self)
             if by_position and authority is not None and reader.is_sorted():

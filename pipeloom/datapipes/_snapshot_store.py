@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from . import _npy
-from ._records import combine
+from ._records import combine, damaged
 
 __all__ = ["SnapshotStore", "run_name"]
 
@@ -68,8 +68,27 @@ class SnapshotStore:
         return os.path.exists(os.path.join(self.final, "manifest.json"))
 
     def manifest(self) -> dict[str, Any]:
-        with open(os.path.join(self.final, "manifest.json")) as file:
-            return json.load(file)
+        """The committed snapshot's manifest, checked (OSError if it is damaged)."""
+        try:
+            with open(os.path.join(self.final, "manifest.json")) as file:
+                manifest = json.load(file)
+        except (OSError, ValueError) as error:
+            raise damaged(self.final, f"manifest.json cannot be read ({error})") from error
+        fields = {"format": int, "records": int, "stamper": bool}
+        wrong = [
+            name
+            for name, kind in fields.items()
+            if not isinstance(manifest, dict) or not isinstance(manifest.get(name), kind)
+        ]
+        if wrong:
+            raise damaged(self.final, f"manifest.json lacks {', '.join(wrong)}")
+        if not 1 <= manifest["format"] <= FORMAT:
+            raise damaged(
+                self.final,
+                f"manifest.json has format {manifest['format']}; this pipeloom reads formats "
+                f"1 to {FORMAT} (a newer pipeloom wrote it?)",
+            )
+        return manifest
 
     def others(self) -> list[tuple[str, dict[str, Any]]]:
         """Committed snapshots of other fingerprints, newest first."""

@@ -192,6 +192,7 @@ class MultiProcessingReadingService(PlannedService):
             start_method=self.start_method,
             worker_init_fn=self.worker_init_fn,
             persistent=self.persistent_workers,
+            timeout=self.timeout,
         )
         return ClassicRunner(
             pipeline,

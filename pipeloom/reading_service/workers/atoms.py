@@ -10,12 +10,20 @@ cycle, and no shared reference that matters (strings are immutable).
 the memo (``Pickler.fast``, turned on for its items only, in the stream): it
 is unpickled as any list (a template unpickles while the main process
 pickles, item by item), and comes back as a list (tuple) equal to the
-original; a list referenced twice comes back as one list referenced twice.
+original. Sharing is kept as with ``pickle``: once rebuilt, the list is
+memoized as the original list (:class:`_Memoized`), so that any other
+reference to it, pickled later (another attribute, a dict, another list),
+gets the same list. Only the strings inside are not shared with equal
+strings elsewhere; a list holding the same string objects many times (a
+sample of :data:`_SAMPLE` items has a repeat: labels, ``["train"] * n``) is
+pickled as usual, so that a worker holds one string per distinct object.
 
 Only plain objects' attribute dicts are looked at (an object whose class
 defines neither ``__reduce__`` nor ``__reduce_ex__``; ``__getstate__`` is
-respected): a list held elsewhere (in a dict, in another list) is pickled as
-usual, as is every list of mixed types or of fewer than :data:`MIN_ITEMS`.
+respected): a list found only elsewhere (in a dict, in another list) is
+pickled as usual, as is every list of mixed types (a ``str`` subclass
+included) or of fewer than :data:`MIN_ITEMS`. A big list must not be changed
+by another thread while the pipeline is pickled (as with ``pickle``).
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ __all__ = ["MIN_ITEMS", "Pickler", "dump", "dumps"]
 MIN_ITEMS = 4096  # a shorter list is pickled as usual
 _ATOMS = ({str}, {bytes})
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
+_FRAME = 1 << 17  # bytes the pickler holds before writing them (a frame, 64 KiB, and an item)
+_SAMPLE = 1024  # items looked at for repeats: a list of fewer distinct objects has one
 
 
 class _Atoms:
@@ -38,6 +48,29 @@ class _Atoms:
     __slots__ = ("items",)
 
     def __init__(self, items: list | tuple) -> None:
+        self.items = items
+
+
+class _Items:
+    """The items of an :class:`_Atoms`, pickled between a ``_Fast(True)`` and a ``_Fast(False)``."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list | tuple) -> None:
+        self.items = items
+
+
+class _Memoized:
+    """Where it is pickled, re-keys the memo entry of an :class:`_Items` to its list.
+
+    The pickler memoizes the :class:`_Items` (an object no one else holds) at
+    the index of the rebuilt list; keyed by the list instead, a later
+    reference to the list is pickled as a reference to that index.
+    """
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: _Items) -> None:
         self.items = items
 
 
@@ -53,21 +86,51 @@ class _Fast:
         self.on = on
 
 
+class _Counted:
+    """A file, counting the bytes written to it (an upper bound of the memo's size)."""
+
+    __slots__ = ("file", "written")
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.written = file, 0
+
+    def write(self, data: Any) -> Any:
+        self.written += len(data)
+        return self.file.write(data)
+
+
 def _items(_on: bool, items: list | tuple, _off: bool) -> list | tuple:
     return items
+
+
+def _first(items: list | tuple, _memoized: bool) -> list | tuple:
+    return items
+
+
+def _distinct(items: list | tuple) -> bool:
+    """Whether a sample of ``items`` holds no object twice (see the module's docstring)."""
+    sample = items[:: max(1, len(items) // _SAMPLE)]
+    return len(set(map(id, sample))) == len(sample)
 
 
 class Pickler(cloudpickle.Pickler):
     """cloudpickle's pickler, with big lists of strings in attributes pickled fast."""
 
     def __init__(self, file: Any, protocol: int | None = None, **kwargs: Any) -> None:
-        super().__init__(file, protocol, **kwargs)
+        self._file = _Counted(file)
+        super().__init__(self._file, protocol, **kwargs)
         self._atoms: dict[int, tuple[_Atoms, Any]] = {}  # id(list) -> its wrapper, the list
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
-        if kind is _Atoms:  # its items are pickled between a _Fast(True) and a _Fast(False)
+        if kind is _Atoms:  # the list, then its memo entry re-keyed to the original list
+            inner = _Items(obj.items)
+            return _first, (inner, _Memoized(inner))
+        if kind is _Items:  # its items are pickled between a _Fast(True) and a _Fast(False)
             return _items, (_Fast(True), obj.items, _Fast(False))
+        if kind is _Memoized:
+            self._rekey(obj.items)
+            return bool, ()
         if kind is _Fast:
             self.fast = obj.on  # read by the C pickler as it goes: no memo for the items
             return bool, ()
@@ -91,13 +154,29 @@ class Pickler(cloudpickle.Pickler):
             return reduced
         return (*reduced[:2], wrapped, *reduced[3:])
 
+    def _rekey(self, inner: _Items) -> None:
+        """Keys the memo entry of ``inner`` by its list (unless the list has one already)."""
+        memo: dict[int, tuple[int, Any]] = self.memo.copy()  # type: ignore[has-type]
+        entry = memo.pop(id(inner), None)
+        if entry is None or id(inner.items) in memo:  # the list was pickled before: a reference
+            return
+        memo[id(inner.items)] = (entry[0], inner.items)
+        self.memo = memo  # {id: (index, object)}, copied: O(memo), hence _wrap's bound
+
     def _wrap(self, value: Any) -> Any:
         """``value`` itself, or its :class:`_Atoms` if it is a big list of strings."""
         if type(value) not in (list, tuple) or len(value) < MIN_ITEMS:
             return value
         known = self._atoms.get(id(value))
         if known is None:  # keep the list: its id stays its own while pickling
-            atoms = _Atoms(value) if set(map(type, value)) in _ATOMS else value
+            fast = (
+                # a memo entry costs a byte of the stream at least: re-keying (copying the
+                # memo, ~3 times the time an item saves) would cost less than it saves
+                self._file.written + _FRAME < len(value) // 4
+                and set(map(type, value)) in _ATOMS
+                and _distinct(value)
+            )
+            atoms = _Atoms(value) if fast else value
             known = self._atoms[id(value)] = (atoms, value)
         return known[0]
 

@@ -124,12 +124,16 @@ class Payload:
     (:meth:`template`), which unpickles it once for all the workers it forks;
     :meth:`close` ends the template.
 
+    ``start_timeout`` (the service's ``timeout``) bounds the wait for a
+    template to start the first worker, i.e. to unpickle the pipeline.
+
     Raises:
         TypeError: naming the first block that cannot be pickled, and why.
     """
 
-    def __init__(self, pipe: DataPipe, context: Any) -> None:
+    def __init__(self, pipe: DataPipe, context: Any, *, start_timeout: float | None = None) -> None:
         self.forked = context.get_start_method() == "fork"
+        self.start_timeout = start_timeout
         self._template: Template | None = None
         if isinstance(context, ServedContext):  # the template unpickles while it is pickled
             pickled: list[bytes] = []  # kept, to start its template again if closed
@@ -158,7 +162,12 @@ class Payload:
         content = self._content
         if isinstance(content, list):  # pickled chunks, as sent to a template
             content = b"".join(content)
-        return {"forked": self.forked, "_content": content, "_template": None}
+        return {
+            "forked": self.forked,
+            "_content": content,
+            "_template": None,
+            "start_timeout": self.start_timeout,
+        }
 
     def load(self) -> Any:
         """The pipeline, in the worker: unpickled, or (forked) with ``lazy_init`` to run again."""

@@ -40,6 +40,7 @@ its workers exited, or when the user's process dies (it kills its workers).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing
 import multiprocessing.connection
@@ -248,7 +249,7 @@ class Template:
         self.pid = pid
         self._socket = sock
         self._lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, _close_template, sock, reaped)
+        self._finalizer = weakref.finalize(self, _close_template, sock, reaped, pid)
         self._finalizer.atexit = False  # at exit, the template sees the user process end
 
     @property
@@ -266,10 +267,22 @@ class Template:
         finally:
             mp_context.set_spawning_popen(None)  # type: ignore[attr-defined]
         status, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        timeout = getattr(payload, "start_timeout", None)
+        status.settimeout(timeout)  # the first worker waits for the template's unpickling
         try:
             with self._lock:
                 send(self._socket, buffer.getvalue(), [*fds, theirs.fileno()])
             (pid,) = HEADER.unpack(recv_exactly(status, HEADER.size))
+            status.settimeout(None)
+        except TimeoutError:
+            status.close()
+            self.kill()  # stuck in the pipeline's unpickling: it would never start a worker
+            raise TimeoutError(
+                f"the pipeloom template process (pid {self.pid}) did not start {name!r} within "
+                f"timeout={timeout} s: it was still unpickling the pipeline (a __setstate__ or "
+                f"__reduce__ that blocks or is slow?); raise the timeout, or make unpickling "
+                f"the dataset cheap (open files in lazy_init instead)"
+            ) from None
         except (OSError, EOFError) as error:
             status.close()
             raise RuntimeError(
@@ -285,16 +298,29 @@ class Template:
     def close(self) -> None:
         self._finalizer()
 
+    def kill(self) -> None:
+        """End the template now (SIGKILL), whatever it is doing, then close it."""
+        with contextlib.suppress(ProcessLookupError):  # not reaped before close: still its pid
+            os.kill(self.pid, signal.SIGKILL)
+        self.close()
 
-def _close_template(sock: socket.socket, reaped: socket.socket) -> None:
+
+def _close_template(sock: socket.socket, reaped: socket.socket, pid: int) -> None:
     """Close the template's control socket; wait (briefly) until the server reaped it.
 
     Its workers (which hold the last references to it) have exited by now, so the
     template exits at once; waiting for the server's notice leaves no zombie behind.
+    One that has not exited within :data:`_REAP_TIMEOUT` is killed (the server has
+    not reaped it, so the pid is still its own).
     """
     sock.close()
     try:
-        multiprocessing.connection.wait([reaped], _REAP_TIMEOUT)
+        if not multiprocessing.connection.wait([reaped], _REAP_TIMEOUT):
+            # Still running: stuck before reading its control socket (unpickling the
+            # pipeline: a __setstate__ that blocks), or a worker that does not exit.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            multiprocessing.connection.wait([reaped], _REAP_TIMEOUT)
     finally:
         reaped.close()
 

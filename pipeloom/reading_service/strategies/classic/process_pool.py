@@ -65,11 +65,12 @@ class ProcessPool:
         start_method: str | None,
         worker_init_fn: Callable[[int], None] | None,
         persistent: bool,
+        timeout: float | None = None,
     ) -> None:
         workers = plan.part("workers")
         assert workers.exit is not None and plan.sharding_point is not None
         self.context: Any = worker_context(start_method)
-        self.payload = Payload(workers.exit, self.context)
+        self.payload = Payload(workers.exit, self.context, start_timeout=timeout)
         self.shard = _Shard(
             index_in_part(workers.exit, plan.sharding_point), count, plan.group_size, plan.outer
         )
@@ -155,11 +156,25 @@ class _ProcessChannel:
         except NotAvailable:
             if self.siblings.any_exited():  # one poll for the pool, not two calls per worker
                 if self.worker.exit_code() is not None:
-                    raise self.worker.died() from None
+                    message = self._last_words()
+                    if message is None:
+                        raise self.worker.died() from None
+                    return message
                 self._check_siblings()
             raise
         except QueueError as error:
             raise self.worker.died(error) from error
+        return self._seen(message)
+
+    def _last_words(self) -> Any:
+        """What an exited worker sent before exiting (a Failure), read after its exit was
+        seen: the queue was empty a moment before, as the worker still wrote; or None."""
+        try:
+            return self._seen(self.queue.get(block=False))
+        except (NotAvailable, QueueError):
+            return None
+
+    def _seen(self, message: Any) -> Any:
         if message is END or isinstance(message, Failure):
             self.ended = True
         return message
@@ -294,7 +309,11 @@ def _worker_main(
     """A classic worker process: wait for an epoch, produce it, repeat until told to stop."""
     label = bootstrap(f"worker process {index}", reuse_freed_memory=True)
     set_output_queue(queue)  # batches are collated into its shared memory
-    pipe = payload.load()
+    try:
+        pipe = payload.load()
+    except Exception as error:  # noqa: BLE001 - surfaced in the main process
+        _report(queue, capture_failure(error, f"{label}, unpickling the pipeline sent to it"))
+        return
     point = shard.apply(pipe, index)
     chain = BatchChain(pipe) if ring is not None else None
     parent = parent_watch()
@@ -370,11 +389,16 @@ def _run_init(
         worker_init_fn(index)
         return True
     except Exception as error:  # noqa: BLE001 - surfaced in the main process
-        try:
-            queue.put(capture_failure(error, f"{label}, in worker_init_fn({index})"))
-        except QueueError:  # the main process stopped the pool meanwhile
-            pass
+        _report(queue, capture_failure(error, f"{label}, in worker_init_fn({index})"))
         return False
+
+
+def _report(queue: ProcessQueue, failure: Failure) -> None:
+    """Send ``failure`` to the main process (unless it stopped the pool meanwhile)."""
+    try:
+        queue.put(failure)
+    except QueueError:
+        pass
 
 
 def _assembled_resume(command: StartEpoch) -> tuple[int, int] | None:

@@ -112,13 +112,13 @@ class DispatchRunner(Runner):
         item_exit = item_part.exit
         if batch_parts:
             batch_chain = copy(exit, replace={item_part.exit: BatchFeed()}, share=shared)
-            self._batch_payload = Payload(batch_chain, self._context)
+            self._batch_payload = Payload(batch_chain, self._context, start_timeout=timeout)
         elif whole_batches:
             item_exit = cut.item_exit
             batch_chain = copy(exit, replace={item_exit: BatchFeed()}, share=shared)
-            self._own_batch_payload = Payload(batch_chain, self._context)
+            self._own_batch_payload = Payload(batch_chain, self._context, start_timeout=timeout)
         item_chain = copy(item_exit, replace={self.point: TaskFeed(source)}, share=shared)
-        self._item_payload = Payload(item_chain, self._context)
+        self._item_payload = Payload(item_chain, self._context, start_timeout=timeout)
         self._pool: DispatchPool | None = None
         self._gen = 0
         self._epoch_open = False
@@ -175,8 +175,9 @@ class DispatchRunner(Runner):
         self._stop_pool()
         self._epoch_open = False
         self._item_payload.close()  # their templates (spawn), kept between epochs until now
-        if self._batch_payload is not None:
-            self._batch_payload.close()
+        for payload in (self._batch_payload, self._own_batch_payload):
+            if payload is not None:
+                payload.close()
 
     def queues(self) -> Sequence[tuple[str, Any]]:
         pool = self._pool
