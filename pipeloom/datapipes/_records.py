@@ -6,9 +6,12 @@ stamp: the position goes to the index, the rest of a multi-output key
 to the record, so that a replayed item draws from ``item_rng()`` exactly as
 the live item did. Writers append records to shard files of bounded size
 (``<writer>-<n>.rec``) and, on close, an index (``index-<writer>.npy``: one
-row of position, draws, file, offset and size per record). :func:`combine`
+row of position, draws, file, offset, size and CRC-32 per record). :func:`combine`
 merges the writers' indexes, in position order, into the ``index.npy`` a
-:class:`RecordReader` reads.
+:class:`RecordReader` reads. The reader checks each record's CRC-32 before
+unpickling it, so bytes changed on disk (a bad disk, a partial copy, an edit)
+raise an error naming the record instead of coming back as a wrong item;
+indexes written before the checksum (no ``crc`` column) are read unchecked.
 
 Items are pickled with protocol 5; NumPy arrays and CPU tensors travel as
 out-of-band buffers, written and read back without an extra copy (reading a
@@ -38,6 +41,7 @@ import os
 import pickle
 import struct
 import weakref
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,9 +53,15 @@ from ._npy import load as load_npy
 
 __all__ = ["RecordReader", "RecordWriter", "combine", "damaged", "dumps", "loads"]
 
-INDEX_DTYPE = np.dtype(
-    [("position", "<i8"), ("draws", "<i4"), ("file", "<i4"), ("offset", "<i8"), ("size", "<i8")]
-)
+_UNCHECKED = [
+    ("position", "<i8"),
+    ("draws", "<i4"),
+    ("file", "<i4"),
+    ("offset", "<i8"),
+    ("size", "<i8"),
+]
+INDEX_DTYPE = np.dtype([*_UNCHECKED, ("crc", "<u4")])
+UNCHECKED_INDEX_DTYPE = np.dtype(_UNCHECKED)  # written before records had a checksum
 _HEAD = struct.Struct("<QI")  # pickle bytes, number of buffers
 _ALIGN = 64
 _NO_POSITION = -1  # an item without a position stamp
@@ -136,7 +146,7 @@ class RecordWriter:
         self.directory = directory
         self.name = name
         self.max_bytes = max_bytes
-        self._rows: list[tuple[int, int, int, int, int]] = []
+        self._rows: list[tuple[int, int, int, int, int, int]] = []
         self._fd = -1
         self._file = -1
         self._offset = 0
@@ -150,8 +160,11 @@ class RecordWriter:
         if self._fd < 0 or (self._offset and self._offset + size > self.max_bytes):
             self._next_file()
         _write_all(self._fd, parts)
+        crc = 0
+        for part in parts:
+            crc = zlib.crc32(part, crc)
         where = _NO_POSITION if position is None else position
-        self._rows.append((where, draws, self._file, self._offset, size))
+        self._rows.append((where, draws, self._file, self._offset, size, crc))
         self._offset += size
         self.bytes_written += size
 
@@ -232,7 +245,15 @@ def combine(directory: str, writers: Sequence[str], *, sort: bool) -> int:
 class RecordReader:
     """Read records of a finished directory (see :func:`combine`) by number or position."""
 
-    def __init__(self, directory: str, *, keyed: bool = True, records: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: str,
+        *,
+        keyed: bool = True,
+        records: int | None = None,
+        checked: bool = False,
+    ) -> None:
+        """``checked``: the index must have checksums (else it may lack them: an older one)."""
         self.directory = directory
         self.keyed = keyed  # False: written before records kept their key's rest (format 1)
         try:
@@ -242,8 +263,10 @@ class RecordReader:
                 self.files = [line for line in listing.read().split("\n") if line]
         except (OSError, ValueError, EOFError) as error:
             raise damaged(directory, f"its index cannot be read ({error})") from error
-        if self.index.dtype != INDEX_DTYPE:
-            raise damaged(directory, f"index.npy holds {self.index.dtype}, not {INDEX_DTYPE}")
+        expected = [INDEX_DTYPE] if checked else [INDEX_DTYPE, UNCHECKED_INDEX_DTYPE]
+        if self.index.dtype not in expected:
+            raise damaged(directory, f"index.npy holds {self.index.dtype}, not {expected[0]}")
+        self._crcs = self.index["crc"] if self.index.dtype == INDEX_DTYPE else None
         if records is not None and len(self.index) != records:
             raise damaged(
                 directory,
@@ -287,6 +310,7 @@ class RecordReader:
             rows["size"].tolist(),
         )
         positions, draws = rows["position"].tolist(), rows["draws"].tolist()
+        crcs = None if self._crcs is None else self._crcs[start:stop].tolist()
         out: list[tuple[Key | None, int, Any]] = []
         keyed = self.keyed
         i, count = 0, len(files)
@@ -302,7 +326,14 @@ class RecordReader:
             view = memoryview(span)
             for k in range(i, j):
                 at = offsets[k] - base
-                record = self._unframe(view[at : at + sizes[k]], start + k, files[i])
+                frame = view[at : at + sizes[k]]
+                if crcs is not None and zlib.crc32(frame) != crcs[k]:
+                    raise damaged(
+                        self.directory,
+                        f"record {start + k} (in {self.files[files[i]]}) fails its checksum: "
+                        "its bytes changed on disk since it was written",
+                    )
+                record = self._unframe(frame, start + k, files[i])
                 rest, item = record if keyed else (None, record)
                 position = positions[k]
                 key: Key | None = None if position == _NO_POSITION else position

@@ -18,7 +18,7 @@ from ._pipeline import upstream_blocks
 from ._positions import authority_index, sharded_upstream
 from ._records import RecordReader
 from ._snapshot_modes import OrderedReader, Passthrough, PositionReader, Writer
-from ._snapshot_store import KEYED_FORMAT, SnapshotStore, run_name
+from ._snapshot_store import CHECKED_FORMAT, KEYED_FORMAT, SnapshotStore, run_name
 
 __all__ = ["Snapshot"]
 
@@ -154,8 +154,12 @@ class Snapshot(IterDataPipe):
             manifest = store.manifest()
             reader = self._reader
             if reader is None or reader.directory != store.final:
-                keyed = manifest["format"] >= KEYED_FORMAT
-                reader = RecordReader(store.final, keyed=keyed, records=manifest["records"])
+                reader = RecordReader(
+                    store.final,
+                    keyed=manifest["format"] >= KEYED_FORMAT,
+                    records=manifest["records"],
+                    checked=manifest["format"] >= CHECKED_FORMAT,
+                )
                 self._reader = reader
             authority = authority_index(self)
             by_position = info is not None or sharded_upstream(self)

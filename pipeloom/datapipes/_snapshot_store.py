@@ -45,8 +45,9 @@ from ._records import combine, damaged
 
 __all__ = ["SnapshotStore", "run_name"]
 
-FORMAT = 2
+FORMAT = 3
 KEYED_FORMAT = 2  # from this format on, records keep their key's rest (see _records.py)
+CHECKED_FORMAT = 3  # from this format on, the index holds each record's CRC-32
 _LOG = logging.getLogger("pipeloom.snapshot")
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
 from pipeloom.datapipes import _records
 
 
@@ -39,3 +42,23 @@ def test_a_snapshot_written_in_the_first_format_replays_its_items(tmp_path, monk
     monkeypatch.undo()
     assert pipe().snapshot(tmp_path).is_complete()
     assert list(DataLoader(pipe().snapshot(tmp_path), seed=0)) == written == list(pipe())
+
+
+def test_an_index_without_checksums_is_read_unchecked_unless_its_format_has_them(tmp_path):
+    """Indexes written before records had a CRC-32 still read; one that must have them
+    (a format-3 snapshot's) and lacks them is damaged, not silently unchecked."""
+    writer = _records.RecordWriter(str(tmp_path), "w0", max_bytes=1 << 20)
+    for position in range(3):
+        writer.append(position, 0, {"x": position})
+    writer.close()
+    _records.combine(str(tmp_path), ["w0"], sort=True)
+    index = np.load(tmp_path / "index.npy")
+    assert index.dtype == _records.INDEX_DTYPE and index["crc"].all()
+    stripped = np.zeros(len(index), dtype=_records.UNCHECKED_INDEX_DTYPE)
+    for name in stripped.dtype.names:
+        stripped[name] = index[name]
+    np.save(tmp_path / "index.npy", stripped)
+    reader = _records.RecordReader(str(tmp_path))
+    assert [reader.read(n)[2] for n in range(3)] == [{"x": 0}, {"x": 1}, {"x": 2}]
+    with pytest.raises(OSError, match="the snapshot is damaged"):
+        _records.RecordReader(str(tmp_path), checked=True)
