@@ -16,7 +16,6 @@ import signal
 import tarfile
 import threading
 
-import psutil
 import pytest
 import torch
 from hypothesis import example, given, settings
@@ -319,10 +318,10 @@ def test_a_killed_worker_is_named_and_its_processes_are_gone(workers):
         with DataLoader(pipe, service, seed=0) as loader:
             for index, _ in enumerate(loader):
                 if index == 2:  # workers mid-chunk and waiting for relays
-                    # a worker of this loader: the session's fork server and resource
-                    # tracker are children of this process too
-                    new = [p for p in psutil.Process().children() if p.pid not in before.children]
-                    victim = new[-1].pid
+                    # one of this loader's item workers (the session's fork server and
+                    # resource tracker, maybe started meanwhile, are children too)
+                    workers_now = service._runner._pool._workers  # noqa: SLF001
+                    victim = workers_now[-1].pid
                     os.kill(victim, signal.SIGKILL)
     assert f"pid {victim}" in str(info.value) and "item worker" in str(info.value)
     before.assert_released()
