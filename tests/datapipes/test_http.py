@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import io
 import random
 import socket
 import tarfile
@@ -14,18 +13,9 @@ import pytest
 from pipeloom.datapipes import HttpReader, IterableWrapper, TarArchiveLoader, reset_pipeline
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 from tests.datapipes.hostile_http import HostileServer, Route
+from tests.datapipes.test_tar import tar_bytes
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def tar_bytes(members):
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 SHARDS = {

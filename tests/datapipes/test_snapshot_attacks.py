@@ -3,10 +3,8 @@ every reading service; damaged manifests, indexes and records raise a named erro
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
-import tarfile
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -15,18 +13,9 @@ from hypothesis import strategies as st
 import pipeloom
 from pipeloom.datapipes import FileLister, IterableWrapper
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from tests.datapipes.test_tar import tar_bytes
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _tar(members: list[tuple[str, bytes]]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 @pytest.fixture
@@ -35,7 +24,7 @@ def shards(tmp_path):
     folder.mkdir()
     for shard in range(4):  # shards of 0 to 3 members: positions with several outputs, or none
         members = [(f"s{shard}/{i}.bin", bytes([shard, i]) * (50 + i)) for i in range(shard)]
-        (folder / f"shard-{shard}.tar").write_bytes(_tar(members))
+        (folder / f"shard-{shard}.tar").write_bytes(tar_bytes(members))
     return str(folder)
 
 

@@ -27,6 +27,7 @@ from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.strategies.dispatch import pool
 from tests.own_resources import OwnResources
+from tests.reading_service.test_relayed_chunks import gated
 from tests.reading_service.test_strategies import plain
 
 
@@ -69,15 +70,6 @@ def test_an_epoch_after_a_failed_one_runs_on_persistent_workers(tmp_path, worker
         assert plain(list(loader)) == expected
 
 
-def gated(fifo, sizes, index):
-    """Input ``index``'s outputs; input 1 waits before its first until the test says go."""
-    for j in range(sizes[index]):
-        if index == 1 and j == 0:
-            with open(fifo, "rb") as gate:  # blocks until the test opens it to write
-                gate.read(1)
-        yield (index, j)
-
-
 @pytest.mark.timeout(40)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_chunk_that_ends_after_the_loader_shut_down_exits_quietly(
@@ -104,7 +96,7 @@ def test_a_chunk_that_ends_after_the_loader_shut_down_exits_quietly(
 
     monkeypatch.setattr(pool, "stop_processes", release_then_stop)
     pipe = IterableWrapper(range(2)).sharding_filter()
-    pipe = pipe.flatmap(functools.partial(gated, fifo, [2, 3])).batch(2)
+    pipe = pipe.flatmap(functools.partial(gated, fifo, [2, 3], at=(1, 0))).batch(2)
     service = MultiProcessingReadingService(workers, strategy="chunked", chunk_size=1, timeout=20)
     with DataLoader(pipe, service, seed=0) as loader:
         assert next(iter(loader)) == [(0, 0), (0, 1)]

@@ -196,10 +196,11 @@ def test_relayed_chunks_under_spawn_and_a_shutdown_mid_epoch():
         next(iterator)  # the loader shuts down with workers waiting for relays
 
 
-def gated(fifo, sizes, index):
-    """Input ``index``'s outputs; input 0 waits at its 4th until the test says go."""
+def gated(fifo, sizes, index, at=(0, 3)):
+    """Input ``index``'s outputs; output ``at = (input, j)`` waits until the test says go
+    (until it opens the fifo to write)."""
     for j in range(sizes[index]):
-        if index == 0 and j == 3:
+        if (index, j) == at:
             with open(fifo, "rb") as gate:  # blocks until the test opens it to write
                 gate.read(1)
         yield (index, j)
