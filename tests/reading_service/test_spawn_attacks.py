@@ -3,12 +3,16 @@ a dataset that fails to unpickle in the template is named, and nothing hangs."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
+import subprocess
+import sys
 import time
 
 import numpy as np
+import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -363,3 +367,62 @@ def test_closing_a_template_stuck_unpickling_kills_it_after_the_grace(monkeypatc
     assert not psutil.pid_exists(template.pid) or psutil.Process(template.pid).status() == (
         psutil.STATUS_ZOMBIE
     )
+
+
+STUCK_USER_JOB = """
+import sys
+import time
+
+from pipeloom import DataLoader
+from pipeloom.datapipes import IterableWrapper
+from pipeloom.reading_service import MultiProcessingReadingService
+
+
+def _stuck(fifo):
+    with open(fifo, "wb") as started:  # tells the test: the template is unpickling
+        started.write(b"x")
+    time.sleep(600)
+
+
+class Stuck:
+    def __init__(self, fifo):
+        self.fifo = fifo
+
+    def __reduce__(self):
+        return _stuck, (self.fifo,)
+
+    def __call__(self, x):
+        return x
+
+
+if __name__ == "__main__":
+    pipe = IterableWrapper(range(4)).sharding_filter().map(Stuck(sys.argv[1]))
+    next(iter(DataLoader(pipe, MultiProcessingReadingService(1, start_method="spawn"))))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_template_stuck_unpickling_dies_with_its_killed_user_process(tmp_path):
+    """A template watches the user's process only once the pipeline is unpickled; until
+    then it dies with the start server, which exits with the user's process (it was left
+    sleeping in the dataset's unpickling, for good, after the user's SIGKILL)."""
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
+    script = tmp_path / "stuck_user_job.py"
+    script.write_text(STUCK_USER_JOB)
+    user = subprocess.Popen([sys.executable, str(script), str(fifo)])
+    family: list[psutil.Process] = []
+    try:
+        with open(fifo, "rb") as started:  # until the template runs the user's unpickling
+            assert started.read(1) == b"x"
+        family = psutil.Process(user.pid).children(recursive=True)  # server and template
+        assert len(family) >= 2
+        user.kill()
+        user.wait(timeout=10)
+        _, alive = psutil.wait_procs(family, timeout=20)
+        assert alive == []
+    finally:
+        user.kill()
+        for process in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()

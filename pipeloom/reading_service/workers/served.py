@@ -7,6 +7,7 @@ descriptors sent with it (``SCM_RIGHTS``), then the bytes.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import io
 import multiprocessing
@@ -88,6 +89,9 @@ class InheritedFd:
 inherited_fds: list[int] = []
 
 
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
 # -- the server's side -----------------------------------------------------------------
 def serve(fd: int, user_pid: int) -> None:
     """The start server's loop: fork a template per request, until the user process ends."""
@@ -144,6 +148,12 @@ def serve(fd: int, user_pid: int) -> None:
 def _template_main(setup: bytes, fds: list[int]) -> None:
     stream_fd, control_fd = fds
     control = socket.socket(fileno=control_fd)
+    # Until it watches the user's process (after unpickling, which runs user code that
+    # may block), the template dies with the server, which exits with the user's process.
+    server = os.getppid()
+    _die_with_parent(True)
+    if os.getppid() != server:  # the server (so the user's process) ended meanwhile
+        return
     preparation, environ, user_pid = pickle.loads(setup)
     os.environ.clear()
     os.environ.update(environ)
@@ -159,6 +169,7 @@ def _template_main(setup: bytes, fds: list[int]) -> None:
         gc.enable()
     gc.freeze()  # workers' collections skip the pipeline: its pages stay shared with the template
     user = open_pidfd(user_pid)
+    _die_with_parent(False)  # it watches the user's process itself from now on
     children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, status socket)
     open_control = True
     while open_control or children:
@@ -203,6 +214,15 @@ def _template_main(setup: bytes, fds: list[int]) -> None:
                 os.close(fd)
             children[os.pidfd_open(pid)] = (pid, status)
             status.sendall(HEADER.pack(pid))
+
+
+def _die_with_parent(on: bool) -> None:
+    """Have the kernel SIGKILL this process when its parent exits (Linux), or stop it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL if on else 0, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux: the user pidfd only
+        pass
 
 
 def _kill(pid: int) -> None:
