@@ -36,6 +36,9 @@ The processes' side (server, template, worker) is in ``served.py``.
 
 A template ends when its payload is closed (the pool stopped or dropped) and
 its workers exited, or when the user's process dies (it kills its workers).
+While it unpickles the pipeline (user code, which may block) it does not
+watch the user's process yet: the kernel kills it if the start server exits
+(``PR_SET_PDEATHSIG``), which the server does when the user's process ends.
 """
 
 from __future__ import annotations
