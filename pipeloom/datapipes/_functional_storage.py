@@ -152,7 +152,7 @@ class StorageFunctional:
         spec: dict[str, tuple[Any, Any]] | None = None,
         length: int = -1,
         *,
-        verify_data: bool = False,
+        verify_data: bool = True,
     ) -> IterDataPipe:
         """Yield each TFRecord record as a dict of features. See :class:`TFRecordLoader`."""
         from ._tfrecord import TFRecordLoader

@@ -2,9 +2,11 @@
 
 A TFRecord file is a sequence of records, each framed as a little-endian
 ``uint64`` length, a masked CRC-32C of the length, the data, and a masked
-CRC-32C of the data. The length's checksum is always verified (a corrupted
-frame fails at once, naming the file and the record); the data's with
-``verify_data=True`` (CRC-32C is computed in Python: about 30 MB/s).
+CRC-32C of the data. Both are verified by default: a corrupted frame or a
+changed byte of a record fails, naming the file and the record, never a
+silently different feature. ``verify_data=False`` skips the data's checksum
+(CRC-32C is computed with NumPy here, ~100-200 MB/s for large records, far
+less for small ones). A damaged record's protobuf raises ``ValueError`` too.
 
 Records are parsed from the protobuf wire format directly (no dependency on
 ``protobuf``): an ``Example``'s ``features`` and a ``SequenceExample``'s
@@ -16,6 +18,7 @@ those (stacked when the spec gives a dtype).
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Iterator
@@ -46,17 +49,100 @@ def _crc_table() -> list[int]:
 _TABLE = _crc_table()
 
 
+_NP_TABLE = np.array(_TABLE, dtype=np.uint32)
+_LANE = 64  # bytes per lane of the vectorized CRC
+_CHUNK = 1 << 18  # bytes per vectorized pass (bounds its memory)
+_SMALL = 4096  # below this, the byte loop is faster
+
+
 def crc32c(data: bytes | memoryview) -> int:
     """CRC-32C (Castagnoli) of ``data``.
+
+    Small inputs use the byte-at-a-time table loop; large ones a NumPy version
+    that runs many lanes at once and combines them (about 10x faster).
 
     >>> hex(crc32c(b"123456789"))
     '0xe3069283'
     """
-    crc = 0xFFFFFFFF
+    view = memoryview(data).cast("B")
+    register = 0xFFFFFFFF
+    if len(view) < _SMALL:
+        return _crc_loop(view, register) ^ 0xFFFFFFFF
+    for start in range(0, len(view), _CHUNK):
+        chunk = view[start : start + _CHUNK]
+        register = _crc_lanes(chunk, register) if len(chunk) >= 4 else _crc_loop(chunk, register)
+    return register ^ 0xFFFFFFFF
+
+
+def _crc_loop(data: memoryview, register: int) -> int:
     table = _TABLE
     for byte in bytes(data):
-        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
+        register = table[(register ^ byte) & 0xFF] ^ (register >> 8)
+    return register
+
+
+def _crc_lanes(data: memoryview, register: int) -> int:
+    """The CRC register after ``data`` (at least 4 bytes) from ``register``.
+
+    The register update is linear over GF(2), so: a start register equals
+    XOR-ing it into the first 4 data bytes from 0; leading zero bytes leave 0
+    unchanged (so the data is zero-padded in front to ``lanes * _LANE``); each
+    lane is run from 0 at once, and two neighbours combine as
+    ``shift(left) ^ right``, ``shift`` being the (table-applied) effect of the
+    right one's length of zero bytes.
+    """
+    n = len(data)
+    lanes = 1 << (-(-n // _LANE) - 1).bit_length()
+    pad = lanes * _LANE - n
+    buffer = np.zeros(lanes * _LANE, dtype=np.uint8)
+    buffer[pad:] = np.frombuffer(data, dtype=np.uint8)
+    buffer[pad : pad + 4] ^= np.frombuffer(register.to_bytes(4, "little"), dtype=np.uint8)
+    columns = buffer.reshape(lanes, _LANE).T.astype(np.uint32)
+    crcs = np.zeros(lanes, dtype=np.uint32)
+    for column in columns:
+        crcs = _NP_TABLE[(crcs & 0xFF) ^ column] ^ (crcs >> 8)
+    level = 0
+    while len(crcs) > 1:
+        crcs = _apply(_shift_tables(level), crcs[0::2]) ^ crcs[1::2]
+        level += 1
+    return int(crcs[0])
+
+
+def _apply(tables: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A linear map of 32-bit registers given as 4 byte tables."""
+    return (
+        tables[0][values & 0xFF]
+        ^ tables[1][(values >> 8) & 0xFF]
+        ^ tables[2][(values >> 16) & 0xFF]
+        ^ tables[3][values >> 24]
+    )
+
+
+def _byte_tables(images: np.ndarray) -> np.ndarray:
+    """The 4 byte tables of the linear map sending bit ``i`` to ``images[i]``."""
+    index = np.arange(256, dtype=np.uint32)
+    tables = np.zeros((4, 256), dtype=np.uint32)
+    for quarter in range(4):
+        for bit in range(8):
+            tables[quarter] ^= np.where((index >> bit) & 1, images[8 * quarter + bit], 0).astype(
+                np.uint32
+            )
+    return tables
+
+
+_BASIS = np.left_shift(np.uint32(1), np.arange(32, dtype=np.uint32))
+
+
+@functools.cache
+def _shift_tables(level: int) -> np.ndarray:
+    """Byte tables of the effect of ``_LANE * 2**level`` zero bytes on a register."""
+    if level == 0:
+        images = _BASIS
+        for _ in range(_LANE):
+            images = _NP_TABLE[images & 0xFF] ^ (images >> 8)
+        return _byte_tables(images)
+    half = _shift_tables(level - 1)
+    return _byte_tables(_apply(half, _apply(half, _BASIS)))
 
 
 def masked_crc32c(data: bytes | memoryview) -> int:
@@ -77,10 +163,19 @@ def _varint(buffer: memoryview, position: int) -> tuple[int, int]:
         position += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:
+            if value >> 64:
+                raise ValueError("a varint is larger than 64 bits")
             return value, position
         shift += 7
         if shift > 63:
             raise ValueError("a varint is longer than 10 bytes")
+
+
+def _message(wire: int, value: Any, what: str) -> memoryview:
+    """``value`` if it is a length-delimited field (a nested message or packed list)."""
+    if wire != 2:
+        raise ValueError(f"{what} has wire type {wire}, expected 2 (length-delimited)")
+    return value
 
 
 def _fields(buffer: memoryview) -> Iterator[tuple[int, int, Any]]:
@@ -92,15 +187,16 @@ def _fields(buffer: memoryview) -> Iterator[tuple[int, int, Any]]:
         value: Any
         if wire == 0:
             value, position = _varint(buffer, position)
-        elif wire == 1:
-            value, position = buffer[position : position + 8], position + 8
+        elif wire == 1 or wire == 5:
+            width = 8 if wire == 1 else 4
+            if position + width > len(buffer):
+                raise ValueError("a fixed-width field runs past the end of the message")
+            value, position = buffer[position : position + width], position + width
         elif wire == 2:
             size, position = _varint(buffer, position)
             if position + size > len(buffer):
                 raise ValueError("a field runs past the end of the message")
             value, position = buffer[position : position + size], position + size
-        elif wire == 5:
-            value, position = buffer[position : position + 4], position + 4
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
         yield number, wire, value
@@ -112,9 +208,11 @@ def _int64(value: int) -> int:
 
 def _feature(buffer: memoryview, name: str) -> Any:
     value: Any = None
-    for number, _, data in _fields(buffer):
+    for number, wire, data in _fields(buffer):
+        if number in (1, 2, 3):
+            data = _message(wire, data, f"feature {name!r}")
         if number == 1:  # bytes_list
-            value = [bytes(v) for n, _, v in _fields(data) if n == 1]
+            value = [bytes(_message(w, v, f"feature {name!r}")) for n, w, v in _fields(data) if n == 1]
         elif number == 2:  # float_list
             floats: list[float] = []
             for n, w, v in _fields(data):
@@ -140,15 +238,15 @@ def _feature(buffer: memoryview, name: str) -> Any:
 
 
 def _map_entries(buffer: memoryview) -> Iterator[tuple[str, memoryview]]:
-    for number, _, entry in _fields(buffer):
+    for number, wire, entry in _fields(buffer):
         if number != 1:
             continue
         key, value = "", memoryview(b"")
-        for n, _, v in _fields(entry):
+        for n, w, v in _fields(_message(wire, entry, "a map entry")):
             if n == 1:
-                key = bytes(v).decode("utf-8")
+                key = bytes(_message(w, v, "a feature name")).decode("utf-8")
             elif n == 2:
-                value = v
+                value = _message(w, v, f"feature {key!r}")
         yield key, value
 
 
@@ -203,7 +301,9 @@ def parse_record(record: memoryview, spec: Spec | None) -> dict[str, Any]:
     """An ``Example`` or ``SequenceExample`` record as a dict of features."""
     result: dict[str, Any] = {}
     sequences: dict[str, list[Any]] = {}
-    for number, _, message in _fields(record):
+    for number, wire, message in _fields(record):
+        if number in (1, 2):
+            message = _message(wire, message, "the record's features")
         if number == 1:  # Example.features / SequenceExample.context
             for key, feature in _map_entries(message):
                 if spec is None or key in spec:
@@ -212,7 +312,9 @@ def parse_record(record: memoryview, spec: Spec | None) -> dict[str, Any]:
             for key, feature_list in _map_entries(message):
                 if spec is None or key in spec:
                     sequences[key] = [
-                        _feature(f, key) for n, _, f in _fields(feature_list) if n == 1
+                        _feature(_message(w, f, f"feature list {key!r}"), key)
+                        for n, w, f in _fields(feature_list)
+                        if n == 1
                     ]
     out = {
         key: _apply_spec(value, None if spec is None else spec[key])
@@ -231,6 +333,25 @@ def parse_record(record: memoryview, spec: Spec | None) -> dict[str, Any]:
     return out
 
 
+_PIECE = 16 << 20
+
+
+def _read_exactly(stream: IO[Any], size: int) -> bytes:
+    """Up to ``size`` bytes, read in 16 MiB pieces: a huge length never allocates more than
+    the data really there (``read(2**40)`` would raise MemoryError before reading)."""
+    if size <= _PIECE:
+        return stream.read(size)
+    pieces = []
+    left = size
+    while left:
+        piece = stream.read(min(left, _PIECE))
+        if not piece:
+            break
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
+
+
 class TFRecordLoader(StreamReader):
     """Yield each record of each TFRecord stream as a dict of features.
 
@@ -243,7 +364,8 @@ class TFRecordLoader(StreamReader):
             (a missing one is an error); tensors are reshaped and cast, bytes
             lists nested to ``shape`` (with ``dtype`` None).
         length: the value of ``len()`` (``-1``: no length).
-        verify_data: also check each record's data checksum (slower).
+        verify_data: check each record's data checksum (default; False skips
+            it, and a changed data byte then comes out as a changed feature).
 
     Raises (while iterating):
         ValueError: a truncated or corrupted record, naming the file and the
@@ -253,7 +375,8 @@ class TFRecordLoader(StreamReader):
         >>> import io, struct
         >>> record = bytes.fromhex("0a0d0a0b0a017812061a040a020102")  # {"x": int64 [1, 2]}
         >>> head = struct.pack("<Q", len(record))
-        >>> frame = head + struct.pack("<I", masked_crc32c(head)) + record + b"\\0" * 4
+        >>> frame = head + struct.pack("<I", masked_crc32c(head)) + record
+        >>> frame += struct.pack("<I", masked_crc32c(record))
         >>> from pipeloom.datapipes import IterableWrapper
         >>> list(IterableWrapper([("a.tfrecord", io.BytesIO(frame))]).load_from_tfrecord())
         [{'x': tensor([1, 2])}]
@@ -265,7 +388,7 @@ class TFRecordLoader(StreamReader):
         spec: Spec | None = None,
         length: int = -1,
         *,
-        verify_data: bool = False,
+        verify_data: bool = True,
     ) -> None:
         super().__init__(source)
         if spec is not None and not isinstance(spec, dict):
@@ -287,7 +410,7 @@ class TFRecordLoader(StreamReader):
             if len(checksum) != 4 or struct.unpack("<I", checksum)[0] != masked_crc32c(head):
                 raise ValueError(f"{where}: the length's checksum is wrong: corrupted data")
             (size,) = struct.unpack("<Q", head)
-            data = stream.read(size)
+            data = _read_exactly(stream, size)
             footer = stream.read(4)
             if len(data) != size or len(footer) != 4:
                 raise ValueError(f"{where}: the file ends inside the record ({size} bytes)")
