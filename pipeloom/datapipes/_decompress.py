@@ -86,7 +86,7 @@ class _Decompressed(io.RawIOBase):
 def _named(error: BaseException, path: str, kind: str) -> BaseException:
     """``error`` again, of its type, its message naming the file (unless it already does)."""
     text = str(error)
-    if repr(path) in text:  # e.g. an HTTP stream's error, naming its URL
+    if path in text:  # e.g. an HTTP stream's error, naming its URL
         return error
     message = f"cannot decompress {path!r} ({kind}): {text or type(error).__name__}"
     if isinstance(error, EOFError):

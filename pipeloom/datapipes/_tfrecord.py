@@ -212,7 +212,9 @@ def _feature(buffer: memoryview, name: str) -> Any:
         if number in (1, 2, 3):
             data = _message(wire, data, f"feature {name!r}")
         if number == 1:  # bytes_list
-            value = [bytes(_message(w, v, f"feature {name!r}")) for n, w, v in _fields(data) if n == 1]
+            value = [
+                bytes(_message(w, v, f"feature {name!r}")) for n, w, v in _fields(data) if n == 1
+            ]
         elif number == 2:  # float_list
             floats: list[float] = []
             for n, w, v in _fields(data):
@@ -407,7 +409,9 @@ class TFRecordLoader(StreamReader):
             if len(head) != 8:
                 raise ValueError(f"{where}: the file ends inside a record's length")
             checksum = stream.read(4)
-            if len(checksum) != 4 or struct.unpack("<I", checksum)[0] != masked_crc32c(head):
+            if len(checksum) != 4:
+                raise ValueError(f"{where}: the file ends inside a record's length checksum")
+            if struct.unpack("<I", checksum)[0] != masked_crc32c(head):
                 raise ValueError(f"{where}: the length's checksum is wrong: corrupted data")
             (size,) = struct.unpack("<Q", head)
             data = _read_exactly(stream, size)
