@@ -14,6 +14,10 @@ its hostile server (``test_http.py``); these cover the rest:
   damage; the error names the file (it used to be the bare ``EOFError``,
   ``BadGzipFile`` or ``LZMAError``). A flip in an unchecked gzip header
   field (mtime, OS) leaves the data as stored.
+* ``.npy`` members (``decode()``): bytes after the array (a shrunk shape
+  or dtype in a damaged header, or two arrays saved into one file) raise;
+  ``np.load`` dropped them silently. A change that keeps the size cannot be
+  seen.
 * HTTP: ``read_from_http()`` has ``HttpReader``'s finite 30 s timeout (it
   used to wait for a silent server until the 600 s deadline); a response
   with conflicting ``Content-Length`` headers raises instead of being cut to
@@ -33,6 +37,7 @@ import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -229,6 +234,60 @@ def test_the_error_of_the_stream_under_it_keeps_its_own_message():
     [(path, stream)] = list(IterableWrapper([("http://h/n.gz", Broken())]).decompress())
     with pytest.raises(ConnectionResetError, match=r"^GET http://h/n.gz: connection reset"):
         stream.read()
+
+
+# -- .npy members ----------------------------------------------------------------------------
+
+ARRAY = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+NPY = _npy_bytes(ARRAY)
+
+
+def _decode_npy(data: bytes):
+    [(_, value)] = list(IterableWrapper([("s.tar/k.npy", data)]).decode())
+    return value
+
+
+@given(position=st.integers(0, len(NPY) - ARRAY.nbytes - 1), xor=st.integers(1, 255))
+@settings(max_examples=300, deadline=None)
+def test_a_changed_npy_header_byte_raises_naming_the_member_or_gives_a_same_size_array(
+    position, xor
+):
+    damaged = bytearray(NPY)
+    damaged[position] ^= xor
+    try:
+        value = _decode_npy(bytes(damaged))
+    except ValueError as error:
+        assert "decoding 's.tar/k.npy' with the '.npy' decoder" in str(error)
+    else:
+        # What no reader can see: a change that keeps the size (a shape (4, 3) or
+        # (2, 6), a dtype '<i4' or '>f4') reinterprets the same bytes.
+        assert value.nbytes == ARRAY.nbytes and value.tobytes() == ARRAY.tobytes()
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (NPY + b"\0\0", r"2 byte\(s\) follow the array \(shape \(3, 4\), dtype float32\)"),
+        (NPY.replace(b"(3, 4)", b"(3, 1)"), r"36 byte\(s\) follow the array \(shape \(3, 1\)"),
+        (NPY.replace(b"'<f4'", b"'<f2'"), r"24 byte\(s\) follow the array"),
+        (NPY + _npy_bytes(ARRAY), r"several arrays were saved into it"),
+        (NPY[:-5], r"EOF: reading array data, expected 48 bytes got 43"),
+    ],
+    ids=["trailing-bytes", "shape-shrunk", "dtype-shrunk", "two-arrays", "truncated"],
+)
+def test_npy_bytes_the_array_does_not_account_for_raise(data, message):
+    # np.load ignores bytes after the array: a shrunk shape or dtype gave a silently
+    # smaller array, and a second array saved into the same file was dropped.
+    with pytest.raises(ValueError, match=r"decoding 's.tar/k.npy' .*" + message):
+        _decode_npy(data)
 
 
 # -- the same under every reading service --------------------------------------------------
