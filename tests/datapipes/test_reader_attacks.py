@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import FileLister, IterableWrapper
-from pipeloom.datapipes._tfrecord import _crc_loop, crc32c, masked_crc32c
+from pipeloom.datapipes._tfrecord import _crc_loop, crc32c, crc32c_many, masked_crc32c
 from pipeloom.reading_service import (
     InProcessReadingService,
     MultiProcessingReadingService,
@@ -102,6 +102,17 @@ def test_crc32c_by_lanes_equals_the_byte_loop(size, seed):
     assert crc32c(data) == _crc_loop(memoryview(data), 0xFFFFFFFF) ^ 0xFFFFFFFF
 
 
+@given(
+    lengths=st.lists(st.integers(0, 5000), min_size=0, max_size=40),
+    seed=st.integers(0, 2**32 - 1),
+)
+@settings(max_examples=60, deadline=None)
+def test_crc32c_many_equals_one_at_a_time(lengths, seed):
+    rng = random.Random(seed)
+    datas = [rng.randbytes(n) for n in lengths] + [rng.randbytes(100 + i) for i in range(20)]
+    assert crc32c_many(datas) == [_crc_loop(memoryview(d), 0xFFFFFFFF) ^ 0xFFFFFFFF for d in datas]
+
+
 def test_crc32c_known_values_small_and_large():
     assert crc32c(b"123456789") == 0xE3069283
     assert crc32c(b"\0" * 32) == 0x8A9136AA  # RFC 3720 B.4
@@ -121,6 +132,21 @@ def test_tfrecord_any_changed_byte_raises_naming_the_file_and_record(position, x
     assert error is not None, f"a changed byte at {position} came out as {got}"
     assert f"TFRecord file 's.tfrecord', record {index}" in str(error)
     assert got == [3, 5, 7, 11][:index]  # the records before it, exactly
+
+
+MANY = [_frame(_record(i % 100)) for i in range(1500)]  # read in 2 batches of rows
+
+
+@given(record=st.integers(0, len(MANY) - 1), where=st.floats(0, 1, exclude_max=True))
+@settings(max_examples=40, deadline=None)
+def test_tfrecord_many_records_checked_together_fail_at_the_changed_one(record, where):
+    frames = list(MANY)
+    damaged = bytearray(frames[record])
+    damaged[int(where * len(damaged))] ^= 0x10
+    frames[record] = bytes(damaged)
+    got, error = _partial_values(b"".join(frames))
+    assert got == [i % 100 for i in range(record)]
+    assert error is not None and f"'s.tfrecord', record {record}: the " in str(error)
 
 
 def test_tfrecord_a_changed_data_byte_needs_verify_data_false_to_pass():
