@@ -64,8 +64,10 @@ def crc32c(data: bytes | memoryview) -> int:
     >>> hex(crc32c(b"123456789"))
     '0xe3069283'
     """
-    view = memoryview(data).cast("B")
     register = 0xFFFFFFFF
+    if len(data) < _SMALL and isinstance(data, bytes):  # e.g. a frame's length
+        return _crc_loop(data, register) ^ 0xFFFFFFFF
+    view = memoryview(data).cast("B")
     if len(view) < _SMALL:
         return _crc_loop(view, register) ^ 0xFFFFFFFF
     for start in range(0, len(view), _CHUNK):
@@ -74,7 +76,7 @@ def crc32c(data: bytes | memoryview) -> int:
     return register ^ 0xFFFFFFFF
 
 
-def _crc_loop(data: memoryview, register: int) -> int:
+def _crc_loop(data: bytes | memoryview, register: int) -> int:
     table = _TABLE
     for byte in bytes(data):
         register = table[(register ^ byte) & 0xFF] ^ (register >> 8)
@@ -97,15 +99,36 @@ def _crc_lanes(data: memoryview, register: int) -> int:
     buffer = np.zeros(lanes * _LANE, dtype=np.uint8)
     buffer[pad:] = np.frombuffer(data, dtype=np.uint8)
     buffer[pad : pad + 4] ^= np.frombuffer(register.to_bytes(4, "little"), dtype=np.uint8)
-    columns = np.ascontiguousarray(buffer.reshape(lanes, _LANE).T, dtype=np.uint32)
-    crcs = np.zeros(lanes, dtype=np.uint32)
-    for column in columns:
-        crcs = _NP_TABLE[(crcs & 0xFF) ^ column] ^ (crcs >> 8)
+    crcs = _advance(buffer.reshape(lanes, _LANE))
     level = 0
     while len(crcs) > 1:
         crcs = _apply(_shift_tables(level), crcs[0::2]) ^ crcs[1::2]
         level += 1
     return int(crcs[0])
+
+
+def _table16() -> np.ndarray:
+    """The register after two zero bytes from each 16-bit register: 2 bytes a step."""
+    registers = np.arange(1 << 16, dtype=np.uint32)
+    for _ in range(2):
+        registers = _NP_TABLE[registers & 0xFF] ^ (registers >> 8)
+    return registers
+
+
+_NP_TABLE16 = _table16()  # 256 KiB
+
+
+def _advance(rows: np.ndarray) -> np.ndarray:
+    """The CRC register (from 0) after each row of a C-contiguous ``(n, even width)`` uint8 array.
+
+    Each step takes two bytes: from register ``r`` and bytes ``w`` (16 bits),
+    ``table16[(r ^ w) & 0xFFFF] ^ (r >> 16)``.
+    """
+    columns = np.ascontiguousarray(rows.view("<u2").T, dtype=np.uint32)
+    crcs = np.zeros(rows.shape[0], dtype=np.uint32)
+    for column in columns:
+        crcs = _NP_TABLE16[(crcs & 0xFFFF) ^ column] ^ (crcs >> 16)
+    return crcs
 
 
 def _apply(tables: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -187,6 +210,7 @@ def _crc_rows(datas: list[bytes]) -> list[int]:
     """
     lengths = np.array([len(data) for data in datas], dtype=np.int64)
     width, rows = int(lengths.max()), len(datas)
+    width += width % 2  # whole 2-byte steps
     flat = np.frombuffer(b"".join(datas), dtype=np.uint8)
     starts = np.arange(rows, dtype=np.int64) * width + width - lengths
     begins = np.cumsum(lengths) - lengths
@@ -194,11 +218,7 @@ def _crc_rows(datas: list[bytes]) -> list[int]:
     buffer[np.repeat(starts - begins, lengths) + np.arange(len(flat))] = flat
     for k in range(4):
         buffer[starts + k] ^= 0xFF
-    columns = np.ascontiguousarray(buffer.reshape(rows, width).T, dtype=np.uint32)
-    crcs = np.zeros(rows, dtype=np.uint32)
-    for column in columns:
-        crcs = _NP_TABLE[(crcs & 0xFF) ^ column] ^ (crcs >> 8)
-    return crcs.tolist()
+    return _advance(buffer.reshape(rows, width)).tolist()
 
 
 # -- protobuf wire format ------------------------------------------------------------------
@@ -213,7 +233,7 @@ def _varint(buffer: memoryview, position: int) -> tuple[int, int]:
         position += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:
-            if value >> 64:
+            if shift == 63 and byte > 1:
                 raise ValueError("a varint is larger than 64 bits")
             return value, position
         shift += 7
@@ -404,36 +424,53 @@ def _read_exactly(stream: IO[Any], size: int) -> bytes:
     return b"".join(pieces)
 
 
+def _where(path: str, index: int) -> str:
+    return f"TFRecord file {path!r}, record {index}"
+
+
 _BATCH_RECORDS = 1024  # frames read ahead, at most ...
 _BATCH_BYTES = 8 << 20  # ... and about this many bytes
 
 
-def _read_frames(stream: IO[Any], path: str, index: int) -> tuple[list[tuple[bytes, int]], Any]:
-    """The next frames ``(data, stored masked CRC)`` and the error that stopped them (or None).
+def _read_frames(
+    stream: IO[Any], path: str, index: int, ahead: int
+) -> tuple[list[tuple[bytes, int]], Any]:
+    """Up to ``ahead`` next frames ``(data, stored masked CRC)`` and the error that stopped them.
 
-    An empty list and None: the end of the file.
+    Reading ahead stops after ``_BATCH_BYTES`` or a large record (whose CRC
+    runs on its own). An empty list and None: the end of the file.
     """
     frames: list[tuple[bytes, int]] = []
     total = 0
-    while len(frames) < _BATCH_RECORDS and total < _BATCH_BYTES:
-        where = f"TFRecord file {path!r}, record {index + len(frames)}"
+    while len(frames) < ahead and total < _BATCH_BYTES:
+        record = index + len(frames)
         head = stream.read(8)
         if not head:
             break
         if len(head) != 8:
-            return frames, ValueError(f"{where}: the file ends inside a record's length")
+            return frames, ValueError(
+                f"{_where(path, record)}: the file ends inside a record's length"
+            )
         checksum = stream.read(4)
         if len(checksum) != 4:
-            return frames, ValueError(f"{where}: the file ends inside a record's length checksum")
+            return frames, ValueError(
+                f"{_where(path, record)}: the file ends inside a record's length checksum"
+            )
         if struct.unpack("<I", checksum)[0] != masked_crc32c(head):
-            return frames, ValueError(f"{where}: the length's checksum is wrong: corrupted data")
+            return frames, ValueError(
+                f"{_where(path, record)}: the length's checksum is wrong: corrupted data"
+            )
         (size,) = struct.unpack("<Q", head)
         data = _read_exactly(stream, size)
         footer = stream.read(4)
         if len(data) != size or len(footer) != 4:
-            return frames, ValueError(f"{where}: the file ends inside the record ({size} bytes)")
+            return frames, ValueError(
+                f"{_where(path, record)}: the file ends inside the record ({size} bytes)"
+            )
         frames.append((data, struct.unpack("<I", footer)[0]))
         total += size
+        if size >= _SMALL:
+            break
     return frames, None
 
 
@@ -488,7 +525,8 @@ class TFRecordLoader(StreamReader):
             # Frames are read a batch ahead so that their data checksums run at once;
             # a record is yielded only after its own checksum, in file order, and a
             # damaged frame raises after the good records before it, as one by one.
-            frames, failure = _read_frames(stream, path, index)
+            ahead = _BATCH_RECORDS if self.verify_data else 1
+            frames, failure = _read_frames(stream, path, index, ahead)
             checked = len(frames)
             if self.verify_data and frames:
                 crcs = crc32c_many([data for data, _ in frames])
