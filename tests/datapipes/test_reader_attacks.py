@@ -34,6 +34,7 @@ import lzma
 import random
 import struct
 import threading
+import zipfile
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -260,6 +261,67 @@ def test_the_error_of_the_stream_under_it_keeps_its_own_message():
     [(path, stream)] = list(IterableWrapper([("http://h/n.gz", Broken())]).decompress())
     with pytest.raises(ConnectionResetError, match=r"^GET http://h/n.gz: connection reset"):
         stream.read()
+
+
+# -- zip archives --------------------------------------------------------------------------
+
+
+def _zip_bytes() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for i in range(3):
+            archive.writestr(f"m{i}.txt", b"member %d " % i * 50)
+    return buffer.getvalue()
+
+
+ZIP = _zip_bytes()
+
+
+def _zip_members(data: bytes) -> list[tuple[str, bytes]]:
+    files = IterableWrapper([("a.zip", io.BytesIO(data))])
+    return [(path, stream.read()) for path, stream in files.load_from_zip()]
+
+
+ZIP_MEMBERS = _zip_members(ZIP)
+
+
+@given(position=st.integers(0, len(ZIP) - 1), xor=st.integers(1, 255))
+@settings(max_examples=400, deadline=None)
+def test_a_changed_zip_byte_raises_naming_the_archive_or_changes_nothing(position, xor):
+    damaged = bytearray(ZIP)
+    damaged[position] ^= xor
+    try:
+        members = _zip_members(bytes(damaged))
+    except zipfile.BadZipFile as error:
+        assert "'a.zip'" in str(error)
+    else:  # e.g. a file's time or attributes: no member is lost or changed
+        assert members == ZIP_MEMBERS
+
+
+def test_a_damaged_central_directory_entry_never_drops_the_members_after_it():
+    directory = ZIP.index(b"PK\x01\x02")
+    damaged = bytearray(ZIP)
+    damaged[directory + 30] ^= 0x40  # the first entry's name length: it swallows the others
+    with pytest.raises(zipfile.BadZipFile, match=r"'a.zip': its end record lists 3 member\(s\)"):
+        _zip_members(bytes(damaged))
+
+
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        (8, b"\x63\x00", "NotImplementedError"),  # the compression method: unknown
+        (18, b"\x05\x00\x00\x00", "zlib.error|EOFError|Bad CRC"),  # compressed size: cut
+    ],
+)
+def test_zip_errors_that_escaped_without_the_archive_name(field, value, error):
+    damaged = bytearray(ZIP)
+    damaged[field : field + len(value)] = value  # the first member's local header
+    directory = ZIP.index(b"PK\x01\x02")
+    damaged[directory + field + 2 : directory + field + 2 + len(value)] = value  # and its entry
+    with pytest.raises(
+        zipfile.BadZipFile, match=rf"zip archive 'a.zip': member 'm0.txt'.*({error})"
+    ):
+        _zip_members(bytes(damaged))
 
 
 # -- .npy members ----------------------------------------------------------------------------
