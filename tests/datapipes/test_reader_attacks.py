@@ -18,6 +18,10 @@ its hostile server (``test_http.py``); these cover the rest:
   or dtype in a damaged header, or two arrays saved into one file) raise;
   ``np.load`` dropped them silently. A change that keeps the size cannot be
   seen.
+* zip (``load_from_zip``): every ``zipfile`` error names the archive (a
+  damaged method or size escaped as a bare ``NotImplementedError``,
+  ``EOFError``, ``ValueError``), and a damaged central-directory entry no
+  longer hides the members after it.
 * HTTP: ``read_from_http()`` has ``HttpReader``'s finite 30 s timeout (it
   used to wait for a silent server until the 600 s deadline); a response
   with conflicting ``Content-Length`` headers raises instead of being cut to
@@ -298,10 +302,10 @@ def test_a_changed_zip_byte_raises_naming_the_archive_or_changes_nothing(positio
         assert members == ZIP_MEMBERS
 
 
-def test_a_damaged_central_directory_entry_never_drops_the_members_after_it():
+def test_a_damaged_zip_central_directory_entry_never_drops_the_members_after_it():
     directory = ZIP.index(b"PK\x01\x02")
     damaged = bytearray(ZIP)
-    damaged[directory + 30] ^= 0x40  # the first entry's name length: it swallows the others
+    damaged[directory + 33] ^= 0x01  # the first entry's comment length +256: it swallows the rest
     with pytest.raises(zipfile.BadZipFile, match=r"'a.zip': its end record lists 3 member\(s\)"):
         _zip_members(bytes(damaged))
 
