@@ -187,10 +187,22 @@ class CSVParser(StreamReader):
 
     def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[Any]:
         lines = text_lines(stream, self.skip_lines, self.decode_bytes, self.encoding, self.errors)
+        # One sentinel line after the file: it comes back as a row of its own unless
+        # the file ended inside a quoted field (a cut file), which swallows it.
+        lines = itertools.chain(lines, (_END + "\n",))
         reader = csv.DictReader if self.as_dict else csv.reader
-        rows: Iterator[Any] = reader(lines, **self.fmtparams)
+        rows: Any = reader(lines, **self.fmtparams)  # has line_num
         try:
             for row in itertools.islice(rows, skip, None):
+                fields = list(row.values()) if isinstance(row, dict) else row
+                if fields[:1] == [_END]:
+                    return
+                if any(isinstance(f, str) and f.endswith(_END + "\n") for f in fields):
+                    last = rows.line_num - 1 + self.skip_lines  # without the sentinel
+                    raise ValueError(
+                        f"malformed CSV in {path!r}: the file ends (line {last}) inside a "
+                        f"quoted field: is it cut short, or a quote not closed?"
+                    )
                 if self.as_tuple:
                     row = tuple(row)
                 yield (path, row) if self.return_path else row
@@ -202,6 +214,9 @@ class CSVParser(StreamReader):
         shape = "as_dict=True" if self.as_dict else f"as_tuple={self.as_tuple}"
         extra = "".join(f", {k}={v!r}" for k, v in self.fmtparams.items() if k != "delimiter")
         return f"CSVParser({_text_args(self)}, delimiter={self.delimiter!r}, {shape}{extra})"
+
+
+_END = "\x00pipeloom: end of the CSV file\x00"
 
 
 def _text_args(block: Any) -> str:

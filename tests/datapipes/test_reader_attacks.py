@@ -22,6 +22,9 @@ its hostile server (``test_http.py``); these cover the rest:
   damaged method or size escaped as a bare ``NotImplementedError``,
   ``EOFError``, ``ValueError``), and a damaged central-directory entry no
   longer hides the members after it.
+* CSV (``parse_csv``): a file that ends inside a quoted field (cut short)
+  raises; Python's ``csv`` closed the field at the end of the data, so the
+  last row came out short.
 * HTTP: ``read_from_http()`` has ``HttpReader``'s finite 30 s timeout (it
   used to wait for a silent server until the 600 s deadline); a response
   with conflicting ``Content-Length`` headers raises instead of being cut to
@@ -299,6 +302,47 @@ def test_zip_errors_that_escaped_without_the_archive_name(field, value, error):
         zipfile.BadZipFile, match=rf"zip archive 'a.zip': member 'm0.txt'.*({error})"
     ):
         _zip_members(bytes(damaged))
+
+
+# -- CSV ----------------------------------------------------------------------------------
+
+CSV = b'id,text\n1,"plain"\n2,"a, comma"\n3,"two\nlines"\n4,"a ""quote"""\n'
+CSV_ROWS = [
+    ["id", "text"],
+    ["1", "plain"],
+    ["2", "a, comma"],
+    ["3", "two\nlines"],
+    ["4", 'a "quote"'],
+]
+
+
+def _csv_rows(data: bytes, **kwargs) -> list:
+    return list(IterableWrapper([("t.csv", io.BytesIO(data))]).parse_csv(**kwargs))
+
+
+@pytest.mark.parametrize("end", range(len(CSV) + 1))
+def test_a_csv_cut_inside_a_quoted_field_raises_never_a_short_row(end):
+    cut = CSV[:end]
+    # Python's csv (strict=False) ends a quoted field at the end of the data, so a
+    # file cut at '2,"a, com' gave the row ['2', 'a, com'] silently.
+    quotes_open = cut.count(b'"') % 2 == 1
+    if quotes_open:
+        with pytest.raises(ValueError, match=r"'t.csv': the file ends \(line \d+\) inside a quot"):
+            _csv_rows(cut)
+        with pytest.raises(ValueError, match=r"inside a quoted field"):
+            _csv_rows(cut, as_dict=True)
+    else:
+        rows = _csv_rows(cut)
+        whole = rows if cut.endswith(b"\n") else rows[:-1]
+        assert whole == CSV_ROWS[: len(whole)]
+
+
+def test_csv_ends_that_are_not_cuts_keep_their_rows():
+    assert _csv_rows(b"a,b\n1,2") == [["a", "b"], ["1", "2"]]  # no final newline
+    assert _csv_rows(b"") == [] and _csv_rows(b"", as_dict=True) == []
+    assert _csv_rows(b"a,b\n1,2\n", as_dict=True) == [{"a": "1", "b": "2"}]
+    assert _csv_rows(b"x\n\n") == [["x"], []]
+    assert _csv_rows(b"a,b\n1,2\n3,4\n", skip_lines=1) == [["1", "2"], ["3", "4"]]
 
 
 # -- .npy members ----------------------------------------------------------------------------
