@@ -146,6 +146,7 @@ PRIVATE_IMPORTS_ALLOWED = {
     "tests/reading_service/test_lifecycle.py": {"_files"},  # watches open() by monkeypatching it
     "tests/datapipes/test_on_disk_cache.py": {"_cache_files"},  # the cache's file lock
     "tests/compat/test_compat_loader.py": {"_plan", "_engine"},
+    "tests/datapipes/test_reader_attacks.py": {"_crc32c"},  # writes TFRecord frames
 }
 
 

@@ -66,9 +66,13 @@ def _npy(data: bytes) -> np.ndarray:
     """
     layout = _npy_layout(data)
     if layout is None:  # unusual file: let NumPy handle (and explain) it
-        return _load(io.BytesIO(data), allow_pickle=False)
+        stream = io.BytesIO(data)
+        array = _load(stream, allow_pickle=False)
+        _check_npy_end(len(data) - stream.tell(), array.dtype, array.shape)
+        return array
     offset, dtype, shape, fortran = layout
     count = int(np.prod(shape, dtype=np.int64))
+    _check_npy_end(len(data) - offset - count * dtype.itemsize, dtype, shape)
     flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
     if fortran:
         return flat.reshape(shape[::-1]).transpose().copy(order="F")
@@ -76,6 +80,16 @@ def _npy(data: bytes) -> np.ndarray:
 
 
 _NPY_MAGIC = b"\x93NUMPY"
+
+
+def _check_npy_end(extra: int, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """Raise when bytes follow the array: ``np.load`` would drop them silently."""
+    if extra:
+        raise ValueError(
+            f"{extra} byte(s) follow the array (shape {shape}, dtype {dtype}): a .npy file "
+            f"holds one array, so its header (shape or dtype) or its length is damaged, or "
+            f"several arrays were saved into it; save one array per .npy (or use .npz)"
+        )
 
 
 @functools.lru_cache(maxsize=256)

@@ -22,6 +22,7 @@ import lzma
 import os
 import tarfile
 import zipfile
+import zlib
 from typing import IO, Any
 
 from ._base import IterDataPipe
@@ -52,16 +53,24 @@ _BY_SUFFIX = {
 
 
 class _Decompressed(io.RawIOBase):
-    """A decompressing reader that closes the compressed file with itself."""
+    """A decompressing reader that closes the compressed file with itself.
 
-    def __init__(self, inner: IO[bytes], outer: IO[Any]) -> None:
+    A damaged or truncated file (the format's CRC, length or end marker) raises
+    the decompressor's error type with the file's path and format in front.
+    """
+
+    def __init__(self, inner: IO[bytes], outer: IO[Any], path: str, kind: str) -> None:
         self._inner, self._outer = inner, outer
+        self._path, self._kind = path, kind
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        data = self._inner.read(len(buffer))
+        try:
+            data = self._inner.read(len(buffer))
+        except (EOFError, OSError, lzma.LZMAError, zlib.error) as error:
+            raise _named(error, self._path, self._kind) from error
         buffer[: len(data)] = data
         return len(data)
 
@@ -72,6 +81,20 @@ class _Decompressed(io.RawIOBase):
             finally:
                 self._outer.close()
                 super().close()
+
+
+def _named(error: BaseException, path: str, kind: str) -> BaseException:
+    """``error`` again, of its type, its message naming the file (unless it already does)."""
+    text = str(error)
+    if path in text:  # e.g. an HTTP stream's error, naming its URL
+        return error
+    message = f"cannot decompress {path!r} ({kind}): {text or type(error).__name__}"
+    if isinstance(error, EOFError):
+        message += "; the file is truncated"
+    try:
+        return type(error)(message)
+    except Exception:  # an exception type with other arguments
+        return OSError(message)
 
 
 def decompressed(stream: IO[Any], kind: CompressionType, path: str) -> Any:
@@ -91,7 +114,7 @@ def decompressed(stream: IO[Any], kind: CompressionType, path: str) -> Any:
         inner = lzma.LZMAFile(stream)  # type: ignore[assignment]
     else:
         inner = bz2.BZ2File(stream)  # type: ignore[assignment]
-    return io.BufferedReader(_Decompressed(inner, stream))
+    return io.BufferedReader(_Decompressed(inner, stream, path, kind.value))
 
 
 def check_length(length: Any) -> int:

@@ -181,6 +181,13 @@ class Download(io.RawIOBase):
 
     def _accept(self, response: http.client.HTTPResponse, resuming: bool) -> None:
         """Check that ``response`` continues the same file at ``_position``."""
+        lengths = {value.strip() for value in response.headers.get_all("Content-Length") or ()}
+        if len(lengths) > 1:  # http.client would take the first: a cut or padded file
+            raise OSError(
+                f"GET {self.url}: the response has conflicting Content-Length headers "
+                f"{sorted(lengths)}, so the end of the file cannot be told; fix the server "
+                f"(or the proxy in front of it)"
+            )
         etag = response.headers.get("ETag")
         modified = response.headers.get("Last-Modified")
         if not resuming:

@@ -67,14 +67,24 @@ class StorageFunctional:
         )
 
     def read_from_http(
-        self, timeout: float | None = None, skip_on_error: bool = False, **kwargs: Any
+        self,
+        timeout: float | None = 30.0,
+        skip_on_error: bool = False,
+        *,
+        retries: int = 3,
+        backoff: float = 0.5,
+        deadline: float | None = 600.0,
+        **kwargs: Any,
     ) -> IterDataPipe:
         """GET each URL; yield ``(url, stream)``. See :class:`HttpReader`.
 
-        torchdata's arguments: ``timeout`` (None waits forever) and, of the
-        ``requests`` keyword arguments, ``headers``. pipeloom retries failed
-        requests and raises the last error, so ``skip_on_error=True`` is
-        refused with how to port it.
+        torchdata's arguments: ``timeout`` and, of the ``requests`` keyword
+        arguments, ``headers``; and :class:`HttpReader`'s ``retries``,
+        ``backoff`` and ``deadline``, with its defaults. ``timeout`` is 30 s
+        as in :class:`HttpReader` (torchdata's None waited forever on a server
+        that stops sending; None here still stops at ``deadline``). pipeloom
+        retries failed requests and raises the last error, so
+        ``skip_on_error=True`` is refused with how to port it.
         """
         from ._http import HttpReader
 
@@ -87,11 +97,18 @@ class StorageFunctional:
         headers = kwargs.pop("headers", None)
         if kwargs:
             raise TypeError(
-                f"read_from_http() takes timeout= and headers= only (pipeloom uses urllib, not "
-                f"requests), got {sorted(kwargs)}; authenticate with headers, e.g. "
-                f"headers={{'Authorization': 'Bearer ...'}}"
+                f"read_from_http() takes timeout=, headers=, retries=, backoff= and deadline= "
+                f"only (pipeloom uses urllib, not requests), got {sorted(kwargs)}; authenticate "
+                f"with headers, e.g. headers={{'Authorization': 'Bearer ...'}}"
             )
-        return HttpReader(self, timeout=timeout, headers=headers)
+        return HttpReader(
+            self,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            headers=headers,
+            deadline=deadline,
+        )
 
     def read_from_remote(self, *args: Any, **kwargs: Any) -> IterDataPipe:
         """torchdata's ``OnlineReader`` (HTTP or Google Drive): refused; use ``read_from_http``."""
@@ -152,7 +169,7 @@ class StorageFunctional:
         spec: dict[str, tuple[Any, Any]] | None = None,
         length: int = -1,
         *,
-        verify_data: bool = False,
+        verify_data: bool = True,
     ) -> IterDataPipe:
         """Yield each TFRecord record as a dict of features. See :class:`TFRecordLoader`."""
         from ._tfrecord import TFRecordLoader

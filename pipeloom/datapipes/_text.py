@@ -187,10 +187,17 @@ class CSVParser(StreamReader):
 
     def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[Any]:
         lines = text_lines(stream, self.skip_lines, self.decode_bytes, self.encoding, self.errors)
+        # One sentinel line after the file: it comes back as a row of its own unless
+        # the file ended inside a quoted field (a cut file), which swallows it. csv reads
+        # no line ahead, so only rows returned once it was handed out need a look.
+        handed: list[bool] = []
+        lines = itertools.chain(lines, _sentinel(handed))
         reader = csv.DictReader if self.as_dict else csv.reader
-        rows: Iterator[Any] = reader(lines, **self.fmtparams)
+        rows: Any = reader(lines, **self.fmtparams)  # has line_num
         try:
             for row in itertools.islice(rows, skip, None):
+                if handed and _at_end(row, path, rows.line_num - 1 + self.skip_lines):
+                    return
                 if self.as_tuple:
                     row = tuple(row)
                 yield (path, row) if self.return_path else row
@@ -202,6 +209,27 @@ class CSVParser(StreamReader):
         shape = "as_dict=True" if self.as_dict else f"as_tuple={self.as_tuple}"
         extra = "".join(f", {k}={v!r}" for k, v in self.fmtparams.items() if k != "delimiter")
         return f"CSVParser({_text_args(self)}, delimiter={self.delimiter!r}, {shape}{extra})"
+
+
+_END = "\x00pipeloom: end of the CSV file\x00"
+
+
+def _sentinel(handed: list[bool]) -> Iterator[str]:
+    handed.append(True)
+    yield _END + "\n"
+
+
+def _at_end(row: Any, path: str, last_line: int) -> bool:
+    """True for the sentinel's own row; raise if ``row`` swallowed it (an open quote)."""
+    fields = list(row.values()) if isinstance(row, dict) else row
+    if fields[:1] == [_END]:
+        return True
+    if any(isinstance(field, str) and field.endswith(_END + "\n") for field in fields):
+        raise ValueError(
+            f"malformed CSV in {path!r}: the file ends (line {last_line}) inside a quoted "
+            f"field: is it cut short, or a quote not closed?"
+        )
+    return False
 
 
 def _text_args(block: Any) -> str:

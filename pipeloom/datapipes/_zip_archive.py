@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import lzma
 import os
 import zipfile
+import zlib
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -13,6 +15,43 @@ from ._decompress import check_length
 from ._files import StreamReader
 
 __all__ = ["ZipArchiveLoader"]
+
+
+# What zipfile raises on damaged bytes besides BadZipFile: a damaged compression method
+# (NotImplementedError), a negative offset (ValueError), cut or broken deflate/bz2/lzma
+# data (EOFError, zlib.error, LZMAError), a damaged flag bit (RuntimeError: "encrypted").
+_READ_ERRORS = (
+    zipfile.BadZipFile,
+    OSError,
+    EOFError,
+    ValueError,
+    NotImplementedError,
+    RuntimeError,
+    zlib.error,
+    lzma.LZMAError,
+)
+
+
+def _check_count(archive: zipfile.ZipFile, path: str) -> None:
+    """Raise unless the central directory gave as many members as its end record lists.
+
+    ``zipfile`` reads directory entries until the directory's size is used up
+    and never compares their number with the end record's: a damaged name or
+    extra-field length there swallows the entries after it, silently.
+    """
+    end_record = getattr(zipfile, "_EndRecData", None)  # private, stable since Python 2
+    total = getattr(zipfile, "_ECD_ENTRIES_TOTAL", None)
+    if end_record is None or total is None or archive.fp is None:
+        return
+    record = end_record(archive.fp)
+    if record is None:
+        return
+    listed, found = record[total], len(archive.infolist())
+    if listed != found:
+        raise zipfile.BadZipFile(
+            f"zip archive {path!r}: its end record lists {listed} member(s) but its central "
+            f"directory holds {found}: the directory is damaged, and members would be lost"
+        )
 
 
 class ZipArchiveLoader(StreamReader):
@@ -56,16 +95,18 @@ class ZipArchiveLoader(StreamReader):
             stream = io.BytesIO(stream.read())
         try:
             archive = zipfile.ZipFile(stream)
-        except zipfile.BadZipFile as error:
+        except _READ_ERRORS as error:
             raise zipfile.BadZipFile(f"{path!r} is not a readable zip archive: {error}") from error
         with archive:
+            _check_count(archive, path)
             members = [info for info in archive.infolist() if not info.is_dir()]
             for info in members[skip:]:
                 try:
                     data = archive.read(info)
-                except (zipfile.BadZipFile, OSError) as error:
+                except _READ_ERRORS as error:
                     raise zipfile.BadZipFile(
-                        f"zip archive {path!r}: member {info.filename!r} is corrupted: {error}"
+                        f"zip archive {path!r}: member {info.filename!r} is corrupted or "
+                        f"unreadable: {type(error).__name__}: {error}"
                     ) from error
                 yield os.path.normpath(os.path.join(path, info.filename)), io.BytesIO(data)
 

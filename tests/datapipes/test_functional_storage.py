@@ -38,14 +38,17 @@ def test_read_from_http_takes_timeout_and_headers(base_url):
     dp = urls.read_from_http(timeout=5, headers={"X-Token": "t"})
     assert isinstance(dp, HttpReader) and dp.timeout == 5
     assert [(url[-2:], stream.read()) for url, stream in dp] == [("/a", b"/a t"), ("/b", b"/b t")]
-    assert urls.read_from_http().timeout is None  # torchdata's default: wait forever
+    default = urls.read_from_http()  # HttpReader's defaults: a stall fails after 30 s
+    assert (default.timeout, default.retries, default.deadline) == (30.0, 3, 600.0)
+    tuned = urls.read_from_http(timeout=None, retries=0, backoff=0.1, deadline=5)
+    assert (tuned.timeout, tuned.retries, tuned.backoff, tuned.deadline) == (None, 0, 0.1, 5)
 
 
 def test_read_from_http_refuses_what_it_cannot_honour():
     urls = IterableWrapper([])
     with pytest.raises(ValueError, match=r"skip_on_error=True\) is not supported.*filter"):
         urls.read_from_http(skip_on_error=True)
-    with pytest.raises(TypeError, match=r"takes timeout= and headers= only.*\['auth'\]"):
+    with pytest.raises(TypeError, match=r"takes timeout=, headers=, .* only.*\['auth'\]"):
         urls.read_from_http(auth=("user", "pass"))
 
 

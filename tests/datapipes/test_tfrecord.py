@@ -86,14 +86,11 @@ def test_corruption_is_named_with_the_file_and_record():
         list(IterableWrapper([("t", io.BytesIO(good[:3]))]).load_from_tfrecord())
     bad_data = bytearray(good)
     bad_data[-5] ^= 0x01  # the value 1 becomes 0: still a valid record
-    quiet = list(IterableWrapper([("d", io.BytesIO(bytes(bad_data)))]).load_from_tfrecord())
-    assert len(quiet) == 1  # the data's checksum is checked on request only
-    with pytest.raises(ValueError, match="the data's checksum is wrong"):
-        list(
-            IterableWrapper([("d", io.BytesIO(bytes(bad_data)))]).load_from_tfrecord(
-                verify_data=True
-            )
-        )
+    with pytest.raises(ValueError, match=r"'d', record 0: the data's checksum is wrong"):
+        list(IterableWrapper([("d", io.BytesIO(bytes(bad_data)))]).load_from_tfrecord())
+    unchecked = IterableWrapper([("d", io.BytesIO(bytes(bad_data)))])
+    quiet = list(unchecked.load_from_tfrecord(verify_data=False))
+    assert len(quiet) == 1  # verify_data=False: the changed value comes out
 
 
 def test_arguments_length_and_repr():
@@ -101,7 +98,7 @@ def test_arguments_length_and_repr():
         IterableWrapper([]).load_from_tfrecord(spec=[("a", None)])
     dp = IterableWrapper([]).load_from_tfrecord({"a": (None, None)}, length=4)
     assert isinstance(dp, TFRecordLoader) and len(dp) == 4
-    assert repr(dp) == "TFRecordLoader(spec=['a'], verify_data=False)"
+    assert repr(dp) == "TFRecordLoader(spec=['a'], verify_data=True)"
     with pytest.raises(TypeError, match=r"pass load_from_tfrecord\(length=N\)"):
         len(IterableWrapper([]).load_from_tfrecord())
     assert struct.calcsize("<Q") == 8

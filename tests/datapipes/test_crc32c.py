@@ -1,0 +1,41 @@
+"""CRC-32C: the NumPy lanes and rows give the byte loop's value (TFRecord frames)."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeloom.datapipes._crc32c import _crc_loop, crc32c, crc32c_many, masked_crc32c
+
+
+@given(size=st.integers(0, 300_000), seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_crc32c_by_lanes_equals_the_byte_loop(size, seed):
+    data = random.Random(seed).randbytes(size)
+    assert crc32c(data) == _crc_loop(memoryview(data), 0xFFFFFFFF) ^ 0xFFFFFFFF
+
+
+@given(
+    lengths=st.lists(st.integers(0, 5000), min_size=0, max_size=40),
+    seed=st.integers(0, 2**32 - 1),
+)
+@settings(max_examples=60, deadline=None)
+def test_crc32c_many_equals_one_at_a_time(lengths, seed):
+    rng = random.Random(seed)
+    datas = [rng.randbytes(n) for n in lengths] + [rng.randbytes(100 + i) for i in range(20)]
+    assert crc32c_many(datas) == [_crc_loop(memoryview(d), 0xFFFFFFFF) ^ 0xFFFFFFFF for d in datas]
+
+
+def test_crc32c_known_values_small_and_large():
+    assert crc32c(b"123456789") == 0xE3069283
+    assert crc32c(b"\0" * 32) == 0x8A9136AA  # RFC 3720 B.4
+    assert crc32c(b"\xff" * 32) == 0x62A8AB43
+    assert crc32c(bytes(range(32)) * 1000) == _crc_loop(
+        memoryview(bytes(range(32)) * 1000), 0xFFFFFFFF
+    ) ^ (0xFFFFFFFF)
+
+
+def test_masked_crc32c_of_nothing():
+    assert masked_crc32c(b"") == 0xA282EAD8
