@@ -1,5 +1,9 @@
-"""CRC-32C (Castagnoli), the checksum of TFRecord frames, with NumPy for speed.
+"""CRC-32C (Castagnoli), the checksum of TFRecord frames: google-crc32c, else NumPy.
 
+With the ``google-crc32c`` package installed (``pip install pipeloom[tfrecord]``,
+the ecosystem's CRC-32C: hardware instructions, about 30 GB/s here) it
+computes every checksum. Without it, the NumPy code below does (0.15-0.2
+GB/s on 100 kB records, 10x a byte loop):
 ``crc32c`` runs a byte-at-a-time table loop on small inputs and, on large
 ones, many 64-byte lanes at once combined by table-applied shift operators;
 ``crc32c_many`` runs many small inputs as the rows of one array. Both step
@@ -11,10 +15,23 @@ data bytes and leading zero bytes be added for free.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 
-__all__ = ["SMALL_INPUT", "crc32c", "crc32c_many", "mask", "masked_crc32c"]
+__all__ = ["SMALL_INPUT", "crc32c", "crc32c_many", "crc32c_numpy", "mask", "masked_crc32c"]
+
+
+def _fast_crc32c() -> Any:
+    """google-crc32c's ``value`` when it is installed with its compiled code, else None."""
+    try:
+        import google_crc32c
+    except ImportError:
+        return None
+    return google_crc32c.value if google_crc32c.implementation == "c" else None
+
+
+_FAST = _fast_crc32c()
 
 
 def _crc_table() -> list[int]:
@@ -37,12 +54,23 @@ SMALL_INPUT = 4096  # below this, the byte loop is faster
 
 
 def crc32c(data: bytes | memoryview) -> int:
-    """CRC-32C (Castagnoli) of ``data``.
+    """CRC-32C (Castagnoli) of ``data``: google-crc32c's if installed, else :func:`crc32c_numpy`.
+
+    >>> hex(crc32c(b"123456789"))
+    '0xe3069283'
+    """
+    if _FAST is None:
+        return crc32c_numpy(data)
+    return int(_FAST(data if data.__class__ is bytes else bytes(data)))
+
+
+def crc32c_numpy(data: bytes | memoryview) -> int:
+    """CRC-32C (Castagnoli) of ``data`` without a compiled library.
 
     Small inputs use the byte-at-a-time table loop; large ones a NumPy version
     that runs many lanes at once and combines them (about 10x faster).
 
-    >>> hex(crc32c(b"123456789"))
+    >>> hex(crc32c_numpy(b"123456789"))
     '0xe3069283'
     """
     register = 0xFFFFFFFF
@@ -165,17 +193,19 @@ def crc32c_many(datas: list[bytes]) -> list[int]:
     >>> crc32c_many([b"123456789"] * 9) == [0xE3069283] * 9
     True
     """
+    if _FAST is not None:
+        return [crc32c(data) for data in datas]
     result = [0] * len(datas)
     groups: dict[int, list[int]] = {}
     for i, data in enumerate(datas):
         if 4 <= len(data) < SMALL_INPUT:
             groups.setdefault(len(data).bit_length(), []).append(i)  # lengths within 2x
         else:
-            result[i] = crc32c(data)
+            result[i] = crc32c_numpy(data)
     for members in groups.values():
         if len(members) < 8:  # too few rows to pay for NumPy
             for i in members:
-                result[i] = crc32c(datas[i])
+                result[i] = crc32c_numpy(datas[i])
             continue
         registers = _crc_rows([datas[i] for i in members])
         for i, register in zip(members, registers):

@@ -1,13 +1,26 @@
-"""CRC-32C: the NumPy lanes and rows give the byte loop's value (TFRecord frames)."""
+"""CRC-32C: the NumPy lanes and rows, and google-crc32c where installed, give the byte
+loop's value (TFRecord frames)."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeloom.datapipes import _crc32c
 from pipeloom.datapipes._crc32c import _crc_loop, crc32c, crc32c_many, masked_crc32c
+
+
+@pytest.fixture(autouse=True, params=["numpy", "google-crc32c"])
+def implementation(request, monkeypatch):
+    """Every test runs on the NumPy code and, where installed, on google-crc32c."""
+    if request.param == "numpy":
+        monkeypatch.setattr(_crc32c, "_FAST", None)
+    elif _crc32c._FAST is None:
+        pytest.skip("google-crc32c is not installed (pip install google-crc32c)")
+    return request.param
 
 
 @given(size=st.integers(0, 300_000), seed=st.integers(0, 2**32 - 1))
