@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -241,6 +242,12 @@ class DataLoader(ShutsDown):
             self._setup.base_seed = plan.base_seed
             if self._board.publish(plan) and self._engine is not None and self.persistent_workers:
                 self._stop_engine()  # the plan outgrew the shared buffer the workers hold
+            if self._engine is not None and self._copies_dataset_once():
+                # torch sends the dataset to new workers at every epoch: changes made to it
+                # between epochs (a curriculum) must reach them, as under fork.
+                epoch = self._engine.epoch
+                self._stop_engine()
+                self._ensure_engine().set_epoch(epoch)
             engine = self._ensure_engine()
             iterator = _CompatIterator(self, iter(engine), plan, delivered, self._steps)
             self._current = weakref.ref(iterator)
@@ -431,6 +438,18 @@ class DataLoader(ShutsDown):
 
     def _generators(self) -> list[torch.Generator]:
         return sampler_generators(self.generator, self.sampler, self.batch_sampler)
+
+    def _copies_dataset_once(self) -> bool:
+        """True when a running engine's new workers would get a stale copy of the dataset.
+
+        Non-persistent worker processes restart each epoch; under ``fork`` they
+        inherit the dataset as it is now, but otherwise the engine pickled it
+        once, when it started (spawn: into a template its workers fork from).
+        """
+        if self.num_workers == 0 or self.worker_type != "process" or self.persistent_workers:
+            return False
+        method = start_method_of(self.multiprocessing_context)
+        return multiprocessing.get_context(method).get_start_method() != "fork"
 
     def _ensure_engine(self) -> pipeloom_loader.DataLoader:
         if self._engine is None:
