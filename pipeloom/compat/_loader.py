@@ -494,6 +494,15 @@ class _CompatIterator(Iterator[Any]):
         if steps.waiting:  # another thread asked for the loader between two batches
             steps.let_others_in()
         with steps.lock:
+            if self.stopped_by is not None:
+                raise RuntimeError(
+                    f"this epoch stopped when {self.stopped_by} escaped next() at batch "
+                    f"{self.delivered}; torch's DataLoader would go on with the next batch, "
+                    f"pipeloom.compat does not (the pipeline may hold part of the failed "
+                    f"batch). To skip bad samples, catch the error in __getitem__ (or "
+                    f"collate_fn); to go on, start a new epoch with iter(loader) or resume "
+                    f"from a checkpoint"
+                )
             try:
                 item = next(self._items)
             except StopIteration:
