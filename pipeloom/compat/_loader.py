@@ -246,7 +246,7 @@ class DataLoader(ShutsDown):
             if self._engine is not None and self._copies_dataset_once():
                 # torch sends the dataset to new workers at every epoch: changes made to it
                 # between epochs (a curriculum) must reach them, as under fork.
-                epoch = self._engine.epoch
+                epoch = self._engine.next_epoch
                 self._stop_engine()
                 self._ensure_engine().set_epoch(epoch)
             engine = self._ensure_engine()

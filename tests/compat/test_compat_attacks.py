@@ -336,11 +336,41 @@ def test_changes_to_the_dataset_between_epochs_reach_forked_workers_as_in_torch(
     assert curriculum_epochs(DataLoader, make(), **kwargs) == theirs
 
 
+class Draws(tud.Dataset):
+    """Item ``i``: a draw from the worker's global torch RNG."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int) -> float:
+        return float(torch.rand(()))
+
+
+def economic_after_a_break(context: str) -> list[Any]:
+    """``strategy="economic"`` draws: one batch, an abandoned epoch, two whole ones."""
+    torch.manual_seed(0)
+    loader = DataLoader(
+        Draws(),
+        batch_size=2,
+        num_workers=2,
+        strategy="economic",
+        multiprocessing_context=context,
+        timeout=60,
+    )
+    try:
+        seen = [next(iter(loader)).tolist()]
+        return seen + [[batch.tolist() for batch in loader] for _ in range(2)]
+    finally:
+        loader.shutdown()
+
+
 CURRICULUM_CHECK = """
 import sys
 import torch.utils.data as tud
 from pipeloom.compat import DataLoader
-from tests.compat.test_compat_attacks import Curriculum, CurriculumStream, curriculum_epochs
+from tests.compat.test_compat_attacks import (
+    Curriculum, CurriculumStream, curriculum_epochs, economic_after_a_break,
+)
 
 if __name__ == "__main__":
     method = sys.argv[1]
@@ -350,6 +380,10 @@ if __name__ == "__main__":
             theirs = curriculum_epochs(tud.DataLoader, make(), **kwargs)
             ours = curriculum_epochs(DataLoader, make(), **kwargs)
             assert ours == theirs, (make.__name__, workers, theirs, ours)
+    # economic draws from (seed, epoch, position): restarting the engine for the new
+    # dataset must not reuse an abandoned epoch's number (fork restarts nothing)
+    draws = [economic_after_a_break(context) for context in ("fork", method)]
+    assert draws[0] == draws[1], draws
 """
 
 
