@@ -13,7 +13,7 @@ from typing import Any
 
 from . import datapipes, graph, reading_service
 from .datapipes import empty_output, item_rng, item_seed
-from .errors import NotAvailable, PipeloomError, QueueError, StateError, WorkerError
+from .errors import NotAvailable, PipeloomError, QueueError, StateError, WorkerError, WorkerTimeout
 from .loader import DataLoader
 from .reading_service import InProcessReadingService, get_worker_info
 
@@ -27,6 +27,7 @@ __all__ = [
     "QueueError",
     "StateError",
     "WorkerError",
+    "WorkerTimeout",
     "compat",
     "datapipes",
     "get_worker_info",

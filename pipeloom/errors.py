@@ -6,7 +6,8 @@ The tree::
     ├── NotAvailable          nothing ready yet; ask again later (never an error)
     └── PipeloomError
         ├── QueueError        the queue is closed or its peer is gone
-        ├── WorkerError       a block failed in a worker; carries its origin
+        ├── WorkerError       a block failed in a worker; carries its origin (a RuntimeError)
+        ├── WorkerTimeout     no item within the service's timeout (a TimeoutError, RuntimeError)
         ├── StateError        a state_dict cannot be taken or loaded
         └── DistributedError  another rank failed, crashed or timed out in a collective
 
@@ -23,6 +24,7 @@ __all__ = [
     "QueueError",
     "StateError",
     "WorkerError",
+    "WorkerTimeout",
 ]
 
 
@@ -42,6 +44,14 @@ class QueueError(PipeloomError):
     """A queue was closed, or the process or thread at its other end died."""
 
 
+class WorkerTimeout(PipeloomError, TimeoutError, RuntimeError):
+    """The workers delivered nothing within the reading service's ``timeout``.
+
+    A ``TimeoutError``, and a ``RuntimeError`` as torch's ``DataLoader`` raises
+    on its ``timeout``, so ``except RuntimeError`` written for torch catches it.
+    """
+
+
 class StateError(PipeloomError):
     """A pipeline state could not be saved or restored."""
 
@@ -59,8 +69,11 @@ class DistributedError(PipeloomError):
     """
 
 
-class WorkerError(PipeloomError):
+class WorkerError(PipeloomError, RuntimeError):
     """An exception raised inside a worker, re-raised where the items are consumed.
+
+    Also a ``RuntimeError``, which torch's ``DataLoader`` raises for a worker
+    that died, so ``except RuntimeError`` written for torch catches it.
 
     Attributes:
         worker: a label for the worker (e.g. ``"process worker 2 (pid 4242)"``).

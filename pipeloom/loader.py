@@ -162,6 +162,11 @@ class DataLoader(ShutsDown):
         """The epoch being iterated (or the next one, between epochs)."""
         return self._current.epoch if self._current is not None else self._next_epoch
 
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next ``iter()`` runs (after an abandoned one: the one after it)."""
+        return self._next_epoch
+
     def placement(self) -> Placement:
         """Which block runs where; ``print()`` it or call ``.to_dot()``."""
         self._ensure_initialized()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from ._args import (
     start_method_of,
 )
 from ._engine import build_map_pipeline, build_pipeline, build_service, why_not_per_item
+from ._iterator import CompatIterator
 from ._plan import EpochPlan, PlanBoard, PlanEntries
 from ._sampling import draw_base_seed, draw_epoch, is_known_sampler
 from ._state import (
@@ -190,7 +192,7 @@ class DataLoader(ShutsDown):
             self._board.share()  # before the first plan is published
         self._setup = WorkerSetup(self._board, dataset, worker_init_fn)
         self._engine: pipeloom_loader.DataLoader | None = None
-        self._current: weakref.ref[_CompatIterator] | None = None
+        self._current: weakref.ref[CompatIterator] | None = None
         self._base_seed: int | None = None  # persistent workers keep their first one
         self._resume: dict[str, Any] | None = None
         self._settle: Callable[[], None] | None = None  # draws due at the end of the epoch
@@ -233,7 +235,7 @@ class DataLoader(ShutsDown):
         super().__setattr__(name, value)
 
     # -- torch's API --------------------------------------------------------------
-    def __iter__(self) -> _CompatIterator:
+    def __iter__(self) -> CompatIterator:
         with self._steps.between():
             self._final_state = self._final_error = None
             self._close_current()  # the workers go idle before the next plan is published
@@ -241,8 +243,14 @@ class DataLoader(ShutsDown):
             self._setup.base_seed = plan.base_seed
             if self._board.publish(plan) and self._engine is not None and self.persistent_workers:
                 self._stop_engine()  # the plan outgrew the shared buffer the workers hold
+            if self._engine is not None and self._copies_dataset_once():
+                # torch sends the dataset to new workers at every epoch: changes made to it
+                # between epochs (a curriculum) must reach them, as under fork.
+                epoch = self._engine.next_epoch
+                self._stop_engine()
+                self._ensure_engine().set_epoch(epoch)
             engine = self._ensure_engine()
-            iterator = _CompatIterator(self, iter(engine), plan, delivered, self._steps)
+            iterator = CompatIterator(self, iter(engine), plan, delivered, self._steps)
             self._current = weakref.ref(iterator)
             return iterator
 
@@ -432,6 +440,18 @@ class DataLoader(ShutsDown):
     def _generators(self) -> list[torch.Generator]:
         return sampler_generators(self.generator, self.sampler, self.batch_sampler)
 
+    def _copies_dataset_once(self) -> bool:
+        """True when a running engine's new workers would get a stale copy of the dataset.
+
+        Non-persistent worker processes restart each epoch; under ``fork`` they
+        inherit the dataset as it is now, but otherwise the engine pickled it
+        once, when it started (spawn: into a template its workers fork from).
+        """
+        if self.num_workers == 0 or self.worker_type != "process" or self.persistent_workers:
+            return False
+        method = start_method_of(self.multiprocessing_context)
+        return multiprocessing.get_context(method).get_start_method() != "fork"
+
     def _ensure_engine(self) -> pipeloom_loader.DataLoader:
         if self._engine is None:
             self._engine = pipeloom_loader.DataLoader(
@@ -443,55 +463,3 @@ class DataLoader(ShutsDown):
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
-
-
-class _CompatIterator(Iterator[Any]):
-    """One epoch of batches; ``len()`` as torch's iterator.
-
-    Each step -- a batch and the count -- holds the loader's step lock.
-    """
-
-    def __init__(
-        self,
-        loader: DataLoader,
-        items: Iterator[Any],
-        plan: EpochPlan,
-        skip: int,
-        steps: StepGate,
-    ) -> None:
-        self._loader = loader  # the loader refers to its iterator weakly: no cycle
-        self._items = items
-        self.plan = plan
-        self._steps = steps
-        self.delivered = 0
-        self.finished = False
-        self.stopped_by: str | None = None  # the exception that escaped a step
-        for _ in range(skip):  # an iterable dataset resumes by re-reading: drop what was seen
-            next(self._items, None)
-            self.delivered += 1
-
-    def __next__(self) -> Any:
-        steps = self._steps
-        if steps.waiting:  # another thread asked for the loader between two batches
-            steps.let_others_in()
-        with steps.lock:
-            try:
-                item = next(self._items)
-            except StopIteration:
-                self.finished = True
-                self._loader.settle_draws()
-                raise
-            except BaseException as error:
-                self.stopped_by = self.stopped_by or type(error).__name__
-                raise
-            self.delivered += 1
-            return item
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def close(self) -> None:
-        """Abandon the epoch: stop its work (the workers stay if persistent)."""
-        invalidate = getattr(self._items, "invalidate", None)
-        if invalidate is not None and not self.finished:
-            invalidate()

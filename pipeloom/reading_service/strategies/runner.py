@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...datapipes import BlockingReader, IterDataPipe
+from ...errors import WorkerTimeout
 from ...graph import Plan
 
 __all__ = ["Runner", "drain"]
@@ -70,7 +71,7 @@ def drain(
                 finished = True
                 return
             except TimeoutError:
-                raise TimeoutError(
+                raise WorkerTimeout(
                     f"no item arrived within timeout={timeout} s; raise the timeout or "
                     f"check for a stuck worker"
                 ) from None

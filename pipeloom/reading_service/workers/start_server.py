@@ -61,6 +61,7 @@ from multiprocessing import context as mp_context
 from multiprocessing import reduction, util
 from typing import Any
 
+from ...errors import WorkerTimeout
 from .served import CODE, HEADER, PAYLOAD, InheritedFd, recv_exactly, send
 
 __all__ = [
@@ -280,7 +281,7 @@ class Template:
         except TimeoutError:
             status.close()
             self.kill()  # stuck in the pipeline's unpickling: it would never start a worker
-            raise TimeoutError(
+            raise WorkerTimeout(
                 f"the pipeloom template process (pid {self.pid}) did not start {name!r} within "
                 f"timeout={timeout} s: it was still unpickling the pipeline (a __setstate__ or "
                 f"__reduce__ that blocks or is slow?); raise the timeout, or make unpickling "
