@@ -88,6 +88,11 @@ class DataPipe:
     at_most_one: ClassVar[bool] = False
     #: True when the block stamps its outputs' positions itself (:meth:`stamp_position`).
     stamps_positions: ClassVar[bool] = False
+    #: False when the block's stream is produced once per epoch elsewhere (the main
+    #: process's stand-in for workers or a separate process): a block after it that
+    #: restarts it mid-epoch (``cycle``, ``mux(stop="cycle")``) then raises, instead
+    #: of reading a stream that has ended.
+    restartable: ClassVar[bool] = True
 
     # Framework-owned per-instance state, kept out of __init__ so subclasses
     # need not call super().__init__(). Only this module reads or writes it.
@@ -300,6 +305,15 @@ class DataPipe:
         self.set_epoch(epoch)
 
     def _enter_round(self, round_number: int) -> None:
+        if round_number and not self.restartable:
+            raise RuntimeError(
+                f"a block restarts {self!r} mid-epoch (round {round_number}), but it reads a "
+                f"stream produced once per epoch by workers or another process: e.g. a "
+                f"mux(stop='cycle') whose source fed by the workers ran out before the "
+                f"others; put the mix before the sharding point "
+                f"(a.mux(b, stop='cycle').sharding_filter()), use stop='all', or read this "
+                f"pipeline in-process (num_workers=0)"
+            )
         self._pl_round = round_number
         self._pl_epoch_seed = None
 
