@@ -93,6 +93,10 @@ class DataPipe:
     #: restarts it mid-epoch (``cycle``, ``mux(stop="cycle")``) then raises, instead
     #: of reading a stream that has ended.
     restartable: ClassVar[bool] = True
+    #: True when the block restarts an input on its own mid-epoch when it runs out
+    #: (``cycle``, ``mux(stop="cycle")``): each input must then be a branch of its
+    #: own, not a child of a ``fork`` or ``demux`` that another branch reads.
+    restarts_inputs: bool = False
 
     # Framework-owned per-instance state, kept out of __init__ so subclasses
     # need not call super().__init__(). Only this module reads or writes it.

@@ -119,6 +119,7 @@ class Multiplexer(IterDataPipe):
         self.weights = None if weights is None else tuple(weights)
         self._int_weights = _integer_weights(self.weights, len(self.datapipes))
         self.stop = stop
+        self.restarts_inputs = stop == "cycle"
         self.sampling = sampling
         self.seed = seed
         self.use_own_seed(seed)

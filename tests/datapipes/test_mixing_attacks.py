@@ -26,6 +26,7 @@ from pipeloom.reading_service import (
     MultiProcessingReadingService,
     ThreadReadingService,
 )
+from pipeloom.testing import collect
 
 SERVICES: dict[str, Callable[[], Any]] = {
     "in-process": InProcessReadingService,
@@ -80,3 +81,54 @@ def test_mux_cycle_restarting_a_source_merged_from_workers_raises_instead_of_han
     # ThreadQueue"), processes waited out the timeout ("no item arrived within 60 s").
     with pytest.raises(RuntimeError, match=r"restart.*mid-epoch.*before the sharding point"):
         _epoch(_cycled_mix_of_a_worker_fed_source, service)
+
+
+# -- restarting one branch of a fork or demux ---------------------------------------
+
+
+def _forked_mix_cycled() -> IterDataPipe:
+    a, b = IterableWrapper(range(5)).fork(2)
+    return a.mux(b.map(_plus_100), weights=[2, 1], stop="cycle")
+
+
+def _cycled_fork_child_mixed() -> IterDataPipe:
+    a, b = IterableWrapper(range(5)).fork(2)
+    return a.mux(b.map(_plus_100).cycle(3), weights=[1, 3], stop="all")
+
+
+def _cycled_demux_child_mixed() -> IterDataPipe:
+    a, b = IterableWrapper(range(6)).demux(2, _parity)
+    return a.mux(b.cycle(3), weights=[1, 3], stop="all")
+
+
+def _plus_100(x: int) -> int:
+    return x + 100
+
+
+def _parity(x: int) -> int:
+    return x % 2
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "make", [_forked_mix_cycled, _cycled_fork_child_mixed, _cycled_demux_child_mixed]
+)
+def test_restarting_one_branch_of_a_fork_or_demux_is_refused(make):
+    # Was: restarting one child restarted the shared parent, so the other child read
+    # its items again: cycle() gave [100, 0, 101, 102, 103, 1, 104, 100, 101, 0, ...]
+    # (0 and 1 three times each), mux(stop="cycle") an endless epoch that never
+    # delivered 103 and 104.
+    with pytest.raises(ValueError, match=r"restarts .* also read by .*fork\(2\)"):
+        collect(make())
+    with pytest.raises(ValueError, match=r"restarts .* also read by"):
+        DataLoader(make())
+
+
+def test_a_cycle_before_the_fork_or_inside_one_branch_is_accepted():
+    a, b = IterableWrapper(range(3)).cycle(2).fork(2)
+    assert collect(a.zip(b)) == [(i, i) for i in [0, 1, 2, 0, 1, 2]]
+    a, b = IterableWrapper(range(3)).fork(2)
+    own = IterableWrapper(range(10, 12)).cycle(2)  # its own branch
+    assert collect(a.zip(b, own)) == [(0, 0, 10), (1, 1, 11), (2, 2, 10)]
+    mixed = IterableWrapper(range(2)).mux(IterableWrapper(range(10, 15)), stop="cycle")
+    assert collect(mixed) == [0, 10, 1, 11, 0, 12, 1, 13, 0, 14, 1]
