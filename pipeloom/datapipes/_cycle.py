@@ -6,7 +6,7 @@ from typing import Any
 
 from .._validate import check_int
 from ._base import IterDataPipe
-from ._pipeline import reset_pipeline, set_pipeline_round
+from ._pipeline import reset_pipeline, set_input_round
 from ._state_fields import StateFields
 
 __all__ = ["Cycler"]
@@ -38,8 +38,8 @@ class Cycler(IterDataPipe):
         self.reset()
 
     def reset(self) -> None:
-        if getattr(self, "_round", 0):  # the source was left in a later round: back to 0
-            set_pipeline_round(self.source, 0)
+        if getattr(self, "_round", 0) or self._round_number():  # left in a later round
+            set_input_round(self, self.source, 0)
         self._round = 0
         self._yielded = False  # whether the current round produced an item
         self._done = self.count == 0
@@ -65,7 +65,7 @@ class Cycler(IterDataPipe):
             raise StopIteration
         self._round += 1
         self._yielded = False
-        set_pipeline_round(self.source, self._round)
+        set_input_round(self, self.source, self._round)
         reset_pipeline(self.source)
 
     def __len__(self) -> int:
@@ -82,7 +82,7 @@ class Cycler(IterDataPipe):
         self._round = fields.int("round", maximum=last)
         self._yielded = fields.bool("yielded")
         self._done = fields.bool("done")
-        set_pipeline_round(self.source, self._round)
+        set_input_round(self, self.source, self._round)
 
     def __repr__(self) -> str:
         return f"Cycler(count={self.count!r})"

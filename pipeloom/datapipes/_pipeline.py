@@ -14,6 +14,7 @@ from .._walk import not_a_block, walk_upstream
 from ..errors import StateError
 from ._attributes import attribute_values
 from ._base import DataPipe
+from ._context import derive_seed
 
 __all__ = [
     "check_declared_inputs",
@@ -25,6 +26,7 @@ __all__ = [
     "seed_pipeline",
     "set_pipeline_epoch",
     "set_pipeline_round",
+    "set_input_round",
     "start_iteration",
     "upstream_blocks",
 ]
@@ -121,6 +123,17 @@ def set_pipeline_round(output: DataPipe, round_number: int) -> None:
     """
     for block in upstream_blocks(output):
         block._enter_round(round_number)
+
+
+def set_input_round(block: DataPipe, source: DataPipe, local: int) -> None:
+    """Start repetition ``local`` of ``source``, an input that ``block`` repeats.
+
+    ``block`` may itself be in a later round of a repetition further down (a cycle
+    inside a cycle): its input's round then combines both, so every outer round
+    draws new seeds too instead of replaying the first one's.
+    """
+    own = block._round_number()
+    set_pipeline_round(source, derive_seed(own, local) if own else local)
 
 
 def check_declared_inputs(output: DataPipe) -> None:

@@ -26,7 +26,7 @@ from pipeloom.reading_service import (
     MultiProcessingReadingService,
     ThreadReadingService,
 )
-from pipeloom.testing import collect
+from pipeloom.testing import check_resume_from_every_step, collect
 
 SERVICES: dict[str, Callable[[], Any]] = {
     "in-process": InProcessReadingService,
@@ -132,3 +132,39 @@ def test_a_cycle_before_the_fork_or_inside_one_branch_is_accepted():
     assert collect(a.zip(b, own)) == [(0, 0, 10), (1, 1, 11), (2, 2, 10)]
     mixed = IterableWrapper(range(2)).mux(IterableWrapper(range(10, 15)), stop="cycle")
     assert collect(mixed) == [0, 10, 1, 11, 0, 12, 1, 13, 0, 14, 1]
+
+
+# -- nested repetition draws new seeds in every round -------------------------------
+
+
+def _nested_cycles() -> IterDataPipe:
+    return IterableWrapper(range(6)).shuffle().cycle(2).cycle(2)
+
+
+def _cycled_mix_of_a_cycled_mix() -> IterDataPipe:
+    # The inner mix restarts the shuffle once per run (6 of 12); the outer one restarts
+    # the inner mix once (24 of 48).
+    shuffled = IterableWrapper(range(6)).shuffle()
+    inner = shuffled.mux(IterableWrapper(range(100, 112)), stop="cycle")
+    return inner.mux(IterableWrapper(range(1000, 1048)), stop="cycle")
+
+
+def test_a_cycle_inside_a_cycle_reshuffles_in_every_outer_round():
+    # Was: the inner cycle set its source back to round 0 when the outer one restarted
+    # it, so every outer round replayed the first one's shuffles exactly.
+    out = collect(_nested_cycles())
+    passes = [out[i : i + 6] for i in range(0, 24, 6)]
+    assert all(sorted(p) == list(range(6)) for p in passes)
+    assert len({tuple(p) for p in passes}) == 4
+    check_resume_from_every_step(_nested_cycles)
+
+
+def test_a_cycled_mix_restarted_by_another_reshuffles_its_sources():
+    out = [x for x in collect(_cycled_mix_of_a_cycled_mix()) if x < 100]
+    # Each run of the inner mix: two passes over the shuffle and the first item of a
+    # third, drawn before the inner mix sees its second source has run out too.
+    first, second = out[:13], out[13:26]
+    for run in (first, second):
+        assert sorted(run[:6]) == sorted(run[6:12]) == list(range(6))
+    assert first[:12] != second[:12]
+    check_resume_from_every_step(_cycled_mix_of_a_cycled_mix)
