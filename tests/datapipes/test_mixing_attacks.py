@@ -168,3 +168,139 @@ def test_a_cycled_mix_restarted_by_another_reshuffles_its_sources():
         assert sorted(run[:6]) == sorted(run[6:12]) == list(range(6))
     assert first[:12] != second[:12]
     check_resume_from_every_step(_cycled_mix_of_a_cycled_mix)
+
+
+# -- the same epoch everywhere, and exact resume across services --------------------
+
+
+def _length(x: list) -> int:
+    return len(x)
+
+
+def _values(row: Any) -> list[int]:
+    return row[0].tolist()
+
+
+def _negated(x: int) -> int:
+    return -x - 1
+
+
+def _forked_mix() -> IterDataPipe:
+    a, b = IterableWrapper(range(30)).shuffle(buffer_size=4).fork(2)
+    return a.mux(b.map(_negated), weights=[1, 2], stop="all").sharding_filter()
+
+
+BLOCKS: dict[str, Callable[[], IterDataPipe]] = {
+    "mux weighted, before": lambda: (
+        IterableWrapper(range(30))
+        .mux(IterableWrapper(range(100, 113)), weights=[1, 3], stop="all")
+        .sharding_filter()
+    ),
+    "mux random cycle, before": lambda: (
+        IterableWrapper(range(7))
+        .shuffle()
+        .mux(IterableWrapper(range(100, 113)), weights=[0.3, 0.7], stop="cycle", sampling="random")
+        .sharding_filter()
+    ),
+    "mux after, one source from workers": lambda: (
+        IterableWrapper(range(20))
+        .sharding_filter()
+        .mux(IterableWrapper(range(100, 110)), weights=[2, 1], stop="all")
+    ),
+    "mux of fork children, before": _forked_mix,
+    "pack after": lambda: (
+        IterableWrapper(_sequences(40))
+        .sharding_filter()
+        .shuffle(buffer_size=5)
+        .pack(8, buffer_size=3)
+        .map(_values)
+    ),
+    "pack before": lambda: (
+        IterableWrapper(_sequences(40))
+        .pack(8, "first_fit", buffer_size=3)
+        .sharding_filter()
+        .map(_values)
+    ),
+    "bucket_by_length estimated, after": lambda: (
+        IterableWrapper(_sequences(50))
+        .sharding_filter()
+        .bucket_by_length(_length, num_buckets=3, batch_sizes=3, buffer_size=7)
+    ),
+    "bucket_by_length max_tokens drop_last, before": lambda: (
+        IterableWrapper(_sequences(50))
+        .bucket_by_length(_length, boundaries=[4], max_tokens=12, buffer_size=7, drop_last=True)
+        .sharding_filter()
+    ),
+    "bucketbatch after": lambda: (
+        IterableWrapper(range(53)).sharding_filter().bucketbatch(3, batch_num=4, bucket_num=2)
+    ),
+    "max_token_bucketize after": lambda: (
+        IterableWrapper(_sequences(50)).sharding_filter().max_token_bucketize(12, buffer_size=5)
+    ),
+    "in_batch_shuffle after": lambda: (
+        IterableWrapper(range(40)).sharding_filter().batch(4).in_batch_shuffle()
+    ),
+    "nested cycles, before": lambda: (
+        IterableWrapper(range(5)).shuffle().cycle(2).cycle(2).sharding_filter()
+    ),
+    "concat of shuffles, before": lambda: (
+        IterableWrapper(range(7))
+        .shuffle()
+        .concat(IterableWrapper(range(50, 61)).shuffle())
+        .sharding_filter()
+    ),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_two_epochs_are_the_same_in_threads_and_processes(name):
+    expected = _epoch(BLOCKS[name], "in-process", epochs=2)
+    assert expected[0]
+    for service in ("threads-1", "threads-3", "processes-2"):
+        assert _epoch(BLOCKS[name], service, epochs=2) == expected, service
+
+
+def _resume_chain(make, services: list[str], steps: list[int], *, reload_at_once: bool):
+    """Deliver ``steps[0]`` items, save; load into a fresh loader on the next service,
+    (optionally save again at once, before any item, and load that), and so on; the
+    last loader reads the rest of the epoch and the next one."""
+    got: list[Any] = []
+    state = None
+    for service, step in zip(services, steps):
+        with DataLoader(make(), SERVICES[service](), seed=5) as loader:
+            if state is not None:
+                loader.load_state_dict(state)
+            if reload_at_once:
+                state = loader.state_dict()
+                continue_with = DataLoader(make(), SERVICES[service](), seed=5)
+                loader.shutdown()
+                loader = continue_with
+                loader.load_state_dict(state)
+            with loader:
+                items = iter(loader)
+                got += [_plain(next(items)) for _ in range(step)]
+                state = loader.state_dict()
+    with DataLoader(make(), SERVICES[services[-1]](), seed=5) as loader:
+        loader.load_state_dict(state)
+        got += _plain(list(loader))
+        after = _plain(list(loader))
+    gc.collect()
+    return got, after
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_a_chain_of_resumes_on_other_services_gives_the_uninterrupted_epoch(name):
+    make = BLOCKS[name]
+    expected = _epoch(make, "in-process", epochs=2)
+    size = len(expected[0])
+    rng = random.Random(name)
+    names = sorted(SERVICES)
+    for reload_at_once in (False, True):
+        services = [rng.choice(names) for _ in range(3)]
+        steps = sorted(rng.randrange(size + 1) for _ in range(2))
+        steps = [steps[0], steps[1] - steps[0], 0]  # the last one: a state at once
+        got, after = _resume_chain(make, services, steps, reload_at_once=reload_at_once)
+        assert got == expected[0], (services, steps, reload_at_once)
+        assert after == expected[1], (services, steps, reload_at_once)
