@@ -11,13 +11,17 @@ sample once.
 
 from __future__ import annotations
 
+import collections
 import gc
+import itertools
 import random
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper, IterDataPipe
@@ -304,3 +308,140 @@ def test_a_chain_of_resumes_on_other_services_gives_the_uninterrupted_epoch(name
         got, after = _resume_chain(make, services, steps, reload_at_once=reload_at_once)
         assert got == expected[0], (services, steps, reload_at_once)
         assert after == expected[1], (services, steps, reload_at_once)
+
+
+# -- exactly once: mixing, packing, bucketing ---------------------------------------
+
+_WEIGHTS = st.sampled_from([0, 1, 2, 3, 5, 0.5, 0.25, 7])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 12), _WEIGHTS), min_size=1, max_size=5),
+    st.sampled_from(["smooth", "random"]),
+)
+def test_mux_stop_all_passes_every_item_of_every_weighted_source_once_in_order(spec, sampling):
+    if not any(weight for _, weight in spec):
+        return
+    sources = [IterableWrapper([(i, j) for j in range(n)]) for i, (n, _) in enumerate(spec)]
+    weights = [weight for _, weight in spec]
+    out = collect(sources[0].mux(*sources[1:], weights=weights, stop="all", sampling=sampling))
+    for i, (n, weight) in enumerate(spec):
+        assert [j for s, j in out if s == i] == (list(range(n)) if weight else [])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(0, 20), max_size=25),
+    st.integers(1, 9),
+    st.integers(1, 4),
+    st.sampled_from(["best_fit", "first_fit"]),
+)
+def test_pack_split_puts_every_token_in_exactly_one_row_in_order(lengths, width, bins, strategy):
+    sequences = [[i * 1000 + j + 1 for j in range(n)] for i, n in enumerate(lengths)]
+    pieces = []
+    for values, segments, positions in collect(
+        IterableWrapper(sequences).pack(width, strategy, bins)
+    ):
+        assert values.shape[0] == width and (values[segments == 0] == 0).all()
+        for segment in range(1, int(segments.max()) + 1):
+            mask = segments == segment
+            piece = values[mask].tolist()
+            assert positions[mask].tolist() == list(range(len(piece)))
+            assert piece == list(range(piece[0], piece[0] + len(piece)))  # a contiguous run
+            pieces.append(piece)
+    tokens = sorted(t for piece in pieces for t in piece)
+    assert tokens == sorted(t for sequence in sequences for t in sequence)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(0, 12), max_size=40),
+    st.integers(1, 30),
+    st.booleans(),
+    st.booleans(),
+)
+def test_bucket_by_length_passes_every_item_once_and_drops_only_leftovers(
+    lengths, buffer_size, estimated, drop_last
+):
+    items = list(enumerate(lengths))  # (id, length)
+    edges = {"num_buckets": 3} if estimated else {"boundaries": [3, 7]}
+    batches = collect(
+        IterableWrapper(items).bucket_by_length(
+            _second, batch_sizes=3, buffer_size=buffer_size, drop_last=drop_last, **edges
+        )
+    )
+    seen = [x for batch in batches for x in batch]
+    assert len(seen) == len(set(seen)) and set(seen) <= set(items)
+    if drop_last:
+        # Only the end's leftovers go: under a batch per bucket (a full buffer emits
+        # its largest bucket as it is, short or not).
+        assert len(items) - len(seen) < 3 * 3
+    else:
+        assert sorted(seen) == items
+
+
+def _second(item: tuple[int, int]) -> int:
+    return item[1]
+
+
+# -- exactly once over an epoch resumed on another number of ranks ------------------
+
+
+ELASTIC = {
+    "bucket_by_length drop_last after": lambda: (
+        IterableWrapper(_sequences(50))
+        .sharding_filter()
+        .bucket_by_length(_length, boundaries=[3, 6], batch_sizes=3, buffer_size=7, drop_last=True)
+    ),
+    "bucket_by_length estimated after": lambda: (
+        IterableWrapper(_sequences(50))
+        .sharding_filter()
+        .bucket_by_length(_length, num_buckets=3, max_tokens=14, buffer_size=6)
+    ),
+    "mux before, pack after": lambda: (
+        IterableWrapper(_sequences(30))
+        .mux(IterableWrapper([[5000 + i] for i in range(9)]), weights=[2, 1], stop="all")
+        .sharding_filter()
+        .pack(8, buffer_size=3)
+        .map(_values)
+    ),
+    "nested cycles before, shuffle after": lambda: (
+        IterableWrapper(_sequences(9))
+        .shuffle()
+        .cycle(2)
+        .cycle(2)
+        .sharding_filter()
+        .shuffle(buffer_size=3)
+    ),
+}
+
+
+def _flat(outputs: list) -> list:
+    flat: list = []
+    for output in outputs:
+        if output and isinstance(output[0], list):
+            flat.extend(t for sequence in output for t in sequence)
+        else:
+            flat.extend(t for t in output if t)
+    return flat
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(ELASTIC))
+def test_an_epoch_resumed_on_another_number_of_ranks_delivers_each_sample_once(name):
+    from tests.reading_service.test_elastic import _elastic
+    from tests.reading_service.test_elastic import _epoch as _rank_epoch
+
+    build = ELASTIC[name]
+    full = collections.Counter(_flat(_rank_epoch("in-process", build, 1, 0)[0]))
+    for kind, (old, new), step in itertools.product(
+        ["in-process", "threads"], [(2, 3), (3, 2), (4, 3)], [0, 3, 7]
+    ):
+        head, tail = _elastic(kind, build, old, new, step)
+        got = collections.Counter(_flat(head) + [t for out in tail for t in _flat(out)])
+        if "drop_last" in name:  # each rank drops its own leftovers
+            every = collections.Counter(t for sequence in _sequences(50) for t in sequence)
+            assert max(got.values()) == 1 and not got - every, (kind, old, new, step)
+        else:
+            assert got == full, (kind, old, new, step)
