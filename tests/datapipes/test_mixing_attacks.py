@@ -445,3 +445,9 @@ def test_an_epoch_resumed_on_another_number_of_ranks_delivers_each_sample_once(n
             assert max(got.values()) == 1 and not got - every, (kind, old, new, step)
         else:
             assert got == full, (kind, old, new, step)
+
+
+def test_the_resume_check_compares_tensor_outputs():
+    # Was: "Boolean value of Tensor with more than one value is ambiguous" for any
+    # pipeline whose outputs hold tensors (every pack pipeline).
+    check_resume_from_every_step(lambda: IterableWrapper(_sequences(12)).pack(6, buffer_size=2))
