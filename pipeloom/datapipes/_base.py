@@ -311,12 +311,12 @@ class DataPipe:
     def _enter_round(self, round_number: int) -> None:
         if round_number and not self.restartable:
             raise RuntimeError(
-                f"a block restarts {self!r} mid-epoch (round {round_number}), but it reads a "
-                f"stream produced once per epoch by workers or another process: e.g. a "
-                f"mux(stop='cycle') whose source fed by the workers ran out before the "
-                f"others; put the mix before the sharding point "
-                f"(a.mux(b, stop='cycle').sharding_filter()), use stop='all', or read this "
-                f"pipeline in-process (num_workers=0)"
+                f"{self!r} reads a stream produced once per epoch (by the workers or a "
+                f"separate process), but a block after it restarts it mid-epoch (round "
+                f"{round_number}): a cycle(), or a mux(stop='cycle') whose source ran out "
+                f"before the others; repeat the stream where it is produced (e.g. "
+                f"a.mux(b, stop='cycle').sharding_filter()), use mux(stop='all'), or read "
+                f"this pipeline in-process (num_workers=0)"
             )
         self._pl_round = round_number
         self._pl_epoch_seed = None

@@ -83,8 +83,24 @@ def _cycled_mix_of_a_worker_fed_source() -> IterDataPipe:
 def test_mux_cycle_restarting_a_source_merged_from_workers_raises_instead_of_hanging(service):
     # Was: threads raised QueueBroken("producer thread exited without closing the
     # ThreadQueue"), processes waited out the timeout ("no item arrived within 60 s").
-    with pytest.raises(RuntimeError, match=r"restart.*mid-epoch.*before the sharding point"):
+    with pytest.raises(RuntimeError, match=r"restarts it mid-epoch.*sharding_filter\(\)"):
         _epoch(_cycled_mix_of_a_worker_fed_source, service)
+
+
+def _cycled_separate_process() -> IterDataPipe:
+    from tests.reading_service.test_separate import InOwnProcess
+
+    side = InOwnProcess(IterableWrapper(range(3))).cycle(3)
+    return IterableWrapper(range(12)).sharding_filter().map(abs).batch(2).zip(side)
+
+
+@pytest.mark.timeout(60)
+def test_a_cycle_over_a_separate_process_raises_instead_of_dropping_its_rounds():
+    # Was: the second round read the ended stream, so the cycle stopped after one
+    # round: 3 outputs under processes where the in-process run gives 6.
+    assert len(_epoch(_cycled_separate_process, "in-process")[0]) == 6
+    with pytest.raises(RuntimeError, match=r"SeparateProcessReader.*restarts it mid-epoch"):
+        _epoch(_cycled_separate_process, "processes-2")
 
 
 # -- restarting one branch of a fork or demux ---------------------------------------
