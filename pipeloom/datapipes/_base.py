@@ -93,10 +93,6 @@ class DataPipe:
     #: restarts it mid-epoch (``cycle``, ``mux(stop="cycle")``) then raises, instead
     #: of reading a stream that has ended.
     restartable: ClassVar[bool] = True
-    #: True when the block restarts an input on its own mid-epoch when it runs out
-    #: (``cycle``, ``mux(stop="cycle")``): each input must then be a branch of its
-    #: own, not a child of a ``fork`` or ``demux`` that another branch reads.
-    restarts_inputs: bool = False
 
     # Framework-owned per-instance state, kept out of __init__ so subclasses
     # need not call super().__init__(). Only this module reads or writes it.
@@ -301,6 +297,13 @@ class DataPipe:
             seed = None if pipeline_seed is None else derive_seed(pipeline_seed, self._pl_seed_key)
             self._pl_seed = seed
         self._pl_epoch_seed = None
+
+    @property
+    def restarts_inputs(self) -> bool:
+        """True when the block restarts an input on its own mid-epoch when it runs out
+        (``cycle``, ``mux(stop="cycle")``): each input must then be a branch of its own,
+        not a child of a ``fork`` or ``demux`` that another branch reads."""
+        return False
 
     def _enter_epoch(self, epoch: int) -> None:
         self._pl_epoch = epoch

@@ -29,7 +29,10 @@ class Cycler(IterDataPipe):
     inputs = ("source",)
     #: It restarts its input between rounds: a reading service refuses it after its workers.
     restarts_its_input = True
-    restarts_inputs = True
+
+    @property
+    def restarts_inputs(self) -> bool:
+        return True
 
     def __init__(self, source: IterDataPipe, count: int | None = None) -> None:
         check_int("count", count, minimum=0, allow_none=True, hint="use None to repeat forever")

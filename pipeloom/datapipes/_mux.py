@@ -119,7 +119,6 @@ class Multiplexer(IterDataPipe):
         self.weights = None if weights is None else tuple(weights)
         self._int_weights = _integer_weights(self.weights, len(self.datapipes))
         self.stop = stop
-        self.restarts_inputs = stop == "cycle"
         self.sampling = sampling
         self.seed = seed
         self.use_own_seed(seed)
@@ -147,6 +146,10 @@ class Multiplexer(IterDataPipe):
         # position (a tar shard) goes on from its own stamp, as it would alone in a worker.
         self._contexts: list[tuple] = [_NO_STAMP] * count
         self._done = False
+
+    @property
+    def restarts_inputs(self) -> bool:
+        return self.stop == "cycle"
 
     # -- iteration --------------------------------------------------------------
     def async_next(self) -> Any:

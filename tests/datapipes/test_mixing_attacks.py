@@ -467,3 +467,12 @@ def test_the_resume_check_compares_tensor_outputs():
     # Was: "Boolean value of Tensor with more than one value is ambiguous" for any
     # pipeline whose outputs hold tensors (every pack pipeline).
     check_resume_from_every_step(lambda: IterableWrapper(_sequences(12)).pack(6, buffer_size=2))
+
+
+def test_the_restart_traits_leave_checkpoint_fingerprints_as_they_were():
+    from pipeloom._fingerprint import pipeline_fingerprint
+
+    pipe = IterableWrapper(range(3)).mux(IterableWrapper(range(2)), stop="cycle").cycle(2)
+    blocks = dict(pipeline_fingerprint(pipe)["blocks"][:2])
+    assert sorted(blocks["Multiplexer"]) == ["sampling", "seed", "stop", "weights"]
+    assert sorted(blocks["Cycler"]) == ["count"]
