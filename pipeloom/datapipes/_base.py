@@ -88,6 +88,11 @@ class DataPipe:
     at_most_one: ClassVar[bool] = False
     #: True when the block stamps its outputs' positions itself (:meth:`stamp_position`).
     stamps_positions: ClassVar[bool] = False
+    #: False when the block's stream is produced once per epoch elsewhere (the main
+    #: process's stand-in for workers or a separate process): a block after it that
+    #: restarts it mid-epoch (``cycle``, ``mux(stop="cycle")``) then raises, instead
+    #: of reading a stream that has ended.
+    restartable: ClassVar[bool] = True
 
     # Framework-owned per-instance state, kept out of __init__ so subclasses
     # need not call super().__init__(). Only this module reads or writes it.
@@ -293,6 +298,13 @@ class DataPipe:
             self._pl_seed = seed
         self._pl_epoch_seed = None
 
+    @property
+    def restarts_inputs(self) -> bool:
+        """True when the block restarts an input on its own mid-epoch when it runs out
+        (``cycle``, ``mux(stop="cycle")``): each input must then be a branch of its own,
+        not a child of a ``fork`` or ``demux`` that another branch reads."""
+        return False
+
     def _enter_epoch(self, epoch: int) -> None:
         self._pl_epoch = epoch
         self._pl_round = 0
@@ -300,6 +312,15 @@ class DataPipe:
         self.set_epoch(epoch)
 
     def _enter_round(self, round_number: int) -> None:
+        if round_number and not self.restartable:
+            raise RuntimeError(
+                f"{self!r} reads a stream produced once per epoch (by the workers or a "
+                f"separate process), but a block after it restarts it mid-epoch (round "
+                f"{round_number}): a cycle(), or a mux(stop='cycle') whose source ran out "
+                f"before the others; repeat the stream where it is produced (e.g. "
+                f"a.mux(b, stop='cycle').sharding_filter()), use mux(stop='all'), or read "
+                f"this pipeline in-process (num_workers=0)"
+            )
         self._pl_round = round_number
         self._pl_epoch_seed = None
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from .._validate import check_int
 from ._base import IterDataPipe
-from ._pipeline import reset_pipeline, set_pipeline_round
+from ._pipeline import reset_pipeline, set_input_round
 from ._state_fields import StateFields
 
 __all__ = ["Cycler"]
@@ -30,6 +30,10 @@ class Cycler(IterDataPipe):
     #: It restarts its input between rounds: a reading service refuses it after its workers.
     restarts_its_input = True
 
+    @property
+    def restarts_inputs(self) -> bool:
+        return True
+
     def __init__(self, source: IterDataPipe, count: int | None = None) -> None:
         check_int("count", count, minimum=0, allow_none=True, hint="use None to repeat forever")
         self.source = source
@@ -37,8 +41,8 @@ class Cycler(IterDataPipe):
         self.reset()
 
     def reset(self) -> None:
-        if getattr(self, "_round", 0):  # the source was left in a later round: back to 0
-            set_pipeline_round(self.source, 0)
+        if getattr(self, "_round", 0) or self._round_number():  # left in a later round
+            set_input_round(self, self.source, 0)
         self._round = 0
         self._yielded = False  # whether the current round produced an item
         self._done = self.count == 0
@@ -64,7 +68,7 @@ class Cycler(IterDataPipe):
             raise StopIteration
         self._round += 1
         self._yielded = False
-        set_pipeline_round(self.source, self._round)
+        set_input_round(self, self.source, self._round)
         reset_pipeline(self.source)
 
     def __len__(self) -> int:
@@ -81,7 +85,7 @@ class Cycler(IterDataPipe):
         self._round = fields.int("round", maximum=last)
         self._yielded = fields.bool("yielded")
         self._done = fields.bool("done")
-        set_pipeline_round(self.source, self._round)
+        set_input_round(self, self.source, self._round)
 
     def __repr__(self) -> str:
         return f"Cycler(count={self.count!r})"

@@ -32,7 +32,7 @@ from typing import Any
 from ..errors import StateError
 from ._base import IterDataPipe
 from ._context import current_stamp, derive_seed, restore_stamp
-from ._pipeline import reset_pipeline, set_pipeline_round
+from ._pipeline import reset_pipeline, set_input_round
 from ._zip import check_inputs
 
 __all__ = ["Multiplexer"]
@@ -126,9 +126,10 @@ class Multiplexer(IterDataPipe):
         self.reset()
 
     def reset(self) -> None:
+        restarted = self._round_number()  # this mix repeated by a block further down
         for dp, round_number in zip(self.datapipes, getattr(self, "_rounds", ())):
-            if round_number:  # a restarted source starts the next iteration at round 0
-                set_pipeline_round(dp, 0)
+            if round_number or restarted:  # a restarted source starts again at round 0
+                set_input_round(self, dp, 0)
         count = len(self.datapipes)
         # torchdata's mux: the round being read, the complete round being emitted.
         self._filling: list[tuple[Any, Any]] = []
@@ -145,6 +146,10 @@ class Multiplexer(IterDataPipe):
         # position (a tar shard) goes on from its own stamp, as it would alone in a worker.
         self._contexts: list[tuple] = [_NO_STAMP] * count
         self._done = False
+
+    @property
+    def restarts_inputs(self) -> bool:
+        return self.stop == "cycle"
 
     # -- iteration --------------------------------------------------------------
     def async_next(self) -> Any:
@@ -209,7 +214,7 @@ class Multiplexer(IterDataPipe):
             self._done = all(self._gone[i] for i in mixed)
         else:  # cycle: restart the source, with new seeds upstream
             self._rounds[index] += 1
-            set_pipeline_round(self.datapipes[index], self._rounds[index])
+            set_input_round(self, self.datapipes[index], self._rounds[index])
             reset_pipeline(self.datapipes[index])
             self._contexts[index] = _NO_STAMP
         self._yielded[index] = False
@@ -294,8 +299,8 @@ class Multiplexer(IterDataPipe):
         self._done = bool(state["done"])
         self._load_contexts(state)
         for dp, round_number in zip(self.datapipes, self._rounds):
-            if round_number:
-                set_pipeline_round(dp, round_number)
+            if round_number or self._round_number():
+                set_input_round(self, dp, round_number)
 
     def _load_contexts(self, state: dict[str, Any]) -> None:
         contexts = state.get("contexts")  # absent from states saved before it was kept

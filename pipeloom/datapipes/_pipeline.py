@@ -14,6 +14,7 @@ from .._walk import not_a_block, walk_upstream
 from ..errors import StateError
 from ._attributes import attribute_values
 from ._base import DataPipe
+from ._context import derive_seed
 
 __all__ = [
     "check_declared_inputs",
@@ -25,6 +26,7 @@ __all__ = [
     "seed_pipeline",
     "set_pipeline_epoch",
     "set_pipeline_round",
+    "set_input_round",
     "start_iteration",
     "upstream_blocks",
 ]
@@ -77,6 +79,7 @@ def start_iteration(output: DataPipe) -> None:
     """What a top-level ``iter(block)`` does first: check the inputs, restart every block."""
     blocks = walk_upstream(output)
     refuse_hidden_inputs(blocks)
+    refuse_restarting_shared_blocks(blocks)
     for block in blocks:
         block._restart()
 
@@ -122,6 +125,17 @@ def set_pipeline_round(output: DataPipe, round_number: int) -> None:
         block._enter_round(round_number)
 
 
+def set_input_round(block: DataPipe, source: DataPipe, local: int) -> None:
+    """Start repetition ``local`` of ``source``, an input that ``block`` repeats.
+
+    ``block`` may itself be in a later round of a repetition further down (a cycle
+    inside a cycle): its input's round then combines both, so every outer round
+    draws new seeds too instead of replaying the first one's.
+    """
+    own = block._round_number()
+    set_pipeline_round(source, derive_seed(own, local) if own else local)
+
+
 def check_declared_inputs(output: DataPipe) -> None:
     """Fail early on blocks the graph cannot see or chain: ``DataLoader`` calls it.
 
@@ -145,6 +159,39 @@ def check_declared_inputs(output: DataPipe) -> None:
                 f"'{shadowing[0]}_size' or '_{shadowing[0]}')"
             )
     refuse_hidden_inputs(blocks)
+    refuse_restarting_shared_blocks(blocks)
+
+
+def refuse_restarting_shared_blocks(blocks: Sequence[DataPipe]) -> None:
+    """Raise if a block restarts an input whose upstream another branch also reads.
+
+    ``cycle`` and ``mux(stop="cycle")`` restart an exhausted input and every block
+    upstream of it. When one of those (a ``fork`` or ``demux`` parent) also feeds a
+    branch outside that input, the restart would make that branch read its items
+    again, or lose its place.
+    """
+    restarting = [block for block in blocks if block.restarts_inputs]
+    if not restarting:
+        return
+    readers: dict[int, list[DataPipe]] = {}
+    for block in blocks:
+        for parent in block.parents:
+            readers.setdefault(id(parent), []).append(block)
+    for block in restarting:
+        for source in block.parents:
+            inside = walk_upstream(source)
+            allowed = {id(b) for b in inside} | {id(block)}
+            for shared in inside:
+                outside = [r for r in readers.get(id(shared), ()) if id(r) not in allowed]
+                if outside:
+                    raise ValueError(
+                        f"{block!r} restarts {source!r} when it runs out, and with it "
+                        f"{shared!r}, which is also read by {outside[0]!r} outside that "
+                        f"input (e.g. the other child of a fork or demux): that branch "
+                        f"would read its items again or lose them. Repeat the stream "
+                        f"before splitting it (e.g. .cycle(n).fork(2)), or use "
+                        f"mux(stop='all')"
+                    )
 
 
 def _shadowed(block: DataPipe, names: list[str]) -> list[str]:

@@ -37,6 +37,7 @@ class SeparateProcessReader(IterDataPipe):
     """
 
     inputs = ()  # the block runs in the other process, not in this pipeline
+    restartable = False  # its stream is produced once per epoch
 
     def __init__(self, block: IterDataPipe, *, start_method: str | None, prefetch: int) -> None:
         self.block_repr = repr(block)

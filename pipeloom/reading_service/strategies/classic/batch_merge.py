@@ -29,6 +29,7 @@ class BatchMerge(IterDataPipe):
     """The workers' whole batches as one stream, in run order."""
 
     inputs = ()
+    restartable = False  # its stream is produced once per epoch
 
     def __init__(self, *, run_size: int) -> None:
         self.run_size = run_size

@@ -74,6 +74,7 @@ class WorkerMerge(IterDataPipe):
     """The workers' outputs as one stream, in source-position order."""
 
     inputs = ()
+    restartable = False  # its stream is produced once per epoch
 
     def __init__(
         self,

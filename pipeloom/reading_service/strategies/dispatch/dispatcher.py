@@ -67,6 +67,7 @@ class Dispatcher(IterDataPipe):
     """
 
     inputs = ()  # the source is attached per epoch: it runs beside the main part, not in it
+    restartable = False  # its stream is produced once per epoch
 
     def __init__(
         self,
