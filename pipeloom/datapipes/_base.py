@@ -44,7 +44,7 @@ from ._functional import IterFunctional, MapFunctional
 from ._nesting import NESTING, nested_call
 from ._numbering import Numbering, install_numbering, stamp_position
 from ._numbering import overrides as _overrides
-from ._reader import BlockingReader
+from ._reader import BlockingIterator, BlockingReader
 
 __all__ = ["DataPipe", "IterDataPipe", "MapDataPipe"]
 
@@ -433,7 +433,7 @@ class IterDataPipe(IterFunctional, DataPipe):
             from ._pipeline import start_iteration
 
             start_iteration(self)
-        return _BlockingIterator(self)
+        return BlockingIterator(self)
 
     def __len__(self) -> int:
         raise TypeError(
@@ -493,29 +493,3 @@ class MapDataPipe(MapFunctional, DataPipe):
 
 def _blocks_in(value: Any) -> list[DataPipe]:
     return blocks_in(value, DataPipe)
-
-
-class _BlockingIterator(Iterator[Any]):
-    """What ``iter(block)`` returns for an async block."""
-
-    __slots__ = ("_pipe", "_token", "_reader")
-
-    def __init__(self, pipe: IterDataPipe) -> None:
-        self._pipe = pipe
-        self._token = pipe._pl_iter_token
-        self._reader: BlockingReader | None = None
-
-    def __next__(self) -> Any:
-        pipe = self._pipe
-        if pipe._pl_iter_token != self._token:
-            raise RuntimeError(
-                f"this iterator over {pipe!r} is no longer valid: the pipeline was "
-                f"restarted by a newer iter() or reset. A block runs one iteration at a "
-                f"time; use .fork(2) to consume the same stream twice"
-            )
-        try:
-            return pipe.async_next()
-        except NotAvailable:
-            if self._reader is None:
-                self._reader = BlockingReader(pipe)
-            return self._reader.next()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from .._walk import walk_upstream
 from ..errors import NotAvailable
 from ..events import ReadinessSource, Waiter
 
-__all__ = ["BlockingReader"]
+if TYPE_CHECKING:
+    from ._base import IterDataPipe
+
+__all__ = ["BlockingIterator", "BlockingReader"]
 
 
 class BlockingReader:
@@ -79,3 +83,29 @@ class BlockingReader:
             self.close()
         except Exception:  # interpreter shutdown
             pass
+
+
+class BlockingIterator(Iterator[Any]):
+    """What ``iter(block)`` returns for an async block."""
+
+    __slots__ = ("_pipe", "_token", "_reader")
+
+    def __init__(self, pipe: IterDataPipe) -> None:
+        self._pipe = pipe
+        self._token = pipe._pl_iter_token
+        self._reader: BlockingReader | None = None
+
+    def __next__(self) -> Any:
+        pipe = self._pipe
+        if pipe._pl_iter_token != self._token:
+            raise RuntimeError(
+                f"this iterator over {pipe!r} is no longer valid: the pipeline was "
+                f"restarted by a newer iter() or reset. A block runs one iteration at a "
+                f"time; use .fork(2) to consume the same stream twice"
+            )
+        try:
+            return pipe.async_next()
+        except NotAvailable:
+            if self._reader is None:
+                self._reader = BlockingReader(pipe)
+            return self._reader.next()

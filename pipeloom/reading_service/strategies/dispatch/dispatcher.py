@@ -59,8 +59,7 @@ class Dispatcher(IterDataPipe):
             per-item blocks after it, fed by a ``BatchFeed``) batches here.
         batch_chain: see ``first_unit_chunk``.
         relayed: chunks whose workers build the batches they complete (module docstring).
-        batches_ahead: relayed: the batches the chunks in flight should make (fewer
-            chunks than ``max_units`` when each makes several; ``budget.py``).
+        batches_ahead: relayed: the batches the chunks in flight should make (``budget.py``).
 
     An error of the source is raised after the outputs of every unit read
     before it, as in-process: the batches made before it all arrive first.
