@@ -17,7 +17,6 @@ import tarfile
 import threading
 
 import pytest
-import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +26,7 @@ from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.strategies.dispatch import pool
 from tests.own_resources import OwnResources
-from tests.reading_service.test_relayed_chunks import gated
+from tests.reading_service.test_relayed_chunks import decode, gated, tar_pipeline
 from tests.reading_service.test_strategies import plain
 
 
@@ -115,23 +114,6 @@ def write_shards(root, counts):
                     tar.addfile(info, io.BytesIO(data))
 
 
-def decode(sample):
-    return torch.tensor(list(sample["x"])) + int(item_rng().integers(100)), int(sample["cls"])
-
-
-def tar_pipeline(root, batch):
-    return (
-        FileLister(root, "shard-*.tar")
-        .sharding_filter()
-        .open_files("rb")
-        .load_from_tar()
-        .webdataset()
-        .map(decode)
-        .batch(batch)
-        .collate()
-    )
-
-
 def delivered_until_error(pipe, service):
     """The batches delivered, then the error the loader raised (None if it did not)."""
     got = []
@@ -156,7 +138,7 @@ def test_an_unreadable_shard_raises_after_the_whole_samples_before_it_everywhere
     data = bytearray(path.read_bytes())
     data = bytearray(b"garbage" * 100) if damage == "garbage" else data[:100]
     path.write_bytes(bytes(data))
-    expected, error = delivered_until_error(tar_pipeline(str(tmp_path), 3), None)
+    expected, error = delivered_until_error(tar_pipeline(str(tmp_path), 3, shuffle=False), None)
     assert [batch[1] for batch in expected] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
     assert type(error).__name__ == "ReadError" and "shard-1.tar" in str(error)
     for service in (
@@ -164,7 +146,9 @@ def test_an_unreadable_shard_raises_after_the_whole_samples_before_it_everywhere
         MultiProcessingReadingService(3, strategy="chunked", timeout=20),
         ThreadReadingService(2),
     ):
-        got, got_error = delivered_until_error(tar_pipeline(str(tmp_path), 3), service)
+        got, got_error = delivered_until_error(
+            tar_pipeline(str(tmp_path), 3, shuffle=False), service
+        )
         assert got == expected
         assert type(got_error) is type(error) and str(got_error).startswith(str(error))
 

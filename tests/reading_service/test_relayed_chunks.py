@@ -81,10 +81,10 @@ def decode(sample):
     return torch.tensor(list(sample["x"])) + int(item_rng().integers(100)), int(sample["cls"])
 
 
-def tar_pipeline(root, batch=4):
+def tar_pipeline(root, batch=4, shuffle=True):
+    shards = FileLister(root, "shard-*.tar")
     return (
-        FileLister(root, "shard-*.tar")
-        .shuffle()
+        (shards.shuffle() if shuffle else shards)
         .sharding_filter()
         .open_files("rb")
         .load_from_tar()
