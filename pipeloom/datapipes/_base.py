@@ -446,6 +446,10 @@ class IterDataPipe(IterFunctional, DataPipe):
         self._pl_iter_token += 1
         super()._restart()
 
+    def _iteration(self) -> int:
+        """Which restart the block is in (an iterator of an earlier one is stale)."""
+        return self._pl_iter_token
+
 
 class MapDataPipe(MapFunctional, DataPipe):
     """A block with random access by index.

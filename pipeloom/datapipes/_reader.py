@@ -92,12 +92,12 @@ class BlockingIterator(Iterator[Any]):
 
     def __init__(self, pipe: IterDataPipe) -> None:
         self._pipe = pipe
-        self._token = pipe._pl_iter_token
+        self._token = pipe._iteration()
         self._reader: BlockingReader | None = None
 
     def __next__(self) -> Any:
         pipe = self._pipe
-        if pipe._pl_iter_token != self._token:
+        if pipe._iteration() != self._token:
             raise RuntimeError(
                 f"this iterator over {pipe!r} is no longer valid: the pipeline was "
                 f"restarted by a newer iter() or reset. A block runs one iteration at a "
