@@ -54,6 +54,28 @@ def _check_count(archive: zipfile.ZipFile, path: str) -> None:
         )
 
 
+def _is_directory(info: zipfile.ZipInfo, path: str) -> bool:
+    """Whether a central directory entry is a directory; raise if its name is damaged.
+
+    ``zipfile`` cuts a name at its first NUL byte, and a name ending in ``/``
+    is a directory: one changed byte would turn a member into an empty name or
+    into a directory that is skipped, silently. A directory holds no data.
+    """
+    if not info.filename:
+        raise zipfile.BadZipFile(
+            f"zip archive {path!r}: a central directory entry has an empty name: "
+            "the directory is damaged"
+        )
+    if not info.is_dir():
+        return False
+    if info.file_size:
+        raise zipfile.BadZipFile(
+            f"zip archive {path!r}: entry {info.filename!r} is named as a directory but holds "
+            f"{info.file_size} bytes: the directory is damaged, and a member would be lost"
+        )
+    return True
+
+
 class ZipArchiveLoader(StreamReader):
     """Yield ``(archive_path/member, stream)`` for each file in each zip archive.
 
@@ -99,7 +121,7 @@ class ZipArchiveLoader(StreamReader):
             raise zipfile.BadZipFile(f"{path!r} is not a readable zip archive: {error}") from error
         with archive:
             _check_count(archive, path)
-            members = [info for info in archive.infolist() if not info.is_dir()]
+            members = [info for info in archive.infolist() if not _is_directory(info, path)]
             for info in members[skip:]:
                 try:
                     data = archive.read(info)

@@ -280,6 +280,21 @@ def test_a_changed_zip_byte_raises_naming_the_archive_or_changes_nothing(positio
         assert members == ZIP_MEMBERS
 
 
+@pytest.mark.parametrize(
+    "xor, message",
+    [
+        (ord("m"), "empty name"),  # 'm0.txt' -> '\x000.txt': zipfile cuts the name at the NUL
+        (ord("t") ^ ord("/"), "named as a directory but holds"),  # 'm0.txt' -> 'm0.tx/'
+    ],
+)
+def test_a_damaged_zip_member_name_never_hides_the_member(xor, message):
+    name = ZIP.index(b"PK\x01\x02") + 46  # the first central directory entry's name
+    damaged = bytearray(ZIP)
+    damaged[name + (0 if message == "empty name" else 5)] ^= xor
+    with pytest.raises(zipfile.BadZipFile, match=f"'a.zip'.*{message}"):
+        _zip_members(bytes(damaged))
+
+
 def test_a_damaged_zip_central_directory_entry_never_drops_the_members_after_it():
     directory = ZIP.index(b"PK\x01\x02")
     damaged = bytearray(ZIP)
