@@ -35,6 +35,8 @@ class CompatIterator(Iterator[Any]):
         self.delivered = 0
         self.finished = False
         self.stopped_by: str | None = None  # the exception that escaped a step
+        self.skipped = 0  # batches before this plan: delivered ones, and failed ones
+        self.can_go_on = False
         for _ in range(skip):  # an iterable dataset resumes by re-reading: drop what was seen
             next(self._items, None)
             self.delivered += 1
@@ -45,14 +47,7 @@ class CompatIterator(Iterator[Any]):
             steps.let_others_in()
         with steps.lock:
             if self.stopped_by is not None:
-                raise RuntimeError(
-                    f"this epoch stopped when {self.stopped_by} escaped next() at batch "
-                    f"{self.delivered}; torch's DataLoader would go on with the next batch, "
-                    f"pipeloom.compat does not (the pipeline may hold part of the failed "
-                    f"batch). To skip bad samples, catch the error in __getitem__ (or "
-                    f"collate_fn); to go on, start a new epoch with iter(loader) or resume "
-                    f"from a checkpoint"
-                )
+                self._go_on_or_refuse()
             try:
                 item = next(self._items)
             except StopIteration:
@@ -61,9 +56,36 @@ class CompatIterator(Iterator[Any]):
                 raise
             except BaseException as error:
                 self.stopped_by = self.stopped_by or type(error).__name__
+                self.can_go_on = self._loader.can_go_on_after(error)
                 raise
             self.delivered += 1
             return item
+
+    def _go_on_or_refuse(self) -> None:
+        """After a failed batch: go on with the next one, as torch's iterator does.
+
+        The epoch restarts from the batch after the failed one (the remaining
+        plan, as a resume from a checkpoint would): batches and order are
+        torch's; worker processes start their global-RNG streams afresh.
+        """
+        if not self.can_go_on:
+            raise RuntimeError(
+                f"this epoch stopped when {self.stopped_by} escaped next() at batch "
+                f"{self.skipped + self.delivered}, and it cannot go on ({self._can_go_on_why()}). "
+                f"To skip bad samples, catch the error in __getitem__ (or collate_fn); to go "
+                f"on, start a new epoch with iter(loader) or resume from a checkpoint"
+            )
+        after = self.delivered + 1  # the failed batch is skipped, not delivered
+        self.plan = EpochPlan(self.plan.entries.tail(after), self.plan.base_seed)
+        self.skipped += after
+        self.delivered = 0
+        self.stopped_by = None
+        self._items = self._loader.run_plan(self.plan, self._items)
+
+    def _can_go_on_why(self) -> str:
+        if self._loader.is_iterable:
+            return "an IterableDataset's iterator cannot be resumed past the error"
+        return "the error was not raised by the dataset or collate_fn"
 
     def __len__(self) -> int:
         return len(self._loader)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -16,7 +16,7 @@ from .. import loader as pipeloom_loader
 from .._shutdown import ShutsDown
 from .._steps import StepGate
 from ..datapipes import default_collate
-from ..errors import StateError
+from ..errors import PipeloomError, StateError, WorkerError, WorkerTimeout
 from ._args import (
     STRATEGIES,
     check_dataset_args,
@@ -240,9 +240,7 @@ class DataLoader(ShutsDown):
             self._final_state = self._final_error = None
             self._close_current()  # the workers go idle before the next plan is published
             plan, delivered = self._next_plan()
-            self._setup.base_seed = plan.base_seed
-            if self._board.publish(plan) and self._engine is not None and self.persistent_workers:
-                self._stop_engine()  # the plan outgrew the shared buffer the workers hold
+            self._publish(plan)
             if self._engine is not None and self._copies_dataset_once():
                 # torch sends the dataset to new workers at every epoch: changes made to it
                 # between epochs (a curriculum) must reach them, as under fork.
@@ -280,7 +278,10 @@ class DataLoader(ShutsDown):
 
         Raises:
             StateError: called from inside a step (a signal handler that
-                interrupted ``next()``), or an exception escaped ``next()``.
+                interrupted ``next()``), or an exception escaped ``next()`` that
+                the epoch cannot go on after (a dead worker, a timeout, an
+                ``IterableDataset``). After a failed batch of a map-style dataset
+                the state resumes with the batch after it, as ``next()`` would.
         """
         self._steps.refuse_inside_a_step("state_dict()")
         with self._steps.between():
@@ -325,7 +326,7 @@ class DataLoader(ShutsDown):
         self.settle_draws()  # the generators as they will be when this epoch ends
         current = self._current() if self._current is not None else None
         epoch: dict[str, Any] | None = None
-        if current is not None and current.stopped_by is not None:
+        if current is not None and current.stopped_by is not None and not current.can_go_on:
             raise StateError(
                 f"no exact position to save: {current.stopped_by} escaped next(loader) while "
                 f"batch {current.delivered} was being made, so the random generators may be "
@@ -339,8 +340,8 @@ class DataLoader(ShutsDown):
             epoch = {
                 "entries": None if self._iterable else current.plan.entries.to_state(),
                 "base_seed": current.plan.base_seed,
-                "delivered": current.delivered,
-            }
+                "delivered": current.delivered + (current.stopped_by is not None),
+            }  # after a failed batch: the batches after it, as next() goes on
         return {
             "version": STATE_VERSION,
             "kind": "iterable" if self._iterable else "map",
@@ -423,6 +424,39 @@ class DataLoader(ShutsDown):
             entries = PlanEntries.from_outputs(list(iterator))
         assert entries is not None and self._base_seed is not None
         return EpochPlan(entries, self._base_seed), 0
+
+    def _publish(self, plan: EpochPlan) -> None:
+        self._setup.base_seed = plan.base_seed
+        if self._board.publish(plan) and self._engine is not None and self.persistent_workers:
+            self._stop_engine()  # the plan outgrew the shared buffer the workers hold
+
+    @property
+    def is_iterable(self) -> bool:
+        """True over an ``IterableDataset``."""
+        return self._iterable
+
+    def can_go_on_after(self, error: BaseException) -> bool:
+        """Whether an epoch can go on after ``error`` escaped ``next()``, as torch's does.
+
+        Only over a map-style dataset (its plan says which batches come next),
+        and only after an exception of the user's code (``__getitem__``,
+        ``collate_fn``, the sampler's batches): not after a dead worker, a
+        timeout or an interrupt.
+        """
+        if self._iterable or not isinstance(error, Exception) or isinstance(error, WorkerTimeout):
+            return False
+        origin = error if isinstance(error, WorkerError) else error.__cause__
+        if isinstance(origin, WorkerError):
+            return origin.original_type is not None  # None: the worker died
+        return not isinstance(error, PipeloomError)
+
+    def run_plan(self, plan: EpochPlan, abandoned: Iterator[Any]) -> Iterator[Any]:
+        """The batches of ``plan`` (the rest of an epoch) in place of ``abandoned``'s."""
+        invalidate = getattr(abandoned, "invalidate", None)
+        if invalidate is not None:
+            invalidate()
+        self._publish(plan)
+        return iter(self._ensure_engine())
 
     def settle_draws(self) -> None:
         """Make the draws torch's sampler makes after the epoch's last index (see ``_sampling``)."""

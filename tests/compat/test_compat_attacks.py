@@ -12,6 +12,7 @@ import functools
 import os
 import pathlib
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -565,28 +566,129 @@ def test_a_failing_sample_names_the_worker_and_the_batch_as_torch_does():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "num_workers, kwargs",
+    [
+        (0, dict(shuffle=False)),  # the last batch fails too
+        (0, {}),
+        (2, {}),
+        (2, dict(persistent_workers=True)),
+        (2, dict(strategy="economic")),
+        (2, dict(strategy="chunked")),
+    ],
+)
+def test_next_after_a_failed_batch_goes_on_with_the_next_as_torch_does(num_workers, kwargs):
+    # Code written for torch may catch a bad batch's error and call next() again.
+    dataset = Kinds(12, "int_or_float")
+    collate = functools.partial(fail_on, {2, 6, 10})  # the batches holding them fail
+    args = dict(batch_size=2, num_workers=num_workers, collate_fn=collate, shuffle=True)
+    both = ("shuffle", "persistent_workers")  # torch's arguments, given to both loaders
+    args.update((key, kwargs.pop(key)) for key in both if key in kwargs)
+    theirs = tud.DataLoader(dataset, generator=torch.Generator().manual_seed(3), **args)
+    ours = DataLoader(dataset, generator=torch.Generator().manual_seed(3), **args, **kwargs)
+    for _ in range(2):  # and the next epoch starts as torch's does
+        steps = outcomes(ours)
+        assert steps == outcomes(theirs)
+        assert sum(isinstance(step, str) for step in steps) >= 2  # two may share a batch
+    ours.shutdown()
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_next_after_a_failed_batch_says_torch_would_go_on_and_how_to_skip(num_workers):
-    # torch yields the batches after a failed one; ours cannot, and must say so clearly.
-    dataset = Kinds(6, "int_or_float")
-    collate = functools.partial(fail_on, 2)
-    theirs = iter(
-        tud.DataLoader(dataset, batch_size=2, num_workers=num_workers, collate_fn=collate)
-    )
-    ours = iter(DataLoader(dataset, batch_size=2, num_workers=num_workers, collate_fn=collate))
-    for epoch in (theirs, ours):
-        assert next(epoch) == [0.5, 1]
-        with pytest.raises(ValueError, match="bad sample 2"):
+def test_a_state_taken_after_a_failed_batch_resumes_with_the_batch_after_it(num_workers):
+    def build() -> DataLoader:
+        collate = functools.partial(fail_on, {2, 6, 10})
+        return DataLoader(
+            Kinds(12, "int_or_float"), batch_size=2, num_workers=num_workers, collate_fn=collate
+        )
+
+    going_on = build()
+    epoch = iter(going_on)
+    assert next(epoch) == [0.5, 1]
+    with pytest.raises(ValueError, match="bad sample 2"):
+        next(epoch)
+    resumed = build()
+    resumed.load_state_dict(going_on.state_dict())
+    tail = outcomes(resumed)
+    assert tail == [[4.5, 5], "bad sample 6", [8.5, 9], "bad sample 10"]
+    assert rest(epoch) == tail  # what going on gives
+    going_on.shutdown()
+    resumed.shutdown()
+
+
+class StreamFailsAt3(tud.IterableDataset):
+    def __iter__(self) -> Any:
+        for i in range(6):
+            if i == 3:
+                raise ValueError("bad sample 3")
+            yield i
+
+
+def test_an_iterable_dataset_refuses_to_go_on_after_a_failed_batch_saying_why():
+    epoch = iter(DataLoader(StreamFailsAt3(), batch_size=2))
+    assert next(epoch).tolist() == [0, 1]
+    with pytest.raises(ValueError, match="bad sample 3"):
+        next(epoch)
+    with pytest.raises(RuntimeError, match="cannot go on .*IterableDataset"):
+        next(epoch)
+
+
+class DrawsThenFails(tud.Dataset):
+    """Item ``i`` is a draw from torch's global RNG; item 5 draws, then raises."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int) -> float:
+        drawn = torch.rand(1).item()
+        if index == 5:
+            raise ValueError("bad sample 5")
+        return drawn
+
+
+def test_in_process_the_batches_after_a_failed_one_draw_what_torchs_draw():
+    def steps(cls: type) -> list[Any]:
+        torch.manual_seed(0)
+        return [
+            step if isinstance(step, str) else step.tolist()
+            for step in outcomes(cls(DrawsThenFails(), batch_size=2))
+        ]
+
+    assert steps(DataLoader) == steps(tud.DataLoader)
+
+
+def outcomes(loader: Any) -> list[Any]:
+    """Each step's batch or error message, to the end of the epoch (``next()`` after errors)."""
+    return rest(iter(loader))
+
+
+def rest(epoch: Any) -> list[Any]:
+    """What ``outcomes`` says of an epoch already begun."""
+    steps = []
+    while True:
+        try:
+            steps.append(next(epoch))
+        except StopIteration:
+            return steps
+        except ValueError as error:
+            steps.append(re.search(r"bad sample \d+", str(error)).group())
+
+
+@pytest.mark.timeout(120)
+def test_next_after_a_dead_worker_refuses_to_go_on_saying_why():
+    epoch = iter(DataLoader(FailsAt("kill"), batch_size=2, num_workers=2))
+    with pytest.raises(RuntimeError, match="worker process 0"):
+        for _ in range(6):
             next(epoch)
-    assert next(theirs) == [4.5, 5]
-    with pytest.raises(RuntimeError, match=r"torch's DataLoader would go on .* catch the error"):
-        next(ours)
+    with pytest.raises(RuntimeError, match="cannot go on .*not raised by the dataset"):
+        next(epoch)
 
 
-def fail_on(bad: int, batch: list[Any]) -> list[Any]:
-    """A ``collate_fn`` that raises on the batch holding item ``bad`` (as ``int_or_float``)."""
-    if bad + 0.5 in batch:
-        raise ValueError(f"bad sample {bad}")
+def fail_on(bad: set[int], batch: list[Any]) -> list[Any]:
+    """A ``collate_fn`` that raises on a batch holding an item of ``bad`` (as ``int_or_float``)."""
+    for item in bad:
+        if item + 0.5 in batch:
+            raise ValueError(f"bad sample {item}")
     return batch
 
 
