@@ -15,6 +15,7 @@ data bytes and leading zero bytes be added for free.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import numpy as np
@@ -23,9 +24,16 @@ __all__ = ["SMALL_INPUT", "crc32c", "crc32c_many", "crc32c_numpy", "mask", "mask
 
 
 def _fast_crc32c() -> Any:
-    """google-crc32c's ``value`` when it is installed with its compiled code, else None."""
+    """google-crc32c's ``value`` when it is installed with its compiled code, else None.
+
+    Without its compiled code (no wheel for this Python, e.g. a free-threaded
+    build) it warns on import and runs a byte loop in Python: the NumPy code
+    below is faster, so it is used instead, silently.
+    """
     try:
-        import google_crc32c
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            import google_crc32c
     except ImportError:
         return None
     return google_crc32c.value if google_crc32c.implementation == "c" else None

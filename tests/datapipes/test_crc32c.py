@@ -52,3 +52,26 @@ def test_crc32c_known_values_small_and_large():
 
 def test_masked_crc32c_of_nothing():
     assert masked_crc32c(b"") == 0xA282EAD8
+
+
+def test_google_crc32c_without_its_compiled_code_is_not_used_and_does_not_warn(monkeypatch):
+    # Where google-crc32c has no wheel (a free-threaded Python), it imports its pure-Python
+    # byte loop with a RuntimeWarning: slower than the NumPy code, and an error under -W error.
+    import builtins
+    import types
+    import warnings
+
+    slow = types.ModuleType("google_crc32c")
+    slow.implementation = "python"
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name != "google_crc32c":
+            return real_import(name, *args, **kwargs)
+        warnings.warn("pure python implementation", RuntimeWarning, stacklevel=2)
+        return slow
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _crc32c._fast_crc32c() is None
