@@ -8,6 +8,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -20,7 +21,7 @@ from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService
 from pipeloom.reading_service.workers import start_server
-from pipeloom.reading_service.workers.process import worker_context
+from pipeloom.reading_service.workers.process import Payload, worker_context
 from tests.own_resources import OwnResources, wait_for_exit
 from tests.reading_service import pipelines
 
@@ -200,3 +201,36 @@ def test_after_an_unpicklable_pipeline_the_server_still_starts_templates():
     with DataLoader(IterableWrapper(range(6)).sharding_filter(), _spawn(2), seed=0) as loader:
         assert sorted(loader) == list(range(6))
     assert start_server.start_server() is server and server.alive()
+
+
+def _register_exit_marker(path: str, payload: Any) -> None:
+    import atexit
+    import multiprocessing.util
+
+    atexit.register(Path(path + ".atexit").touch)
+    multiprocessing.util.Finalize(None, Path(path + ".finalize").touch, exitpriority=0)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_served_worker_runs_its_exit_handlers_as_multiprocessing_forked_children_do(
+    tmp_path, start_method
+):
+    # Python 3.13 moved a forked child's exit handlers (multiprocessing's Finalize, atexit)
+    # from Process._bootstrap to popen_fork: a worker forked by a template ran none, so
+    # worker processes' statistics (written by a Finalize) went missing under spawn.
+    marker = str(tmp_path / start_method)
+    context = worker_context(start_method)
+    payload = Payload(IterableWrapper([1]), context, start_timeout=60)
+    try:
+        process = context.Process(
+            target=_register_exit_marker, args=(marker, payload), name="exit-handlers"
+        )
+        process.start()
+        process.join(60)
+        assert process.exitcode == 0
+        process.close()
+    finally:
+        payload.close()
+    ran = {kind for kind in ("atexit", "finalize") if Path(f"{marker}.{kind}").exists()}
+    assert "finalize" in ran  # on every Python
+    assert ("atexit" in ran) == (sys.version_info >= (3, 13))  # as popen_fork's children

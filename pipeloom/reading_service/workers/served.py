@@ -7,12 +7,14 @@ descriptors sent with it (``SCM_RIGHTS``), then the bytes.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import gc
 import io
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.spawn
+import multiprocessing.util
 import os
 import pickle
 import signal
@@ -258,8 +260,18 @@ class _WorkerUnpickler(pickle.Unpickler):
 
 
 def _worker_main(data: bytes, fds: list[int], loaded: _Loaded) -> None:
-    """In a worker forked from the template: unpickle its arguments, run, exit."""
+    """In a worker forked from the template: unpickle its arguments, run, exit.
+
+    It exits as ``multiprocessing``'s forked children do on this Python: from
+    3.13 on, their exit handlers (``multiprocessing.util.Finalize``, the
+    worker's ``atexit`` functions) run in ``popen_fork``, no longer in
+    ``Process._bootstrap``.
+    """
     code = 1
+    exit_handlers = sys.version_info >= (3, 13)
+    if exit_handlers:
+        atexit._clear()  # type: ignore[attr-defined]  # the template's, as popen_fork does
+        atexit.register(multiprocessing.util._exit_function)  # type: ignore[attr-defined]
     try:
         inherited_fds[:] = fds
         target, args, name = _WorkerUnpickler(io.BytesIO(data), loaded).load()
@@ -268,6 +280,8 @@ def _worker_main(data: bytes, fds: list[int], loaded: _Loaded) -> None:
     except BaseException:  # noqa: BLE001 - report, then exit
         traceback.print_exc()
     finally:
+        if exit_handlers:
+            atexit._run_exitfuncs()  # type: ignore[attr-defined]
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
