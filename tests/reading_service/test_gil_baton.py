@@ -4,6 +4,7 @@ that it never changes the output, and that errors and early stops release it."""
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 
 import pytest
@@ -29,6 +30,12 @@ BUSY = Window(wall=0.01, cpu=0.01, puts=10, waited=False)  # one core, 1000 outp
 GIL_FREE = Window(wall=0.01, cpu=0.02, puts=10, waited=False)  # two cores
 WAITING = Window(wall=0.01, cpu=0.0005, puts=10, waited=False)  # sleeps, I/O
 BEHIND_CONSUMER = Window(wall=0.01, cpu=0.0005, puts=2, waited=True)
+
+
+@pytest.fixture(autouse=True)
+def _with_a_gil(monkeypatch):
+    """These tests judge the baton where there is a GIL, also on a free-threaded build."""
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)
 
 
 def on_window(puts: int = 10, held_cpu: float = 0.01) -> Window:
@@ -371,3 +378,17 @@ def test_with_the_baton_off_workers_never_touch_it():
     with DataLoader(IterableWrapper(range(30)).sharding_filter(), service, seed=0) as loader:
         assert list(loader) == list(range(30))
         assert service._runner.pool._baton is None  # noqa: SLF001
+
+
+@pytest.mark.parametrize(("gil", "expected"), [(True, "auto"), (False, "off")])
+def test_auto_is_off_where_python_runs_without_the_gil(monkeypatch, gil, expected):
+    # A free-threaded build (3.13t/3.14t) has no GIL to hand over: the baton would only serialize.
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: gil, raising=False)
+    assert BatonPolicy("auto").mode == expected
+    assert BatonPolicy("on").mode == "on"  # forced, e.g. to measure it
+    service = ThreadReadingService(2)
+    with DataLoader(IterableWrapper(range(20)).sharding_filter(), service, seed=0) as loader:
+        assert list(loader) == list(range(20))
+        pool = service._runner.pool  # noqa: SLF001
+        assert pool.baton_statistics().mode == expected
+        assert (pool._baton is None) == (not gil)  # noqa: SLF001
