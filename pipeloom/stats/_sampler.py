@@ -43,6 +43,7 @@ __all__ = [
     "read_reports",
     "register_boundary",
     "report_target",
+    "report_to",
     "sampler",
 ]
 
@@ -394,6 +395,26 @@ def _at_worker_bootstrap(_: object) -> None:
     current = _SAMPLER[0]
     if current is not None and current.report_dir is not None:
         multiprocessing.util.Finalize(None, current.write_report, exitpriority=0)
+
+
+def report_to(target: str | None) -> None:
+    """In a new worker process: report to ``target`` (a ``PIPELOOM_STATS_DIR`` value, or None).
+
+    For a process whose environment came from a fork server, not its loader:
+    the sampler started for the inherited value (if any) stops without writing.
+    """
+    if os.environ.get(ENV_DIR) == target:
+        return
+    stale = _SAMPLER[0]
+    if stale is not None and stale.report_dir is not None:
+        stale.report_dir = None  # writes nothing where another loader listens
+        stale.release()
+    if target is None:
+        os.environ.pop(ENV_DIR, None)
+    else:
+        os.environ[ENV_DIR] = target
+    _start_in_worker_process()
+    _at_worker_bootstrap(None)
 
 
 class _Key:  # the after-fork registry holds its keys weakly: this one lives with the module

@@ -138,6 +138,18 @@ def test_worker_processes_report_their_cpu_and_memory():
 
 
 @pytest.mark.timeout(60)
+def test_forkserver_workers_report_to_the_loader_that_started_them():
+    # forkserver's children inherit the server's environment, not the loader's: the server,
+    # started by an earlier loader (or before any), knows no report directory or a stale one.
+    # (Python 3.14's default start method on Linux.)
+    for _ in range(2):
+        service = MultiProcessingReadingService(2, start_method="forkserver")
+        stats = run(one_slow_map_among_fast_ones(8), service, step=0.0)
+        uses = {use.placement: use for use in stats.processes}
+        assert uses["worker processes"].processes == 2, stats
+
+
+@pytest.mark.timeout(60)
 def test_headspace_measures_the_step_without_loading():
     pipe = IterableWrapper(range(12)).map(slow)  # 30 ms of loading per output
     with pipeloom.DataLoader(pipe, stats=True) as loader:

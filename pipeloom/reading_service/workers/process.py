@@ -47,6 +47,7 @@ from ...datapipes import DataPipe
 from ...datapipes.runtime import NO_STAMP, forget_lazy_init, restore_stamp
 from ...errors import WorkerError
 from ...graph import upstream
+from ...stats.worker_reports import reporting
 from . import atoms
 from .start_server import ServedContext, Template, TemplateGone, start_server
 
@@ -205,7 +206,9 @@ class WorkerProcess:
         self.block = block
         if process_name is None:
             process_name = f"pipeloom-{name.replace(' ', '-')}"
-        self.process = context.Process(target=target, args=args, name=process_name, daemon=True)
+        self.process = context.Process(
+            target=reporting(target), args=args, name=process_name, daemon=True
+        )
         self.process.start()
         self.pid: int = self.process.pid
         self._final_code: int | None = None  # the exit code, once the process was released
