@@ -22,7 +22,6 @@ Run it: ``python examples/custom_record_format.py``.
 from __future__ import annotations
 
 import os
-import struct
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -33,7 +32,7 @@ import numpy as np
 from pipeloom.datapipes import IterableWrapper, IterDataPipe, MapDataPipe, functional_datapipe
 from pipeloom.datapipes.runtime import forget_lazy_init
 
-_LENGTH = struct.Struct("<Q")
+_HEADER = 8  # bytes: the record's length, little-endian (plain ints pickle, for spawn)
 
 
 def write_records(path: str, records: Iterable[bytes]) -> int:
@@ -42,22 +41,23 @@ def write_records(path: str, records: Iterable[bytes]) -> int:
     with open(path, "wb") as data:
         for record in records:
             offsets.append(data.tell())
-            data.write(_LENGTH.pack(len(record)))
+            data.write(len(record).to_bytes(_HEADER, "little"))
             data.write(record)
     np.asarray(offsets, dtype="<u8").tofile(path + ".idx")
     return len(offsets)
 
 
 def _read_record(file: BinaryIO, path: str) -> bytes | None:
-    header = file.read(_LENGTH.size)
+    header = file.read(_HEADER)
     if not header:
         return None  # clean end of file
-    if len(header) < _LENGTH.size:
+    if len(header) < _HEADER:
         raise ValueError(f"{path}: truncated record header at byte {file.tell() - len(header)}")
-    (size,) = _LENGTH.unpack(header)
+    size = int.from_bytes(header, "little")
     payload = file.read(size)
     if len(payload) != size:
-        raise ValueError(f"{path}: record at byte {file.tell() - len(payload) - 8} is truncated")
+        start = file.tell() - len(payload) - _HEADER
+        raise ValueError(f"{path}: record at byte {start} is truncated")
     return payload
 
 

@@ -85,3 +85,19 @@ def test_stream_reader_gives_the_same_records_and_draws_under_every_service(tmp_
 
     ran = check_same_output_everywhere(pipeline)
     assert ran == ["in-process", "threads", "classic", "economic", "chunked"]
+
+
+@pytest.mark.timeout(60)
+def test_the_stream_reader_goes_to_forkserver_workers(tmp_path):
+    # Python 3.14's default start method on Linux pickles the pipeline: the template's
+    # module-level objects must pickle (a struct.Struct did not).
+    import pipeloom
+    from pipeloom.reading_service import MultiProcessingReadingService
+
+    paths = [str(tmp_path / f"{i}.plr") for i in range(2)]
+    for i, path in enumerate(paths):
+        example.write_records(path, [bytes([i, j]) for j in range(3)])
+    pipe = IterableWrapper(paths).read_records(return_path=False)
+    service = MultiProcessingReadingService(2, start_method="forkserver")
+    with pipeloom.DataLoader(pipe, service, seed=0) as loader:
+        assert sorted(loader) == sorted(bytes([i, j]) for i in range(2) for j in range(3))
