@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -71,8 +70,8 @@ class ThreadPoolMapper(IterDataPipe):
             isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
         ):
             raise ValueError(f"max_workers must be an int >= 1 or None, got {max_workers!r}")
-        try:
-            inspect.signature(ThreadPoolExecutor).bind(max_workers, **threadpool_kwargs)
+        try:  # starts no thread (they start with the first task); 3.14 checks in prepare_context
+            ThreadPoolExecutor(max_workers, **threadpool_kwargs).shutdown(wait=False)
         except TypeError as error:
             raise TypeError(
                 f"threadpool_map() passes {sorted(threadpool_kwargs)} to ThreadPoolExecutor, "
