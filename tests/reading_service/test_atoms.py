@@ -141,3 +141,16 @@ def test_a_big_list_of_strings_reaches_spawned_workers_intact(monkeypatch, serve
     service = MultiProcessingReadingService(2, start_method="spawn", timeout=60)
     with DataLoader(pipe, service, seed=0) as loader:
         assert sorted(loader) == [(i, table.strings[i]) for i in range(n)]
+
+
+def test_a_function_reading_self_classes_beside_torch_pickles():
+    # cloudpickle sends, with a function pickled by value, the submodules of its globals
+    # named in its code: `self.classes` beside `torch` names torch.classes, a ModuleType
+    # subclass pickle cannot pickle. A dataset in __main__ with a `classes` attribute (as
+    # ImageFolder has) failed to reach spawn/forkserver workers; torch's loader sends it.
+    import torch
+
+    namespace = {"__name__": "not_importable", "torch": torch}
+    exec("def count(self):\n    return torch.tensor(len(self.classes))", namespace)
+    count = pickle.loads(atoms.dumps(namespace["count"]))
+    assert count(Holder(classes=["cat", "dog"])).item() == 2

@@ -28,7 +28,10 @@ by another thread while the pipeline is pickled (as with ``pickle``).
 
 from __future__ import annotations
 
+import importlib
 import io
+import sys
+import types
 from typing import Any
 
 import cloudpickle
@@ -134,6 +137,10 @@ class Pickler(cloudpickle.Pickler):
         if kind is _Fast:
             self.fast = obj.on  # read by the C pickler as it goes: no memo for the items
             return bool, ()
+        if isinstance(obj, types.ModuleType) and kind is not types.ModuleType:
+            by_name = _module_by_name(obj)
+            if by_name is not None:
+                return by_name
         reduced = super().reducer_override(obj)
         if (
             reduced is not NotImplemented
@@ -184,6 +191,19 @@ class Pickler(cloudpickle.Pickler):
 def dump(obj: Any, file: Any) -> None:
     """Pickle ``obj`` into ``file`` with :class:`Pickler` (cloudpickle's protocol)."""
     Pickler(file, cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+
+
+def _module_by_name(module: types.ModuleType) -> tuple[Any, tuple[str]] | None:
+    """An imported module of a ``ModuleType`` subclass (``torch.classes``), pickled by name.
+
+    cloudpickle pickles plain modules by name, but not these: one reaches a
+    function pickled by value whose code reads an attribute of the same name
+    (``self.classes`` beside ``torch``), and pickle cannot pickle the object.
+    """
+    name = getattr(module, "__name__", None)
+    if isinstance(name, str) and sys.modules.get(name) is module:
+        return importlib.import_module, (name,)
+    return None
 
 
 def dumps(obj: Any) -> bytes:
