@@ -156,6 +156,10 @@ class TarArchiveLoader(StreamReader):
     marker must be zeros; a compressed shard's checksum is verified there) and
     closed. Resuming mid-shard re-opens the shard (see ``StreamOpener``) and
     skips the members already emitted.
+
+    ``cut_short`` is the set of shards whose rest ``"warn"``/``"skip"`` dropped
+    this epoch; ``webdataset()`` right after this block drops the last sample of
+    each, which may lack the members lost with the rest.
     """
 
     def __init__(
