@@ -413,7 +413,7 @@ def _check_layout(directory: str, index: np.ndarray, files: list[str]) -> None:
     That is how :class:`RecordWriter` writes them, so any other layout is a
     damaged index (or a data file replaced or cut under it): raised here,
     before a wrong offset reads part of another record, or a huge size
-    allocates. Vectorised: about 0.1 s per million records.
+    allocates. Vectorised: about 0.3 s per million records (on 2 shared cores).
     """
     if not len(index):
         return
