@@ -59,9 +59,12 @@ class _Decompressed(io.RawIOBase):
     the decompressor's error type with the file's path and format in front.
     """
 
-    def __init__(self, inner: IO[bytes], outer: IO[Any], path: str, kind: str) -> None:
+    def __init__(
+        self, inner: IO[bytes], outer: IO[Any], path: str, kind: str, read: _Counted | None = None
+    ) -> None:
         self._inner, self._outer = inner, outer
         self._path, self._kind = path, kind
+        self._read = read  # gzip's input, counted: an empty file is no gzip file
 
     def readable(self) -> bool:
         return True
@@ -69,6 +72,8 @@ class _Decompressed(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         try:
             data = self._inner.read(len(buffer))
+            if not data and self._read is not None and not self._read.count:
+                raise EOFError("the file is empty (0 bytes), with no gzip header")
         except (EOFError, OSError, lzma.LZMAError, zlib.error) as error:
             raise _named(error, self._path, self._kind) from error
         buffer[: len(data)] = data
@@ -81,6 +86,20 @@ class _Decompressed(io.RawIOBase):
             finally:
                 self._outer.close()
                 super().close()
+
+
+class _Counted:
+    """A stream's ``read``, counting the bytes it gave (``GzipFile`` reads an empty
+    file as empty data, where bz2 and xz say it ends before their end marker)."""
+
+    def __init__(self, stream: IO[Any]) -> None:
+        self._stream = stream
+        self.count = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self.count += len(data)
+        return data
 
 
 def _named(error: BaseException, path: str, kind: str) -> BaseException:
@@ -109,8 +128,10 @@ def decompressed(stream: IO[Any], kind: CompressionType, path: str) -> Any:
     if kind is CompressionType.ZIP:
         return zipfile.ZipFile(stream)
     if kind is CompressionType.GZIP:
-        inner: IO[bytes] = gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[assignment]
-    elif kind is CompressionType.LZMA:
+        counted = _Counted(stream)
+        inner: IO[bytes] = gzip.GzipFile(fileobj=counted, mode="rb")  # type: ignore[assignment,call-overload]
+        return io.BufferedReader(_Decompressed(inner, stream, path, kind.value, counted))
+    if kind is CompressionType.LZMA:
         inner = lzma.LZMAFile(stream)  # type: ignore[assignment]
     else:
         inner = bz2.BZ2File(stream)  # type: ignore[assignment]

@@ -43,7 +43,7 @@ import struct
 import weakref
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -51,7 +51,7 @@ import torch
 from ._context import Key, key_position
 from ._npy import load as load_npy
 
-__all__ = ["RecordReader", "RecordWriter", "combine", "damaged", "dumps", "loads"]
+__all__ = ["RecordReader", "RecordWriter", "checksums", "combine", "damaged", "dumps", "loads"]
 
 _UNCHECKED = [
     ("position", "<i8"),
@@ -242,6 +242,22 @@ def combine(directory: str, writers: Sequence[str], *, sort: bool) -> int:
     return len(merged)
 
 
+def checksums(directory: str) -> dict[str, int]:
+    """The CRC-32 of ``index.npy`` and ``files.txt`` (kept in the manifest from format 4)."""
+    return {name: _file_crc(os.path.join(directory, name)) for name in _SEALED}
+
+
+_SEALED = ("index.npy", "files.txt")
+
+
+def _file_crc(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
 class RecordReader:
     """Read records of a finished directory (see :func:`combine`) by number or position."""
 
@@ -252,10 +268,26 @@ class RecordReader:
         keyed: bool = True,
         records: int | None = None,
         checked: bool = False,
+        sealed: dict[str, int] | None = None,
     ) -> None:
-        """``checked``: the index must have checksums (else it may lack them: an older one)."""
+        """``checked``: the index must have checksums (else it may lack them: an older one).
+
+        ``sealed``: the CRC-32 of ``index.npy`` and ``files.txt`` (see :func:`checksums`),
+        checked before either is used; None for snapshots written without them.
+        """
         self.directory = directory
         self.keyed = keyed  # False: written before records kept their key's rest (format 1)
+        for name, crc in (sealed or {}).items():
+            try:
+                got = _file_crc(os.path.join(directory, name))
+            except OSError as error:
+                raise damaged(directory, f"its index cannot be read ({error})") from error
+            if got != crc:
+                raise damaged(
+                    directory,
+                    f"{name} is damaged: its CRC-32 is {got:#010x} where manifest.json says "
+                    f"{crc:#010x} (its bytes changed since the snapshot was written)",
+                )
         try:
             # A plain view of the mapped file (no np.memmap per-access overhead).
             self.index = np.asarray(load_npy(os.path.join(directory, "index.npy"), mmap_mode="r"))
@@ -264,20 +296,19 @@ class RecordReader:
         except (OSError, ValueError, EOFError) as error:
             raise damaged(directory, f"its index cannot be read ({error})") from error
         expected = [INDEX_DTYPE] if checked else [INDEX_DTYPE, UNCHECKED_INDEX_DTYPE]
-        if self.index.dtype not in expected:
-            raise damaged(directory, f"index.npy holds {self.index.dtype}, not {expected[0]}")
+        if self.index.dtype not in expected or self.index.ndim != 1:
+            raise damaged(
+                directory,
+                f"index.npy is damaged: it holds an array of shape {self.index.shape} and dtype "
+                f"{self.index.dtype}, not a 1-D array of {expected[0]}",
+            )
         self._crcs = self.index["crc"] if self.index.dtype == INDEX_DTYPE else None
         if records is not None and len(self.index) != records:
             raise damaged(
                 directory,
                 f"index.npy has {len(self.index)} records where manifest.json says {records}",
             )
-        if len(self.index) and int(self.index["file"].max()) >= len(self.files):
-            raise damaged(
-                directory,
-                f"index.npy refers to data file {int(self.index['file'].max())} but files.txt "
-                f"lists {len(self.files)}",
-            )
+        _check_layout(directory, self.index, self.files)
         self._positions = self.index["position"]
         self._fds: dict[int, int] = {}
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
@@ -374,6 +405,64 @@ class RecordReader:
     def close(self) -> None:
         """Close the data files (reopened on the next read)."""
         _close_all(self._fds)
+
+
+def _check_layout(directory: str, index: np.ndarray, files: list[str]) -> None:
+    """The index's rows must tile each data file exactly, in records of sane fields.
+
+    That is how :class:`RecordWriter` writes them, so any other layout is a
+    damaged index (or a data file replaced or cut under it): raised here,
+    before a wrong offset reads part of another record, or a huge size
+    allocates. Vectorised: about 0.3 s per million records (on 2 shared cores).
+    """
+    if not len(index):
+        return
+    file, offset, size, position, draws = (
+        index[name].astype(np.int64) for name in ("file", "offset", "size", "position", "draws")
+    )
+    checks = [
+        (file >= len(files), f"is in data file {{}}, but files.txt lists {len(files)}", file),
+        (file < 0, "is in data file {}", file),
+        (offset < 0, "starts at byte {}", offset),
+        (size < _HEAD.size, "has a size of {} bytes", size),
+        (position < _NO_POSITION, "has position {}", position),
+        (draws < 0, "has {} draws", draws),
+    ]
+    for wrong, what, values in checks:
+        if wrong.any():
+            row = int(np.argmax(wrong))
+            _index_damaged(directory, f"record {row} " + what.format(int(values[row])))
+    order = np.lexsort((offset, file))
+    file, offset, end = file[order], offset[order], (offset + size)[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = file[1:] != file[:-1]
+    start = np.where(first, 0, np.roll(end, 1))
+    if (offset != start).any():
+        row = int(np.argmax(offset != start))
+        _index_damaged(
+            directory,
+            f"record {int(order[row])} starts at byte {int(offset[row])} of "
+            f"{files[file[row]]}, where the record before it there ends at byte "
+            f"{int(start[row])} (records must follow each other)",
+        )
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = first[1:]
+    for number, stop in zip(file[last].tolist(), end[last].tolist(), strict=True):
+        try:
+            length = os.stat(os.path.join(directory, files[number])).st_size
+        except FileNotFoundError as error:
+            raise damaged(directory, f"{files[number]} is missing") from error
+        if length != stop:
+            raise damaged(
+                directory,
+                f"{files[number]} is {'shorter' if length < stop else 'longer'} than its index "
+                f"says: {length} bytes where its records end at byte {stop} (the file was cut "
+                f"or replaced since the index was written)",
+            )
+
+
+def _index_damaged(directory: str, what: str) -> NoReturn:
+    raise damaged(directory, f"index.npy is damaged: {what}")
 
 
 def _close_all(fds: dict[int, int]) -> None:

@@ -18,7 +18,13 @@ from ._pipeline import upstream_blocks
 from ._positions import authority_index, sharded_upstream
 from ._records import RecordReader
 from ._snapshot_modes import OrderedReader, Passthrough, PositionReader, Writer
-from ._snapshot_store import CHECKED_FORMAT, KEYED_FORMAT, SnapshotStore, run_name
+from ._snapshot_store import (
+    CHECKED_FORMAT,
+    KEYED_FORMAT,
+    SEALED_FORMAT,
+    SnapshotStore,
+    run_name,
+)
 
 __all__ = ["Snapshot"]
 
@@ -159,6 +165,7 @@ class Snapshot(IterDataPipe):
                     keyed=manifest["format"] >= KEYED_FORMAT,
                     records=manifest["records"],
                     checked=manifest["format"] >= CHECKED_FORMAT,
+                    sealed=manifest["checksums"] if manifest["format"] >= SEALED_FORMAT else None,
                 )
                 self._reader = reader
             authority = authority_index(self)

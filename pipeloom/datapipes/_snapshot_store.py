@@ -41,13 +41,14 @@ from typing import Any
 import numpy as np
 
 from . import _npy
-from ._records import combine, damaged
+from ._records import checksums, combine, damaged
 
 __all__ = ["SnapshotStore", "run_name"]
 
-FORMAT = 3
+FORMAT = 4
 KEYED_FORMAT = 2  # from this format on, records keep their key's rest (see _records.py)
 CHECKED_FORMAT = 3  # from this format on, the index holds each record's CRC-32
+SEALED_FORMAT = 4  # from this format on, the manifest holds the CRC-32 of index.npy, files.txt
 _LOG = logging.getLogger("pipeloom.snapshot")
 
 
@@ -88,6 +89,17 @@ class SnapshotStore:
                 self.final,
                 f"manifest.json has format {manifest['format']}; this pipeloom reads formats "
                 f"1 to {FORMAT} (a newer pipeloom wrote it?)",
+            )
+        sealed = manifest.get("checksums")
+        if manifest["format"] >= SEALED_FORMAT and not (
+            isinstance(sealed, dict)
+            and sorted(sealed) == ["files.txt", "index.npy"]
+            and all(type(crc) is int for crc in sealed.values())
+        ):
+            raise damaged(
+                self.final,
+                f"manifest.json has format {manifest['format']} but no CRC-32 of index.npy and "
+                f"files.txt ('checksums': {str(sealed)[:80]})",
             )
         return manifest
 
@@ -187,6 +199,7 @@ class SnapshotStore:
             "fingerprint": self.digest,
             "blocks": first["blocks"],
             "records": records,
+            "checksums": checksums(directory),
             "positions": positions,
             "stamper": all(s["stamper"] for s in summaries),
             "writers": writers,

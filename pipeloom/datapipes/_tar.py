@@ -156,6 +156,10 @@ class TarArchiveLoader(StreamReader):
     marker must be zeros; a compressed shard's checksum is verified there) and
     closed. Resuming mid-shard re-opens the shard (see ``StreamOpener``) and
     skips the members already emitted.
+
+    ``cut_short`` is the set of shards whose rest ``"warn"``/``"skip"`` dropped
+    this epoch; ``webdataset()`` right after this block drops the last sample of
+    each, which may lack the members lost with the rest.
     """
 
     def __init__(
@@ -188,6 +192,13 @@ class TarArchiveLoader(StreamReader):
         self.length = length
         self.on_error = on_error
         self.max_member_size = max_member_size
+        # Shards whose rest was dropped this epoch (on_error "skip"/"warn"): a sample
+        # grouped from their last members may lack fields (``webdataset`` drops it).
+        self.cut_short: set[str] = set()
+
+    def reset(self) -> None:
+        super().reset()
+        self.cut_short = set()
 
     def __len__(self) -> int:
         if self.length < 0:
@@ -238,6 +249,7 @@ class TarArchiveLoader(StreamReader):
                 message + "; pass on_error='warn' or 'skip' to drop the rest of "
                 "the shard and continue"
             ) from error
+        self.cut_short.add(path)
         if self.on_error == "warn" or suspect:
             warnings.warn(message + "; skipping the rest of this shard", UserWarning, stacklevel=3)
 

@@ -17,7 +17,9 @@ by more data (a zeroed header: GNU tar warns "A lone zero block") and data
 after the end-of-archive marker are errors, so the rest of the stream is read
 and must be zeros (which also lets a decompressor check its trailer); sizes
 are bounded before anything is read (``max_member_size`` for members, 16 MiB
-for long-name and pax headers), and pax records must be well formed.
+for long-name and pax headers), pax records must be well formed, and a
+header's checksum field is read as GNU tar reads it (octal digits after any
+spaces, then a NUL or a space), not with ``int``'s leniency ("+", "_", "0o").
 
 Example:
     >>> import io, tarfile
@@ -53,6 +55,10 @@ _PREAMBLE = frozenset(
         tarfile.SOLARIS_XHDTYPE,
     )
 )
+# A header checksum as GNU tar reads it: octal digits after any spaces, ended by a NUL, a
+# space or the field's end. Not int()'s leniency ("+", "_", "0o", tabs), which let more
+# changed bytes pass unseen (the checksum field is the one part of a header its sum skips).
+_CHECKSUM = re.compile(rb" *([0-7]+)(?:[ \0]|\Z)")
 _PAX_LENGTH = re.compile(rb"(\d{1,19}) ")
 _PAX_CHARSET = re.compile(rb"\d+ hdrcharset=([^\n]+)\n")
 _TRUNCATED = "unexpected end of data (truncated: no end-of-archive marker)"
@@ -254,11 +260,17 @@ class TarStream:
 
     def _header(self, header: bytes) -> tuple[str, int, bytes]:
         """Name, size and type flag of one (non-zero) header, checksum verified."""
-        try:  # the fields as tarfile writes them ("%06o\0 ", "%011o\0"), else in general
-            stored = int(header[148:154], 8) if header[154] == 0 else _number(header[148:156])
+        checksum = _CHECKSUM.match(header, 148, 156)
+        if checksum is None:
+            raise tarfile.ReadError(
+                f"invalid member header (checksum field {header[148:156]!r}: expected octal "
+                f"digits after any spaces, then a NUL or a space)"
+            )
+        stored = int(checksum.group(1), 8)
+        try:  # the field as tarfile writes it ("%011o\0"), else in general
             size = int(header[124:135], 8) if header[135] == 0 else _number(header[124:136])
         except ValueError:
-            stored, size = _number(header[148:156]), _number(header[124:136])
+            size = _number(header[124:136])
         unsigned = (adler32(header[:256]) & 0xFFFF) + (adler32(header[256:]) & 0xFFFF) + 254
         if stored != unsigned - sum(header[148:156]) and stored not in tarfile.calc_chksums(header):  # type: ignore[attr-defined]
             raise tarfile.ReadError("invalid member header (bad checksum)")

@@ -13,6 +13,10 @@ a local file (as the library sets it). Members without an extension, and
 metadata members (``__name__`` at the top of the shard, or under a
 ``__name__/`` directory), are skipped, as the library does.
 
+A shard whose rest ``load_from_tar(on_error="skip"|"warn")`` dropped (damaged
+or truncated) ends without its last sample: the members after the damage may
+have been its fields, so it is dropped rather than given without them.
+
 Example:
     >>> from pipeloom.datapipes import IterableWrapper
     >>> members = IterableWrapper([("https://h/s.tar/0001.jpg", b"J"),
@@ -106,6 +110,12 @@ class WebDataset(IterDataPipe):
     def reset(self) -> None:
         self._sample, self._stamp, self._ended, self._error = None, None, False, None
 
+    def _cut_short(self, sample: dict[str, Any]) -> bool:
+        """Whether ``sample`` (ended by its shard's end) may lack members: the tar loader
+        dropped the rest of its shard."""
+        cut: Any = getattr(self.source, "cut_short", ())
+        return sample["__url__"] in cut
+
     def async_next(self) -> dict[str, Any]:
         if self._error is not None:
             error, self._error = self._error, None
@@ -150,11 +160,16 @@ class WebDataset(IterDataPipe):
                 self._sample["__local_path__"] = local
             self._sample[field] = data
             done, done_stamp, self._stamp = sample, self._stamp, stamp
-            if done is not None:
+            if done is not None and not (done["__url__"] != shard and self._cut_short(done)):
                 restore_stamp(done_stamp)  # type: ignore[arg-type]
                 return done
         sample, self._sample = self._sample, None
+        if sample is not None and self._cut_short(sample):
+            sample = None
         if sample is None:
+            if self._error is not None:  # a later shard failed: after this one's end
+                pending, self._error = self._error, None
+                raise pending
             raise StopIteration
         if self._stamp is not None:
             restore_stamp(self._stamp)

@@ -227,7 +227,9 @@ def test_a_changed_compressed_byte_raises_naming_the_file_or_changes_nothing(kin
 @pytest.mark.parametrize("kind", sorted(COMPRESSED))
 def test_a_truncated_compressed_file_raises_naming_the_file(kind):
     data = COMPRESSED[kind]
-    for end in sorted({1, len(data) // 3, len(data) // 2, len(data) - 8, len(data) - 1}):
+    # 0: GzipFile read an empty file as empty data (bz2 and xz raised): a copy that
+    # failed before its first byte came out as an empty file, silently.
+    for end in sorted({0, 1, len(data) // 3, len(data) // 2, len(data) - 8, len(data) - 1}):
         with pytest.raises((EOFError, OSError), match=rf"cannot decompress 'n\.{kind}'"):
             _decompress(f"n.{kind}", data[:end])
 

@@ -121,6 +121,13 @@ def _write(path: str, data: bytes) -> None:
         file.write(data)
 
 
+def _flip(path: str, at: int) -> None:
+    with open(path, "rb") as file:
+        data = bytearray(file.read())
+    data[at] ^= 0x01
+    _write(path, bytes(data))
+
+
 DAMAGES = {
     "manifest empty": (lambda d: _write(f"{d}/manifest.json", b""), "manifest.json cannot be"),
     "manifest cut": (lambda d: _truncate(f"{d}/manifest.json", lambda n: n // 2), "manifest"),
@@ -128,16 +135,23 @@ DAMAGES = {
     "manifest {}": (lambda d: _write(f"{d}/manifest.json", b"{}"), "lacks format, records"),
     "manifest newer": (
         lambda d: _write(f"{d}/manifest.json", b'{"format": 9, "records": 40, "stamper": true}'),
-        "format 9; this pipeloom reads formats 1 to 3",
+        "format 9; this pipeloom reads formats 1 to 4",
+    ),
+    "manifest unsealed": (
+        lambda d: _write(f"{d}/manifest.json", b'{"format": 4, "records": 40, "stamper": true}'),
+        r"format 4 but no CRC-32 of index.npy and files.txt \('checksums': None\)",
     ),
     "manifest count": (
         lambda d: _write(f"{d}/manifest.json", b'{"format": 2, "records": 41, "stamper": true}'),
         "40 records where manifest.json says 41",
     ),
-    "index cut": (lambda d: _truncate(f"{d}/index.npy", lambda n: n - 32), "index cannot be"),
-    "index empty": (lambda d: _write(f"{d}/index.npy", b""), "index cannot be read"),
+    "index cut": (lambda d: _truncate(f"{d}/index.npy", lambda n: n - 32), "index.npy is damaged"),
+    "index empty": (lambda d: _write(f"{d}/index.npy", b""), "index.npy is damaged"),
     "index gone": (lambda d: os.unlink(f"{d}/index.npy"), "index cannot be read"),
-    "files.txt empty": (lambda d: _write(f"{d}/files.txt", b""), "files.txt lists 0"),
+    # was silent: a changed position gave a record under another position (each record's
+    # CRC-32 covers the record, not its row in the index)
+    "index position changed": (lambda d: _flip(f"{d}/index.npy", -36), "index.npy is damaged"),
+    "files.txt empty": (lambda d: _write(f"{d}/files.txt", b""), "files.txt is damaged"),
     "record file gone": (lambda d: os.unlink(_record_file(d)), "w0000-00000.rec is missing"),
     "record file cut": (lambda d: _truncate(_record_file(d), lambda n: n // 2), "is shorter"),
     "record file zeroed": (

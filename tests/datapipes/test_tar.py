@@ -157,6 +157,26 @@ def test_corrupted_header_raises():
         list(TarArchiveLoader(IterableWrapper([("bad.tar", io.BytesIO(bytes(data)))])))
 
 
+def _with_checksum_field(data: bytes, field: bytes) -> bytes:
+    return data[:148] + field + data[156:]
+
+
+def test_a_checksum_field_is_read_as_gnu_tar_reads_it_not_as_int_does():
+    """Octal digits after any spaces, then a NUL, a space or the field's end: the ways
+    writers spell it. int() also took "+", "_", "0o" and tabs, so more changed bytes
+    of the one header field its sum skips passed unseen."""
+    data = tar_bytes([("a.txt", b"hi")])
+    six = b"%06o" % (sum(data[:148]) + 256 + sum(data[156:512]))
+    assert data[148:156] == six + b"\0 " and six.startswith(b"00")
+    for same in (b" " + six[1:] + b"\0 ", six + b"  ", six + b"\0x", b"  " + six[2:] + b"  "):
+        assert load(_with_checksum_field(data, same)) == [("h.tar/a.txt", b"hi")], same
+    for lenient in (b"+", b"\t", b"\x0b", b"0o", b"0_"):
+        field = lenient + six[len(lenient) :] + b"\0 "
+        assert int(field[:6], 8) == int(six, 8)  # what int() made of it: the same
+        with pytest.raises(tarfile.ReadError, match=r"'h.tar' .*checksum field .*expected octal"):
+            load(_with_checksum_field(data, field))
+
+
 def test_non_tar_file_raises_naming_it(tmp_path):
     (tmp_path / "notes.tar").write_text("this is not a tar file\n" * 100)
     with pytest.raises(tarfile.ReadError, match=r"notes.tar' is not a readable tar archive"):

@@ -11,7 +11,9 @@ garbage; or flips and cuts in the compressed bytes), reads it with one
 * an error: ``tarfile.ReadError`` naming the shard and a byte offset (or one
   warning with ``on_error="warn"``), the members before it as above; damage
   that every reader can see (a header, the end-of-archive marker, a
-  truncation, any damage of compressed bytes) must give one;
+  truncation, any damage of compressed bytes) must give one, except a change
+  of a header's checksum field that leaves it holding the header's sum
+  (``checksum_holds``: a leading "0" made a space, say), which changes nothing;
 * never another exception (no bare ``OverflowError``/``MemoryError``), a
   Python heap bounded by the shard's size, and reads bounded by its length.
 
@@ -128,19 +130,40 @@ def preamble_touched(base: Base, positions: list[int]) -> frozenset[int]:
     )
 
 
-def in_checked_block(base: Base, position: int) -> bool:
-    """A header block, or the end-of-archive marker and padding: any flip there is visible.
+def checksum_holds(header: bytes) -> bool:
+    """The header's checksum field still holds the header's sum.
 
-    Except the last byte of a header's checksum field (``"%06o\\0 "``), which
-    no reader looks at.
+    The field is read as GNU tar reads it: octal digits after any spaces, then
+    a NUL, a space or the field's end (what follows is ignored). The sum counts
+    the field as eight spaces and is taken over unsigned or signed bytes (both
+    are accepted). So ``"012345\\0 "`` may become ``" 12345\\0 "``, ``"012345  "``
+    or ``"012345\\0x"``, or a digit may change to give the signed sum of a header
+    with bytes over 127: a changed byte no reader can see.
+    """
+    match = re.match(rb" *([0-7]+)(?:[ \0]|\Z)", header[148:156])
+    blanked = header[:148] + b" " * 8 + header[156:]
+    sums = (sum(blanked), sum(b - 256 if b > 127 else b for b in blanked))
+    return match is not None and int(match.group(1), 8) in sums
+
+
+def in_checked_block(base: Base, damaged: bytes, position: int) -> bool:
+    """A header block, or the end-of-archive marker and padding: a change there is visible.
+
+    Except a change of a header's checksum field that keeps it holding the sum.
     """
     if position >= base.end:
         return True
-    return any(
-        (e.start <= position < e.start + 512 or e.data - 512 <= position < e.data)
-        and position not in (e.start + 155, e.data - 512 + 155)
-        for e in base.entries
-    )
+    header = header_at(base, position)
+    return header is not None and not checksum_holds(damaged[header : header + 512])
+
+
+def header_at(base: Base, position: int) -> int | None:
+    """Where the header block holding ``position`` starts (None: not in a header)."""
+    for e in base.entries:
+        for header in (e.start, e.data - 512):
+            if header <= position < header + 512:
+                return header
+    return None
 
 
 def damage_plain(rng: random.Random, base: Base) -> tuple[bytes, bool, Any, str]:
@@ -195,8 +218,8 @@ def damage_plain(rng: random.Random, base: Base) -> tuple[bytes, bool, Any, str]
     for p in positions:
         data[p] ^= 1 << rng.randrange(8)
     changed = [p for p in set(positions) if data[p] != base.data[p]]
-    must = kind == "flip" and in_checked_block(base, positions[0])
-    blocks = [p // 512 for p in changed if in_checked_block(base, p)]
+    must = kind == "flip" and in_checked_block(base, bytes(data), positions[0])
+    blocks = [p // 512 for p in changed if p >= base.end or header_at(base, p) is not None]
     if len(blocks) != len(set(blocks)):  # two flips in one header can cancel in its sum
         return bytes(data), False, ANY_MEMBERS, f"flipped bits at {positions} (one header)"
     return bytes(data), must, changed, f"flipped bits at {positions}"
@@ -281,8 +304,13 @@ NAMED = rf"tar shard '{SHARD}' .*at byte offset \d+"
 def check_case(seed: int) -> None:
     base, compression, damage = make_damage(seed)
     on_error = ("raise", "warn", "skip")[seed % 3]
+    check_damage(base, compression, damage, on_error, f"case {seed}")
+
+
+def check_damage(base: Base, compression: str, damage: Damage, on_error: str, case: str) -> None:
+    """What reading ``damage.shard`` with ``on_error`` gives is what the damage allows."""
     got, error, messages, reads, peak = read_shard(damage.shard, on_error)
-    where = f"case {seed}: {compression} shard, {damage.description}, on_error={on_error!r}"
+    where = f"{case}: {compression} shard, {damage.description}, on_error={on_error!r}"
     assert reads <= len(damage.shard) + 8, f"{where}: {reads} reads"
     allowance = 12 << 20 if compression == "xz" else 1 << 20  # xz's 8 MiB dictionary
     assert peak < 16 * len(base.data) + allowance, f"{where}: peak heap {peak} bytes"
@@ -334,6 +362,30 @@ def test_damaged_shards_give_the_right_members_or_a_named_error(block):
 def test_damaged_shards_many_more_cases(block):
     for seed in range(1000 + block * 300, 1000 + (block + 1) * 300):  # 3,000 cases
         check_case(seed)
+
+
+@pytest.mark.parametrize("base", range(3))
+def test_a_changed_checksum_byte_is_judged_by_what_readers_see(base):
+    """Each byte of each header's checksum field, changed as rare draws change it.
+
+    A change that keeps the field holding the sum (a leading "0" to a space, the
+    NUL to a space, anything after the NUL) changes nothing, and must not be
+    taken for damage that every reader sees; any other change must raise.
+    """
+    entries = BASES[base].entries
+    for header in sorted({h for e in entries for h in (e.start, e.data - 512)}):
+        for at in range(header + 148, header + 156):
+            for xor in (0x10, 0x20, 0x5F, 0x1B, 0x39, 0x6F, 0x01, 0x80):
+                data = bytearray(BASES[base].data)
+                data[at] ^= xor
+                damage = Damage(
+                    bytes(data),
+                    bytes(data),
+                    in_checked_block(BASES[base], bytes(data), at),
+                    frozenset(),
+                    f"xor {xor:#04x} at {at}",
+                )
+                check_damage(BASES[base], "none", damage, "raise", f"base {base}")
 
 
 def test_the_fuzzer_damages_in_every_way_and_sees_every_outcome():

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeloom import DataLoader
 from pipeloom.datapipes import (
     FileLister,
     IterableWrapper,
@@ -268,3 +269,58 @@ def test_a_state_saved_mid_sample_does_not_change_as_iteration_goes_on(shards):
 def test_bad_states_raise_a_state_error_naming_the_field(state, field):
     with pytest.raises(StateError, match=rf"WebDataset(\(\))?: .*'{field}'"):
         WebDataset(IterableWrapper([])).load_state_dict(state)
+
+
+def _shard_bytes(name: str) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for i in range(3):
+            for ext, payload in (("jpg", b"J" * 600), ("cls", b"%d" % i)):
+                info = tarfile.TarInfo(f"{name}_{i}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("on_error", ["skip", "warn"])
+@pytest.mark.parametrize("order", ["cut first", "cut last"])
+def test_a_sample_whose_shard_was_cut_short_is_dropped_never_given_without_fields(on_error, order):
+    # Cut inside a_1.cls's data: a_1.jpg was read whole, a_1.cls is lost. The sample
+    # {"jpg"} of key a_1 came out without its "cls" once the next shard (or the end) came.
+    shards = {"a.tar": _shard_bytes("a")[:4096], "b.tar": _shard_bytes("b")}
+    names = ["a.tar", "b.tar"] if order == "cut first" else ["b.tar", "a.tar"]
+    source = IterableWrapper([(name, io.BytesIO(shards[name])) for name in names])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        samples = list(source.load_from_tar(on_error=on_error).webdataset())
+    assert {s["__key__"]: sorted(k for k in s if k[0] != "_") for s in samples} == {
+        "a_0": ["cls", "jpg"],
+        "b_0": ["cls", "jpg"],
+        "b_1": ["cls", "jpg"],
+        "b_2": ["cls", "jpg"],
+    }
+    assert len(caught) == (on_error == "warn")
+
+
+class _ResetStream(io.RawIOBase):
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        raise ConnectionResetError("GET http://h/b.tar: connection reset")
+
+
+def _open_cut_or_broken(name):
+    return (name, io.BytesIO(_shard_bytes("a")[:4096]) if name == "a.tar" else _ResetStream())
+
+
+def test_a_failing_shard_after_a_dropped_sample_still_raises():
+    # The next shard's stream fails (always raised) while the cut shard's last sample is
+    # held: dropping that sample must not end the epoch quietly, losing the error.
+    pipe = IterableWrapper(["a.tar", "b.tar"]).map(_open_cut_or_broken)
+    pipe = pipe.load_from_tar(on_error="skip").webdataset().map(lambda s: s["__key__"])
+    got = []
+    with pytest.raises(ConnectionResetError, match="GET http://h/b.tar"):
+        for key in DataLoader(pipe, seed=0):
+            got.append(key)
+    assert got == ["a_0"]
