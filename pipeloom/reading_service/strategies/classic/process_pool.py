@@ -13,7 +13,7 @@ import multiprocessing.connection
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...._shutdown import finalize_here
+from ...._shutdown import Steps, finalize_here
 from ....datapipes.runtime import RestOfEpoch, set_output_queue
 from ....errors import NotAvailable, QueueError, StateError, WorkerError
 from ....events import FdReadiness, ReadinessSource
@@ -103,13 +103,14 @@ class ProcessPool:
 
     def stop(self) -> None:
         """Stop the workers and end the payload's template (spawn), if any."""
-        self._stop_processes()
-        self.payload.close()
+        with Steps() as steps:
+            steps.run(self._stop_processes)
+            steps.run(self.payload.close)
 
     def _stop_processes(self) -> None:
-        if self._processes is not None:
-            self._processes.stop()
-            self._processes = None
+        processes, self._processes = self._processes, None
+        if processes is not None:
+            processes.stop()  # runs to its end even if interrupted (finalize_here)
 
     def queues(self) -> list[tuple[str, Any]]:
         processes = self._processes
@@ -281,17 +282,22 @@ def _stop(
     controls: list[Any],
     cancels: list[SharedFlag],
 ) -> None:
-    for control in controls:
-        try:
-            control.send(Stop())
-        except OSError:
-            pass
-        control.close()
-    for queue in queues:
-        queue.close()
-    stop_processes(workers)
-    for cancel in cancels:
-        cancel.close()
+    with Steps() as steps:
+        for control in controls:
+            steps.run(_send_stop, control)
+        for queue in queues:
+            steps.run(queue.close)
+        steps.run(stop_processes, workers)
+        for cancel in cancels:
+            steps.run(cancel.close)
+
+
+def _send_stop(control: Any) -> None:
+    try:
+        control.send(Stop())
+    except OSError:  # the worker is gone, or the pipe was closed already
+        pass
+    control.close()
 
 
 def _worker_main(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, cast
 
+from ...._shutdown import Steps
 from ....datapipes import IterDataPipe
 from ....datapipes.runtime import RestOfEpoch, block_seed, derive_seed, load_held
 from ....errors import StateError
@@ -141,8 +142,9 @@ class ClassicRunner(Runner):
 
     def shutdown(self) -> None:
         self._epoch_open = False
-        self.pool.stop()
-        self.main.stop()
+        with Steps() as steps:
+            steps.run(self.pool.stop)
+            steps.run(self.main.stop)
 
     def queues(self) -> Sequence[tuple[str, Any]]:
         return [*self.pool.queues(), *self.main.queues()]

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...._shutdown import finalize_here
+from ...._shutdown import Steps, finalize_here
 from ....errors import NotAvailable, QueueError, WorkerError
 from ....events import FdReadiness, ReadinessSource, Waiter
 from ....queues import ProcessQueue
@@ -240,11 +240,16 @@ class DispatchPool:
 def _stop(
     workers: list[WorkerProcess], senders: list[ProcessQueue], receivers: list[ProcessQueue]
 ) -> None:
-    for queue in senders:
-        try:
-            queue.put(Stop(), block=False)
-        except (NotAvailable, QueueError, RuntimeError):
-            pass  # full or broken: the worker is killed below if it does not exit
-    for queue in senders + receivers:
-        queue.close()
-    stop_processes(workers)
+    with Steps() as steps:
+        for queue in senders:
+            steps.run(_send_stop, queue)
+        for queue in senders + receivers:
+            steps.run(queue.close)
+        steps.run(stop_processes, workers)
+
+
+def _send_stop(queue: ProcessQueue) -> None:
+    try:
+        queue.put(Stop(), block=False)
+    except (NotAvailable, QueueError, RuntimeError):
+        pass  # full or broken: the worker is killed if it does not exit

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
+from ...._shutdown import Steps
 from ....datapipes import IterDataPipe, MapDataPipe, MapToIter, reset_pipeline, set_pipeline_epoch
 from ....datapipes.runtime import block_seed, derive_seed, read_only_data
 from ....graph import Plan, copy
@@ -171,13 +172,14 @@ class DispatchRunner(Runner):
         return self.main.state_dict()
 
     def shutdown(self) -> None:
-        self.main.stop()
-        self._stop_pool()
         self._epoch_open = False
-        self._item_payload.close()  # their templates (spawn), kept between epochs until now
-        for payload in (self._batch_payload, self._own_batch_payload):
-            if payload is not None:
-                payload.close()
+        with Steps() as steps:
+            steps.run(self.main.stop)
+            steps.run(self._stop_pool)
+            # their templates (spawn), kept between epochs until now
+            for payload in (self._item_payload, self._batch_payload, self._own_batch_payload):
+                if payload is not None:
+                    steps.run(payload.close)
 
     def queues(self) -> Sequence[tuple[str, Any]]:
         pool = self._pool
@@ -195,9 +197,9 @@ class DispatchRunner(Runner):
             self._stop_pool()
 
     def _stop_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.stop()
-            self._pool = None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()  # runs to its end even if interrupted (finalize_here)
 
 
 class _IndexSpace(MapDataPipe):

@@ -1,0 +1,169 @@
+"""Attacks on the lifecycle of loaders: Ctrl-C inside the stop, killed workers, drops, threads.
+
+Every test ends with nothing of its own left behind: no child process (live
+or zombie), no thread, no fd or memfd of this process tree
+(``tests/own_resources.py``). Waits are on events with short timeouts.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing.process
+import signal
+import sys
+
+import pytest
+
+from pipeloom import DataLoader
+from pipeloom.queues import ProcessQueue
+from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from pipeloom.reading_service.workers.thread import WorkerThread
+from tests.own_resources import OwnResources
+from tests.reading_service import pipelines
+from tests.reading_service.test_separate import with_side_stream
+
+LOADERS = {
+    "classic": lambda **kw: DataLoader(
+        pipelines.for_strategies(40),
+        MultiProcessingReadingService(2, start_method="fork", **kw),
+        seed=1,
+    ),
+    "economic": lambda **kw: DataLoader(
+        pipelines.for_strategies(40, map_style=True),
+        MultiProcessingReadingService(2, start_method="fork", strategy="economic", **kw),
+        seed=1,
+    ),
+    "chunked": lambda **kw: DataLoader(
+        pipelines.for_strategies(40),
+        MultiProcessingReadingService(2, start_method="fork", strategy="chunked", **kw),
+        seed=1,
+    ),
+    "separate-process": lambda **kw: DataLoader(
+        with_side_stream(), MultiProcessingReadingService(2, start_method="fork", **kw), seed=5
+    ),
+    "threads": lambda **kw: DataLoader(
+        pipelines.for_strategies(40), ThreadReadingService(2, **kw), seed=1
+    ),
+}
+PROCESS_LOADERS = [name for name in LOADERS if name != "threads"]
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own SIGINT handler, even when the test run started with SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture
+def own():
+    gc.collect()
+    return OwnResources()
+
+
+def interrupt_once(monkeypatch, owner: type, name: str, how: str) -> list[int]:
+    """Make the first call of ``owner.name`` get Ctrl-C: ``raise`` KeyboardInterrupt at
+    its start (as if the signal landed there), or ``signal`` SIGINT to this process
+    there and then do its work. Returns the count of interrupts made."""
+    original = getattr(owner, name)
+    made = [0]
+
+    def interrupted(*args, **kwargs):
+        if not made[0]:
+            made[0] += 1
+            if how == "raise":
+                raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, interrupted)
+    return made
+
+
+# -- Ctrl-C during the stop -----------------------------------------------------------
+
+# Points inside the stop of every process pool: the queues are closed, then each worker
+# is joined, killed if it lingers, and released (reaped, its descriptors closed).
+STOP_POINTS = {
+    "closing-a-queue": (ProcessQueue, "close"),
+    "joining-a-worker": (multiprocessing.process.BaseProcess, "join"),
+    "closing-a-thread": (WorkerThread, "close"),
+}
+# (loader, persistent_workers, where Ctrl-C lands, how): every factor both ways for
+# classic, the two extremes for the others.
+INTERRUPTED_STOPS = [
+    ("classic", False, "closing-a-queue", "raise"),
+    ("classic", True, "joining-a-worker", "signal"),
+    ("classic", False, "joining-a-worker", "raise"),
+    ("classic", True, "closing-a-queue", "signal"),
+    *(
+        case
+        for name in ("economic", "chunked", "separate-process")
+        for case in [
+            (name, False, "closing-a-queue", "raise"),
+            (name, True, "joining-a-worker", "signal"),
+        ]
+    ),
+    ("threads", False, "closing-a-thread", "raise"),
+]
+
+
+def interrupted_loader(name: str, persistent: bool) -> tuple[DataLoader, object]:
+    """A loader of ``name`` mid-epoch, and its iterator."""
+    kwargs = {} if name == "threads" else {"persistent_workers": persistent}
+    loader = LOADERS[name](**kwargs)
+    iterator = iter(loader)
+    next(iterator)
+    return loader, iterator
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name, persistent, point, how", INTERRUPTED_STOPS)
+def test_ctrl_c_inside_shutdown_still_stops_every_worker_then_propagates(
+    name, persistent, point, how, own, ctrl_c_raises, monkeypatch
+):
+    loader, iterator = interrupted_loader(name, persistent)
+    made = interrupt_once(monkeypatch, *STOP_POINTS[point], how)
+    with pytest.raises(KeyboardInterrupt):
+        loader.shutdown()
+    assert made == [1]
+    monkeypatch.undo()
+    own.assert_released(timeout=5)  # not waiting for a second shutdown() nor the collector
+    loader.shutdown()  # a second call does nothing more, and raises nothing
+    del iterator, loader
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["raise", "signal"])
+def test_ctrl_c_inside_the_with_blocks_exit_still_stops_every_worker(
+    how, own, ctrl_c_raises, monkeypatch
+):
+    with pytest.raises(KeyboardInterrupt):
+        with LOADERS["economic"]() as loader:
+            iterator = iter(loader)
+            next(iterator)
+            interrupt_once(monkeypatch, *STOP_POINTS["joining-a-worker"], how)
+    monkeypatch.undo()
+    own.assert_released(timeout=5)
+    del iterator, loader
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["raise", "signal"])
+def test_ctrl_c_while_a_dropped_loader_is_freed_still_stops_every_worker(
+    how, own, ctrl_c_raises, monkeypatch
+):
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    gc.disable()
+    try:
+        loader, iterator = interrupted_loader("classic", persistent=False)
+        interrupt_once(monkeypatch, *STOP_POINTS["closing-a-queue"], how)
+        del iterator, loader  # reference counting frees it here, no collection
+        # Python cannot raise out of a finalizer: it reports the interrupt instead.
+        assert [type(u.exc_value) for u in unraisable] == [KeyboardInterrupt]
+        monkeypatch.undo()
+        own.assert_released(timeout=5)
+    finally:
+        gc.enable()
