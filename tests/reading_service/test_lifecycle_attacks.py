@@ -7,16 +7,20 @@ or zombie), no thread, no fd or memfd of this process tree
 
 from __future__ import annotations
 
+import functools
 import gc
 import multiprocessing.process
+import os
 import signal
 import sys
 
 import pytest
 
 from pipeloom import DataLoader
+from pipeloom.datapipes import IterableWrapper
 from pipeloom.queues import ProcessQueue
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from pipeloom.reading_service.workers.process import WorkerProcess
 from pipeloom.reading_service.workers.thread import WorkerThread
 from tests.own_resources import OwnResources
 from tests.reading_service import pipelines
@@ -167,3 +171,46 @@ def test_ctrl_c_while_a_dropped_loader_is_freed_still_stops_every_worker(
         own.assert_released(timeout=5)
     finally:
         gc.enable()
+
+
+# -- a stop that needs no kill ------------------------------------------------------------
+
+
+def say_started(fd: int, worker_id: int) -> None:
+    os.write(fd, b"x")
+
+
+def read_exactly(fd: int, count: int) -> bytes:
+    data = b""
+    while len(data) < count:  # blocking reads: each returns what the workers wrote
+        data += os.read(fd, count - len(data))
+    return data
+
+
+@pytest.mark.timeout(30)
+def test_workers_whose_queue_was_never_read_exit_on_their_own_at_shutdown(own, monkeypatch):
+    # Stopped before the merge read (or waited on) a worker's queue: the worker fills it
+    # and waits for room. shutdown() closes the queue: the worker must hear it and exit,
+    # not wait to be killed after the stop's grace period (a second per shutdown).
+    codes = []
+    release = WorkerProcess.release
+
+    def recorded(self):
+        codes.append(self.process.exitcode)
+        release(self)
+
+    monkeypatch.setattr(WorkerProcess, "release", recorded)
+    started, say = os.pipe()
+    pipe = IterableWrapper(range(96)).sharding_filter().map(pipelines.draw).batch(4)
+    service = MultiProcessingReadingService(
+        3, start_method="fork", worker_init_fn=functools.partial(say_started, say)
+    )
+    loader = DataLoader(pipe, service, seed=1)
+    iterator = iter(loader)
+    assert len(read_exactly(started, 3)) == 3  # every worker is producing its epoch
+    loader.shutdown()
+    os.close(started)
+    os.close(say)
+    assert codes == [0, 0, 0], "a worker had to be killed: it never heard the stop"
+    del iterator, loader
+    own.assert_released(timeout=5)
