@@ -11,6 +11,7 @@ import functools
 import gc
 import multiprocessing.process
 import os
+import random
 import signal
 import sys
 
@@ -18,6 +19,7 @@ import pytest
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
+from pipeloom.errors import WorkerError
 from pipeloom.queues import ProcessQueue
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.workers.process import WorkerProcess
@@ -213,4 +215,79 @@ def test_workers_whose_queue_was_never_read_exit_on_their_own_at_shutdown(own, m
     os.close(say)
     assert codes == [0, 0, 0], "a worker had to be killed: it never heard the stop"
     del iterator, loader
+    own.assert_released(timeout=5)
+
+
+# -- kill -9 from outside -----------------------------------------------------------------
+
+LONG = {  # epochs long enough that every worker is mid-epoch when killed
+    "classic": lambda **kw: DataLoader(
+        pipelines.for_strategies(400),
+        MultiProcessingReadingService(2, start_method="fork", **kw),
+        seed=1,
+    ),
+    "economic": lambda **kw: DataLoader(
+        pipelines.for_strategies(400, map_style=True),
+        MultiProcessingReadingService(
+            2, start_method="fork", strategy="economic", num_batch_workers=1, **kw
+        ),
+        seed=1,
+    ),
+    "chunked": lambda **kw: DataLoader(
+        pipelines.for_strategies(400),
+        MultiProcessingReadingService(2, start_method="fork", strategy="chunked", **kw),
+        seed=1,
+    ),
+    "separate-process": lambda **kw: DataLoader(
+        with_side_stream(100), MultiProcessingReadingService(2, start_method="fork", **kw), seed=5
+    ),
+}
+
+
+def workers() -> list[multiprocessing.process.BaseProcess]:
+    """This process's pipeloom worker processes (item, batch, classic, separate)."""
+    return sorted(
+        (p for p in multiprocessing.active_children() if p.name.startswith("pipeloom-")),
+        key=lambda p: p.name,
+    )
+
+
+def kill_one(rng: random.Random) -> tuple[int, str]:
+    """SIGKILL a worker chosen by ``rng``; its pid and the label errors give it."""
+    victim = rng.choice(workers())
+    os.kill(victim.pid, signal.SIGKILL)
+    return victim.pid, victim.name
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name", list(LONG))
+def test_a_worker_killed_at_a_random_moment_mid_epoch_is_named(name, own):
+    rng = random.Random(f"mid-epoch {name}")
+    for persistent in (False, True):  # two victims, two moments, per strategy
+        loader = LONG[name](persistent_workers=persistent)
+        iterator = iter(loader)
+        for _ in range(rng.randrange(1, 4)):
+            next(iterator)
+        pid, _label = kill_one(rng)
+        with pytest.raises(WorkerError, match=rf"\(pid {pid}\) was killed by signal SIGKILL"):
+            for _ in iterator:
+                pass
+        if persistent:  # said once: the next epoch runs on new workers
+            assert len(list(loader)) == 100
+        loader.shutdown()
+        del iterator, loader
+    own.assert_released(timeout=5)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name", ["classic", "economic", "chunked"])
+def test_a_persistent_worker_killed_between_epochs_is_named_at_the_next(name, own):
+    with LONG[name](persistent_workers=True) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        del iterator  # the epoch is abandoned: the persistent workers cancel it and wait
+        pid, _label = kill_one(random.Random(f"between {name}"))
+        with pytest.raises(WorkerError, match=rf"\(pid {pid}\) was killed by signal SIGKILL"):
+            list(loader)
+        assert len(list(loader)) == 100  # said once: the next epoch runs on new workers
     own.assert_released(timeout=5)

@@ -210,6 +210,7 @@ class WorkerProcess:
         self.process.start()
         self.pid: int = self.process.pid
         self._final_code: int | None = None  # the exit code, once the process was released
+        self.reported = False  # its death was described (died()), to be raised
 
     @property
     def label(self) -> str:
@@ -244,6 +245,7 @@ class WorkerProcess:
 
     def died(self, cause: BaseException | None = None) -> WorkerError:
         """The error for this worker's death (or its queue breaking) before the epoch ended."""
+        self.reported = True
         if cause is not None and not self.released:  # its queue broke: let it finish dying
             self.process.join(EXIT_GRACE)
         code = self.exit_code() if self.released else self.process.exitcode

@@ -81,10 +81,14 @@ class ProcessPool:
         self.worker_init_fn = worker_init_fn
         self.persistent = persistent
         self._processes: _Processes | None = None
+        self._lost: WorkerError | None = None  # a persistent worker found dead between epochs
 
     def start_epoch(
         self, epoch: int, resume: int | RestOfEpoch | None, skip: int = 0
     ) -> Sequence[WorkerChannel]:
+        if self._lost is not None:  # said once; the next epoch starts new workers
+            lost, self._lost = self._lost, None
+            raise lost
         if self._processes is None:
             self._processes = _Processes(self)
         self._processes.start_epoch(epoch, resume, skip)
@@ -97,7 +101,9 @@ class ProcessPool:
             try:
                 self._processes.cancel_epoch()
                 return
-            except (WorkerError, TimeoutError, QueueError):
+            except (WorkerError, QueueError) as error:  # a worker died: not to be hidden
+                self._lost = self._processes.dead_worker(error)
+            except TimeoutError:
                 pass
         self._stop_processes()  # the payload's template stays, for the next epoch's workers
 
@@ -271,6 +277,13 @@ class _Processes:
             while not channel.ended:  # a worker whose END was read has nothing more to send
                 message = channel.queue.get(timeout=timeout)
                 channel.ended = message is END or isinstance(message, Failure)
+
+    def dead_worker(self, cause: BaseException) -> WorkerError | None:
+        """The error naming a worker that exited unreported (``cause``: how it was noticed)."""
+        for worker in self.workers:
+            if worker.exit_code() is not None and not worker.reported:
+                return worker.died(cause)
+        return None
 
     def stop(self) -> None:
         self._finalizer()

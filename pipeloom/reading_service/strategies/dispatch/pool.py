@@ -219,6 +219,10 @@ class DispatchPool:
             if worker.exit_code() is not None:
                 raise worker.died()
 
+    def lost_worker(self) -> bool:
+        """Whether a worker died and its death was reported (the pool cannot go on)."""
+        return any(w.reported and w.exit_code() is not None for w in self._workers)
+
     def queues(self) -> list[tuple[str, ProcessQueue]]:
         """The main process's ends: tasks out, results in, labelled."""
         return [

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from ...._shutdown import Steps
 from ....datapipes import IterDataPipe, MapDataPipe, MapToIter, reset_pipeline, set_pipeline_epoch
 from ....datapipes.runtime import block_seed, derive_seed, read_only_data
+from ....errors import WorkerError
 from ....graph import Plan, copy
 from ...planning.cut import cut_for_dispatch
 from ...planning.sharding import keep_shard
@@ -136,7 +137,11 @@ class DispatchRunner(Runner):
         if self._pool is None:
             self._pool = self._start_pool()
         self._gen += 1
-        self._pool.start_epoch(self._gen, epoch, stamp_seed)
+        try:
+            self._pool.start_epoch(self._gen, epoch, stamp_seed)
+        except WorkerError:  # a persistent worker died between epochs: said once,
+            self._stop_pool()  # the next epoch starts new workers
+            raise
         self.dispatcher.attach(source, self._pool, gen=self._gen, seed=stamp_seed, epoch=epoch)
         self._epoch_open = True
         self.main.start_separate_processes(epoch)
@@ -193,8 +198,8 @@ class DispatchRunner(Runner):
         if not self._epoch_open:
             return
         self._epoch_open = False
-        if not self.persistent_workers:
-            self._stop_pool()
+        if not self.persistent_workers or (self._pool is not None and self._pool.lost_worker()):
+            self._stop_pool()  # a dead worker was reported: the next epoch starts new ones
 
     def _stop_pool(self) -> None:
         pool, self._pool = self._pool, None
