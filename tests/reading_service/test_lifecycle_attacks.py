@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import multiprocessing.connection
 import multiprocessing.process
 import os
 import random
@@ -71,19 +72,27 @@ def own():
     return OwnResources()
 
 
-def interrupt_once(monkeypatch, owner: type, name: str, how: str) -> list[int]:
-    """Make the first call of ``owner.name`` get Ctrl-C: ``raise`` KeyboardInterrupt at
-    its start (as if the signal landed there), or ``signal`` SIGINT to this process
-    there and then do its work. Returns the count of interrupts made."""
+def interrupt_once(monkeypatch, owner: type, name: str, how: str, after: int = 0) -> list[int]:
+    """Make the first call (after ``after`` calls) of ``owner.name`` get Ctrl-C: ``raise``
+    KeyboardInterrupt at its start (as if the signal landed there), ``signal`` SIGINT
+    to this process there and then do its work, or ``signal-after`` its work. Returns
+    the count of interrupts made."""
     original = getattr(owner, name)
     made = [0]
+    calls = [0]
 
     def interrupted(*args, **kwargs):
-        if not made[0]:
-            made[0] += 1
-            if how == "raise":
-                raise KeyboardInterrupt
+        calls[0] += 1
+        if made[0] or calls[0] <= after:
+            return original(*args, **kwargs)
+        made[0] += 1
+        if how == "raise":
+            raise KeyboardInterrupt
+        if how == "signal-after":  # Ctrl-C as the call returns
+            result = original(*args, **kwargs)
             signal.raise_signal(signal.SIGINT)
+            return result
+        signal.raise_signal(signal.SIGINT)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, interrupted)
@@ -170,6 +179,71 @@ def test_ctrl_c_while_a_dropped_loader_is_freed_still_stops_every_worker(
         own.assert_released(timeout=5)
     finally:
         gc.enable()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "name, how",
+    [
+        ("classic", "raise"),
+        ("economic", "signal"),
+        ("classic", "signal-after"),
+        ("chunked", "signal-after"),
+        ("separate-process", "signal-after"),
+    ],
+)
+def test_ctrl_c_while_the_workers_start_stops_those_started_and_the_loader_goes_on(
+    name, how, own, ctrl_c_raises, monkeypatch
+):
+    loader = LOADERS[name]()
+    # One worker runs; Ctrl-C as the next one starts (the separate process: the third).
+    after = 2 if name == "separate-process" else 1
+    interrupt_once(monkeypatch, WorkerProcess, "__init__", how, after=after)
+    with pytest.raises(KeyboardInterrupt):
+        iter(loader)
+    monkeypatch.undo()
+    if name != "separate-process":  # its reader is stopped with the loader's epoch
+        left = own.left_after(timeout=5)
+        assert not left, f"left behind by the interrupted start: {left}"
+    expected = 4 if name == "separate-process" else 10
+    assert len(list(loader)) == expected  # the next epoch starts its workers afresh
+    loader.shutdown()
+    del loader
+    own.assert_released(timeout=5)
+
+
+def epoch_of(epoch: int, map_style: bool = False) -> list:
+    """Epoch ``epoch`` of ``LOADERS``' pipeline, made in the calling thread."""
+    with DataLoader(pipelines.for_strategies(40, map_style=map_style), seed=1) as loader:
+        loader.set_epoch(epoch)
+        return list(loader)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "point, after",
+    [
+        ((ProcessQueue, "get"), 0),  # iter() cancels the abandoned epoch: reads to each END
+        ((multiprocessing.connection.Connection, "send"), 1),  # iter() starts worker 1's epoch
+    ],
+    ids=["cancelling-the-last-epoch", "starting-the-next"],
+)
+def test_ctrl_c_during_iter_leaves_persistent_workers_no_stale_items(
+    point, after, own, ctrl_c_raises, monkeypatch
+):
+    loader = LOADERS["classic"](persistent_workers=True)
+    iterator = iter(loader)
+    next(iterator)  # then abandoned: the workers are mid-epoch
+    interrupt_once(monkeypatch, *point, "raise", after=after)
+    with pytest.raises(KeyboardInterrupt):
+        iter(loader)
+    monkeypatch.undo()
+    for _ in range(2):  # each later epoch is exactly the epoch it says it is
+        iterator = iter(loader)
+        torch.testing.assert_close(list(iterator), epoch_of(iterator.epoch))
+    loader.shutdown()
+    del iterator, loader
+    own.assert_released(timeout=5)
 
 
 # -- a stop that needs no kill ------------------------------------------------------------

@@ -116,10 +116,12 @@ class ClassicRunner(Runner):
             self.main.start_epoch(epoch, None)
             load_held(self.main.pipeline, state.get("held") if state else None)
             self.merge.resume_rest(rest)
+            self._epoch_open = True  # before: Ctrl-C must not hide a started epoch
             channels = self.pool.start_epoch(epoch, rest)
         elif isinstance(self.merge, BatchMerge) and state is not None:
             self.main.start_epoch(epoch, state)
             pool = cast(AssemblingPool, self.pool)  # planned for worker processes only
+            self._epoch_open = True  # before: Ctrl-C must not hide a started epoch
             channels = pool.start_epoch(epoch, self.merge.resume_position, self.merge.resume_skip)
         else:
             self.main.start_epoch(epoch, state)
@@ -130,8 +132,8 @@ class ClassicRunner(Runner):
                     if isinstance(self.merge, WorkerMerge)
                     else self.merge.resume_position
                 )
+            self._epoch_open = True  # before: Ctrl-C must not hide a started epoch
             channels = self.pool.start_epoch(epoch, resume)
-        self._epoch_open = True
         seed = None if self._point_seed is None else derive_seed(self._point_seed, epoch)
         self.merge.attach(channels, seed=seed, epoch=epoch)
         self.main.start_separate_processes(epoch)
