@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ._fingerprint import fingerprint_differences, pipeline_fingerprint
-from ._shutdown import ShutsDown
+from ._shutdown import ShutsDown, Steps
 from ._steps import StepGate
 from ._validate import check_bool, check_int
 from .autotune import as_reading_service, tuned_in
@@ -341,13 +341,14 @@ class DataLoader(ShutsDown):
             self._stop(close_items=True)
 
     def _stop(self, *, close_items: bool) -> None:
-        self._closed = True
+        self._closed = True  # each part is stopped even if stopping another raised
         current, self._current = self._current, None
-        if current is not None:
-            current.invalidate(close_items)
-        self.reading_service.shutdown()
-        if self._counters is not None:
-            self._counters.stop()
+        with Steps() as steps:
+            if current is not None:
+                steps.run(current.invalidate, close_items)
+            steps.run(self.reading_service.shutdown)
+            if self._counters is not None:
+                steps.run(self._counters.stop)
 
     def _ensure_initialized(self) -> None:
         if not self._initialized:

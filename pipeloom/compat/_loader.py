@@ -13,7 +13,7 @@ from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, Seque
 from torch.utils.data.dataloader import _InfiniteConstantSampler
 
 from .. import loader as pipeloom_loader
-from .._shutdown import ShutsDown
+from .._shutdown import ShutsDown, Steps
 from .._steps import StepGate
 from ..datapipes import default_collate
 from ..errors import PipeloomError, StateError, WorkerError, WorkerTimeout
@@ -376,13 +376,13 @@ class DataLoader(ShutsDown):
                     self._final_state = self._take_state()
                 except StateError as error:
                     self._final_error = error
-            self._close_current()
-            self._stop_engine()
+            self._release()
 
     def _release(self) -> None:
-        """What dropping the last reference does: stop (nobody can ask for its state)."""
-        self._close_current()
-        self._stop_engine()
+        """Close the epoch, stop the workers (even if closing raised); also when dropped."""
+        with Steps() as steps:
+            steps.run(self._close_current)
+            steps.run(self._stop_engine)
 
     def __repr__(self) -> str:
         return (
@@ -494,6 +494,6 @@ class DataLoader(ShutsDown):
         return self._engine
 
     def _stop_engine(self) -> None:
-        if self._engine is not None:
-            self._engine.shutdown()
-            self._engine = None
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()

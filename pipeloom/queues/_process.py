@@ -12,7 +12,7 @@ import socket
 import threading
 import weakref
 from multiprocessing.reduction import DupFd
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 
@@ -31,6 +31,7 @@ from pipeloom.queues._consumer import EMPTY, ConsumerEnd
 from pipeloom.queues._control import Control, Slot
 from pipeloom.queues._producer import ProducerEnd
 from pipeloom.queues._serialize import encode
+from pipeloom.queues._wire import Kind, send_frame
 
 __all__ = ["ALLOCATE_MIN", "ProcessQueue"]
 
@@ -42,6 +43,7 @@ ALLOCATE_MIN = 256 * 1024
 _forks = [0]
 os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 _SLOT = {"producer": Slot.PRODUCER_PID, "consumer": Slot.CONSUMER_PID}
+_CLOSED = {"producer": Slot.PRODUCER_CLOSED, "consumer": Slot.CONSUMER_CLOSED}
 _OTHER: dict[Role, Role] = {"producer": "consumer", "consumer": "producer"}
 
 
@@ -348,6 +350,7 @@ class ProcessQueue(DataLoaderQueue):
         for end in (self._producer, self._consumer):
             if end is not None:
                 end.close(send_close=True)
+        self._announce_unused_owner_close()
         for role, sock in self._socks.items():
             if sock is not None:
                 sock.close()
@@ -356,6 +359,23 @@ class ProcessQueue(DataLoaderQueue):
             self._ctl.close()
             self._ctl = None
         os.close(self._wake_fd)
+
+    def _announce_unused_owner_close(self) -> None:
+        """Closing the owner's end before ever using it still tells the peer (a worker
+        blocked in ``put`` for room): it would otherwise never see end-of-file, since
+        it (and its forked siblings) hold copies of the owner's socket."""
+        role, ctl = cast("Role | None", self._owner), self._ctl
+        if role is None or ctl is None or self._pid != self._creator:
+            return
+        sock = self._socks[role]
+        used = self._producer if role == "producer" else self._consumer
+        if used is not None or sock is None or ctl[_SLOT[role]] != 0:
+            return  # closed as a used end, or the end went to another process
+        ctl[_CLOSED[role]] = 1
+        try:
+            send_frame(sock, Kind.CLOSE)
+        except OSError:
+            pass
 
     def __del__(self) -> None:
         if (

@@ -80,3 +80,15 @@ def produce_built(q, n):
         q.put({"i": i, "t": t}, timeout=10)
         del t
     q.close()
+
+
+def put_until_refused(q, out):
+    """Fill ``q``, say so, then put once more (it blocks for room); report how it ended."""
+    for _ in range(q.capacity):
+        q.put(0)
+    out.put("full")
+    try:
+        q.put(0, timeout=30)
+        out.put("put")
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        out.put(type(error).__name__)

@@ -164,6 +164,27 @@ def test_a_third_process_cannot_attach():
     assert results[0] == "ok" and "exactly two endpoints" in results[1]
 
 
+def test_closing_a_consumer_end_never_used_wakes_a_producer_waiting_for_room():
+    # The loader's stop closes a worker's queue that the main process never read (the
+    # merge had not reached it): the worker, blocked in put(), must hear it at once, not
+    # wait to be killed (it holds a copy of the consumer's socket: no end-of-file).
+    q = ProcessQueue(capacity=1, owner="consumer")
+    ctx = mp.get_context("fork")
+    out = ctx.SimpleQueue()
+    proc = ctx.Process(target=queue_workers.put_until_refused, args=(q, out))
+    proc.start()
+    try:
+        assert out.get() == "full"
+        q.close()
+        proc.join(5)
+        assert proc.exitcode == 0, "the producer still waited for room after the close"
+        assert out.get() == "QueueClosed"
+    finally:
+        proc.kill()
+        proc.join()
+        out.close()
+
+
 def test_consumer_close_refuses_further_puts():
     q = ProcessQueue()
     ctx = mp.get_context("fork")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..._shutdown import Steps
 from ...datapipes import (
     DataPipe,
     IterDataPipe,
@@ -96,8 +97,9 @@ class MainPart:
         return {"kind": "workers", "tail": pipeline_state_dict(self.pipeline)}
 
     def stop(self) -> None:
-        for reader in self.readers:
-            reader.stop()
+        with Steps() as steps:
+            for reader in self.readers:
+                steps.run(reader.stop)
 
     def queues(self) -> list[tuple[str, Any]]:
         """Each separate process's queue to the main process."""

@@ -43,6 +43,7 @@ import cloudpickle
 import numpy.random  # noqa: F401 - see _PREIMPORTED
 import torch
 
+from ..._shutdown import Steps
 from ...datapipes import DataPipe
 from ...datapipes.runtime import NO_STAMP, forget_lazy_init, restore_stamp
 from ...errors import WorkerError
@@ -212,6 +213,7 @@ class WorkerProcess:
         self.process.start()
         self.pid: int = self.process.pid
         self._final_code: int | None = None  # the exit code, once the process was released
+        self.reported = False  # its death was described (died()), to be raised
 
     @property
     def label(self) -> str:
@@ -246,6 +248,7 @@ class WorkerProcess:
 
     def died(self, cause: BaseException | None = None) -> WorkerError:
         """The error for this worker's death (or its queue breaking) before the epoch ended."""
+        self.reported = True
         if cause is not None and not self.released:  # its queue broke: let it finish dying
             self.process.join(EXIT_GRACE)
         code = self.exit_code() if self.released else self.process.exitcode
@@ -337,13 +340,18 @@ def stop_processes(workers: Sequence[WorkerProcess], grace: float = STOP_GRACE) 
     """
     workers = [worker for worker in workers if not worker.released]
     deadline = time.monotonic() + grace
-    for worker in workers:
-        worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
-    for worker in workers:
-        if worker.process.exitcode is None:
-            worker.process.kill()
-            worker.process.join(timeout=EXIT_GRACE)
-        worker.release()
+    with Steps() as steps:  # an error joining one worker leaves none of them running
+        for worker in workers:
+            steps.run(worker.process.join, max(0.0, deadline - time.monotonic()))
+        for worker in workers:
+            steps.run(_kill_and_release, worker)
+
+
+def _kill_and_release(worker: WorkerProcess) -> None:
+    if worker.process.exitcode is None:
+        worker.process.kill()
+        worker.process.join(timeout=EXIT_GRACE)
+    worker.release()
 
 
 # -- in the worker ----------------------------------------------------------------

@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from ..._shutdown import finalize_here
+from ..._shutdown import Steps, finalize_here
 from ...datapipes import IterDataPipe
 from ...datapipes.runtime import restore_stamp
 from ...errors import NotAvailable, QueueError
@@ -67,10 +67,11 @@ class SeparateProcessReader(IterDataPipe):
         self._ended = False
 
     def stop(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
-            self._finalizer = None
-        self._payload.close()  # its template (spawn), if any
+        finalizer, self._finalizer = self._finalizer, None
+        with Steps() as steps:
+            if finalizer is not None:
+                steps.run(finalizer)  # runs to its end even if interrupted (finalize_here)
+            steps.run(self._payload.close)  # its template (spawn), if any
 
     def queues(self) -> list[tuple[str, ProcessQueue]]:
         """Its queue to the main process, while it runs."""
@@ -110,8 +111,9 @@ class SeparateProcessReader(IterDataPipe):
 
 
 def _stop(worker: WorkerProcess, queue: ProcessQueue) -> None:
-    queue.close()
-    stop_processes([worker])
+    with Steps() as steps:
+        steps.run(queue.close)
+        steps.run(stop_processes, [worker])
 
 
 def _separate_main(payload: Payload, queue: ProcessQueue, epoch: int, name: str) -> None:

@@ -13,7 +13,7 @@ import multiprocessing.connection
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...._shutdown import finalize_here
+from ...._shutdown import Steps, finalize_here, interrupts_held
 from ....datapipes.runtime import RestOfEpoch, set_output_queue
 from ....errors import NotAvailable, QueueError, StateError, WorkerError
 from ....events import FdReadiness, ReadinessSource
@@ -81,13 +81,21 @@ class ProcessPool:
         self.worker_init_fn = worker_init_fn
         self.persistent = persistent
         self._processes: _Processes | None = None
+        self._lost: WorkerError | None = None  # a persistent worker found dead between epochs
 
     def start_epoch(
         self, epoch: int, resume: int | RestOfEpoch | None, skip: int = 0
     ) -> Sequence[WorkerChannel]:
+        if self._lost is not None:  # said once; the next epoch starts new workers
+            lost, self._lost = self._lost, None
+            raise lost
         if self._processes is None:
             self._processes = _Processes(self)
-        self._processes.start_epoch(epoch, resume, skip)
+        try:
+            self._processes.start_epoch(epoch, resume, skip)
+        except BaseException:  # Ctrl-C between two workers: some run the epoch, some not
+            self._stop_processes()  # so the next epoch starts new ones
+            raise
         return self._processes.channels
 
     def finish_epoch(self, *, abandoned: bool) -> None:
@@ -97,19 +105,25 @@ class ProcessPool:
             try:
                 self._processes.cancel_epoch()
                 return
-            except (WorkerError, TimeoutError, QueueError):
+            except (WorkerError, QueueError) as error:  # a worker died: not to be hidden
+                self._lost = self._processes.dead_worker(error)
+            except TimeoutError:
                 pass
+            except BaseException:  # Ctrl-C: some workers may still send the old epoch
+                self._stop_processes()
+                raise
         self._stop_processes()  # the payload's template stays, for the next epoch's workers
 
     def stop(self) -> None:
         """Stop the workers and end the payload's template (spawn), if any."""
-        self._stop_processes()
-        self.payload.close()
+        with Steps() as steps:
+            steps.run(self._stop_processes)
+            steps.run(self.payload.close)
 
     def _stop_processes(self) -> None:
-        if self._processes is not None:
-            self._processes.stop()
-            self._processes = None
+        processes, self._processes = self._processes, None
+        if processes is not None:
+            processes.stop()  # runs to its end even if interrupted (finalize_here)
 
     def queues(self) -> list[tuple[str, Any]]:
         processes = self._processes
@@ -202,7 +216,6 @@ class _Processes:
 
     def __init__(self, pool: ProcessPool) -> None:
         self.workers: list[WorkerProcess] = []
-        sentinels = ExitWatch(self.workers)
         self.channels: list[_ProcessChannel] = []
         self.controls: list[Any] = []
         self.cancels: list[SharedFlag] = []
@@ -210,17 +223,39 @@ class _Processes:
         # One baton goes round, plus at most a stop baton and an abandoned epoch's.
         inboxes = [ProcessQueue(capacity=4) for _ in range(pool.count)] if pool.assembled else []
         self.inboxes = inboxes
-        for index in range(pool.count):
-            ring: Ring | None = None
-            if pool.assembled:
-                ring = (
-                    Ring(inboxes[index], inboxes[(index + 1) % pool.count])
-                    if pool.count > 1
-                    else LocalRing()
-                )
-            queue = ProcessQueue(capacity=pool.prefetch, owner="consumer")
-            receive, send = pool.context.Pipe(duplex=False)
-            cancel = SharedFlag()
+        queues = list(inboxes)
+        # Registered before the first worker starts, its lists filled as they start: a
+        # start that fails (Ctrl-C, a fork refused) stops the workers started before it.
+        self._finalizer = finalize_here(
+            self, _stop, self.workers, queues, self.controls, self.cancels
+        )
+        try:
+            sentinels = ExitWatch(self.workers)
+            for index in range(pool.count):
+                self._start(pool, index, queues, sentinels)
+        except BaseException:
+            self._finalizer()
+            raise
+
+    def _start(
+        self, pool: ProcessPool, index: int, queues: list[ProcessQueue], sentinels: ExitWatch
+    ) -> None:
+        """Start worker ``index``, each of its resources listed for the stop once made."""
+        ring: Ring | None = None
+        if pool.assembled:
+            inboxes = self.inboxes
+            ring = (
+                Ring(inboxes[index], inboxes[(index + 1) % pool.count])
+                if pool.count > 1
+                else LocalRing()
+            )
+        queue = ProcessQueue(capacity=pool.prefetch, owner="consumer")
+        queues.append(queue)
+        cancel = SharedFlag()
+        self.cancels.append(cancel)
+        receive, send = pool.context.Pipe(duplex=False)
+        self.controls.append(send)
+        with interrupts_held():  # a started process is listed before Ctrl-C can land
             worker = WorkerProcess(
                 pool.context,
                 f"worker process {index}",
@@ -239,19 +274,9 @@ class _Processes:
                 ),
                 process_name=f"pipeloom-worker-{index}",
             )
-            receive.close()
             self.workers.append(worker)
-            self.channels.append(_ProcessChannel(worker, queue, sentinels))
-            self.controls.append(send)
-            self.cancels.append(cancel)
-        self._finalizer = finalize_here(
-            self,
-            _stop,
-            self.workers,
-            [c.queue for c in self.channels] + inboxes,
-            self.controls,
-            self.cancels,
-        )
+        receive.close()
+        self.channels.append(_ProcessChannel(worker, queue, sentinels))
 
     def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None, skip: int = 0) -> None:
         for channel, control, cancel in zip(self.channels, self.controls, self.cancels):
@@ -271,6 +296,13 @@ class _Processes:
                 message = channel.queue.get(timeout=timeout)
                 channel.ended = message is END or isinstance(message, Failure)
 
+    def dead_worker(self, cause: BaseException) -> WorkerError | None:
+        """The error naming a worker that exited unreported (``cause``: how it was noticed)."""
+        for worker in self.workers:
+            if worker.exit_code() is not None and not worker.reported:
+                return worker.died(cause)
+        return None
+
     def stop(self) -> None:
         self._finalizer()
 
@@ -281,17 +313,22 @@ def _stop(
     controls: list[Any],
     cancels: list[SharedFlag],
 ) -> None:
-    for control in controls:
-        try:
-            control.send(Stop())
-        except OSError:
-            pass
-        control.close()
-    for queue in queues:
-        queue.close()
-    stop_processes(workers)
-    for cancel in cancels:
-        cancel.close()
+    with Steps() as steps:
+        for control in controls:
+            steps.run(_send_stop, control)
+        for queue in queues:
+            steps.run(queue.close)
+        steps.run(stop_processes, workers)
+        for cancel in cancels:
+            steps.run(cancel.close)
+
+
+def _send_stop(control: Any) -> None:
+    try:
+        control.send(Stop())
+    except OSError:  # the worker is gone, or the pipe was closed already
+        pass
+    control.close()
 
 
 def _worker_main(

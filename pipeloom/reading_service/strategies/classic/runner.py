@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, cast
 
+from ...._shutdown import Steps
 from ....datapipes import IterDataPipe
 from ....datapipes.runtime import RestOfEpoch, block_seed, derive_seed, load_held
 from ....errors import StateError
@@ -115,10 +116,12 @@ class ClassicRunner(Runner):
             self.main.start_epoch(epoch, None)
             load_held(self.main.pipeline, state.get("held") if state else None)
             self.merge.resume_rest(rest)
+            self._epoch_open = True  # before: Ctrl-C must not hide a started epoch
             channels = self.pool.start_epoch(epoch, rest)
         elif isinstance(self.merge, BatchMerge) and state is not None:
             self.main.start_epoch(epoch, state)
             pool = cast(AssemblingPool, self.pool)  # planned for worker processes only
+            self._epoch_open = True  # before: Ctrl-C must not hide a started epoch
             channels = pool.start_epoch(epoch, self.merge.resume_position, self.merge.resume_skip)
         else:
             self.main.start_epoch(epoch, state)
@@ -129,8 +132,8 @@ class ClassicRunner(Runner):
                     if isinstance(self.merge, WorkerMerge)
                     else self.merge.resume_position
                 )
+            self._epoch_open = True  # before: Ctrl-C must not hide a started epoch
             channels = self.pool.start_epoch(epoch, resume)
-        self._epoch_open = True
         seed = None if self._point_seed is None else derive_seed(self._point_seed, epoch)
         self.merge.attach(channels, seed=seed, epoch=epoch)
         self.main.start_separate_processes(epoch)
@@ -141,8 +144,9 @@ class ClassicRunner(Runner):
 
     def shutdown(self) -> None:
         self._epoch_open = False
-        self.pool.stop()
-        self.main.stop()
+        with Steps() as steps:
+            steps.run(self.pool.stop)
+            steps.run(self.main.stop)
 
     def queues(self) -> Sequence[tuple[str, Any]]:
         return [*self.pool.queues(), *self.main.queues()]

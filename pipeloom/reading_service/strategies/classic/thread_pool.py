@@ -6,6 +6,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from ...._shutdown import Steps
 from ....datapipes import IterDataPipe
 from ....datapipes.runtime import RestOfEpoch, block_seed, read_only_data
 from ....graph import Plan, copy
@@ -86,9 +87,10 @@ class ThreadPool:
 
     def stop(self) -> None:
         threads, self._threads = self._threads, []
-        if self._baton is not None:
-            self._baton.close()  # no worker waits for a turn that will not come
-        for thread in threads:
-            thread.close()
-        for thread in threads:
-            thread.join()
+        with Steps() as steps:
+            if self._baton is not None:  # no worker waits for a turn that will not come
+                steps.run(self._baton.close)
+            for thread in threads:
+                steps.run(thread.close)
+            for thread in threads:
+                steps.run(thread.join)

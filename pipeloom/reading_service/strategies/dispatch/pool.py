@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...._shutdown import finalize_here
+from ...._shutdown import Steps, finalize_here, interrupts_held
 from ....errors import NotAvailable, QueueError, WorkerError
 from ....events import FdReadiness, ReadinessSource, Waiter
 from ....queues import ProcessQueue
@@ -82,51 +82,57 @@ class DispatchPool:
         ]
         self._workers: list[WorkerProcess] = []
         self._exits = ExitWatch(self._workers)
-        for j in range(self.num_batch_workers):
-            self._workers.append(
-                WorkerProcess(
-                    context,
-                    f"batch worker {j}",
-                    batch_worker_main,
-                    (
-                        batch_payload,
-                        self._control[j],
-                        [links[i][j] for i in range(num_item_workers)],
-                        self._batch_results[j],
-                        j,
-                        self.num_batch_workers,
-                        seed,
-                    ),
-                )
+        starts = [
+            (
+                f"batch worker {j}",
+                batch_worker_main,
+                (
+                    batch_payload,
+                    self._control[j],
+                    [links[i][j] for i in range(num_item_workers)],
+                    self._batch_results[j],
+                    j,
+                    self.num_batch_workers,
+                    seed,
+                ),
             )
-        for i in range(num_item_workers):
-            self._workers.append(
-                WorkerProcess(
-                    context,
-                    f"item worker {i}",
-                    item_worker_main,
-                    (
-                        item_payload,
-                        self._tasks[i],
-                        self._item_results[i],
-                        links[i],
-                        i,
-                        num_item_workers,
-                        seed,
-                        worker_init_fn,
-                        own_batch_payload,
-                        ([row[i] for row in relays], relays[i]) if relay else None,
-                    ),
-                )
+            for j in range(self.num_batch_workers)
+        ] + [
+            (
+                f"item worker {i}",
+                item_worker_main,
+                (
+                    item_payload,
+                    self._tasks[i],
+                    self._item_results[i],
+                    links[i],
+                    i,
+                    num_item_workers,
+                    seed,
+                    worker_init_fn,
+                    own_batch_payload,
+                    ([row[i] for row in relays], relays[i]) if relay else None,
+                ),
             )
-        for row in (*links, *relays):  # only the workers use these; drop the main's copies
-            for link in row:
-                link.close()
+            for i in range(num_item_workers)
+        ]
         self._results = self._item_results + self._batch_results
         self._received: list[Any] = []  # read while waiting to send a task
+        # Registered before the first worker starts: a start that fails (Ctrl-C, a fork
+        # refused) stops the workers started before it.
         self._finalizer = finalize_here(
             self, _stop, self._workers, self._tasks + self._control, self._results
         )
+        try:
+            for name, target, args in starts:
+                with interrupts_held():  # a started process is listed before Ctrl-C can land
+                    self._workers.append(WorkerProcess(context, name, target, args))
+        except BaseException:
+            self._finalizer()
+            raise
+        for row in (*links, *relays):  # only the workers use these; drop the main's copies
+            for link in row:
+                link.close()
 
     # -- talking to the workers ------------------------------------------------
     def start_epoch(self, gen: int, epoch: int, stamp_seed: int | None) -> None:
@@ -219,6 +225,10 @@ class DispatchPool:
             if worker.exit_code() is not None:
                 raise worker.died()
 
+    def lost_worker(self) -> bool:
+        """Whether a worker died and its death was reported (the pool cannot go on)."""
+        return any(w.reported and w.exit_code() is not None for w in self._workers)
+
     def queues(self) -> list[tuple[str, ProcessQueue]]:
         """The main process's ends: tasks out, results in, labelled."""
         return [
@@ -240,11 +250,16 @@ class DispatchPool:
 def _stop(
     workers: list[WorkerProcess], senders: list[ProcessQueue], receivers: list[ProcessQueue]
 ) -> None:
-    for queue in senders:
-        try:
-            queue.put(Stop(), block=False)
-        except (NotAvailable, QueueError, RuntimeError):
-            pass  # full or broken: the worker is killed below if it does not exit
-    for queue in senders + receivers:
-        queue.close()
-    stop_processes(workers)
+    with Steps() as steps:
+        for queue in senders:
+            steps.run(_send_stop, queue)
+        for queue in senders + receivers:
+            steps.run(queue.close)
+        steps.run(stop_processes, workers)
+
+
+def _send_stop(queue: ProcessQueue) -> None:
+    try:
+        queue.put(Stop(), block=False)
+    except (NotAvailable, QueueError, RuntimeError):
+        pass  # full or broken: the worker is killed if it does not exit

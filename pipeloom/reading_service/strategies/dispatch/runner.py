@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
+from ...._shutdown import Steps
 from ....datapipes import IterDataPipe, MapDataPipe, MapToIter, reset_pipeline, set_pipeline_epoch
 from ....datapipes.runtime import block_seed, derive_seed, read_only_data
+from ....errors import WorkerError
 from ....graph import Plan, copy
 from ...planning.cut import cut_for_dispatch
 from ...planning.sharding import keep_shard
@@ -135,7 +137,11 @@ class DispatchRunner(Runner):
         if self._pool is None:
             self._pool = self._start_pool()
         self._gen += 1
-        self._pool.start_epoch(self._gen, epoch, stamp_seed)
+        try:
+            self._pool.start_epoch(self._gen, epoch, stamp_seed)
+        except WorkerError:  # a persistent worker died between epochs: said once,
+            self._stop_pool()  # the next epoch starts new workers
+            raise
         self.dispatcher.attach(source, self._pool, gen=self._gen, seed=stamp_seed, epoch=epoch)
         self._epoch_open = True
         self.main.start_separate_processes(epoch)
@@ -171,13 +177,14 @@ class DispatchRunner(Runner):
         return self.main.state_dict()
 
     def shutdown(self) -> None:
-        self.main.stop()
-        self._stop_pool()
         self._epoch_open = False
-        self._item_payload.close()  # their templates (spawn), kept between epochs until now
-        for payload in (self._batch_payload, self._own_batch_payload):
-            if payload is not None:
-                payload.close()
+        with Steps() as steps:
+            steps.run(self.main.stop)
+            steps.run(self._stop_pool)
+            # their templates (spawn), kept between epochs until now
+            for payload in (self._item_payload, self._batch_payload, self._own_batch_payload):
+                if payload is not None:
+                    steps.run(payload.close)
 
     def queues(self) -> Sequence[tuple[str, Any]]:
         pool = self._pool
@@ -191,13 +198,13 @@ class DispatchRunner(Runner):
         if not self._epoch_open:
             return
         self._epoch_open = False
-        if not self.persistent_workers:
-            self._stop_pool()
+        if not self.persistent_workers or (self._pool is not None and self._pool.lost_worker()):
+            self._stop_pool()  # a dead worker was reported: the next epoch starts new ones
 
     def _stop_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.stop()
-            self._pool = None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()  # runs to its end even if interrupted (finalize_here)
 
 
 class _IndexSpace(MapDataPipe):
