@@ -463,10 +463,10 @@ class _EpochIterator(Iterator[Any]):
                 f"this iterator over epoch {record.epoch} stopped when {record.stopped_by} "
                 f"escaped it; start a new epoch with iter(loader), or resume from a checkpoint"
             )
-        return RuntimeError(
-            f"this iterator over epoch {record.epoch} is no longer valid: a newer "
-            f"iter(loader), load_state_dict() or shutdown() replaced it"
-        )
+        why = "shutdown() stopped the loader"
+        if not self._loader._closed:
+            why = "a newer iter(loader) or load_state_dict() replaced it"
+        return RuntimeError(f"this iterator over epoch {record.epoch} is no longer valid: {why}")
 
 
 def _read_state(state: Any) -> tuple[int, int, int, dict[str, Any] | None]:

@@ -123,7 +123,7 @@ def test_a_new_epoch_invalidates_the_previous_iterator():
     first = iter(loader)
     next(first)
     iter(loader)
-    with pytest.raises(RuntimeError, match="no longer valid"):
+    with pytest.raises(RuntimeError, match=r"no longer valid: a newer iter\(loader\)"):
         next(first)
 
 

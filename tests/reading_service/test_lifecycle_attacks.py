@@ -471,7 +471,7 @@ def test_shutdown_from_threads_and_inside_the_loop_then_iterating_says_why(name,
             thread.join(10)
         break
     assert errors == []
-    with pytest.raises(RuntimeError, match="no longer valid"):
+    with pytest.raises(RuntimeError, match=r"no longer valid: shutdown\(\) stopped the loader"):
         next(iterator)
     with pytest.raises(RuntimeError, match="shut down; create a new one"):
         iter(loader)
