@@ -5,11 +5,14 @@ Each test is the smallest case of a silent wrong-data bug that was found and fix
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import pipeloom
-from pipeloom.datapipes import IterableWrapper
+from pipeloom.datapipes import IterableWrapper, fingerprint
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from pipeloom.testing import collect
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,3 +59,58 @@ def test_in_memory_cache_replays_every_item_after_a_resume_in_persistent_process
 
     got = _resumed_epochs(7, service, step=6, warm_epochs=0)
     assert [sorted(epoch) for epoch in got] == [list(range(7))] * 3
+
+
+# -- snapshot(): the fingerprint sees what the pipeline computes -----------------------------
+LABELS = {0: "cat", 1: "dog"}
+ALLOWED = {0, 2}
+
+
+class Config:
+    SCALE = 2
+
+
+class Derived(Config):
+    pass
+
+
+def scaled(x):
+    return x * Derived.SCALE  # the constant lives on a base class
+
+
+class Scaler:
+    OFFSET = 1
+
+    def __call__(self, x):
+        return x + self.OFFSET
+
+
+def _snapshot_reads(tmp_path):
+    made = IterableWrapper(range(4)).filter(ALLOWED.__contains__)
+    made = made.map(LABELS.get).map(str).snapshot(tmp_path / "labels")
+    return collect(made)
+
+
+def test_a_snapshot_of_a_builtin_method_bound_to_data_follows_the_data(tmp_path, monkeypatch):
+    # dict.get / set.__contains__ were digested by name only: changed data read a stale snapshot
+    assert _snapshot_reads(tmp_path) == ["cat", "None"]
+    monkeypatch.setitem(LABELS, 0, "bird")
+    monkeypatch.setattr(sys.modules[__name__], "ALLOWED", {0, 1})
+    with pytest.warns(UserWarning, match=r"different upstream \(#1 Mapper\(fn=dict.get\); #2"):
+        assert _snapshot_reads(tmp_path) == ["bird", "dog"]
+
+
+@pytest.mark.parametrize("fn", [scaled, Scaler()], ids=["function", "callable-object"])
+def test_the_fingerprint_follows_class_constants_a_function_reads(fn, monkeypatch):
+    before = fingerprint(IterableWrapper([1]).map(fn)).digest
+    assert fingerprint(IterableWrapper([1]).map(fn)).digest == before
+    monkeypatch.setattr(Config, "SCALE", 3)
+    monkeypatch.setattr(Scaler, "OFFSET", 5)
+    assert fingerprint(IterableWrapper([1]).map(fn)).digest != before
+
+
+def test_a_bound_builtin_of_a_library_keeps_its_fingerprint():
+    def digest():
+        return fingerprint(IterableWrapper([1]).map(str).map(str.upper).map(len)).digest
+
+    assert digest() == digest()
