@@ -5,6 +5,7 @@ Each test is the smallest case of a silent wrong-data bug that was found and fix
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -114,3 +115,47 @@ def test_a_bound_builtin_of_a_library_keeps_its_fingerprint():
         return fingerprint(IterableWrapper([1]).map(str).map(str.upper).map(len)).digest
 
     assert digest() == digest()
+
+
+# -- on_disk_cache / end_caching: failed keys, damaged lists -----------------------------------
+def _two_files(folder, fail=None):
+    """Each key makes its own file, then ``<key>.extra``; ``fail(key)`` runs first."""
+
+    def make(key):
+        if fail is not None:
+            fail(key)
+        yield os.path.join(folder, key), key.encode()
+        yield os.path.join(folder, key + ".extra"), b"extra"
+
+    return (
+        IterableWrapper(["a", "b"])
+        .on_disk_cache(filepath_fn=lambda key: os.path.join(folder, key))
+        .flatmap(make)
+        .end_caching(timeout=2)
+    )
+
+
+def _truncated(key):
+    raise OSError(f"the archive {key} is truncated")
+
+
+def _names(pipe):
+    return [os.path.basename(path) for path in collect(pipe)]
+
+
+def test_a_key_that_failed_is_made_again_at_once_in_the_same_process(tmp_path):
+    # the failed key's lock stayed held by the broken pipeline, so a retry in the same process
+    # waited for the timeout, then blamed "another process"
+    broken = _two_files(str(tmp_path), fail=_truncated)
+    with pytest.raises(OSError, match="truncated"):
+        collect(broken)
+    assert _names(_two_files(str(tmp_path))) == ["a", "a.extra", "b", "b.extra"]
+    assert broken is not None  # still alive while the retry ran
+
+
+def test_an_empty_list_of_a_keys_files_makes_the_key_again(tmp_path):
+    # a damaged (emptied) <key>.cached_files made the key yield no file at all, silently
+    assert _names(_two_files(str(tmp_path))) == ["a", "a.extra", "b", "b.extra"]
+    (tmp_path / "a.cached_files").write_text("")
+    assert _names(_two_files(str(tmp_path))) == ["a", "a.extra", "b", "b.extra"]
+    assert (tmp_path / "a.cached_files").read_text() != ""
