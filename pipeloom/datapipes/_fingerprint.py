@@ -14,8 +14,13 @@ The rule for each kind of value:
 * functions and lambdas: their code (bytecode, constants, names), default
   arguments, closure contents and the module globals they read, recursively;
   *not* their file name or line number, so moving code around keeps a snapshot;
-  ``functools.partial``, bound methods, builtins and classes by their parts or
-  qualified names;
+  ``functools.partial`` and bound methods by their parts; a builtin method
+  bound to data (``some_dict.get``, ``allowed.__contains__``) also by that
+  data; other builtins by their qualified names;
+* classes (read by a function, or of an object): their qualified name and
+  their functions' code; for classes of your own code (not pipeloom's, the
+  standard library's or an installed package's) also their class attributes
+  (``Config.SCALE``) and those of their own base classes;
 * any other object: its type and attributes, recursively, or its ``repr`` when
   the type defines one that carries no memory address;
 * an object whose class defines ``__pipeloom_fingerprint__(self)``: what that
@@ -53,6 +58,8 @@ import hashlib
 import inspect
 import os
 import stat
+import sys
+import sysconfig
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -263,7 +270,16 @@ class _Digester:
             self.function(value, where)
         elif isinstance(value, types.CodeType):
             self.code(value, where)
-        elif isinstance(value, (types.BuiltinFunctionType, types.ModuleType, type)) or (
+        elif isinstance(value, (types.BuiltinMethodType, types.MethodWrapperType)) and not (
+            value.__self__ is None or isinstance(value.__self__, (types.ModuleType, type))
+        ):  # a method bound to data, e.g. some_dict.get or allowed.__contains__: the data too
+            self.tag("builtin-method")
+            self.named(value)
+            self.value(value.__self__, where + ".__self__")
+        elif isinstance(value, type):
+            self.named(value)
+            self.class_body(value, where)
+        elif isinstance(value, (types.BuiltinFunctionType, types.ModuleType)) or (
             callable(value) and hasattr(value, "__qualname__") and not hasattr(value, "__dict__")
         ):
             self.named(value)
@@ -276,6 +292,35 @@ class _Digester:
         )
         name = getattr(value, "__qualname__", None) or getattr(value, "__name__", repr(value))
         self.tag(f"named:{module}.{name}")
+
+    def class_body(self, cls: type, where: str) -> None:
+        """What a class holds: its functions' code and, for your own classes (not installed
+        libraries'), its constants and its own base classes, e.g. ``Config.SCALE``."""
+        if cls.__module__ == "builtins":
+            return
+        mine = _own_class(cls)
+        if mine:
+            for base in cls.__bases__:
+                if _own_class(base):
+                    self.tag("base")
+                    self.value(base, f"{where}.__bases__")
+        for name, member in sorted(vars(cls).items()):
+            if isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            if isinstance(member, types.FunctionType):
+                self.tag("method:" + name)
+                self.composite(member, f"{where}.{name}")
+            elif not mine or (name.startswith("__") and name.endswith("__")):
+                continue  # __module__, __firstlineno__, ...: where it is, not what it does
+            elif isinstance(member, property):
+                self.tag("property:" + name)
+                self.value((member.fget, member.fset, member.fdel), f"{where}.{name}")
+            else:
+                self.tag("attribute:" + name)
+                try:
+                    self.value(member, f"{where}.{name}")
+                except UnfingerprintableError:  # a descriptor with no identity: its kind
+                    self.tag(type(member).__qualname__)
 
     def function(self, fn: types.FunctionType, where: str) -> None:
         self.tag(f"function:{fn.__module__}.{fn.__qualname__}")
@@ -308,10 +353,7 @@ class _Digester:
         cls = type(value)
         self.tag(f"object:{cls.__module__}.{cls.__qualname__}")
         if cls.__module__ != "builtins":  # what its methods do, e.g. a callable's __call__
-            for name, member in sorted(vars(cls).items()):
-                if isinstance(member, types.FunctionType):
-                    self.tag("method:" + name)
-                    self.composite(member, f"{where}.{name}")
+            self.composite(cls, f"{where}.__class__")
         has_state = hasattr(value, "__dict__")
         state: dict[str, Any] = getattr(value, "__dict__", None) or {}
         slots = [s for k in cls.__mro__ for s in getattr(k, "__slots__", ())]
@@ -341,6 +383,27 @@ class _Digester:
         inner.active = self.active
         inner.value(value, where)
         return sink.hexdigest()
+
+
+@functools.cache
+def _library_folders() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple(
+        os.path.join(os.path.realpath(paths[k]), "")
+        for k in ("stdlib", "platstdlib", "purelib", "platlib")
+        if k in paths
+    )
+
+
+def _own_class(cls: type) -> bool:
+    """A class of the program's own code: not builtins, pipeloom or an installed library."""
+    module = cls.__module__ or ""
+    if module in ("builtins", "pipeloom") or module.startswith("pipeloom."):
+        return False
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if not isinstance(file, str):
+        return module == "__main__"
+    return not os.path.realpath(file).startswith(_library_folders())
 
 
 def _global_names(code: types.CodeType) -> set[str]:

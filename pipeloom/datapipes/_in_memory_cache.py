@@ -39,7 +39,9 @@ class InMemoryCacheHolder(IterDataPipe):
     processes, and their caches, between epochs; worker threads always do);
     before the sharding point, every worker caches the whole stream. A worker
     makes its first item of each epoch live to learn where its stream starts
-    (this is what keeps a resumed epoch right). In the item workers of the
+    (this is what keeps a resumed epoch right); one that cached nothing, which
+    cannot tell an empty shard from one resumed at its end, fills again in the
+    next epoch. In the item workers of the
     ``economic`` and ``chunked`` strategies items move between workers, so the
     cache steps aside there.
 
@@ -179,7 +181,9 @@ class InMemoryCacheHolder(IterDataPipe):
         try:
             item = self._pass()
         except StopIteration:
-            self._complete = True
+            # A worker may have started mid-stream (resume_at on its sharding point): with
+            # nothing cached it cannot tell where its stream starts, so it fills again next pass
+            self._complete = bool(self._entries) or not self._in_worker
             self._phase = "pass"
             raise
         seed, epoch, position, draws = current_stamp()

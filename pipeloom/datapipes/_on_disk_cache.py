@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import NotAvailable
 from ._base import DataPipe, IterDataPipe
 from ._cache_files import FileLock, file_hash, write_atomically
 from ._context import current_stamp, key_position, restore_stamp
@@ -188,7 +189,8 @@ class OnDiskCacheHolder(IterDataPipe):
         if os.path.exists(listed):
             with open(listed) as file:
                 paths = [line for line in file.read().split("\n") if line]
-            return paths if all(os.path.exists(p) for p in paths) else None
+            # an empty list is damaged (one is written for two files or more): make it again
+            return paths if paths and all(os.path.exists(p) for p in paths) else None
         if not os.path.isfile(path):
             return None
         if self.hash_dict is not None:
@@ -360,6 +362,11 @@ class EndOnDiskCacheHolder(IterDataPipe):
             if not self._ready:
                 raise
             return
+        except NotAvailable:
+            raise
+        except BaseException:  # a block in between failed on its key: let others make it
+            holder._unlock()
+            raise
         stamp = current_stamp()
         # cached keys before this one come first
         self._queue(holder.done_before(key_position(stamp[2])))
