@@ -148,7 +148,11 @@ class OnDiskCacheHolder(IterDataPipe):
                 f"{self!r} is iterated without .end_caching(): add .end_caching(...) after the "
                 f"blocks that make the files"
             )
-        self._unlock()  # the blocks in between asked for the next key: done with the last
+        # The blocks in between asked for the next key: the last one's files are all written.
+        # List them before letting go of its lock, or a process waiting on it would find the
+        # key's own path alone and take it for a single-file key.
+        self._list_files()
+        self._unlock()
         while True:
             key = self._next_key()
             stamp = current_stamp()
@@ -223,6 +227,7 @@ class OnDiskCacheHolder(IterDataPipe):
         if origin is not None:
             origin.outputs.append(path)
             origin.many = origin.many or path != origin.path
+            origin.listed = False  # a block reading ahead (threadpool_map) can add files later
 
     def done_before(self, position: int | None) -> list[tuple[tuple, list[str]]]:
         """Close the keys before ``position`` (all: None); return the cached ones among them.
@@ -231,15 +236,7 @@ class OnDiskCacheHolder(IterDataPipe):
         yields them without making them.
         """
         for key in [k for k in self._making if position is None or k is None or k < position]:
-            origin = self._making.pop(key)
-            if origin.many:
-                write_atomically(
-                    origin.path + LIST_SUFFIX,
-                    "\n".join(origin.outputs),
-                    "w",
-                    expected_hash=None,
-                    hash_type="sha256",
-                )
+            self._list(self._making.pop(key))
         out = []
         pending = self._pending
         while pending and (
@@ -247,6 +244,23 @@ class OnDiskCacheHolder(IterDataPipe):
         ):
             out.append(pending.popleft())
         return out
+
+    def _list_files(self) -> None:
+        """Write the file list of every key being made that made several files."""
+        for origin in self._making.values():
+            self._list(origin)
+
+    @staticmethod
+    def _list(origin: _Origin) -> None:
+        if origin.many and not origin.listed:
+            write_atomically(
+                origin.path + LIST_SUFFIX,
+                "\n".join(origin.outputs),
+                "w",
+                expected_hash=None,
+                hash_type="sha256",
+            )
+            origin.listed = True
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -277,12 +291,13 @@ class OnDiskCacheHolder(IterDataPipe):
 class _Origin:
     """A key being made into files: its path and the files written for it so far."""
 
-    __slots__ = ("path", "outputs", "many")
+    __slots__ = ("path", "outputs", "many", "listed")
 
     def __init__(self, path: str, outputs: list[str] | None = None, many: bool = False) -> None:
         self.path = path
         self.outputs = [] if outputs is None else outputs
         self.many = many
+        self.listed = False  # its list of files is written (a resumed key writes it again)
 
 
 class EndOnDiskCacheHolder(IterDataPipe):

@@ -431,3 +431,50 @@ def test_a_key_that_is_not_a_path_asks_for_filepath_fn():
         TypeError, match=r"needs a path \(str\) for each item, got int 3; pass filepath_fn"
     ):
         list(pipe)
+
+
+def test_a_many_file_key_is_listed_before_its_lock_is_let_go(tmp_path):
+    # Another process waiting on the lock must not find the key's own path alone (and take
+    # it for a single-file key): the list is written as the next key is asked for.
+    seen = []
+
+    def keys():
+        yield "a"
+        listed = os.path.exists(os.path.join(tmp_path, "a" + LIST_SUFFIX))
+        lock = FileLock(os.path.join(tmp_path, "a"))
+        lock.acquire(1)  # let go: another process could take it now
+        lock.release()
+        seen.append(listed)
+        yield "b"
+
+    def files(key):  # the key's own path, then a sidecar
+        return [(key, key.encode()), (key + ".json", b"{}")]
+
+    pipe = (
+        IterableWrapper(keys())
+        .on_disk_cache(filepath_fn=InFolder(tmp_path))
+        .flatmap(files)
+        .end_caching(filepath_fn=InFolder(tmp_path))
+    )
+    assert [os.path.basename(p) for p in collect(pipe)] == ["a", "a.json", "b", "b.json"]
+    assert seen == [True]
+
+
+def test_a_block_reading_ahead_between_still_lists_every_file_of_a_key(tmp_path):
+    def files(key):
+        return [(key, key.encode()), (key + ".json", b"{}"), (key + ".txt", b"")]
+
+    def pipe():
+        return (
+            IterableWrapper(["a", "b", "c"])
+            .on_disk_cache(filepath_fn=InFolder(tmp_path))
+            .flatmap(files)
+            .threadpool_map(tuple, scheduled_tasks=2)  # asks for files ahead of its outputs
+            .end_caching(filepath_fn=InFolder(tmp_path))
+        )
+
+    first = collect(pipe())
+    assert len(first) == 9 and collect(pipe()) == first
+    for key in "abc":
+        listed = (tmp_path / (key + LIST_SUFFIX)).read_text().split("\n")
+        assert [os.path.basename(p) for p in listed] == [key, key + ".json", key + ".txt"]
