@@ -33,7 +33,8 @@ def _torchrun(ranks: int, *args: str) -> str:
 
 
 @pytest.mark.timeout(300)  # a hang detector: ranks importing torch on a busy machine
-@pytest.mark.parametrize(("old", "new", "steps"), [(2, 3, 3), (3, 2, 2)])
+# 2 -> 3 only: 3 -> 2 is checked in tests/reading_service/test_elastic_ranks.py (17 s saved)
+@pytest.mark.parametrize(("old", "new", "steps"), [(2, 3, 3)])
 def test_a_checkpoint_of_one_rank_count_resumes_on_another(tmp_path, old, new, steps):
     path = str(tmp_path / "ckpt.pt")
     _torchrun(old, "--save", path, f"--steps={steps}")
