@@ -32,29 +32,27 @@ from tests.own_resources import OwnResources, wait_for_exit
 from tests.reading_service import pipelines
 from tests.reading_service.test_separate import with_side_stream
 
-LOADERS = {
-    "classic": lambda **kw: DataLoader(
-        pipelines.for_strategies(40),
-        MultiProcessingReadingService(2, start_method="fork", **kw),
-        seed=1,
-    ),
-    "economic": lambda **kw: DataLoader(
-        pipelines.for_strategies(40, map_style=True),
-        MultiProcessingReadingService(2, start_method="fork", strategy="economic", **kw),
-        seed=1,
-    ),
-    "chunked": lambda **kw: DataLoader(
-        pipelines.for_strategies(40),
-        MultiProcessingReadingService(2, start_method="fork", strategy="chunked", **kw),
-        seed=1,
-    ),
-    "separate-process": lambda **kw: DataLoader(
-        with_side_stream(), MultiProcessingReadingService(2, start_method="fork", **kw), seed=5
-    ),
-    "threads": lambda **kw: DataLoader(
-        pipelines.for_strategies(40), ThreadReadingService(2, **kw), seed=1
-    ),
-}
+
+def make_loader(name: str, *, long: bool = False, **kwargs) -> DataLoader:
+    """A small loader under strategy ``name`` (``long``: every worker mid-epoch when killed)."""
+    items = 160 if long else 40
+    if name == "threads":
+        service = ThreadReadingService(2, **kwargs)
+        return DataLoader(pipelines.for_strategies(items), service, seed=1)
+    kwargs["start_method"] = "fork"
+    if name == "separate-process":
+        pipe = with_side_stream(40) if long else with_side_stream()
+        return DataLoader(pipe, MultiProcessingReadingService(2, **kwargs), seed=5)
+    if name != "classic":
+        kwargs["strategy"] = name
+    if name == "economic" and long:
+        kwargs["num_batch_workers"] = 1
+    pipe = pipelines.for_strategies(items, map_style=name == "economic")
+    return DataLoader(pipe, MultiProcessingReadingService(2, **kwargs), seed=1)
+
+
+NAMES = ["classic", "economic", "chunked", "separate-process", "threads"]
+LOADERS = {name: functools.partial(make_loader, name) for name in NAMES}
 PROCESS_LOADERS = [name for name in LOADERS if name != "threads"]
 
 
@@ -292,26 +290,7 @@ def test_workers_whose_queue_was_never_read_exit_on_their_own_at_shutdown(own, m
 # -- kill -9 from outside -----------------------------------------------------------------
 
 LONG = {  # epochs long enough that every worker is mid-epoch when killed
-    "classic": lambda **kw: DataLoader(
-        pipelines.for_strategies(160),
-        MultiProcessingReadingService(2, start_method="fork", **kw),
-        seed=1,
-    ),
-    "economic": lambda **kw: DataLoader(
-        pipelines.for_strategies(160, map_style=True),
-        MultiProcessingReadingService(
-            2, start_method="fork", strategy="economic", num_batch_workers=1, **kw
-        ),
-        seed=1,
-    ),
-    "chunked": lambda **kw: DataLoader(
-        pipelines.for_strategies(160),
-        MultiProcessingReadingService(2, start_method="fork", strategy="chunked", **kw),
-        seed=1,
-    ),
-    "separate-process": lambda **kw: DataLoader(
-        with_side_stream(40), MultiProcessingReadingService(2, start_method="fork", **kw), seed=5
-    ),
+    name: functools.partial(make_loader, name, long=True) for name in NAMES if name != "threads"
 }
 
 
