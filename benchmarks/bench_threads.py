@@ -64,8 +64,13 @@ def pipeline(values: list[int]) -> Any:
     return IterableWrapper(values).sharding_filter().map(f).batch(BATCH)
 
 
-def loaders(values: list[int], counts: tuple[int, ...]) -> list[tuple[str, int, Callable[[], Any]]]:
-    """(name, n, make): in-process first, then per n torch, threads, processes."""
+def loaders(
+    values: list[int], counts: tuple[int, ...], prefetch: int = 2
+) -> list[tuple[str, int, Callable[[], Any]]]:
+    """(name, n, make): in-process first, then per n torch, threads, processes.
+
+    ``prefetch`` is every loader's ``prefetch_factor`` (batches per worker).
+    """
     made: list[tuple[str, int, Callable[[], Any]]] = [
         ("in-process", 0, lambda: pipeloom.DataLoader(pipeline(values), InProcessReadingService()))
     ]
@@ -76,19 +81,27 @@ def loaders(values: list[int], counts: tuple[int, ...]) -> list[tuple[str, int, 
                 "torch DataLoader",
                 n,
                 lambda n=n: torch.utils.data.DataLoader(
-                    dataset, batch_size=BATCH, num_workers=n, collate_fn=as_list
+                    dataset,
+                    batch_size=BATCH,
+                    num_workers=n,
+                    collate_fn=as_list,
+                    prefetch_factor=prefetch,
                 ),
             ),
             (
                 "ThreadReadingService",
                 n,
-                lambda n=n: pipeloom.DataLoader(pipeline(values), ThreadReadingService(n), seed=0),
+                lambda n=n: pipeloom.DataLoader(
+                    pipeline(values), ThreadReadingService(n, prefetch_factor=prefetch), seed=0
+                ),
             ),
             (
                 "MultiProcessingReadingService",
                 n,
                 lambda n=n: pipeloom.DataLoader(
-                    pipeline(values), MultiProcessingReadingService(n), seed=0
+                    pipeline(values),
+                    MultiProcessingReadingService(n, prefetch_factor=prefetch),
+                    seed=0,
                 ),
             ),
         ]
@@ -117,13 +130,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--quick", action="store_true", help="200,000 items, 1 run")
     parser.add_argument("--items", type=int, help="items per epoch (2,000,000)")
+    parser.add_argument(
+        "--prefetch-factor",
+        type=int,
+        default=2,
+        help="batches each worker may hold ahead, for every loader (2, torch's default)",
+    )
     args = parser.parse_args(argv)
     quiet_torch_warnings()
     items = args.items or (200_000 if args.quick else 2_000_000)
     repeats = 1 if args.quick else 3
     counts = (1, 2, 4)
     values = list(range(items))
-    made = loaders(values, counts)
+    made = loaders(values, counts, args.prefetch_factor)
     runs: dict[tuple[str, int], list[Epoch]] = {(name, n): [] for name, n, _ in made}
     reference = None
     for _ in range(repeats):  # round-robin, so drift in machine load hits every loader alike
@@ -153,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     print_table(
         f"IterableWrapper(list(range({items:,}))).sharding_filter().map(f).batch({BATCH}): "
-        f"fresh loader per run, median of {repeats}",
+        f"prefetch_factor={args.prefetch_factor}, fresh loader per run, median of {repeats}",
         ["loader", "n", "epoch s", "epoch / in-process", "first batch ms", "vs torch"],
         rows,
     )
