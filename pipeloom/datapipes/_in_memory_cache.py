@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._validate import check_bool
 from ._base import IterDataPipe
 from ._context import current_stamp, key_position, restore_stamp, worker_info
 from ._fingerprint import random_blocks
@@ -77,6 +78,7 @@ class InMemoryCacheHolder(IterDataPipe):
             raise ValueError(
                 f"size must be a number of MiB > 0, or None for no limit; got {size!r}"
             )
+        check_bool("allow_random", allow_random)
         randoms = random_blocks(source)
         if randoms and not allow_random:
             raise ValueError(
@@ -87,7 +89,7 @@ class InMemoryCacheHolder(IterDataPipe):
             )
         self.source = source
         self.size = size
-        self.allow_random = bool(allow_random)
+        self.allow_random = allow_random
         self._limit = None if size is None else int(size * _MIB)
         self.clear()
         self._resets = 0  # passes since the last set_epoch

@@ -219,6 +219,15 @@ def test_bad_size_says_what_is_expected(size):
         InMemoryCacheHolder(IterableWrapper([1]), size)
 
 
+@pytest.mark.parametrize("flag", ["no", 1, None])
+def test_allow_random_must_be_a_bool(flag):
+    # "no" was taken for True: a shuffle upstream was then frozen without a word
+    with pytest.raises(
+        TypeError, match=r"allow_random must be a bool, got str 'no'|got int 1|got NoneType"
+    ):
+        InMemoryCacheHolder(IterableWrapper([1]).shuffle(), allow_random=flag)
+
+
 def test_length_and_repr():
     pipe = IterableWrapper(range(5)).in_memory_cache(size=2)
     assert len(pipe) == 5
