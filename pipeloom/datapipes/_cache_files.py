@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import os
 import threading
+import weakref
 from typing import Any
 
 __all__ = ["FileLock", "file_hash", "write_atomically"]
@@ -124,9 +125,16 @@ class FileLock:
     def acquire(self, timeout: float | None) -> None:
         """Wait (at most ``timeout`` s) until no other process writes ``path``.
 
+        Within this process, a lock held for a pipeline its thread no longer
+        runs (the calling thread's own, e.g. an iteration broken off and not
+        dropped yet, or an ended thread's) is taken over instead of waited
+        for: nothing would ever let it go.
+
         Raises:
             TimeoutError: another process held it longer than ``timeout``.
         """
+        if self._take_over():
+            return
         os.makedirs(os.path.dirname(self.lock_path), exist_ok=True)
         while True:
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -141,13 +149,30 @@ class FileLock:
                     ) from None
             if _same_file(fd, self.lock_path):  # not removed by its last holder meanwhile
                 self._fd = fd
+                with _HELD_GUARD:
+                    _HELD[self.lock_path] = (os.getpid(), threading.get_ident(), weakref.ref(self))
                 return
             os.close(fd)
+
+    def _take_over(self) -> bool:
+        with _HELD_GUARD:
+            held = _HELD.get(self.lock_path)
+            if held is None or held[0] != os.getpid():
+                return False
+            holder = held[2]()
+            if holder is None or holder._fd < 0 or not _abandoned_by(held[1]):
+                return False
+            self._fd, holder._fd = holder._fd, -1
+            _HELD[self.lock_path] = (held[0], threading.get_ident(), weakref.ref(self))
+            return True
 
     def release(self) -> None:
         """Remove the lock file and let the next waiter in."""
         if self._fd < 0:
             return
+        with _HELD_GUARD:
+            if _HELD.get(self.lock_path, (None, None, lambda: None))[2]() is self:
+                del _HELD[self.lock_path]
         try:
             os.unlink(self.lock_path)  # while holding it: a waiter then sees a stale file
         except FileNotFoundError:
@@ -164,6 +189,19 @@ class FileLock:
             self.release()
         except Exception:  # interpreter shutdown
             pass
+
+
+_HELD: dict[str, tuple[int, int, weakref.ref[FileLock]]] = {}
+"""Locks this process holds: lock file -> (pid, holding thread, lock); a forked
+child's copy names its parent's pid and is ignored."""
+_HELD_GUARD = threading.Lock()
+
+
+def _abandoned_by(thread: int | None) -> bool:
+    """Whether the thread holding a lock of this process will never let it go by itself."""
+    if thread == threading.get_ident():
+        return True  # it waits for us: we are that thread
+    return all(t.ident != thread for t in threading.enumerate())
 
 
 def _wait_for_lock(fd: int, timeout: float | None) -> bool:

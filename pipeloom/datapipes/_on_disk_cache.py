@@ -26,6 +26,7 @@ from ._pipeline import is_sharding_root, upstream_blocks
 __all__ = ["EndOnDiskCacheHolder", "OnDiskCacheHolder"]
 
 LIST_SUFFIX = ".cached_files"  # next to a key whose contents are several files
+MAKING_SUFFIX = ".cache_making"  # next to a key being made: its files are not all there yet
 _HASH_TYPES = ("sha256", "md5")
 
 
@@ -165,6 +166,7 @@ class OnDiskCacheHolder(IterDataPipe):
                 cached = self._cached(path)
             if cached is None:
                 self._lock = lock
+                _mark_making(path)  # until the key's files are all there (or listed)
                 self._making[key_position(stamp[2])] = _Origin(path)
                 return key
             if lock is not None:
@@ -172,6 +174,10 @@ class OnDiskCacheHolder(IterDataPipe):
             self._pending.append((stamp, cached))
 
     def _unlock(self) -> None:
+        """Let go of the key's lock; a key that wrote nothing drops its marker too."""
+        for origin in getattr(self, "_making", {}).values():  # (none before the first reset)
+            if not origin.outputs:
+                _unmark(origin)
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
@@ -189,6 +195,8 @@ class OnDiskCacheHolder(IterDataPipe):
 
     def _cached(self, path: str) -> list[str] | None:
         """The cached files for ``path``, or None when they must be made."""
+        if os.path.exists(path + MAKING_SUFFIX):  # its maker stopped midway (or still runs)
+            return None
         listed = path + LIST_SUFFIX
         if os.path.exists(listed):
             with open(listed) as file:
@@ -236,7 +244,7 @@ class OnDiskCacheHolder(IterDataPipe):
         yields them without making them.
         """
         for key in [k for k in self._making if position is None or k is None or k < position]:
-            self._list(self._making.pop(key))
+            self._finish(self._making.pop(key))
         out = []
         pending = self._pending
         while pending and (
@@ -246,12 +254,13 @@ class OnDiskCacheHolder(IterDataPipe):
         return out
 
     def _list_files(self) -> None:
-        """Write the file list of every key being made that made several files."""
+        """Finish every key being made: its files are all written."""
         for origin in self._making.values():
-            self._list(origin)
+            self._finish(origin)
 
     @staticmethod
-    def _list(origin: _Origin) -> None:
+    def _finish(origin: _Origin) -> None:
+        """List the key's files if it made several, then say it is made (drop its marker)."""
         if origin.many and not origin.listed:
             write_atomically(
                 origin.path + LIST_SUFFIX,
@@ -261,6 +270,7 @@ class OnDiskCacheHolder(IterDataPipe):
                 hash_type="sha256",
             )
             origin.listed = True
+        _unmark(origin)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -291,13 +301,35 @@ class OnDiskCacheHolder(IterDataPipe):
 class _Origin:
     """A key being made into files: its path and the files written for it so far."""
 
-    __slots__ = ("path", "outputs", "many", "listed")
+    __slots__ = ("path", "outputs", "many", "listed", "marked")
 
     def __init__(self, path: str, outputs: list[str] | None = None, many: bool = False) -> None:
         self.path = path
         self.outputs = [] if outputs is None else outputs
         self.many = many
         self.listed = False  # its list of files is written (a resumed key writes it again)
+        self.marked = True  # its marker may be on disk (a resumed key drops the old one)
+
+
+def _unmark(origin: _Origin) -> None:
+    if origin.marked:
+        try:
+            os.unlink(origin.path + MAKING_SUFFIX)
+        except FileNotFoundError:  # another process made the same key meanwhile
+            pass
+        origin.marked = False
+
+
+def _mark_making(path: str) -> None:
+    """Leave ``<path>.cache_making`` until the key is made.
+
+    A maker stopped midway (killed, or its epoch broken off) leaves it, so a
+    later run makes the key again instead of taking the files written so far
+    for all of them (a key whose first file has the key's own path).
+    """
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + MAKING_SUFFIX, "w"):
+        pass
 
 
 class EndOnDiskCacheHolder(IterDataPipe):

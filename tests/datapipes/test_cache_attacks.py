@@ -5,8 +5,11 @@ Each test is the smallest case of a silent wrong-data bug that was found and fix
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
 import sys
+import threading
 
 import pytest
 
@@ -159,3 +162,60 @@ def test_an_empty_list_of_a_keys_files_makes_the_key_again(tmp_path):
     (tmp_path / "a.cached_files").write_text("")
     assert _names(_two_files(str(tmp_path))) == ["a", "a.extra", "b", "b.extra"]
     assert (tmp_path / "a.cached_files").read_text() != ""
+
+
+# -- a key whose maker stopped after the key's own file, before the rest --------------------
+# Each left the key's own file and no list, which later runs took for a single-file key:
+# they yielded "a" without "a.extra", silently, for good. The key's marker now says it is
+# not made yet.
+EVERY_FILE = ["a", "a.extra", "b", "b.extra"]
+
+
+def test_an_epoch_broken_off_inside_a_key_makes_the_key_again(tmp_path):
+    with pipeloom.DataLoader(_two_files(str(tmp_path))) as loader:
+        for path in loader:
+            assert os.path.basename(path) == "a"
+            break  # "a" written, "a.extra" not
+        assert [os.path.basename(p) for p in loader] == EVERY_FILE
+    assert _names(_two_files(str(tmp_path))) == EVERY_FILE
+    assert not list(tmp_path.glob("*.cache_making"))
+
+
+def test_a_pipeline_left_inside_a_key_neither_blocks_nor_shortens_a_new_one(tmp_path):
+    left = iter(_two_files(str(tmp_path)))
+    assert os.path.basename(next(left)) == "a"  # holds a's lock, in this thread, for good
+    assert _names(_two_files(str(tmp_path))) == EVERY_FILE  # no wait for the 2 s timeout
+
+
+def test_a_lock_left_by_a_thread_that_ended_is_taken_over(tmp_path):
+    left = []
+
+    def read_one():
+        iterator = iter(_two_files(str(tmp_path)))
+        left.append((iterator, next(iterator)))  # the iterator outlives the thread
+
+    thread = threading.Thread(target=read_one)
+    thread.start()
+    thread.join(10)
+    assert [os.path.basename(path) for _, path in left] == ["a"]
+    assert _names(_two_files(str(tmp_path))) == EVERY_FILE  # no wait for the 2 s timeout
+
+
+def _make_a_then_die(folder):
+    def make(key):
+        yield os.path.join(folder, key), key.encode()
+        os.kill(os.getpid(), signal.SIGKILL)  # after the key's own file, before its sidecar
+
+    pipe = IterableWrapper(["a"]).on_disk_cache(lambda key: os.path.join(folder, key))
+    list(pipe.flatmap(make).end_caching())
+
+
+def test_a_key_whose_maker_was_killed_after_its_own_file_is_made_again(tmp_path):
+    maker = multiprocessing.get_context("fork").Process(
+        target=_make_a_then_die, args=(str(tmp_path),)
+    )
+    maker.start()
+    maker.join(30)
+    assert maker.exitcode == -signal.SIGKILL
+    assert (tmp_path / "a").exists() and not (tmp_path / "a.extra").exists()
+    assert _names(_two_files(str(tmp_path))) == EVERY_FILE

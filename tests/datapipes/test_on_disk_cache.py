@@ -324,13 +324,26 @@ def test_a_writer_killed_mid_download_leaves_no_file_a_later_run_trusts(server, 
 
 
 def test_waiting_for_another_writer_times_out_with_a_clear_error(server, tmp_path):
-    held = FileLock(str(tmp_path / "f0.bin"))
-    held.acquire(timeout=5)
+    # another writer: a thread that goes on running (a lock of the calling thread's own,
+    # or of a thread that ended, is taken over: test_cache_attacks)
+    held, release = threading.Event(), threading.Event()
+
+    def writer():
+        lock = FileLock(str(tmp_path / "f0.bin"))
+        lock.acquire(timeout=5)
+        held.set()
+        release.wait(30)
+        lock.release()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
     try:
+        assert held.wait(10)
         with pytest.raises(TimeoutError, match=r"another process has been writing .*f0\.bin"):
             collect(http_cache(server, tmp_path, timeout=0.2))
     finally:
-        held.release()
+        release.set()
+        thread.join(10)
     assert collect(http_cache(server, tmp_path)) == expected_paths(tmp_path)
 
 
