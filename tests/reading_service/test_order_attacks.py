@@ -14,9 +14,10 @@ from collections import Counter
 import pytest
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper, seed_pipeline
+from pipeloom.datapipes import IterableWrapper, IterDataPipe, seed_pipeline
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.distributed.elastic import rank_picture, rest_of_epoch
+from tests.reading_service.test_separate import BATCH, made, without_pids
 
 
 def three_of_each(x: int) -> list[int]:
@@ -111,3 +112,63 @@ def test_the_rest_of_an_epoch_on_new_ranks_in_arrival_order_gives_each_item_once
         finally:
             service.shutdown()
     assert items(head + tail) == full
+
+
+# -- a block in a separate process, checkpointed mid-epoch ---------------------------------
+
+
+class Separate(IterDataPipe):
+    """Passes its source through in a process of its own; keeps nothing between items."""
+
+    inputs = ("source",)
+
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+
+    def is_separate_process(self) -> bool:
+        return True
+
+    def async_next(self):
+        return self.source.async_next()
+
+    def state_dict(self) -> dict:
+        return {}
+
+
+def with_separate_side_stream(batches: int = 4) -> IterDataPipe:
+    """Shuffled batches from the workers zipped with a shuffled stream from a separate process."""
+    from_workers = (
+        IterableWrapper(range(batches * BATCH)).shuffle().sharding_filter().map(made).batch(BATCH)
+    )
+    side = Separate(IterableWrapper(range(batches)).shuffle().map(made)).map(made)
+    return from_workers.zip(side)
+
+
+SEPARATE = {
+    "threads": lambda: ThreadReadingService(2),
+    "classic": lambda: MultiProcessingReadingService(3, start_method="fork", timeout=20),
+    "economic": lambda: MultiProcessingReadingService(
+        2, strategy="economic", start_method="fork", timeout=20
+    ),
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("saved", "resumed", "stop"),
+    [("threads", "classic", 1), ("classic", "threads", 3), ("economic", "economic", 2)],
+)
+def test_a_checkpoint_with_a_separate_process_resumes_exactly(saved, resumed, stop):
+    # state_dict() raised, telling the user to implement state_dict() on
+    # pipeloom's own SeparateProcessReader; now the separate process replays its
+    # branch and drops what was delivered before the checkpoint.
+    with DataLoader(with_separate_side_stream(), seed=5) as loader:
+        expected = [without_pids(list(loader)) for _ in range(2)]
+    with DataLoader(with_separate_side_stream(), SEPARATE[saved](), seed=5) as loader:
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(stop)]
+        state = loader.state_dict()
+    with DataLoader(with_separate_side_stream(), SEPARATE[resumed](), seed=5) as loader:
+        loader.load_state_dict(state)
+        assert without_pids(head + list(loader)) == expected[0]
+        assert without_pids(list(loader)) == expected[1]
