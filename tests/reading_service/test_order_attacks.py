@@ -14,9 +14,11 @@ from collections import Counter
 import pytest
 
 from pipeloom import DataLoader
+from pipeloom.autotune import AutoReadingService, Config
 from pipeloom.datapipes import IterableWrapper, IterDataPipe, seed_pipeline
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.distributed.elastic import rank_picture, rest_of_epoch
+from tests.autotune.test_service import Scripted
 from tests.reading_service.test_separate import BATCH, made, without_pids
 
 
@@ -172,3 +174,38 @@ def test_a_checkpoint_with_a_separate_process_resumes_exactly(saved, resumed, st
         loader.load_state_dict(state)
         assert without_pids(head + list(loader)) == expected[0]
         assert without_pids(list(loader)) == expected[1]
+
+
+# -- "auto": a move the running service cannot checkpoint for -------------------------------
+
+
+class Passing(IterDataPipe):
+    """A torchdata-style block written as a generator: it cannot save its state."""
+
+    inputs = ("source",)
+
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+
+    def __iter__(self):
+        yield from self.source
+
+
+def generator_tail() -> IterDataPipe:
+    return Passing(IterableWrapper(range(24)).shuffle().sharding_filter().map(abs).batch(4))
+
+
+@pytest.mark.timeout(30)
+def test_auto_moves_a_pipeline_it_cannot_checkpoint_at_the_next_epoch():
+    # The tuner's mid-epoch move took the running service's state_dict(): the
+    # StateError escaped next(loader) and ended the user's epoch.
+    loader = DataLoader(generator_tail(), seed=2)
+    expected = [list(loader), list(loader)]
+    service = AutoReadingService(
+        start=Config("threads", 1, 1), tuner=Scripted({2: Config("threads", 2, 2)})
+    )
+    with DataLoader(generator_tail(), service, seed=2) as tuned:
+        first = list(tuned)
+        assert service.config == Config("threads", 1, 1)  # the epoch ran on unchanged
+        assert [first, list(tuned)] == expected
+        assert service.config == Config("threads", 2, 2)  # moved with the next epoch
