@@ -13,6 +13,8 @@ import threading
 from collections import Counter
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipeloom import DataLoader
 from pipeloom.autotune import AutoReadingService, Config
@@ -21,6 +23,7 @@ from pipeloom.queues import ProcessQueue
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.distributed.elastic import rank_picture, rest_of_epoch
 from tests.autotune.test_service import Scripted
+from tests.reading_service.random_pipelines import PER_ITEM, PREFIX, build
 from tests.reading_service.test_separate import BATCH, made, without_pids
 
 
@@ -81,6 +84,61 @@ def test_a_checkpoint_resumed_in_arrival_order_gives_each_remaining_item_once(
     with DataLoader(build(), ARRIVAL_ORDER[resumed](), seed=1) as loader:
         loader.load_state_dict(state)
         assert items(head + list(loader)) == expected
+
+
+def leaves(outputs: list) -> Counter:
+    """Every item inside the outputs (batches opened), with its multiplicity."""
+    found: Counter = Counter()
+    for output in outputs:
+        if isinstance(output, list):
+            found += leaves(output)
+        else:
+            found[output] += 1
+    return found
+
+
+# A tail that keeps the items whatever their order: item_rng() draws first (an
+# item's draws follow its key; a batch's key is its first item's, which arrival
+# order changes), then blocks that only regroup. An order-dependent tail such as
+# enumerate() or header() sees other items in arrival order, by design.
+item_keeping_tails = st.tuples(
+    st.booleans(),
+    st.lists(st.sampled_from(("shuffle_small", "batch_then_unbatch", "batch")), max_size=2),
+).map(lambda drawn_then: ("jitter",) * drawn_then[0] + tuple(drawn_then[1]))
+unordered_recipes = st.tuples(
+    st.integers(0, 24),
+    st.lists(st.sampled_from(PREFIX), max_size=2).map(tuple),
+    st.lists(st.sampled_from(PER_ITEM), max_size=3).map(tuple),
+    item_keeping_tails,
+)
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    recipe=unordered_recipes,
+    saved=st.integers(1, 3),
+    resumed=st.integers(1, 3),
+    stop=st.integers(0, 12),
+    seed=st.integers(0, 99),
+)
+def test_arrival_order_gives_each_item_once_fresh_and_after_an_in_order_checkpoint(
+    recipe, saved, resumed, stop, seed
+):
+    with DataLoader(build(recipe), seed=seed) as loader:
+        epochs = [list(loader), list(loader)]
+    unordered = ThreadReadingService(resumed, in_order=False)
+    with DataLoader(build(recipe), unordered, seed=seed) as loader:
+        assert [leaves(list(loader)), leaves(list(loader))] == [leaves(e) for e in epochs]
+    stop = min(stop, len(epochs[0]))
+    with DataLoader(build(recipe), ThreadReadingService(saved), seed=seed) as loader:
+        head = list(itertools.islice(iter(loader), stop))
+        state = loader.state_dict()
+    unordered = ThreadReadingService(resumed, in_order=False)
+    with DataLoader(build(recipe), unordered, seed=seed) as loader:
+        loader.load_state_dict(state)
+        assert leaves(head + list(loader)) == leaves(epochs[0])
+        assert leaves(list(loader)) == leaves(epochs[1])
 
 
 def _rank(total: int, index: int, in_order: bool) -> ThreadReadingService:
