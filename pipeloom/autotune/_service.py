@@ -7,7 +7,9 @@ of the classic cut, it re-places the epoch between two outputs: it takes the
 running service's checkpoint, stops it, and resumes that checkpoint under
 the new configuration (classic checkpoints are portable between threads and
 processes and any number of workers). A move to economic or chunked, or to
-another chunk size, starts with the next epoch. pipeloom's order does not
+another chunk size, starts with the next epoch, and so does any move when
+the running service cannot take a checkpoint (a block without
+``state_dict()``). pipeloom's order does not
 depend on placement, so the output is the untuned run's, output for output.
 """
 
@@ -20,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..datapipes import IterDataPipe
+from ..errors import StateError
 from ..graph import Placement
 from ..reading_service import InProcessReadingService, ReadingService
 from ..reading_service.planning.cut import PlanError
@@ -78,6 +81,8 @@ class AutoReadingService(ReadingService):
         self.tuner = tuner if tuner is not None else HillClimb(self.budget)
         self.replacements = 0
         self.pending: Config | None = None  # the tuner's choice, applied before the next output
+        # Why this epoch cannot move before its end (a block cannot save its state), if so.
+        self.held_to_epoch: str | None = None
         self.failures: list[str] = []  # configurations that could not start, and why
         self._pipeline: IterDataPipe | None = None
         self._inner: ReadingService | None = None
@@ -106,6 +111,7 @@ class AutoReadingService(ReadingService):
         self._stats_dir = os.environ.get(ENV_DIR)  # set by a loader collecting statistics
         if self._untunable is not None:
             return inner.start_epoch(epoch, state)
+        self.held_to_epoch = None
         if self.pending is not None:  # decided in the previous epoch (or at its last output)
             items = self._start_pending(epoch, state)
         else:
@@ -190,7 +196,13 @@ class AutoReadingService(ReadingService):
         processes), the epoch goes on where it was, and the tuner is told.
         """
         running = self.config
-        state = self._require_inner().state_dict()
+        try:
+            state = self._require_inner().state_dict()
+        except StateError as error:  # e.g. a block without state_dict(): no exact resume point
+            self.held_to_epoch = str(error)
+            self.pending = config  # starts with the next epoch, as a move to another strategy
+            self.tuner.deferred(config)
+            return items
         # Stop the workers first: closing the epoch first would make persistent workers
         # end it cleanly (a wait) only to be stopped.
         self._require_inner().shutdown()
@@ -276,7 +288,11 @@ class _TunedEpoch(Iterator[Any]):
     def __next__(self) -> Any:
         service = self._service
         pending = service.pending
-        if pending is not None and pending.moves_within_epoch(service.config):
+        if (
+            pending is not None
+            and service.held_to_epoch is None
+            and pending.moves_within_epoch(service.config)
+        ):
             service.pending = None  # between two outputs: the checkpoint is exact here
             self._items = service.replace(pending, self._epoch, self._items)
         called = time.perf_counter()
@@ -285,8 +301,8 @@ class _TunedEpoch(Iterator[Any]):
         decision = service.tuner.observe(returned, returned - called, _nbytes(item))
         if decision is not None and decision != service.config:
             service.pending = decision
-            if not decision.moves_within_epoch(service.config):
-                service.tuner.deferred(decision)  # another strategy: from the next epoch
+            if service.held_to_epoch is not None or not decision.moves_within_epoch(service.config):
+                service.tuner.deferred(decision)  # from the next epoch
         return item
 
     def close(self) -> None:

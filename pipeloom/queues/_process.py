@@ -145,8 +145,9 @@ class ProcessQueue(DataLoaderQueue):
         end = self._producer if role == "producer" else self._consumer
         if end is not None:
             return end
-        with self._bind_lock:
-            return self._bind(role)
+        with self._bind_lock:  # two threads may both have seen no end: bind once
+            end = self._producer if role == "producer" else self._consumer
+            return end if end is not None else self._bind(role)
 
     def _bind(self, role: Role) -> Any:
         if self._closed_here is not None or self._ctl is None:

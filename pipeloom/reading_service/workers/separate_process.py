@@ -5,16 +5,20 @@ its place: each epoch a process (started with ``process.py``, like every
 worker) runs a copy of the block and everything upstream of it, and sends
 ``StampedOutput`` messages through a shared-memory queue, so item stamps (and
 ``item_rng()``) are the same as in-process.
+
+Its checkpoint is how many outputs it delivered this epoch: a resumed process
+runs its branch from the start of the epoch and drops that many before it
+sends the first (the branch is seeded, so they are the same outputs).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._shutdown import Steps, finalize_here
-from ...datapipes import IterDataPipe
+from ...datapipes import IterDataPipe, StateFields
 from ...datapipes.runtime import restore_stamp
 from ...errors import NotAvailable, QueueError
 from ...events import FdReadiness, ReadinessSource
@@ -48,6 +52,8 @@ class SeparateProcessReader(IterDataPipe):
         self._queue: ProcessQueue | None = None
         self._finalizer: weakref.finalize | None = None
         self._ended = False
+        self._delivered = 0  # outputs delivered this epoch (the checkpoint)
+        self._skip = 0  # of them, delivered before the checkpoint this epoch resumed from
 
     def start(self, epoch: int) -> None:
         """Start the process for ``epoch`` (stopping a previous one)."""
@@ -58,7 +64,7 @@ class SeparateProcessReader(IterDataPipe):
             self._context,
             name,
             _separate_main,
-            (self._payload, queue, epoch, name),
+            (self._payload, queue, epoch, name, self._skip),
             block=self.block_repr,
             process_name="pipeloom-separate",
         )
@@ -101,7 +107,17 @@ class SeparateProcessReader(IterDataPipe):
             message.raise_here()
         stamp, item = message
         restore_stamp(stamp)
+        self._delivered += 1
         return item
+
+    def reset(self) -> None:
+        self._delivered = self._skip = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"delivered": self._delivered}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._delivered = self._skip = StateFields(self, state).int("delivered")
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a SeparateProcessReader cannot be copied to another process")
@@ -116,6 +132,23 @@ def _stop(worker: WorkerProcess, queue: ProcessQueue) -> None:
         steps.run(stop_processes, [worker])
 
 
-def _separate_main(payload: Payload, queue: ProcessQueue, epoch: int, name: str) -> None:
+def _separate_main(
+    payload: Payload, queue: ProcessQueue, epoch: int, name: str, skip: int = 0
+) -> None:
     label = bootstrap(name)
-    produce_epoch(payload.load(), queue.put, epoch=epoch, worker_label=label, full_stamp=True)
+    put = queue.put if not skip else _dropping_first(queue.put, skip)
+    produce_epoch(payload.load(), put, epoch=epoch, worker_label=label, full_stamp=True)
+
+
+def _dropping_first(put: Callable[[Any], None], count: int) -> Callable[[Any], None]:
+    """``put`` that drops the first ``count`` outputs (delivered before a checkpoint)."""
+    left = count
+
+    def put_after(message: Any) -> None:
+        nonlocal left
+        if left and type(message) is tuple:  # an output; END and a Failure always go
+            left -= 1
+            return
+        put(message)
+
+    return put_after

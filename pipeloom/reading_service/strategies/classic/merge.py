@@ -9,7 +9,8 @@ order and asks only the owner of the current position, so the result is the
 in-process order whatever the timing; a worker whose next output is past
 ``p`` has dropped ``p`` (e.g. a ``filter``), and several outputs at ``p`` (a
 ``flatmap``) come out together.
-With ``in_order=False`` outputs are taken from whichever worker has one ready.
+With ``in_order=False`` outputs are taken from whichever worker has one ready;
+a resume still drops the outputs the checkpoint delivered (by their group).
 
 Under *outer sharding* (this process is shard ``r`` of ``R``, e.g. a rank)
 worker ``i`` of ``n`` holds shard ``i * R + r`` of ``R * n``: group ``q = p //
@@ -111,6 +112,7 @@ class WorkerMerge(IterDataPipe):
         self._delivered_here = 0
         self._skip_here = 0
         self._next_channel = 0
+        self._rest_skipped: dict[int, int] = {}  # in arrival order: group -> outputs skipped
         self._heads = [None] * len(self.channels)
         self._ended = [False] * len(self.channels)
 
@@ -199,6 +201,7 @@ class WorkerMerge(IterDataPipe):
         """Walk the rest of an epoch resumed on another number of ranks (module docstring)."""
         self.rest = rest
         self._position = rest.start
+        self._rest_skipped = {}
         self._delivered_here = 0
         self._skip_here = rest.skip(rest.start // self.group_size)
 
@@ -212,20 +215,44 @@ class WorkerMerge(IterDataPipe):
         workers = len(self.channels)
         for offset in range(workers):
             worker = (self._next_channel + offset) % workers
-            if self._ended[worker]:
-                continue
-            try:
-                head = self._head(worker)
-            except NotAvailable:
-                continue
-            if head is END:
-                continue
-            self._heads[worker] = None
-            self._next_channel = (worker + 1) % workers
-            return head
+            while not self._ended[worker]:
+                try:
+                    head = self._head(worker)
+                except NotAvailable:
+                    break
+                if head is END:
+                    break
+                self._heads[worker] = None
+                if self._delivered_before_resume(head):
+                    continue
+                self._next_channel = (worker + 1) % workers
+                return head
         if all(self._ended):
             raise StopIteration
         raise NotAvailable
+
+    def _delivered_before_resume(self, output: tuple) -> bool:
+        """Whether arrival order drops ``output``: the checkpoint resumed from delivered it.
+
+        A resume restarts the workers at the first position of a group (a batch
+        built in a worker, the outputs of one ``flatmap`` input) of which the
+        first few outputs were delivered; in arrival order there is no walk of
+        positions to skip them, so each is recognised by its group: its owner
+        sends them before anything else of that group.
+        """
+        group = self._virtual(output) // self.group_size
+        if group == self._position // self.group_size:
+            if not self._skip_here:
+                return False
+            self._skip_here -= 1
+            return True
+        if self.rest is None:
+            return False
+        skipped = self._rest_skipped.get(group, 0)  # the rest's other half-delivered groups
+        if skipped >= self.rest.skip(group):
+            return False
+        self._rest_skipped[group] = skipped + 1
+        return True
 
     @property
     def exhausted(self) -> bool:
