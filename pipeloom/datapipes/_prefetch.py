@@ -36,6 +36,7 @@ class Prefetcher(IterDataPipe):
     """
 
     inputs = ("source",)
+    readiness_covers_upstream = True  # its signal fires on every item its thread stores
 
     def __init__(self, source: IterDataPipe, buffer_size: int = 10) -> None:
         check_int(
@@ -245,9 +246,9 @@ class _Worker:
     def _attach(self) -> Waiter:
         if self.waiter is not None:
             return self.waiter
-        from ._pipeline import upstream_blocks
+        from ._reader import waited_sources
 
-        sources = [s for b in upstream_blocks(self.source) for s in b.readiness_sources()]
+        sources = waited_sources(self.source)
         if not sources:
             raise RuntimeError(
                 f"{self.source!r} raised NotAvailable, but no block upstream of it offers a "

@@ -6,14 +6,41 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._walk import walk_upstream
 from ..errors import NotAvailable
 from ..events import ReadinessSource, Waiter
 
 if TYPE_CHECKING:
     from ._base import IterDataPipe
 
-__all__ = ["BlockingIterator", "BlockingReader"]
+__all__ = ["BlockingIterator", "BlockingReader", "waited_sources"]
+
+
+def waited_sources(pipe: Any) -> list[ReadinessSource]:
+    """The readiness sources to wait on for ``pipe``'s next item, ``pipe``'s own first.
+
+    Walks upstream but not past a block that sets ``readiness_covers_upstream``
+    (a ``prefetch``: its own thread reads its upstream and fires its signal on
+    every item, end or error), so a consumer is not woken by progress that
+    block's thread consumes; a block also reachable another way is still seen.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> pipe = IterableWrapper(range(3)).prefetch(2)
+        >>> waited_sources(pipe) == list(pipe.readiness_sources())
+        True
+    """
+    sources: list[ReadinessSource] = []
+    seen: set[int] = set()
+    stack = [pipe]
+    while stack:
+        block = stack.pop()
+        if id(block) in seen:
+            continue
+        seen.add(id(block))
+        sources += block.readiness_sources()
+        if not getattr(block, "readiness_covers_upstream", False):
+            stack += reversed(block.parents)
+    return sources
 
 
 class BlockingReader:
@@ -57,7 +84,7 @@ class BlockingReader:
     def _attach(self) -> Waiter:
         if self._waiter is not None:
             return self._waiter
-        sources = [s for block in walk_upstream(self.pipe) for s in block.readiness_sources()]
+        sources = waited_sources(self.pipe)
         if not sources:
             raise RuntimeError(
                 f"{self.pipe!r} raised NotAvailable, but no block upstream of it offers "

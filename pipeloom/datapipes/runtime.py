@@ -49,6 +49,7 @@ from ._context import (
 )
 from ._held import HoldsItems, load_held
 from ._pipeline import check_declared_inputs, upstream_blocks
+from ._reader import waited_sources
 from ._rest_of_epoch import RestOfEpoch
 from ._runs import RUN_LOOP_CODES, Head, RunReader, running_stage
 
@@ -78,6 +79,7 @@ __all__ = [
     "set_output_queue",
     "set_worker_info",
     "stamp_item",
+    "waited_sources",
     "worker_info",
 ]
 

@@ -17,6 +17,7 @@ from pipeloom.datapipes import (
     Prefetcher,
     reset_pipeline,
 )
+from pipeloom.datapipes.runtime import waited_sources
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 from tests.datapipes.helpers import Flaky, WithPosition, raise_in_source
 
@@ -130,6 +131,21 @@ def test_no_thread_leak_over_many_epochs():
 def test_waits_on_an_upstream_that_is_not_ready_through_its_events():
     assert collect_async(Flaky(range(40), seed=2).prefetch(3)) == list(range(40))
     assert collect(Flaky(range(40), seed=3).map(lambda x: x + 1).prefetch(1)) == list(range(1, 41))
+
+
+def test_a_consumer_behind_a_prefetch_waits_on_its_signal_only():
+    # It also watched the upstream's sources (worker queues), which only the prefetch thread
+    # reads: each item woke it for nothing (twice the sleeps behind pin_memory()), and two
+    # threads bound one ProcessQueue at once (a batch lost, fixed in the queue).
+    upstream = Flaky(range(4), seed=1)
+    prefetched = upstream.prefetch(2)
+    assert waited_sources(prefetched) == list(prefetched.readiness_sources())
+    assert waited_sources(upstream.map(str)) == list(upstream.readiness_sources())
+    # an upstream block also read another way is still watched
+    both = prefetched.zip(upstream)
+    assert set(map(id, waited_sources(both))) == {
+        id(s) for s in [*prefetched.readiness_sources(), *upstream.readiness_sources()]
+    }
 
 
 def test_items_keep_their_stamps():
