@@ -8,8 +8,9 @@ Two ways to agree on the count:
   ranks exchanged them once at the start, so each yields exactly ``target``
   items with no further communication;
 - by step (``target`` None): before each item the ranks sum
-  ``[has an item, failed, cannot pad]`` (one small all-reduce), so they stop
-  at the same step, and an exception on one rank stops the others at once.
+  ``[has an item, failed, the failed rank, cannot pad]`` (one small
+  all-reduce), so they stop at the same step, and an exception on one rank
+  stops the others at once, naming that rank.
 
 ``uneven="shortest"`` stops when the first rank runs out (the others drop
 what is left of their shards); ``"pad"`` goes on until the last rank runs out,
@@ -117,13 +118,17 @@ class RankEpoch:
             except Exception as error:  # noqa: BLE001 - told to the other ranks, then raised
                 failure = error
         empty = int(self.uneven == "pad" and not has and progress.own == 0 and failure is None)
-        have, failed, empties = self.job.sum([has, int(failure is not None), empty])
+        failing = int(failure is not None)
+        have, failed, which, empties = self.job.sum([has, failing, failing * self.job.rank, empty])
         if failure is not None:
             raise failure
         if failed:
+            if failed == 1:
+                who, whose = f"rank {which} raised an error while loading its", f"rank {which}'s"
+            else:
+                who, whose = f"{failed} other ranks raised an error while loading their", "their"
             raise DistributedError(
-                f"{failed} other rank(s) raised an error while loading their shard, so rank "
-                f"{self.job.rank} stops too; their output has the error"
+                f"{who} shard, so rank {self.job.rank} stops too; {whose} output has the error"
             )
         if have == 0 or (self.uneven == "shortest" and have < self.job.world_size):
             raise StopIteration

@@ -1,0 +1,115 @@
+"""Attacks on the ranks of a job: uneven shards, every checkpoint step, other rank counts.
+
+The ranks are threads of this process (``thread_ranks.py``): the service's
+own code with in-process collectives, so every rank count from 1 to 4 and
+every step of an epoch is cheap to try. A sample seen twice or never, ranks
+out of step, or a rank left waiting is what these look for.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeloom import DataLoader
+from pipeloom.datapipes import IterableWrapper
+from pipeloom.reading_service import ThreadReadingService
+from tests.reading_service.thread_ranks import ok, rank_service, run_ranks
+
+INNER = {"alone": None, "threads": lambda: ThreadReadingService(2)}
+
+
+def plain(n: int):
+    return IterableWrapper(range(n)).shuffle().sharding_filter().map(lambda x: x)
+
+
+def batched(n: int):  # one-to-one after the point: the workers batch runs of 2 positions
+    return plain(n).batch(2)
+
+
+PIPELINES = {"plain": plain, "batched": batched}
+
+
+def _samples(outputs: list) -> list:
+    return [x for output in outputs for x in (output if isinstance(output, list) else [output])]
+
+
+# -- one epoch over uneven shards ---------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(0, 11),
+    ranks=st.integers(1, 4),
+    inner=st.sampled_from(sorted(INNER)),
+    pipeline=st.sampled_from(sorted(PIPELINES)),
+    uneven=st.sampled_from(["shortest", "pad"]),
+    end_check=st.sampled_from(["length", "step"]),
+)
+def test_uneven_shards_keep_the_ranks_in_step_and_each_sample_once(
+    n, ranks, inner, pipeline, uneven, end_check
+):
+    def rank(world, index):
+        service = rank_service(world, index, uneven, end_check=end_check, inner=INNER[inner])
+        with DataLoader(PIPELINES[pipeline](n), service) as loader:  # local seeds differ
+            return loader.seed, [list(loader) for _ in range(2)]
+
+    results = run_ranks(ranks, rank)
+    if uneven == "pad" and any(r[0] == "error" for r in results):  # documented: all raise
+        assert all(r[1] == "ValueError" and "empty shard" in r[2] for r in results), results
+        return
+    results = ok(results)
+    assert len({seed for seed, _ in results}) == 1
+    for epoch in range(2):
+        shards = [epochs[epoch] for _, epochs in results]
+        assert len({len(shard) for shard in shards}) == 1, shards  # in step
+        got = Counter(x for shard in shards for x in _samples(shard))
+        if uneven == "shortest":  # each at most once, at most a group per rank dropped
+            assert max(got.values(), default=1) == 1 and len(got) >= n - 2 * ranks
+        else:
+            assert set(got) == set(range(n))
+
+
+# -- failures name the rank; nothing waits forever ------------------------------------------
+
+
+def test_a_rank_raising_mid_epoch_is_named_by_the_others():
+    def fails_at_seven(x):
+        if x == 7:
+            raise KeyError("bad sample 7")
+        return x
+
+    def rank(world, index):
+        pipe = IterableWrapper(range(20)).sharding_filter().map(fails_at_seven)
+        with DataLoader(pipe, rank_service(world, index, end_check="step")) as loader:
+            return list(loader)
+
+    results = run_ranks(3, rank)  # 7 is rank 1's
+    assert results[1][:2] == ("error", "KeyError")
+    for index in (0, 2):
+        assert results[index][:2] == ("error", "DistributedError")
+        assert (
+            f"rank 1 raised an error while loading its shard, so rank {index}"
+            in (results[index][2])
+        )
+
+
+def test_ranks_resuming_from_different_steps_all_refuse_with_the_steps():
+    def save(world, index):
+        with DataLoader(plain(20), rank_service(world, index), seed=3) as loader:
+            list(itertools.islice(iter(loader), 2 + index))
+            return loader.state_dict()
+
+    states = ok(run_ranks(2, save))
+
+    def load(world, index):
+        with DataLoader(plain(20), rank_service(world, index), seed=3) as loader:
+            loader.load_state_dict(states[index])
+            return list(loader)
+
+    for result in run_ranks(2, load):
+        assert result[:2] == ("error", "ValueError")
+        assert "resume from different steps (2, 3 items delivered, by rank)" in result[2]
