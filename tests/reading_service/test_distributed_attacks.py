@@ -9,14 +9,16 @@ out of step, or a rank left waiting is what these look for.
 from __future__ import annotations
 
 import itertools
+import pickle
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
-from pipeloom.reading_service import ThreadReadingService
+from pipeloom.reading_service import ThreadReadingService, merge_rank_states
 from tests.reading_service.thread_ranks import ok, rank_service, run_ranks
 
 INNER = {"alone": None, "threads": lambda: ThreadReadingService(2)}
@@ -71,6 +73,76 @@ def test_uneven_shards_keep_the_ranks_in_step_and_each_sample_once(
             assert max(got.values(), default=1) == 1 and len(got) >= n - 2 * ranks
         else:
             assert set(got) == set(range(n))
+
+
+# -- a checkpoint at any step, resumed on any number of ranks -------------------------------
+
+
+def _save(old: int, build, uneven: str, inner: str, step: int) -> tuple[list, dict]:
+    """Every old rank's first ``step`` outputs, and the job's state joined after them."""
+
+    def rank(world, index):
+        service = rank_service(world, index, uneven, inner=INNER[inner])
+        with DataLoader(build(), service, seed=3) as loader:
+            head = list(itertools.islice(iter(loader), step))
+            mine = pickle.loads(pickle.dumps(loader.state_dict()))
+            return head, merge_rank_states(world.exchange(index, mine))
+
+    results = ok(run_ranks(old, rank))
+    return [x for head, _ in results for x in _samples(head)], results[0][1]
+
+
+def _resume(new: int, build, uneven: str, inner: str, state: dict) -> list:
+    """Each new rank's (rest of the epoch, the epoch after, a fresh run's epochs 1 and 2)."""
+
+    def rank(world, index):
+        service = rank_service(world, index, uneven, inner=INNER[inner])
+        with DataLoader(build(), service, seed=99) as loader:
+            loader.load_state_dict(state)
+            rest, following = list(loader), list(loader)
+        fresh = rank_service(world, index, uneven, inner=INNER[inner])
+        with DataLoader(build(), fresh, seed=3) as loader:
+            loader.set_epoch(1)
+            return rest, following, list(loader), list(loader)
+
+    return ok(run_ranks(new, rank))
+
+
+def _check_elastic(old, new, pipeline, n, uneven, inner, step) -> None:
+    build = lambda: PIPELINES[pipeline](n)  # noqa: E731
+    head, state = _save(old, build, uneven, inner, step)
+    resumed = _resume(new, build, uneven, inner, state)
+    rests = [rest for rest, *_ in resumed]
+    assert len({len(rest) for rest in rests}) == 1, rests  # the new ranks in step
+    if state["service"] is None:  # saved between epochs: the next one is a fresh run's
+        assert all(r[:2] == r[2:] for r in resumed)
+        return
+    got = Counter(head + [x for rest in rests for x in _samples(rest)])
+    if uneven == "shortest":  # at most what a fresh uneven run drops
+        assert max(got.values(), default=1) == 1 and len(got) >= n - 2 * new
+    else:
+        assert set(got) == set(range(n))
+    assert all(following == fresh for _, following, fresh, _ in resumed)
+
+
+@pytest.mark.parametrize("inner", sorted(INNER))
+def test_a_job_checkpointed_between_epochs_resumes_on_another_number_of_ranks(inner):
+    # 2 ranks x 5 items: the 6th next() ends the epoch; the joined state starts epoch 1
+    _check_elastic(2, 3, "plain", 10, "shortest", inner, 6)
+
+
+def test_a_resumed_job_that_checkpoints_before_its_first_step_resumes_again():
+    head, state = _save(2, lambda: plain(20), "shortest", "alone", 3)
+
+    def checkpoint_at_once(world, index):
+        service = rank_service(world, index)
+        with DataLoader(plain(20), service, seed=3) as loader:
+            loader.load_state_dict(state)
+            return merge_rank_states(world.exchange(index, loader.state_dict()))
+
+    again = ok(run_ranks(3, checkpoint_at_once))[0]
+    rests = [rest for rest, *_ in _resume(2, lambda: plain(20), "shortest", "alone", again)]
+    assert sorted(head + [x for rest in rests for x in rest]) == list(range(20))
 
 
 # -- failures name the rank; nothing waits forever ------------------------------------------

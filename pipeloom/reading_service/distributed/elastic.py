@@ -163,7 +163,9 @@ def merge_rank_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     Load the result into every rank's loader (``loader.load_state_dict``), on
     any number of ranks: on the same number each rank takes its own part
     back; on another, the positions no rank delivered are split among the new
-    ranks, each delivered exactly once.
+    ranks, each delivered exactly once. States saved between epochs give the
+    next epoch's start; states saved right after loading a job state (before
+    the next item) give that job state.
 
     Raises:
         StateError: the states are not one of each rank of a
@@ -174,6 +176,10 @@ def merge_rank_states(states: list[dict[str, Any]]) -> dict[str, Any]:
             f"expected a list of every rank's loader.state_dict(), got {type(states).__name__}"
         )
     services = [s.get("service") if isinstance(s, dict) else None for s in states]
+    if all(isinstance(s, dict) and "service" in s and s["service"] is None for s in states):
+        return _between_epochs(states)
+    if all(isinstance(s, dict) and s.get("kind") == "distributed-job" for s in services):
+        return _loaded_job_state(states)
     if not all(isinstance(s, dict) and s.get("kind") == "distributed" for s in services):
         raise StateError(
             "merge_rank_states() joins states of loaders with a DistributedReadingService, "
@@ -195,6 +201,28 @@ def merge_rank_states(states: list[dict[str, Any]]) -> dict[str, Any]:
         )
     first = states[0]
     return {**first, "service": {"kind": "distributed-job", "world_size": world, "ranks": by_rank}}
+
+
+def _between_epochs(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank saved between two epochs: the next epoch's start, on any number of ranks."""
+    starts = {(s.get("epoch"), s.get("delivered"), s.get("seed")) for s in states}
+    if len(starts) > 1:
+        raise StateError(
+            f"the ranks' states were saved between epochs but disagree on (epoch, delivered, "
+            f"seed): {sorted(starts, key=repr)}; save every rank's state_dict() at the same step"
+        )
+    return dict(states[0])
+
+
+def _loaded_job_state(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank loaded one job state and saved before its next item: that state again."""
+    steps = {(s.get("epoch"), s.get("delivered"), s.get("seed")) for s in states}
+    if len(steps) > 1:
+        raise StateError(
+            f"the ranks' states are joined job states of different steps ((epoch, delivered, "
+            f"seed): {sorted(steps, key=repr)}); every rank must load the same job state"
+        )
+    return states[0]
 
 
 def rest_of_epoch(ranks: list[dict[str, Any]]) -> RestOfEpoch:
