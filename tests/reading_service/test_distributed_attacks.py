@@ -131,6 +131,12 @@ def test_a_job_checkpointed_between_epochs_resumes_on_another_number_of_ranks(in
     _check_elastic(2, 3, "plain", 10, "shortest", inner, 6)
 
 
+@pytest.mark.parametrize(("old", "new"), [(1, 3), (3, 1)])
+def test_one_rank_without_workers_resumes_on_more_ranks_and_more_on_one(old, new):
+    for step in (0, 2):
+        _check_elastic(old, new, "batched", 9, "shortest", "alone", step)
+
+
 def test_a_resumed_job_that_checkpoints_before_its_first_step_resumes_again():
     head, state = _save(2, lambda: plain(20), "shortest", "alone", 3)
 

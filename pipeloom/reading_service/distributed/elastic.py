@@ -68,19 +68,22 @@ def _blocked(reason: str) -> dict[str, Any]:
 
 
 def _in_process_picture(runner: InProcessRunner, epoch: int) -> dict[str, Any]:
-    plan, pipeline = runner.plan, runner.pipeline
-    point = plan.sharding_point
+    pipeline = runner.pipeline
+    try:
+        point, group = runner.sharding_point()  # one rank too: its point counts positions
+    except StateError:
+        point, group = None, 1
     if not isinstance(point, ShardingFilter):
         return _blocked(
-            "the pipeline was not sharded when it was saved (one rank, or no "
-            "sharding_filter()); resume it on the same number of ranks"
+            "the pipeline has no sharding_filter() (its position is where the ranks' "
+            "frontiers are); resume it on the same number of ranks"
         )
     if point.rest is not None:
         return _blocked(_IN_REST)
     blocker, held = _after_the_point(pipeline, point, epoch)
     # A group read in part with everything after the sharding point at rest: the
     # source ended inside it (the blocks that make whole groups emit only then).
-    group, position = point.group_size, point.position
+    position = point.position
     return {
         "group_size": group,
         "frontier": -(-position // group),
