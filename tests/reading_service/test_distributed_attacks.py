@@ -13,7 +13,7 @@ import pickle
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pipeloom import DataLoader
@@ -125,6 +125,25 @@ def _check_elastic(old, new, pipeline, n, uneven, inner, step) -> None:
     assert all(following == fresh for _, following, fresh, _ in resumed)
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    old=st.integers(1, 4),
+    new=st.integers(1, 4),
+    pipeline=st.sampled_from(sorted(PIPELINES)),
+    n=st.integers(5, 10),
+    uneven=st.sampled_from(["shortest", "pad"]),
+    inner=st.sampled_from(sorted(INNER)),
+    data=st.data(),
+)
+def test_every_sample_once_from_any_step_on_any_number_of_ranks(
+    old, new, pipeline, n, uneven, inner, data
+):
+    groups = n if pipeline == "plain" else (n + 1) // 2
+    assume(uneven == "shortest" or groups >= max(old, new))  # pad: no empty shard (a ValueError)
+    step = data.draw(st.integers(0, n // old + 1), label="step")
+    _check_elastic(old, new, pipeline, n, uneven, inner, step)
+
+
 @pytest.mark.parametrize("inner", sorted(INNER))
 def test_a_job_checkpointed_between_epochs_resumes_on_another_number_of_ranks(inner):
     # 2 ranks x 5 items: the 6th next() ends the epoch; the joined state starts epoch 1
@@ -135,6 +154,12 @@ def test_a_job_checkpointed_between_epochs_resumes_on_another_number_of_ranks(in
 def test_one_rank_without_workers_resumes_on_more_ranks_and_more_on_one(old, new):
     for step in (0, 2):
         _check_elastic(old, new, "batched", 9, "shortest", "alone", step)
+
+
+@pytest.mark.parametrize("inner", sorted(INNER))
+def test_a_rank_repeating_its_shard_under_pad_resumes_on_another_number_of_ranks(inner):
+    # 3 ranks, 7 items: rank 0 has 3, the others 2 and repeat their first item at step 3
+    _check_elastic(3, 2, "plain", 7, "pad", inner, 3)
 
 
 def test_a_resumed_job_that_checkpoints_before_its_first_step_resumes_again():

@@ -36,6 +36,9 @@ from ..strategies.in_process import InProcessRunner
 
 __all__ = ["held_states", "merge_rank_states", "rank_picture", "rest_of_epoch"]
 
+# The frontier of a rank that was repeating its shard (uneven="pad"): past its last group.
+_WHOLE_SHARD = 2**62
+
 _WORKAROUND = (
     "move it before sharding_filter() (every rank then replays it), save the checkpoint at "
     "a step where it holds nothing, or resume on the same number of ranks"
@@ -234,7 +237,7 @@ def rest_of_epoch(ranks: list[dict[str, Any]]) -> RestOfEpoch:
     Raises:
         StateError: a rank's picture is not exact (the message names the block).
     """
-    pictures = []
+    pictures: list[dict[str, Any]] = []
     for rank, state in enumerate(ranks):
         picture = state.get("elastic")
         if not isinstance(picture, dict):
@@ -242,22 +245,20 @@ def rest_of_epoch(ranks: list[dict[str, Any]]) -> RestOfEpoch:
                 f"rank {rank}'s state has no picture of its progress (saved outside an epoch "
                 f"or by an older pipeloom); resume on {len(ranks)} ranks"
             )
+        if state.get("padding"):  # repeating its shard (uneven="pad"): all of it delivered
+            pictures.append({"group_size": None, "frontier": _WHOLE_SHARD, "skip": 0})
+            continue
         if picture.get("blocker") is not None:
             raise StateError(
                 f"cannot resume rank {rank}'s part of the epoch on another number of ranks "
                 f"exactly: {picture['blocker']}"
             )
-        if state.get("padding"):
-            raise StateError(
-                f"rank {rank} was repeating its shard (uneven='pad') when the state was saved; "
-                f"the epoch's own items were all delivered: start the next epoch instead"
-            )
         pictures.append(picture)
-    groups = {p["group_size"] for p in pictures}  # (held items: held_states())
+    groups = {p["group_size"] for p in pictures} - {None}  # (held items: held_states())
     if len(groups) > 1:
         raise StateError(f"the ranks' states disagree on the sharding group size: {groups}")
     return RestOfEpoch(
-        group_size=groups.pop(),
+        group_size=groups.pop() if groups else 1,
         old_total=len(ranks),
         frontiers=tuple(int(p["frontier"]) for p in pictures),
         skips=tuple(int(p["skip"]) for p in pictures),
@@ -273,7 +274,7 @@ def held_states(ranks: list[dict[str, Any]], total: int, index: int) -> dict[int
     held: dict[int, list[dict]] = {}
     for rank, state in enumerate(ranks):
         picture = state.get("elastic") or {}
-        if rank % total != index or not picture.get("held"):
+        if rank % total != index or not picture.get("held") or state.get("padding"):
             continue
         inner = state.get("inner") or {}
         blocks = (inner.get(picture.get("held_in")) or {}).get("blocks")
