@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.reading_service import ThreadReadingService, merge_rank_states
+from tests.reading_service.test_elastic import packed_after_the_point
 from tests.reading_service.thread_ranks import ok, rank_service, run_ranks
 
 INNER = {"alone": None, "threads": lambda: ThreadReadingService(2)}
@@ -174,6 +175,27 @@ def test_a_resumed_job_that_checkpoints_before_its_first_step_resumes_again():
     again = ok(run_ranks(3, checkpoint_at_once))[0]
     rests = [rest for rest, *_ in _resume(2, lambda: plain(20), "shortest", "alone", again)]
     assert sorted(head + [x for rest in rests for x in rest]) == list(range(20))
+
+
+def test_a_checkpoint_in_the_rest_while_a_block_drains_several_ranks_buffers_resumes():
+    # 2 ranks' shuffle buffers (up to 5 items each) go to the one new rank's shuffle(5)
+    _, state = _save(2, packed_after_the_point, "shortest", "threads", 1)
+
+    def checkpoint_in_the_rest(world, index):
+        service = rank_service(world, index, inner=INNER["threads"])
+        with DataLoader(packed_after_the_point(), service) as loader:
+            loader.load_state_dict(state)
+            outputs = iter(loader)
+            head = list(itertools.islice(outputs, 1))
+            again = pickle.loads(pickle.dumps(loader.state_dict()))
+            rest = list(outputs)
+        service = rank_service(world, index, inner=INNER["threads"])
+        with DataLoader(packed_after_the_point(), service) as loader:
+            loader.load_state_dict(again)
+            return head, rest, list(loader)
+
+    ((head, rest, resumed),) = ok(run_ranks(1, checkpoint_in_the_rest))
+    assert head and rest and resumed == rest
 
 
 # -- failures name the rank; nothing waits forever ------------------------------------------
