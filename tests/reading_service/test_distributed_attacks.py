@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import re
 from collections import Counter
 
 import pytest
@@ -238,3 +239,24 @@ def test_ranks_resuming_from_different_steps_all_refuse_with_the_steps():
     for result in run_ranks(2, load):
         assert result[:2] == ("error", "ValueError")
         assert "resume from different steps (2, 3 items delivered, by rank)" in result[2]
+
+
+def test_a_rank_state_loaded_on_another_number_of_ranks_points_to_merge_rank_states():
+    def save(world, index):
+        with DataLoader(plain(20), rank_service(world, index), seed=3) as loader:
+            list(itertools.islice(iter(loader), 2))
+            return loader.state_dict()
+
+    states = ok(run_ranks(2, save))
+
+    def load(world, index):
+        with DataLoader(plain(20), rank_service(world, index), seed=3) as loader:
+            loader.load_state_dict(states[index % 2])
+            return list(loader)
+
+    for result in run_ranks(3, load):
+        assert result[:2] == ("error", "StateError")
+        assert re.search(
+            r"this state is rank \d of 2's, but this process is rank \d of 3", result[2]
+        )
+        assert "join them with merge_rank_states() and load the result" in result[2]
