@@ -223,6 +223,28 @@ def test_a_rank_raising_mid_epoch_is_named_by_the_others():
         )
 
 
+def test_a_new_rank_with_nothing_to_pad_with_says_so_and_stops_the_others_at_once():
+    # 3 batches of 2: after one step on 2 ranks, 1 is left for 4 new ranks, and rank 3's
+    # shard of a whole epoch on 4 ranks is empty too: under pad it has nothing to repeat
+    build = lambda: batched(5)  # noqa: E731
+    _, state = _save(2, build, "pad", "alone", 1)
+
+    def rank(world, index):
+        with DataLoader(build(), rank_service(world, index, "pad")) as loader:
+            loader.load_state_dict(state)
+            return list(loader)
+
+    results = run_ranks(4, rank, timeout=30)  # told at the next step, not after the timeout
+    assert results[3][:2] == ("error", "ValueError")
+    assert "rank 3 has no items of the rest of this epoch (resumed on 4 ranks)" in results[3][2]
+    for index in range(3):
+        assert results[index][:2] == ("error", "DistributedError")
+        assert (
+            f"rank 3 raised an error while loading its shard, so rank {index}"
+            in (results[index][2])
+        )
+
+
 def test_ranks_resuming_from_different_steps_all_refuse_with_the_steps():
     def save(world, index):
         with DataLoader(plain(20), rank_service(world, index), seed=3) as loader:

@@ -19,6 +19,7 @@ the others repeating their own shard from its start.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,8 @@ class RankEpoch:
         self.uneven = uneven
         self.target = target
         self.progress = progress
+        # resumed on another number of ranks: the own items this rank had before the rest
+        self._own_before_rest = progress.own if state is not None and "rest" in state else None
         self._items = start(state)
 
     def __iter__(self) -> Iterator[Any]:
@@ -137,7 +140,12 @@ class RankEpoch:
         if has:
             progress.own += 1
             return item
-        return self._next_pad()
+        try:
+            return self._next_pad()
+        except Exception:  # the others meet this rank at their next step: tell them there
+            with contextlib.suppress(DistributedError):
+                self.job.sum([0, 1, self.job.rank, 0])
+            raise
 
     def _next_pad(self) -> Any:
         """The next item of a pass repeating this rank's shard from its start."""
@@ -150,6 +158,13 @@ class RankEpoch:
             self.close()
             self.progress.padding = True
             self._items = self._start(None)
+        if self.progress.own == self._own_before_rest:
+            raise ValueError(
+                f"rank {self.job.rank} has no items of the rest of this epoch (resumed on "
+                f"{self.job.world_size} ranks), and its shard of a whole epoch on "
+                f"{self.job.world_size} ranks is empty too, so uneven='pad' has nothing to "
+                f"repeat; resume with uneven='shortest' or on fewer ranks"
+            )
         raise RuntimeError(
             f"rank {self.job.rank} yielded {self.progress.own} items in its first pass, but a "
             f"second pass over its shard yields none; the pipeline must be deterministic "
