@@ -96,12 +96,15 @@ class Shuffler(IterDataPipe, HoldsItems):
         return len(self.source)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "buffer": list(self._buffer),
             "stamps": list(self._stamps),
             "rng": None if self._rng is None else self._rng.getstate(),
             "source_done": self._source_done,
         }
+        if len(self._buffer) > self.buffer_size:  # still draining several ranks' buffers
+            state["merged"] = True
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)

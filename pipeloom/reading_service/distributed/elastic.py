@@ -36,6 +36,9 @@ from ..strategies.in_process import InProcessRunner
 
 __all__ = ["held_states", "merge_rank_states", "rank_picture", "rest_of_epoch"]
 
+# The frontier of a rank that was repeating its shard (uneven="pad"): past its last group.
+_WHOLE_SHARD = 2**62
+
 _WORKAROUND = (
     "move it before sharding_filter() (every rank then replays it), save the checkpoint at "
     "a step where it holds nothing, or resume on the same number of ranks"
@@ -68,19 +71,22 @@ def _blocked(reason: str) -> dict[str, Any]:
 
 
 def _in_process_picture(runner: InProcessRunner, epoch: int) -> dict[str, Any]:
-    plan, pipeline = runner.plan, runner.pipeline
-    point = plan.sharding_point
+    pipeline = runner.pipeline
+    try:
+        point, group = runner.sharding_point()  # one rank too: its point counts positions
+    except StateError:
+        point, group = None, 1
     if not isinstance(point, ShardingFilter):
         return _blocked(
-            "the pipeline was not sharded when it was saved (one rank, or no "
-            "sharding_filter()); resume it on the same number of ranks"
+            "the pipeline has no sharding_filter() (its position is where the ranks' "
+            "frontiers are); resume it on the same number of ranks"
         )
     if point.rest is not None:
         return _blocked(_IN_REST)
     blocker, held = _after_the_point(pipeline, point, epoch)
     # A group read in part with everything after the sharding point at rest: the
     # source ended inside it (the blocks that make whole groups emit only then).
-    group, position = point.group_size, point.position
+    position = point.position
     return {
         "group_size": group,
         "frontier": -(-position // group),
@@ -163,7 +169,9 @@ def merge_rank_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     Load the result into every rank's loader (``loader.load_state_dict``), on
     any number of ranks: on the same number each rank takes its own part
     back; on another, the positions no rank delivered are split among the new
-    ranks, each delivered exactly once.
+    ranks, each delivered exactly once. States saved between epochs give the
+    next epoch's start; states saved right after loading a job state (before
+    the next item) give that job state.
 
     Raises:
         StateError: the states are not one of each rank of a
@@ -174,6 +182,10 @@ def merge_rank_states(states: list[dict[str, Any]]) -> dict[str, Any]:
             f"expected a list of every rank's loader.state_dict(), got {type(states).__name__}"
         )
     services = [s.get("service") if isinstance(s, dict) else None for s in states]
+    if all(isinstance(s, dict) and "service" in s and s["service"] is None for s in states):
+        return _between_epochs(states)
+    if all(isinstance(s, dict) and s.get("kind") == "distributed-job" for s in services):
+        return _loaded_job_state(states)
     if not all(isinstance(s, dict) and s.get("kind") == "distributed" for s in services):
         raise StateError(
             "merge_rank_states() joins states of loaders with a DistributedReadingService, "
@@ -197,13 +209,35 @@ def merge_rank_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     return {**first, "service": {"kind": "distributed-job", "world_size": world, "ranks": by_rank}}
 
 
+def _between_epochs(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank saved between two epochs: the next epoch's start, on any number of ranks."""
+    starts = {(s.get("epoch"), s.get("delivered"), s.get("seed")) for s in states}
+    if len(starts) > 1:
+        raise StateError(
+            f"the ranks' states were saved between epochs but disagree on (epoch, delivered, "
+            f"seed): {sorted(starts, key=repr)}; save every rank's state_dict() at the same step"
+        )
+    return dict(states[0])
+
+
+def _loaded_job_state(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank loaded one job state and saved before its next item: that state again."""
+    steps = {(s.get("epoch"), s.get("delivered"), s.get("seed")) for s in states}
+    if len(steps) > 1:
+        raise StateError(
+            f"the ranks' states are joined job states of different steps ((epoch, delivered, "
+            f"seed): {sorted(steps, key=repr)}); every rank must load the same job state"
+        )
+    return states[0]
+
+
 def rest_of_epoch(ranks: list[dict[str, Any]]) -> RestOfEpoch:
     """The positions no old rank delivered (``ranks``: their service states, by rank).
 
     Raises:
         StateError: a rank's picture is not exact (the message names the block).
     """
-    pictures = []
+    pictures: list[dict[str, Any]] = []
     for rank, state in enumerate(ranks):
         picture = state.get("elastic")
         if not isinstance(picture, dict):
@@ -211,22 +245,20 @@ def rest_of_epoch(ranks: list[dict[str, Any]]) -> RestOfEpoch:
                 f"rank {rank}'s state has no picture of its progress (saved outside an epoch "
                 f"or by an older pipeloom); resume on {len(ranks)} ranks"
             )
+        if state.get("padding"):  # repeating its shard (uneven="pad"): all of it delivered
+            pictures.append({"group_size": None, "frontier": _WHOLE_SHARD, "skip": 0})
+            continue
         if picture.get("blocker") is not None:
             raise StateError(
                 f"cannot resume rank {rank}'s part of the epoch on another number of ranks "
                 f"exactly: {picture['blocker']}"
             )
-        if state.get("padding"):
-            raise StateError(
-                f"rank {rank} was repeating its shard (uneven='pad') when the state was saved; "
-                f"the epoch's own items were all delivered: start the next epoch instead"
-            )
         pictures.append(picture)
-    groups = {p["group_size"] for p in pictures}  # (held items: held_states())
+    groups = {p["group_size"] for p in pictures} - {None}  # (held items: held_states())
     if len(groups) > 1:
         raise StateError(f"the ranks' states disagree on the sharding group size: {groups}")
     return RestOfEpoch(
-        group_size=groups.pop(),
+        group_size=groups.pop() if groups else 1,
         old_total=len(ranks),
         frontiers=tuple(int(p["frontier"]) for p in pictures),
         skips=tuple(int(p["skip"]) for p in pictures),
@@ -242,7 +274,7 @@ def held_states(ranks: list[dict[str, Any]], total: int, index: int) -> dict[int
     held: dict[int, list[dict]] = {}
     for rank, state in enumerate(ranks):
         picture = state.get("elastic") or {}
-        if rank % total != index or not picture.get("held"):
+        if rank % total != index or not picture.get("held") or state.get("padding"):
             continue
         inner = state.get("inner") or {}
         blocks = (inner.get(picture.get("held_in")) or {}).get("blocks")

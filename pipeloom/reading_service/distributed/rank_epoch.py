@@ -8,8 +8,9 @@ Two ways to agree on the count:
   ranks exchanged them once at the start, so each yields exactly ``target``
   items with no further communication;
 - by step (``target`` None): before each item the ranks sum
-  ``[has an item, failed, cannot pad]`` (one small all-reduce), so they stop
-  at the same step, and an exception on one rank stops the others at once.
+  ``[has an item, failed, the failed rank, cannot pad]`` (one small
+  all-reduce), so they stop at the same step, and an exception on one rank
+  stops the others at once, naming that rank.
 
 ``uneven="shortest"`` stops when the first rank runs out (the others drop
 what is left of their shards); ``"pad"`` goes on until the last rank runs out,
@@ -18,6 +19,7 @@ the others repeating their own shard from its start.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +67,8 @@ class RankEpoch:
         self.uneven = uneven
         self.target = target
         self.progress = progress
+        # resumed on another number of ranks: the own items this rank had before the rest
+        self._own_before_rest = progress.own if state is not None and "rest" in state else None
         self._items = start(state)
 
     def __iter__(self) -> Iterator[Any]:
@@ -117,13 +121,17 @@ class RankEpoch:
             except Exception as error:  # noqa: BLE001 - told to the other ranks, then raised
                 failure = error
         empty = int(self.uneven == "pad" and not has and progress.own == 0 and failure is None)
-        have, failed, empties = self.job.sum([has, int(failure is not None), empty])
+        failing = int(failure is not None)
+        have, failed, which, empties = self.job.sum([has, failing, failing * self.job.rank, empty])
         if failure is not None:
             raise failure
         if failed:
+            if failed == 1:
+                who, whose = f"rank {which} raised an error while loading its", f"rank {which}'s"
+            else:
+                who, whose = f"{failed} other ranks raised an error while loading their", "their"
             raise DistributedError(
-                f"{failed} other rank(s) raised an error while loading their shard, so rank "
-                f"{self.job.rank} stops too; their output has the error"
+                f"{who} shard, so rank {self.job.rank} stops too; {whose} output has the error"
             )
         if have == 0 or (self.uneven == "shortest" and have < self.job.world_size):
             raise StopIteration
@@ -132,7 +140,12 @@ class RankEpoch:
         if has:
             progress.own += 1
             return item
-        return self._next_pad()
+        try:
+            return self._next_pad()
+        except Exception:  # the others meet this rank at their next step: tell them there
+            with contextlib.suppress(DistributedError):
+                self.job.sum([0, 1, self.job.rank, 0])
+            raise
 
     def _next_pad(self) -> Any:
         """The next item of a pass repeating this rank's shard from its start."""
@@ -145,6 +158,13 @@ class RankEpoch:
             self.close()
             self.progress.padding = True
             self._items = self._start(None)
+        if self.progress.own == self._own_before_rest:
+            raise ValueError(
+                f"rank {self.job.rank} has no items of the rest of this epoch (resumed on "
+                f"{self.job.world_size} ranks), and its shard of a whole epoch on "
+                f"{self.job.world_size} ranks is empty too, so uneven='pad' has nothing to "
+                f"repeat; resume with uneven='shortest' or on fewer ranks"
+            )
         raise RuntimeError(
             f"rank {self.job.rank} yielded {self.progress.own} items in its first pass, but a "
             f"second pass over its shard yields none; the pipeline must be deterministic "

@@ -224,7 +224,9 @@ class DistributedReadingService(ReadingService):
             raise StateError(
                 f"this state is rank {saved[0]} of {saved[1]}'s, but this process is rank "
                 f"{job.rank} of {job.world_size}; each rank loads the state it saved, with the "
-                f"same number of ranks"
+                f"same number of ranks. To resume on another number of ranks (or without "
+                f"knowing which rank saved what), gather every rank's state_dict() at the same "
+                f"step, join them with merge_rank_states() and load the result on every rank"
             )
         progress = Progress(fields.int("delivered"), fields.int("own"), fields.bool("padding"))
         inner = state.get("inner")

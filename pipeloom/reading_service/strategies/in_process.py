@@ -13,8 +13,9 @@ from ...datapipes import (
     set_pipeline_epoch,
 )
 from ...datapipes.runtime import RestOfEpoch, load_held
-from ...errors import StateOfAnotherService
+from ...errors import StateError, StateOfAnotherService
 from ...graph import Plan
+from ..planning.cut import PlanError, cut_for_workers
 from ..planning.sharding import keep_shard
 from .runner import Runner, drain
 
@@ -30,6 +31,7 @@ class InProcessRunner(Runner):
 
     def __init__(self, pipeline: IterDataPipe, plan: Plan) -> None:
         super().__init__(pipeline, plan)
+        self._unplanned_point: tuple[Any, int] | None = None  # found by sharding_point()
         if plan.outer != (1, 0):
             assert plan.sharding_point is not None
             keep_shard(plan.sharding_point, group_size=plan.group_size, outer=plan.outer)
@@ -40,8 +42,9 @@ class InProcessRunner(Runner):
         reset_pipeline(pipeline)
         rest = state.get("rest") if state is not None else None
         if isinstance(rest, RestOfEpoch):  # resumed on another number of ranks
-            assert self.plan.sharding_point is not None
-            self.plan.sharding_point.resume_at(rest)  # type: ignore[arg-type]
+            point, group_size = self.sharding_point()
+            point.set_shard_group_size(group_size)  # one rank: the groups the old ranks had
+            point.resume_at(rest)
             load_held(pipeline, state.get("held") if state else None)  # the old ranks held them
         elif state is not None:
             if state.get("kind") != "in-process":
@@ -51,6 +54,21 @@ class InProcessRunner(Runner):
                 )
             load_pipeline_state_dict(pipeline, state.get("pipeline", {}))
         return drain(pipeline)
+
+    def sharding_point(self) -> tuple[Any, int]:
+        """The sharding point and its group size, also for one rank (a plan without outer
+        sharding has none: the point counts positions, so a rank of one has a frontier)."""
+        if self.plan.sharding_point is not None:
+            return self.plan.sharding_point, self.plan.group_size
+        if self._unplanned_point is None:
+            try:
+                cut = cut_for_workers(self.pipeline, refuse_separate=False)
+            except PlanError as error:
+                raise StateError(
+                    f"the rest of an epoch resumes at the pipeline's sharding point, but {error}"
+                ) from error
+            self._unplanned_point = (cut.sharding_point, cut.group_size)
+        return self._unplanned_point
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "in-process", "pipeline": pipeline_state_dict(self.pipeline)}
