@@ -15,14 +15,7 @@ from ._shutdown import ShutsDown, Steps
 from ._steps import StepGate
 from ._validate import check_bool, check_int
 from .autotune import as_reading_service, tuned_in
-from .datapipes import (
-    IterDataPipe,
-    MapDataPipe,
-    MapToIter,
-    StateFields,
-    as_datapipe,
-    seed_pipeline,
-)
+from .datapipes import IterDataPipe, MapDataPipe, MapToIter, StateFields, as_datapipe, seed_pipeline
 from .datapipes.runtime import check_declared_inputs
 from .errors import StateError, StateOfAnotherService
 from .graph import Placement
@@ -154,8 +147,15 @@ class DataLoader(ShutsDown):
         return len(self.datapipe)
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter()`` run epoch ``epoch``."""
-        self._next_epoch = check_int("epoch", epoch, minimum=0)
+        """Make the next ``iter()`` run epoch ``epoch`` (after ``load_state_dict``: its own)."""
+        epoch = check_int("epoch", epoch, minimum=0)
+        if epoch != self._next_epoch and (self._resume is not None or self._resume_delivered):
+            raise ValueError(
+                f"the loaded state resumes epoch {self._next_epoch} after "
+                f"{self._resume_delivered} items; set_epoch({epoch}) would drop that. Call "
+                f"set_epoch({self._next_epoch}) (or nothing) to finish it, or skip load_state_dict"
+            )
+        self._next_epoch = epoch
 
     @property
     def epoch(self) -> int:

@@ -214,6 +214,28 @@ def test_a_count_without_an_epoch_in_progress_is_refused():
         DataLoader(IterableWrapper(range(9)).batch(2), seed=0).load_state_dict(state)
 
 
+def test_set_epoch_to_another_epoch_after_a_mid_epoch_load_is_refused():
+    # it played the rest of the saved epoch labelled as the new one (other draws, other
+    # order), then went on from there: silently neither epoch
+    def pipe():
+        return IterableWrapper(range(9)).shuffle().batch(2)
+
+    with DataLoader(pipe(), seed=0) as first:
+        list(first)
+        iterator = iter(first)
+        [next(iterator) for _ in range(2)]
+        mid, rest = first.state_dict(), list(iterator)
+        between = first.state_dict()
+    with DataLoader(pipe(), seed=0) as loader:
+        loader.load_state_dict(mid)
+        with pytest.raises(ValueError, match=r"resumes epoch 1 after 2 items; set_epoch\(5\)"):
+            loader.set_epoch(5)
+        loader.set_epoch(1)  # its own epoch: nothing changes
+        assert list(loader) == rest
+        loader.load_state_dict(between)
+        loader.set_epoch(5)  # no epoch in progress: any epoch
+
+
 def test_a_bad_merge_position_names_the_merge():
     state = state_after("threads", 2)
     merge = state["service"]["tail"]["blocks"][-1]
