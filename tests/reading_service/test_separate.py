@@ -15,6 +15,7 @@ import functools
 import gc
 import multiprocessing
 import os
+import pickle
 import signal
 import threading
 from multiprocessing import forkserver
@@ -325,3 +326,14 @@ def test_stopping_mid_epoch_and_garbage_collection_leave_nothing_behind(leftover
     assert "pipeloom-separate" in [p.name for p in multiprocessing.active_children()]
     del iterator, loader  # no shutdown(): garbage collection stops everything
     leftovers.assert_none()
+
+
+def test_a_copy_of_the_reader_is_refused_saying_what_needs_one_and_what_to_do():
+    # a resume on another number of ranks copies the pipeline to find each rank's progress;
+    # it was refused with "a SeparateProcessReader cannot be copied to another process"
+    reader = SeparateProcessReader(IterableWrapper(range(3)), start_method="fork", prefetch=2)
+    try:
+        with pytest.raises(TypeError, match=r"another number of ranks .* same number of ranks"):
+            pickle.dumps(reader)
+    finally:
+        reader.stop()

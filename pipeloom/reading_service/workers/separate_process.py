@@ -120,7 +120,11 @@ class SeparateProcessReader(IterDataPipe):
         self._delivered = self._skip = StateFields(self, state).int("delivered")
 
     def __getstate__(self) -> dict[str, Any]:
-        raise TypeError("a SeparateProcessReader cannot be copied to another process")
+        raise TypeError(
+            f"{self!r} cannot be copied (its block runs in a process of its own), and a "
+            f"resume on another number of ranks copies the pipeline to find each rank's "
+            f"progress; resume on the same number of ranks, or drop is_separate_process()"
+        )
 
     def __repr__(self) -> str:
         return f"SeparateProcessReader({self.block_repr})"
