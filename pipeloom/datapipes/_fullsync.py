@@ -94,7 +94,8 @@ class FullSync(IterDataPipe):
             pass
         except Exception as error:  # noqa: BLE001 - told to the other ranks, then raised
             failure = error
-        flags = torch.tensor([has, int(failure is not None)], dtype=torch.int64)
+        failing, rank = int(failure is not None), dist.get_rank()
+        flags = torch.tensor([has, failing, failing * rank], dtype=torch.int64)
         try:
             dist.all_reduce(flags, group=self._group)
         except RuntimeError as error:
@@ -103,13 +104,14 @@ class FullSync(IterDataPipe):
                 f"step with the others (waited at most {self.timeout:g} s): another rank "
                 f"crashed, stopped iterating or is stuck; look for its error"
             ) from error
-        have, failed = (int(v) for v in flags.tolist())
+        have, failed, which = (int(v) for v in flags.tolist())
         if failure is not None:
             raise failure
         if failed:
+            who, whose = (f"rank {which}", "its") if failed == 1 else (f"{failed} ranks", "their")
             raise RankStopped(
-                f"fullsync(): {failed} other rank(s) raised an error while reading their "
-                f"shard, so rank {dist.get_rank()} stops too; their output has the error"
+                f"fullsync(): {who} raised an error while reading {whose} shard, so rank {rank} "
+                f"stops too; {whose} output has the error"
             )
         if have < world:
             self._ended = True
