@@ -183,9 +183,15 @@ def merge_rank_states(states: list[dict[str, Any]]) -> dict[str, Any]:
         )
     services = [s.get("service") if isinstance(s, dict) else None for s in states]
     if all(isinstance(s, dict) and "service" in s and s["service"] is None for s in states):
-        return _between_epochs(states)
+        # every rank saved between two epochs: the next epoch's start, on any number of ranks
+        return _the_same_state(
+            states, "were saved between epochs", "save every rank's state_dict() at the same step"
+        )
     if all(isinstance(s, dict) and s.get("kind") == "distributed-job" for s in services):
-        return _loaded_job_state(states)
+        # every rank loaded one job state and saved before its next item: that state again
+        return _the_same_state(
+            states, "are joined job states", "every rank must load the same job state"
+        )
     if not all(isinstance(s, dict) and s.get("kind") == "distributed" for s in services):
         raise StateError(
             "merge_rank_states() joins states of loaders with a DistributedReadingService, "
@@ -209,26 +215,15 @@ def merge_rank_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     return {**first, "service": {"kind": "distributed-job", "world_size": world, "ranks": by_rank}}
 
 
-def _between_epochs(states: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every rank saved between two epochs: the next epoch's start, on any number of ranks."""
-    starts = {(s.get("epoch"), s.get("delivered"), s.get("seed")) for s in states}
-    if len(starts) > 1:
-        raise StateError(
-            f"the ranks' states were saved between epochs but disagree on (epoch, delivered, "
-            f"seed): {sorted(starts, key=repr)}; save every rank's state_dict() at the same step"
-        )
-    return dict(states[0])
-
-
-def _loaded_job_state(states: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every rank loaded one job state and saved before its next item: that state again."""
+def _the_same_state(states: list[dict[str, Any]], saved: str, fix: str) -> dict[str, Any]:
+    """The one state every rank ``saved`` (e.g. between two epochs), or a ``StateError``."""
     steps = {(s.get("epoch"), s.get("delivered"), s.get("seed")) for s in states}
     if len(steps) > 1:
         raise StateError(
-            f"the ranks' states are joined job states of different steps ((epoch, delivered, "
-            f"seed): {sorted(steps, key=repr)}); every rank must load the same job state"
+            f"the ranks' states {saved} but disagree on (epoch, delivered, seed): "
+            f"{sorted(steps, key=repr)}; {fix}"
         )
-    return states[0]
+    return dict(states[0])
 
 
 def rest_of_epoch(ranks: list[dict[str, Any]]) -> RestOfEpoch:
