@@ -11,11 +11,14 @@ from typing import Any
 import torch
 
 from ._fingerprint import fingerprint_differences, pipeline_fingerprint
+from ._loader_state import STATE_VERSION, UNCHECKED_VERSION, read_state
+from ._owners import claim
 from ._shutdown import ShutsDown, Steps
 from ._steps import StepGate
 from ._validate import check_bool, check_int
+from ._walk import walk_upstream
 from .autotune import as_reading_service, tuned_in
-from .datapipes import IterDataPipe, MapDataPipe, MapToIter, StateFields, as_datapipe, seed_pipeline
+from .datapipes import IterDataPipe, MapDataPipe, MapToIter, as_datapipe, seed_pipeline
 from .datapipes.runtime import check_declared_inputs
 from .errors import StateError, StateOfAnotherService
 from .graph import Placement
@@ -25,8 +28,6 @@ from .stats.counters import LoaderCounters, assemble
 
 __all__ = ["DataLoader"]
 
-_STATE_VERSION = 2  # 2: a fingerprint of the pipeline and the count of delivered items
-_UNCHECKED_VERSION = 1  # states from before fingerprints: loaded with a warning
 STATS_BY_DEFAULT = False  # see docs/performance.md, "Where the time goes": the measured cost
 
 
@@ -106,6 +107,8 @@ class DataLoader(ShutsDown):
         self._final_error: StateError | None = None  # why shutdown() could not take it
         collect = STATS_BY_DEFAULT if stats is None else check_bool("stats", stats)
         self._counters = LoaderCounters() if collect else None
+        self._taken: str | None = None  # why it may not run: a newer loader took its blocks
+        claim(self, walk_upstream(pipeline))
 
     # -- iteration -----------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -114,6 +117,8 @@ class DataLoader(ShutsDown):
                 raise RuntimeError(
                     "this DataLoader was shut down; create a new one to iterate again"
                 )
+            if self._taken is not None:
+                raise RuntimeError(self._taken)
             self._ensure_initialized()
             if self._current is not None:
                 self._current.invalidate()
@@ -231,7 +236,7 @@ class DataLoader(ShutsDown):
                 raise RuntimeError(
                     "this DataLoader was shut down; load the state into a new DataLoader"
                 )
-            seed, epoch, delivered, service = _read_state(state)
+            seed, epoch, delivered, service = read_state(state)
             if strict:
                 self._check_fingerprint(state)
             if "autotune" in state and (tuned := tuned_in(self.reading_service)) is not None:
@@ -266,7 +271,7 @@ class DataLoader(ShutsDown):
                     raise
                 service_state = {"kind": "replay", "delivered": delivered}
         state = {
-            "version": _STATE_VERSION,
+            "version": STATE_VERSION,
             "seed": self.seed,
             "epoch": epoch,
             "delivered": delivered,
@@ -278,7 +283,7 @@ class DataLoader(ShutsDown):
         return state
 
     def _check_fingerprint(self, state: dict[str, Any]) -> None:
-        if state["version"] == _UNCHECKED_VERSION:
+        if state["version"] == UNCHECKED_VERSION:
             warnings.warn(
                 "this DataLoader state was saved by an older pipeloom (state version 1), which "
                 "did not record the pipeline's fingerprint, so it is loaded without checking "
@@ -349,6 +354,20 @@ class DataLoader(ShutsDown):
             steps.run(self.reading_service.shutdown)
             if self._counters is not None:
                 steps.run(self._counters.stop)
+
+    def _blocks_taken(self, by: DataLoader, block: Any) -> None:
+        """A loader built later over ``block`` of this pipeline runs it now (``_owners``)."""
+        if self._closed:
+            return
+        self._taken = (
+            f"this DataLoader's pipeline shares {block!r} with a DataLoader built after it, "
+            f"which now runs it: two loaders over the same blocks would seed, restart and "
+            f"read them for each other. Build the pipeline once per loader (a function that "
+            f"returns it), or use only the newer loader"
+        )
+        current = self._current
+        if current is not None:
+            current.invalidate(close_items=False)  # its next() says why; its work stops later
 
     def _ensure_initialized(self) -> None:
         if not self._initialized:
@@ -465,36 +484,5 @@ class _EpochIterator(Iterator[Any]):
             )
         why = "shutdown() stopped the loader"
         if not self._loader._closed:
-            why = "a newer iter(loader) or load_state_dict() replaced it"
+            why = self._loader._taken or "a newer iter(loader) or load_state_dict() replaced it"
         return RuntimeError(f"this iterator over epoch {record.epoch} is no longer valid: {why}")
-
-
-def _read_state(state: Any) -> tuple[int, int, int, dict[str, Any] | None]:
-    """``(seed, epoch, delivered, service state)`` of a loader state, each field checked."""
-    version = state.get("version") if isinstance(state, dict) else None
-    if type(version) is not int or version not in (_STATE_VERSION, _UNCHECKED_VERSION):
-        got = version if isinstance(state, dict) else type(state).__name__
-        raise StateError(
-            f"expected a DataLoader state of version {_STATE_VERSION} (or "
-            f"{_UNCHECKED_VERSION}, from older pipeloom), got {got!r}; pass what "
-            f"DataLoader.state_dict() returned"
-        )
-    fields = StateFields("DataLoader state", state)
-    seed = fields.int("seed", minimum=None)
-    epoch = fields.int("epoch")
-    delivered = fields.int("delivered") if version == _STATE_VERSION else 0
-    if "service" not in state:
-        fields.fail("service", "None or a reading service's state", "(absent)")
-    service = state["service"]
-    if service is None:
-        if delivered:
-            fields.fail("delivered", "0 when no epoch was in progress (service is None)", delivered)
-        return seed, epoch, delivered, None
-    if not isinstance(service, dict) or not isinstance(service.get("kind"), str):
-        fields.fail("service", "None or a reading service's state (a dict with a 'kind')", service)
-    if service["kind"] == "replay":
-        replayed = StateFields("DataLoader state (replay)", service).int("delivered")
-        if version == _STATE_VERSION and replayed != delivered:
-            fields.fail("delivered", f"the replay count {replayed}", delivered)
-        delivered = replayed
-    return seed, epoch, delivered, service

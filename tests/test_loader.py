@@ -127,6 +127,40 @@ def test_a_new_epoch_invalidates_the_previous_iterator():
         next(first)
 
 
+def test_a_loader_built_over_the_blocks_of_another_takes_them():
+    # Both seeded, restarted and read the same blocks: the first silently ran on the second's
+    # seed, and an epoch of one lost items to the other's (validation sharing a prefix).
+    def shuffled():
+        return IterableWrapper(range(10)).shuffle().batch(2)
+
+    pipe = shuffled()
+    first = DataLoader(pipe, seed=1)
+    running = iter(first)
+    next(running)
+    validation = DataLoader(pipe.header(2), seed=2)  # shares every block of `pipe`
+    taken = r"shares Batcher\(batch_size=2.* with a DataLoader built after it"
+    with pytest.raises(RuntimeError, match="no longer valid: this DataLoader's pipeline " + taken):
+        next(running)
+    with pytest.raises(RuntimeError, match=taken + r".*Build the pipeline once per loader"):
+        iter(first)
+    batches = list(validation)
+    assert len(batches) == 2 and len({x for batch in batches for x in batch}) == 4
+    first.shutdown()
+
+
+def test_loaders_built_one_after_another_over_one_pipeline_run_the_newest():
+    pipe = IterableWrapper(range(6)).shuffle()
+    epochs = []
+    for epoch in range(3):  # a new loader per epoch, the old one dropped or shut down
+        loader = DataLoader(pipe, seed=0)
+        loader.set_epoch(epoch)
+        epochs.append(list(loader))
+        if epoch == 1:
+            loader.shutdown()
+    fresh = DataLoader(IterableWrapper(range(6)).shuffle(), seed=0)
+    assert epochs == [list(fresh) for _ in range(3)]
+
+
 def test_shutdown_and_context_manager():
     with DataLoader([1, 2]) as loader:
         assert list(loader) == [1, 2]
