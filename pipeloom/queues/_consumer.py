@@ -118,6 +118,10 @@ class ConsumerEnd:
                     self._fds.append(self._producer_pidfd)
                     self.readiness.add_fd(self._producer_pidfd)
                 self.on_peer(pid)
+        elif kind == Kind.ANNOUNCE:  # descriptors of segments the next message refers to
+            pairs = array("Q", body)
+            for index in range(0, len(pairs), 2):
+                self._maps.add(pairs[index], self._inbox.fds.popleft(), pairs[index + 1])
         elif kind == Kind.RETIRE:
             for segment_id in array("I", body):
                 self._maps.retire(segment_id)

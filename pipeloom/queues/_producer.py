@@ -14,7 +14,7 @@ from pipeloom.queues._base import Deadline, QueueBroken, QueueClosed
 from pipeloom.queues._control import Control, Slot
 from pipeloom.queues._peer import FdSetReadiness, describe_exit, open_pidfd, wait_readable
 from pipeloom.queues._shm import Segment, SegmentPool
-from pipeloom.queues._wire import Inbox, Kind, send_frame
+from pipeloom.queues._wire import MAX_FDS, Inbox, Kind, send_frame
 
 __all__ = ["INLINE_MAX", "SHM_META", "STREAM_IN_SHM", "ProducerEnd"]
 
@@ -205,6 +205,10 @@ class ProducerEnd:
                     dst = np.frombuffer(own.mapping, np.uint8, spans[span + 2], spans[span + 1])
                     np.copyto(dst, np.frombuffer(data, np.uint8))
                 used.append(own)
+            fresh = [segment for segment in used if not segment.announced]
+            while len(fresh) > MAX_FDS:  # more descriptors than one frame carries
+                self._announce(fresh[:MAX_FDS])
+                del fresh[:MAX_FDS]
             header = array("Q")
             fds = []
             for segment in used:
@@ -237,6 +241,15 @@ class ProducerEnd:
         ctl[Slot.SEGMENTS_REUSED] = pool.reused
         ctl[Slot.SHM_BYTES_HELD] = pool.held_bytes
         ctl[Slot.BYTES_INLINE] = ctl[Slot.BYTES_INLINE] + len(tail)
+
+    def _announce(self, segments: list[Segment]) -> None:
+        """Hand the consumer these segments' descriptors ahead of the message using them."""
+        body = array("Q")
+        for segment in segments:
+            body.extend((segment.id, segment.size))
+        send_frame(self._sock, Kind.ANNOUNCE, body.tobytes(), fds=tuple(s.fd for s in segments))
+        for segment in segments:
+            segment.announced = True
 
     def close(self, send_close: bool) -> None:
         """Release this end; ``send_close=False`` after fork (touch nothing shared)."""

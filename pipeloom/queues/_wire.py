@@ -19,11 +19,12 @@ import os
 import socket
 import struct
 
-__all__ = ["HEADER", "Inbox", "Kind", "send_frame"]
+__all__ = ["HEADER", "MAX_FDS", "Inbox", "Kind", "send_frame"]
 
 HEADER = struct.Struct("<IB")
-_MAX_FDS = 64
-_ANC_SIZE = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
+MAX_FDS = 64
+"""The most descriptors one frame may carry (the receiver has room for no more)."""
+_ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 _FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
 
 
@@ -37,6 +38,7 @@ class Kind:
     CLOSE = 5  # empty: the sender closed the queue
     FREE = 6  # body: u32 segment ids the consumer no longer uses
     WAKE = 7  # empty: room was made while the producer waited
+    ANNOUNCE = 8  # body: (u64 id, u64 size) per segment; its fds ride along (see _producer)
 
 
 def send_frame(sock: socket.socket, kind: int, *parts: bytes | memoryview, fds: tuple = ()) -> None:

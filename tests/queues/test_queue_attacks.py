@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom.queues import ProcessQueue
+from pipeloom.queues import ALLOCATE_MIN, ProcessQueue
 
 # The edges docs/queues.md names: buffers under 8 KiB stay in the pickle stream,
 # streams over 64 KiB go to shared memory.
@@ -129,3 +129,15 @@ def test_items_at_the_size_edges_arrive_equal(size, kind):
         assert got[1] == sent[1]
     else:
         assert type(got) is type(sent) and got == sent
+
+
+def test_a_message_may_refer_to_more_segments_than_one_frame_carries():
+    """A batch of many fields, each built in shared memory: every one arrives, and later too."""
+    with ProcessQueue(capacity=2) as q:
+        numel = ALLOCATE_MIN // 4
+        fields = [q.empty_tensor((numel,), torch.float32).fill_(i) for i in range(130)]
+        q.put(fields, timeout=5)
+        got = q.get(timeout=5)
+        assert [float(t[-1]) for t in got] == [float(i) for i in range(130)]
+        q.put([fields[129], fields[3]], timeout=5)
+        assert [float(t[0]) for t in q.get(timeout=5)] == [129.0, 3.0]
