@@ -7,13 +7,18 @@ it, must never change while later items reuse the shared memory.
 
 from __future__ import annotations
 
+import gc
+import multiprocessing as mp
+import os
+import signal
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom.queues import ALLOCATE_MIN, ProcessQueue
+from pipeloom.queues import ALLOCATE_MIN, ProcessQueue, QueueBroken, QueueClosed
 
 # The edges docs/queues.md names: buffers under 8 KiB stay in the pickle stream,
 # streams over 64 KiB go to shared memory.
@@ -141,3 +146,164 @@ def test_a_message_may_refer_to_more_segments_than_one_frame_carries():
         assert [float(t[-1]) for t in got] == [float(i) for i in range(130)]
         q.put([fields[129], fields[3]], timeout=5)
         assert [float(t[0]) for t in q.get(timeout=5)] == [129.0, 3.0]
+
+
+# -- lifetime of zero-copy items --------------------------------------------------
+
+SIZES = [3_000, 20_000, 70_000, 300_000]  # bytes: in the stream, then three size classes
+
+
+def _payload(i: int, q: ProcessQueue | None = None) -> dict:
+    n = SIZES[i % len(SIZES)] // 4
+    shared = torch.arange(2 * n, dtype=torch.float32) + i
+    item = {
+        "t": torch.full((n,), float(i)),
+        "a": np.full(n // 2 + 1, i, dtype=np.int32),
+        "pair": (shared[:n], shared[n:]),  # one storage, two offsets
+        "deep": [[{"x": np.full(n, -i, dtype=np.float64)}]],
+    }
+    if q is not None and i % 4 == 0:
+        item["built"] = q.empty_tensor((ALLOCATE_MIN // 4,), torch.float32).fill_(i + 0.5)
+    return item
+
+
+def _derive(item: dict) -> dict:
+    """What a consumer may keep of an item: views, slices, conversions, nested elements."""
+    kept = {
+        "numpy": item["t"].numpy(),
+        "slice": item["t"][1:5],
+        "memoryview": memoryview(item["a"])[2:7],
+        "element": item["deep"][0][0]["x"][3:],
+        "second": item["pair"][1],
+        "reinterpreted": item["t"].view(torch.int32)[::7],
+    }
+    if "built" in item:
+        kept["built"] = item["built"][100:]
+    return kept
+
+
+def _check(i: int, kept: dict) -> None:
+    n = SIZES[i % len(SIZES)] // 4
+    assert (kept["numpy"] == i).all() and (kept["slice"] == i).all(), i
+    assert kept["memoryview"].tolist() == [i] * 5, i
+    assert (kept["element"] == -i).all(), i
+    assert torch.equal(kept["second"], torch.arange(n, 2.0 * n) + i), i
+    assert (kept["reinterpreted"] == torch.tensor(float(i)).view(torch.int32)).all(), i
+    if "built" in kept:
+        assert (kept["built"] == i + 0.5).all(), i
+
+
+def _produce_and_scribble(q: ProcessQueue, count: int) -> None:
+    torch.set_num_threads(1)
+    for i in range(count):
+        item = _payload(i, q)
+        q.put(item, timeout=10)
+        item["t"].fill_(-7)  # the producer reuses its buffers at once
+        item["a"][:] = -7
+        item["deep"][0][0]["x"][:] = -7
+        del item
+    q.close()
+
+
+def test_what_a_consumer_keeps_never_changes_while_hundreds_of_items_follow():
+    q = ProcessQueue(capacity=2, owner="consumer")
+    proc = mp.get_context("fork").Process(target=_produce_and_scribble, args=(q, 120))
+    proc.start()
+    kept, in_flight = [], []
+    for i in range(120):
+        item = q.get(timeout=10)
+        in_flight.append(q.qsize())
+        if i < 25 or i % 17 == 0:
+            kept.append((i, _derive(item)))
+        del item
+        if i % 25 == 0:
+            gc.collect()
+    with pytest.raises(QueueClosed):
+        q.get(timeout=10)
+    proc.join(10)
+    stats = q.statistics()
+    q.close()
+    for i, derived in kept:
+        _check(i, derived)
+    assert stats.segments_reused > 60  # the memory was reused around what was kept
+    assert max(in_flight) <= q.capacity
+
+
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from([0, 0, 1, 1, 2, 3]), st.integers(1, 2)), min_size=5, max_size=30
+    )
+)
+@settings(max_examples=10, deadline=None)
+def test_kept_items_survive_any_order_of_puts_gets_and_drops(steps):
+    """0: put, 1: get and keep what is derived, 2: get and drop, 3: drop the oldest kept.
+
+    Two size classes only, so that segments are reused often.
+    """
+    with ProcessQueue(capacity=3) as q:
+        sent = received = 0
+        kept: list[tuple[int, dict]] = []
+        for op, size in steps:
+            if op == 0 and q.qsize() < q.capacity:
+                index = sent * len(SIZES) + size  # its size class: SIZES[index % len(SIZES)]
+                q.put(_payload(index, q), timeout=5)
+                sent += 1
+            elif op in (1, 2) and received < sent:
+                item = q.get(timeout=5)
+                if op == 1:
+                    kept.append((item["a"][0].item(), _derive(item)))
+                received += 1
+                del item
+            elif op == 3 and kept:
+                kept.pop(0)
+            for i, derived in kept:
+                _check(i, derived)
+
+
+# -- peers killed mid-message ---------------------------------------------------------
+
+
+def _put_big_items_forever(q: ProcessQueue) -> None:
+    torch.set_num_threads(1)
+    big = np.ones(4 << 20, dtype=np.float64)  # 32 MiB: killed while copying one, likely
+    while True:
+        q.put([big, np.ones(3)], timeout=10)
+
+
+def test_producer_killed_while_writing_a_segment_breaks_the_consumer_and_leaves_nothing(
+    no_shm_leak,
+):
+    q = ProcessQueue(capacity=1, owner="consumer")
+    proc = mp.get_context("fork").Process(target=_put_big_items_forever, args=(q,))
+    proc.start()
+    first = q.get(timeout=10)
+    os.kill(proc.pid, signal.SIGKILL)  # it is making room for, or copying, the next one
+    got = [first]
+    with pytest.raises(QueueBroken, match=f"producer process {proc.pid} .*SIGKILL"):
+        while True:
+            got.append(q.get(timeout=10))
+    proc.join(10)
+    q.close()
+    assert all(item[0].sum() == 4 << 20 and item[1].sum() == 3 for item in got)  # none torn
+
+
+def _get_keep_and_die(q: ProcessQueue, ready) -> None:
+    kept = [q.get(timeout=10) for _ in range(2)]
+    ready.set()
+    assert kept
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_consumer_killed_while_holding_built_tensors_breaks_a_blocked_producer(no_shm_leak):
+    q = ProcessQueue(capacity=1, owner="producer")
+    ready = mp.get_context("fork").Event()
+    proc = mp.get_context("fork").Process(target=_get_keep_and_die, args=(q, ready))
+    proc.start()
+    with pytest.raises(QueueBroken, match=f"consumer process {proc.pid} .*SIGKILL"):
+        for i in range(10):  # the third put waits for room the dead consumer never makes
+            built = q.empty_tensor((ALLOCATE_MIN // 4,), torch.float32).fill_(i)
+            q.put(built, timeout=10)
+            del built
+    assert ready.is_set()
+    proc.join(10)
+    q.close()
