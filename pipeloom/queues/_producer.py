@@ -57,14 +57,20 @@ class ProducerEnd:
         self, stream: bytes, buffers: list[memoryview], block: bool, deadline: Deadline
     ) -> None:
         self.wait_for_room(block, deadline)
+        if not buffers and len(stream) <= INLINE_MAX:
+            self._send_item(Kind.ITEM, (stream,))
+            self._ctl[Slot.BYTES_INLINE] = self._ctl[Slot.BYTES_INLINE] + len(stream)
+        else:
+            self._send_via_shm(stream, buffers)
+
+    def _send_item(self, kind: int, parts: tuple[bytes | memoryview, ...], fds: tuple = ()) -> None:
+        """Count one more item put and send its frame; the socket failing means the consumer
+        is gone. Counted only now: a put that failed before (no shared memory to be had)
+        takes no room in the queue."""
         ctl = self._ctl
         ctl[Slot.PUTS] = ctl[Slot.PUTS] + 1
         try:
-            if not buffers and len(stream) <= INLINE_MAX:
-                send_frame(self._sock, Kind.ITEM, stream)
-                ctl[Slot.BYTES_INLINE] = ctl[Slot.BYTES_INLINE] + len(stream)
-            else:
-                self._send_via_shm(stream, buffers)
+            send_frame(self._sock, kind, *parts, fds=fds)
         except OSError as err:
             raise self._broken(err) from err
 
@@ -168,7 +174,10 @@ class ProducerEnd:
         """``nbytes`` of shared memory to build an item in; put() then sends it uncopied."""
         self._raise_if_unusable()
         self.drain_returns()
-        array = self._pool.allocate(nbytes)
+        try:
+            array = self._pool.allocate(nbytes)
+        except OSError as err:
+            raise _no_shared_memory(nbytes, err) from err
         self._ctl[Slot.SHM_BYTES_HELD] = self._pool.held_bytes
         return array
 
@@ -197,7 +206,10 @@ class ProducerEnd:
             copies.append((len(spans), stream))
             spans.extend((0, end, len(stream)))
             end += len(stream)
-        own = pool.acquire(end) if copies else None
+        try:
+            own = pool.acquire(end) if copies else None
+        except OSError as err:
+            raise _no_shared_memory(end, err) from err
         try:
             if own is not None:
                 for span, data in copies:
@@ -217,14 +229,8 @@ class ProducerEnd:
                     fds.append(segment.fd)
             meta = SHM_META.pack(len(used), len(buffers), flags)
             tail = b"" if flags & STREAM_IN_SHM else stream
-            send_frame(
-                self._sock,
-                Kind.SHM_ITEM,
-                meta,
-                header.tobytes(),
-                spans.tobytes(),
-                tail,
-                fds=tuple(fds),
+            self._send_item(
+                Kind.SHM_ITEM, (meta, header.tobytes(), spans.tobytes(), tail), tuple(fds)
             )
         except BaseException:
             if own is not None:
@@ -247,7 +253,10 @@ class ProducerEnd:
         body = array("Q")
         for segment in segments:
             body.extend((segment.id, segment.size))
-        send_frame(self._sock, Kind.ANNOUNCE, body.tobytes(), fds=tuple(s.fd for s in segments))
+        try:
+            send_frame(self._sock, Kind.ANNOUNCE, body.tobytes(), fds=tuple(s.fd for s in segments))
+        except OSError as err:
+            raise self._broken(err) from err
         for segment in segments:
             segment.announced = True
 
@@ -266,3 +275,13 @@ class ProducerEnd:
         if self._consumer_pidfd is not None:
             os.close(self._consumer_pidfd)
             self._consumer_pidfd = None
+
+
+def _no_shared_memory(nbytes: int, err: OSError) -> OSError:
+    return OSError(
+        err.errno,
+        f"ProcessQueue: the system refused {nbytes} bytes of shared memory for an item "
+        f"({err.strerror or err}); nothing was sent and the queue stays usable. Free memory "
+        "or descriptors, raise this process's limits (ulimit -v, ulimit -n), or send "
+        "smaller items",
+    )

@@ -10,9 +10,11 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
+import resource
 import signal
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from hypothesis import given, settings
@@ -307,3 +309,36 @@ def test_consumer_killed_while_holding_built_tensors_breaks_a_blocked_producer(n
     assert ready.is_set()
     proc.join(10)
     q.close()
+
+
+# -- no shared memory to be had -------------------------------------------------------
+
+
+def _put_beyond_the_memory_limit(q: ProcessQueue) -> None:
+    big = np.ones(16 << 20, dtype=np.uint8)
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    headroom = psutil.Process().memory_info().vms + (8 << 20)  # no room for a 16 MiB segment
+    resource.setrlimit(resource.RLIMIT_AS, (headroom, hard))
+    for _ in range(q.capacity + 1):  # more failures than the queue has room
+        try:
+            q.put(big, timeout=5)
+            q.put("sent", timeout=5)
+        except Exception as error:  # noqa: BLE001 - reported to the test
+            q.put(f"{type(error).__name__}: {error}", timeout=5)
+    q.close()
+
+
+def test_a_put_refused_shared_memory_says_so_and_leaves_the_queue_usable():
+    q = ProcessQueue(capacity=2, owner="consumer")
+    proc = mp.get_context("fork").Process(target=_put_beyond_the_memory_limit, args=(q,))
+    proc.start()
+    got = []
+    with pytest.raises(QueueClosed):
+        while True:
+            got.append(q.get(timeout=10))
+    proc.join(10)
+    q.close()
+    assert len(got) == 3, got
+    for report in got:
+        assert report.startswith("OSError: [Errno 12] ProcessQueue: the system refused"), report
+        assert "nothing was sent and the queue stays usable" in report
