@@ -19,7 +19,7 @@ Exceptions (``NotAvailable`` and ``QueueError`` come from ``pipeloom.errors``)::
     ├── TimeoutError           (builtin) a timeout expired first; never returns None
     ├── TypeError              (builtin) put() of an item that cannot be pickled
     ├── OSError                (builtin) ProcessQueue: no shared memory to be had for
-    │                           an item; nothing was sent, the queue stays usable
+    │                           an item (put: nothing sent; get: that item is lost)
     ├── RuntimeError           (builtin) misuse: a third endpoint, a blocking call
     │                           that could never return (LocalQueue), ...
     └── PipeloomError

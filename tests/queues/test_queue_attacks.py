@@ -342,3 +342,34 @@ def test_a_put_refused_shared_memory_says_so_and_leaves_the_queue_usable():
     for report in got:
         assert report.startswith("OSError: [Errno 12] ProcessQueue: the system refused"), report
         assert "nothing was sent and the queue stays usable" in report
+
+
+def _get_under_a_memory_limit(q: ProcessQueue, out) -> None:
+    torch.set_num_threads(1)
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    headroom = psutil.Process().memory_info().vms + (16 << 20)  # too little for 32 MiB
+    resource.setrlimit(resource.RLIMIT_AS, (headroom, hard))
+    for _ in range(3):
+        try:
+            out.put([float(t[0]) for t in q.get(timeout=10)])
+        except Exception as error:  # noqa: BLE001 - reported to the test
+            out.put(f"{type(error).__name__}: {error} {getattr(error, '__notes__', '')}")
+    q.close()
+
+
+def test_a_segment_the_consumer_cannot_map_loses_its_item_and_no_other():
+    """The next messages' descriptors must not shift onto the lost one's segments."""
+    ctx = mp.get_context("fork")
+    q = ProcessQueue(capacity=4, owner="producer")
+    out = ctx.SimpleQueue()
+    proc = ctx.Process(target=_get_under_a_memory_limit, args=(q, out))
+    proc.start()
+    small = (ALLOCATE_MIN // 4,)
+    for values in [(1.0, 2.0), (7.0,), (8.0,)]:  # 32 MiB and 256 KiB, then 256 KiB twice
+        shapes = [((32 << 20) // 4,), small] if len(values) == 2 else [small]
+        q.put([q.empty_tensor(s).fill_(v) for s, v in zip(shapes, values, strict=True)])
+    reports = [out.get() for _ in range(3)]
+    proc.join(10)
+    q.close()
+    assert reports[1:] == [[7.0], [8.0]]  # not the lost item's 256 KiB tensor (2.0)
+    assert reports[0].startswith("OSError: [Errno 12]") and "that item is lost" in reports[0]
