@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
+import select
 import socket
 import struct
 from array import array
 
 import numpy as np
 
-from pipeloom.errors import NotAvailable
+from pipeloom.errors import NotAvailable, QueueError
 from pipeloom.queues._base import Deadline, QueueBroken, QueueClosed
 from pipeloom.queues._control import Control, Slot
 from pipeloom.queues._peer import FdSetReadiness, describe_exit, open_pidfd, wait_readable
@@ -48,6 +50,7 @@ class ProducerEnd:
         self._consumer_pid: int | None = None
         self._consumer_pidfd: int | None = None
         self._problem: Exception | None = None
+        self._unsent_retired: list[int] = []  # the socket was full: sent with the next ones
         self.closed_here: str | None = None
         self.on_peer = lambda pid: None
         self.readiness = FdSetReadiness([sock.fileno(), wake_fd])
@@ -58,21 +61,96 @@ class ProducerEnd:
     ) -> None:
         self.wait_for_room(block, deadline)
         if not buffers and len(stream) <= INLINE_MAX:
-            self._send_item(Kind.ITEM, (stream,))
+            self._send_item((block, deadline), Kind.ITEM, (stream,))
             self._ctl[Slot.BYTES_INLINE] = self._ctl[Slot.BYTES_INLINE] + len(stream)
         else:
-            self._send_via_shm(stream, buffers)
+            self._send_via_shm(stream, buffers, (block, deadline))
 
-    def _send_item(self, kind: int, parts: tuple[bytes | memoryview, ...], fds: tuple = ()) -> None:
-        """Count one more item put and send its frame; the socket failing means the consumer
-        is gone. Counted only now: a put that failed before (no shared memory to be had)
-        takes no room in the queue."""
+    def _send_item(
+        self,
+        how: tuple[bool, Deadline],
+        kind: int,
+        parts: tuple[bytes | memoryview, ...],
+        fds: tuple = (),
+    ) -> None:
+        """Count one more item put and send its frame. Counted only now: a put that failed
+        before (no shared memory to be had, or no room in the socket in time) takes no room
+        in the queue."""
         ctl = self._ctl
         ctl[Slot.PUTS] = ctl[Slot.PUTS] + 1
         try:
-            send_frame(self._sock, kind, *parts, fds=fds)
+            self._send(kind, parts, fds, how=how)
+        except (NotAvailable, TimeoutError):  # raised before the frame's first byte only
+            ctl[Slot.PUTS] = ctl[Slot.PUTS] - 1
+            raise
+
+    def _send(
+        self,
+        kind: int,
+        parts: tuple[bytes | memoryview, ...],
+        fds: tuple = (),
+        *,
+        how: tuple[bool, Deadline | None] = (True, None),
+        closing: bool = False,
+    ) -> None:
+        """Send a frame; the socket failing means the consumer is gone."""
+        try:
+            send_frame(
+                self._sock,
+                kind,
+                *parts,
+                fds=fds,
+                wait=lambda started: self._wait_writable(started, *how, closing),
+            )
+        except TimeoutError:  # an OSError too, but no sign of a broken socket
+            raise
         except OSError as err:
             raise self._broken(err) from err
+
+    def _wait_writable(
+        self, started: bool, block: bool, deadline: Deadline | None, closing: bool
+    ) -> None:
+        """Sleep until the full socket may take more of a frame, or raise.
+
+        Before the frame's first byte, ``block``, the deadline and a close here
+        (unless ``closing``) apply: nothing was sent. After it the frame must be
+        finished (a torn one would hide the CLOSE sent after it), so only the
+        consumer's death or close end the wait.
+        """
+        timeout = None if started or deadline is None else deadline.remaining()
+        if not started and not block:
+            # Ask for a WAKE when the consumer reads (it fires space_readiness), as
+            # wait_for_room does, unless the socket took room meanwhile.
+            self._ctl[Slot.WAITING] = 1
+            self._ctl.fence()
+            if not _writable(self._sock.fileno()):
+                raise NotAvailable("ProcessQueue's socket is full: the consumer is not reading")
+            self._ctl[Slot.WAITING] = 0
+            return
+        if deadline is not None and timeout is not None and timeout <= 0:
+            raise TimeoutError(
+                f"ProcessQueue.put() timed out after {deadline.timeout}s: the consumer "
+                "is not reading what was put (its socket is full)"
+            )
+        sock = self._sock.fileno()
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT | select.POLLIN)
+        # (A consumer in this process is closed with us: a torn frame does not matter.)
+        here = self._ctl[Slot.CONSUMER_PID] == os.getpid()
+        interruptible = not closing and (not started or here)
+        for fd in (self._consumer_pidfd, self._wake_fd if interruptible else None):
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
+        ready = dict(poller.poll(None if timeout is None else math.ceil(timeout * 1000)))
+        if interruptible and self.closed_here is not None:
+            raise QueueClosed(self.closed_here)
+        if ready.get(sock, 0) & select.POLLIN:  # frees, or the consumer's close
+            self._read_returns(self._unsent_retired)
+        if self._problem is not None:
+            raise self._problem
+        if self._consumer_pidfd in ready and not ready.get(sock, 0) & select.POLLOUT:
+            self._problem = QueueBroken(describe_exit("consumer", self._consumer_pid))
+            raise self._problem
 
     def _room(self) -> bool:
         ctl = self._ctl
@@ -124,6 +202,12 @@ class ProducerEnd:
     def drain_returns(self) -> None:
         """Handle every frame the consumer sent back (frees, wake-ups, hello, close)."""
         retired = self._pool.collect_dropped()
+        self._read_returns(retired)
+        self._ctl[Slot.SHM_BYTES_HELD] = self._pool.held_bytes
+        self._send_retired(retired)
+
+    def _read_returns(self, retired: list[int]) -> None:
+        """Read and handle what the consumer sent; segments retired meanwhile go to ``retired``."""
         try:
             while True:
                 frame = self._returns.next_frame()
@@ -136,15 +220,17 @@ class ProducerEnd:
             self._problem = self._broken(err)
         if self._returns.eof and self._problem is None:
             self._problem = self._broken(None)
-        self._ctl[Slot.SHM_BYTES_HELD] = self._pool.held_bytes
-        self._send_retired(retired)
 
     def _send_retired(self, retired: list[int]) -> None:
+        retired = self._unsent_retired + retired
+        self._unsent_retired = []
         if retired:
             try:
-                send_frame(self._sock, Kind.RETIRE, array("I", retired).tobytes())
-            except OSError:
-                pass
+                self._send(Kind.RETIRE, (array("I", retired).tobytes(),), how=(False, None))
+            except NotAvailable:  # the socket is full: with the next ones
+                self._unsent_retired = retired
+            except QueueError:
+                pass  # the consumer is gone or closed: nothing to unmap
 
     def _handle_return(self, kind: int, body: bytes, retired: list[int]) -> None:
         if kind == Kind.FREE:
@@ -181,7 +267,9 @@ class ProducerEnd:
         self._ctl[Slot.SHM_BYTES_HELD] = self._pool.held_bytes
         return array
 
-    def _send_via_shm(self, stream: bytes, buffers: list[memoryview]) -> None:
+    def _send_via_shm(
+        self, stream: bytes, buffers: list[memoryview], how: tuple[bool, Deadline]
+    ) -> None:
         self.drain_returns()  # take back freed segments first, so they get reused
         pool = self._pool
         used: list[Segment] = []  # the segments the message refers to, by index
@@ -219,7 +307,7 @@ class ProducerEnd:
                 used.append(own)
             fresh = [segment for segment in used if not segment.announced]
             while len(fresh) > MAX_FDS:  # more descriptors than one frame carries
-                self._announce(fresh[:MAX_FDS])
+                self._announce(fresh[:MAX_FDS], how)
                 del fresh[:MAX_FDS]
             header = array("Q")
             fds = []
@@ -230,7 +318,7 @@ class ProducerEnd:
             meta = SHM_META.pack(len(used), len(buffers), flags)
             tail = b"" if flags & STREAM_IN_SHM else stream
             self._send_item(
-                Kind.SHM_ITEM, (meta, header.tobytes(), spans.tobytes(), tail), tuple(fds)
+                how, Kind.SHM_ITEM, (meta, header.tobytes(), spans.tobytes(), tail), tuple(fds)
             )
         except BaseException:
             if own is not None:
@@ -248,15 +336,12 @@ class ProducerEnd:
         ctl[Slot.SHM_BYTES_HELD] = pool.held_bytes
         ctl[Slot.BYTES_INLINE] = ctl[Slot.BYTES_INLINE] + len(tail)
 
-    def _announce(self, segments: list[Segment]) -> None:
+    def _announce(self, segments: list[Segment], how: tuple[bool, Deadline]) -> None:
         """Hand the consumer these segments' descriptors ahead of the message using them."""
         body = array("Q")
         for segment in segments:
             body.extend((segment.id, segment.size))
-        try:
-            send_frame(self._sock, Kind.ANNOUNCE, body.tobytes(), fds=tuple(s.fd for s in segments))
-        except OSError as err:
-            raise self._broken(err) from err
+        self._send(Kind.ANNOUNCE, (body.tobytes(),), tuple(s.fd for s in segments), how=how)
         for segment in segments:
             segment.announced = True
 
@@ -265,16 +350,25 @@ class ProducerEnd:
         if send_close:
             self._ctl[Slot.PRODUCER_CLOSED] = 1
             self._ctl[Slot.SHM_BYTES_HELD] = 0
+            # Wait for room only for a consumer that reads: one in another process. (None
+            # bound yet, or this process: then only if there is room; it sees end-of-file.)
             try:
-                send_frame(self._sock, Kind.CLOSE)
-            except OSError:
-                pass
+                reader = self._ctl[Slot.CONSUMER_PID] not in (0, os.getpid())
+                self._send(Kind.CLOSE, (), how=(reader, None), closing=True)
+            except (NotAvailable, QueueError):
+                pass  # gone or closed already
         self.readiness.close()
         self._pool.close()
         self._returns.close()
         if self._consumer_pidfd is not None:
             os.close(self._consumer_pidfd)
             self._consumer_pidfd = None
+
+
+def _writable(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return bool(poller.poll(0))
 
 
 def _no_shared_memory(nbytes: int, err: OSError) -> OSError:

@@ -7,11 +7,13 @@ it, must never change while later items reuse the shared memory.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing as mp
 import os
 import resource
 import signal
+import threading
 
 import numpy as np
 import psutil
@@ -20,7 +22,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeloom.errors import NotAvailable
+from pipeloom.events import Waiter
 from pipeloom.queues import ALLOCATE_MIN, ProcessQueue, QueueBroken, QueueClosed
+from tests.queues import queue_workers
 
 # The edges docs/queues.md names: buffers under 8 KiB stay in the pickle stream,
 # streams over 64 KiB go to shared memory.
@@ -373,3 +378,126 @@ def test_a_segment_the_consumer_cannot_map_loses_its_item_and_no_other():
     q.close()
     assert reports[1:] == [[7.0], [8.0]]  # not the lost item's 256 KiB tensor (2.0)
     assert reports[0].startswith("OSError: [Errno 12]") and "that item is lost" in reports[0]
+
+
+# -- a full socket ---------------------------------------------------------------------
+
+LINE = "x" * 60_000  # one item, sent through the socket itself
+
+
+def _put_until_it_fails(q: ProcessQueue, timeout: float, outcome: list) -> None:
+    try:
+        while True:
+            q.put(LINE, timeout=timeout)
+            outcome.append("put")
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        outcome.append(error)
+
+
+def test_put_times_out_when_the_consumer_does_not_read_even_with_room_left(no_shm_leak):
+    """The items fit the capacity, their bytes not the socket: the timeout still holds."""
+    with ProcessQueue(capacity=1000) as q:
+        outcome: list = []
+        putter = threading.Thread(target=_put_until_it_fails, args=(q, 0.2, outcome))
+        putter.start()
+        putter.join(10)
+        stuck = putter.is_alive()
+        while putter.is_alive():  # without a timeout the put waits for us: read, let it end
+            q.get(timeout=1)
+            q.close()
+        assert not stuck and isinstance(outcome[-1], TimeoutError)
+        assert "the consumer is not reading" in str(outcome[-1])
+        sent = len(outcome) - 1
+        assert q.qsize() == sent  # the item that timed out takes no room
+        assert all(q.get(timeout=5) == LINE for _ in range(sent))  # whole, none torn
+        q.put("after", timeout=5)
+        assert q.get(timeout=5) == "after"
+    # and close() returned although the socket had been full: the consumer is this process
+
+
+def _wait_for(stop) -> None:
+    stop.wait(30)
+
+
+def test_producer_blocked_on_a_full_socket_sees_the_consumer_die_though_a_sibling_holds_it(
+    no_shm_leak,
+):
+    ctx = mp.get_context("fork")
+    q = ProcessQueue(capacity=1000, owner="producer")
+    stop, ready = ctx.Event(), ctx.Event()
+    sibling = ctx.Process(target=_wait_for, args=(stop,))  # holds a copy of the consumer's end
+    sibling.start()
+    consumer = ctx.Process(target=queue_workers.consume_then_die, args=(q, 1, ready))
+    consumer.start()
+    outcome: list = []
+    putter = threading.Thread(target=_put_until_it_fails, args=(q, 10, outcome))
+    putter.start()
+    putter.join(10)
+    stuck = putter.is_alive()
+    stop.set()  # the sibling ends: the put sees end-of-file at last
+    putter.join(10)
+    sibling.join(10)
+    consumer.join(10)
+    q.close()
+    assert not stuck, "put() never noticed that its consumer was killed"
+    assert isinstance(outcome[-1], QueueBroken)
+    assert f"consumer process {consumer.pid} exited with signal SIGKILL" in str(outcome[-1])
+
+
+def _fill_the_socket_then_put(q: ProcessQueue, full: threading.Event, outcome: list) -> None:
+    try:
+        while True:
+            q.put(LINE, block=False)
+    except NotAvailable:  # the socket is full (the capacity is far from it)
+        full.set()
+    try:
+        q.put(LINE)  # no timeout: only the close can end it
+        outcome.append("put")
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        outcome.append(error)
+
+
+def test_close_from_another_thread_wakes_a_put_waiting_for_room_in_the_socket(no_shm_leak):
+    q = ProcessQueue(capacity=1000)
+    q.readiness()  # the consumer end is this thread's, which never reads
+    full, outcome = threading.Event(), []
+    putter = threading.Thread(target=_fill_the_socket_then_put, args=(q, full, outcome))
+    putter.start()
+    assert full.wait(10)
+    q.close()
+    putter.join(10)
+    assert not putter.is_alive() and isinstance(outcome[-1], QueueClosed), outcome
+
+
+def _fill_the_socket_then_close(q: ProcessQueue, closed: threading.Event) -> None:
+    with contextlib.suppress(NotAvailable):
+        while True:
+            q.put(LINE, block=False)
+    q.close()
+    closed.set()
+
+
+def test_closing_a_full_queue_nobody_reads_yet_returns():
+    q, closed = ProcessQueue(capacity=1000), threading.Event()
+    threading.Thread(target=_fill_the_socket_then_close, args=(q, closed), daemon=True).start()
+    assert closed.wait(10), "close() waited for a consumer that is not there"
+
+
+def test_space_readiness_fires_when_the_consumer_reads_a_full_socket():
+    """A producer that waits on space_readiness after NotAvailable is woken by a get."""
+    q = ProcessQueue(capacity=1000)
+    q.readiness()
+    with contextlib.suppress(NotAvailable):
+        while True:
+            q.put(LINE, block=False)
+    q.reclaim()  # read what the consumer sent so far (its hello)
+    waiter = Waiter()
+    q.space_readiness().attach(waiter)
+    seen = waiter.generation
+    with pytest.raises(NotAvailable, match="socket is full"):
+        q.put(LINE, block=False)
+    q.get(timeout=5)  # room in the socket: the producer must hear of it
+    assert waiter.wait(seen, timeout=5), "space_readiness never fired"
+    q.put(LINE, block=False)
+    waiter.close()
+    q.close()
