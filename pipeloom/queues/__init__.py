@@ -18,6 +18,8 @@ Exceptions (``NotAvailable`` and ``QueueError`` come from ``pipeloom.errors``)::
     ├── NotAvailable           block=False and the queue is empty / full; try later
     ├── TimeoutError           (builtin) a timeout expired first; never returns None
     ├── TypeError              (builtin) put() of an item that cannot be pickled
+    ├── OSError                (builtin) ProcessQueue: no shared memory to be had for
+    │                           an item (put: nothing sent; get: that item is lost)
     ├── RuntimeError           (builtin) misuse: a third endpoint, a blocking call
     │                           that could never return (LocalQueue), ...
     └── PipeloomError

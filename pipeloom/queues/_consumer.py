@@ -118,6 +118,10 @@ class ConsumerEnd:
                     self._fds.append(self._producer_pidfd)
                     self.readiness.add_fd(self._producer_pidfd)
                 self.on_peer(pid)
+        elif kind == Kind.ANNOUNCE:  # descriptors of segments the next message refers to
+            pairs = array("Q", body)
+            for index in range(0, len(pairs), 2):
+                self._maps.add(pairs[index], self._inbox.fds.popleft(), pairs[index + 1])
         elif kind == Kind.RETIRE:
             for segment_id in array("I", body):
                 self._maps.retire(segment_id)
@@ -173,15 +177,28 @@ class ConsumerEnd:
         spans = array("Q")
         spans.frombytes(body[at : at + 24 * nspans])
         at += 24 * nspans
+        for index in range(nsegments):  # this message's descriptors, before anything can fail
+            if segments[2 * index + 1]:
+                self._maps.add(
+                    segments[2 * index], self._inbox.fds.popleft(), segments[2 * index + 1]
+                )
         # One holder per segment and message: every array/tensor built from it keeps
         # it alive (through the memoryviews' shared export); when the last one dies,
         # the segment is reported free, and only then may the producer reuse it.
-        views = []
+        views: list[memoryview] = []
         for index in range(nsegments):
-            segment_id, new_size = segments[2 * index], segments[2 * index + 1]
-            if new_size:
-                self._maps.add(segment_id, self._inbox.fds.popleft(), new_size)
-            mapping = self._maps.get(segment_id)
+            segment_id = segments[2 * index]
+            try:
+                mapping = self._maps.get(segment_id)
+            except OSError as err:
+                views.clear()  # the holders made so far report their segments free
+                self._frees.extend(segments[2 * i] for i in range(index, nsegments))
+                err.add_note(
+                    "pipeloom: could not map the shared memory of an item received from a "
+                    "ProcessQueue; that item is lost, the queue stays usable (free memory, "
+                    "or raise this process's limit: ulimit -v)"
+                )
+                raise
             extent = max(
                 (spans[i + 1] + spans[i + 2] for i in range(0, 3 * nspans, 3) if spans[i] == index),
                 default=1,

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import os
+import select
 import socket
 import struct
 from array import array
 
 import numpy as np
 
-from pipeloom.errors import NotAvailable
+from pipeloom.errors import NotAvailable, QueueError
 from pipeloom.queues._base import Deadline, QueueBroken, QueueClosed
 from pipeloom.queues._control import Control, Slot
 from pipeloom.queues._peer import FdSetReadiness, describe_exit, open_pidfd, wait_readable
 from pipeloom.queues._shm import Segment, SegmentPool
-from pipeloom.queues._wire import Inbox, Kind, send_frame
+from pipeloom.queues._wire import MAX_FDS, Inbox, Kind, send_frame
 
 __all__ = ["INLINE_MAX", "SHM_META", "STREAM_IN_SHM", "ProducerEnd"]
 
@@ -48,6 +50,7 @@ class ProducerEnd:
         self._consumer_pid: int | None = None
         self._consumer_pidfd: int | None = None
         self._problem: Exception | None = None
+        self._unsent_retired: list[int] = []  # the socket was full: sent with the next ones
         self.closed_here: str | None = None
         self.on_peer = lambda pid: None
         self.readiness = FdSetReadiness([sock.fileno(), wake_fd])
@@ -57,16 +60,97 @@ class ProducerEnd:
         self, stream: bytes, buffers: list[memoryview], block: bool, deadline: Deadline
     ) -> None:
         self.wait_for_room(block, deadline)
+        if not buffers and len(stream) <= INLINE_MAX:
+            self._send_item((block, deadline), Kind.ITEM, (stream,))
+            self._ctl[Slot.BYTES_INLINE] = self._ctl[Slot.BYTES_INLINE] + len(stream)
+        else:
+            self._send_via_shm(stream, buffers, (block, deadline))
+
+    def _send_item(
+        self,
+        how: tuple[bool, Deadline],
+        kind: int,
+        parts: tuple[bytes | memoryview, ...],
+        fds: tuple = (),
+    ) -> None:
+        """Count one more item put and send its frame. Counted only now: a put that failed
+        before (no shared memory to be had, or no room in the socket in time) takes no room
+        in the queue."""
         ctl = self._ctl
         ctl[Slot.PUTS] = ctl[Slot.PUTS] + 1
         try:
-            if not buffers and len(stream) <= INLINE_MAX:
-                send_frame(self._sock, Kind.ITEM, stream)
-                ctl[Slot.BYTES_INLINE] = ctl[Slot.BYTES_INLINE] + len(stream)
-            else:
-                self._send_via_shm(stream, buffers)
+            self._send(kind, parts, fds, how=how)
+        except (NotAvailable, TimeoutError):  # raised before the frame's first byte only
+            ctl[Slot.PUTS] = ctl[Slot.PUTS] - 1
+            raise
+
+    def _send(
+        self,
+        kind: int,
+        parts: tuple[bytes | memoryview, ...],
+        fds: tuple = (),
+        *,
+        how: tuple[bool, Deadline | None] = (True, None),
+        closing: bool = False,
+    ) -> None:
+        """Send a frame; the socket failing means the consumer is gone."""
+        try:
+            send_frame(
+                self._sock,
+                kind,
+                *parts,
+                fds=fds,
+                wait=lambda started: self._wait_writable(started, *how, closing),
+            )
+        except TimeoutError:  # an OSError too, but no sign of a broken socket
+            raise
         except OSError as err:
             raise self._broken(err) from err
+
+    def _wait_writable(
+        self, started: bool, block: bool, deadline: Deadline | None, closing: bool
+    ) -> None:
+        """Sleep until the full socket may take more of a frame, or raise.
+
+        Before the frame's first byte, ``block``, the deadline and a close here
+        (unless ``closing``) apply: nothing was sent. After it the frame must be
+        finished (a torn one would hide the CLOSE sent after it), so only the
+        consumer's death or close end the wait.
+        """
+        timeout = None if started or deadline is None else deadline.remaining()
+        if not started and not block:
+            # Ask for a WAKE when the consumer reads (it fires space_readiness), as
+            # wait_for_room does, unless the socket took room meanwhile.
+            self._ctl[Slot.WAITING] = 1
+            self._ctl.fence()
+            if not _writable(self._sock.fileno()):
+                raise NotAvailable("ProcessQueue's socket is full: the consumer is not reading")
+            self._ctl[Slot.WAITING] = 0
+            return
+        if deadline is not None and timeout is not None and timeout <= 0:
+            raise TimeoutError(
+                f"ProcessQueue.put() timed out after {deadline.timeout}s: the consumer "
+                "is not reading what was put (its socket is full)"
+            )
+        sock = self._sock.fileno()
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT | select.POLLIN)
+        # (A consumer in this process is closed with us: a torn frame does not matter.)
+        here = self._ctl[Slot.CONSUMER_PID] == os.getpid()
+        interruptible = not closing and (not started or here)
+        for fd in (self._consumer_pidfd, self._wake_fd if interruptible else None):
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
+        ready = dict(poller.poll(None if timeout is None else math.ceil(timeout * 1000)))
+        if interruptible and self.closed_here is not None:
+            raise QueueClosed(self.closed_here)
+        if ready.get(sock, 0) & select.POLLIN:  # frees, or the consumer's close
+            self._read_returns(self._unsent_retired)
+        if self._problem is not None:
+            raise self._problem
+        if self._consumer_pidfd in ready and not ready.get(sock, 0) & select.POLLOUT:
+            self._problem = QueueBroken(describe_exit("consumer", self._consumer_pid))
+            raise self._problem
 
     def _room(self) -> bool:
         ctl = self._ctl
@@ -118,6 +202,12 @@ class ProducerEnd:
     def drain_returns(self) -> None:
         """Handle every frame the consumer sent back (frees, wake-ups, hello, close)."""
         retired = self._pool.collect_dropped()
+        self._read_returns(retired)
+        self._ctl[Slot.SHM_BYTES_HELD] = self._pool.held_bytes
+        self._send_retired(retired)
+
+    def _read_returns(self, retired: list[int]) -> None:
+        """Read and handle what the consumer sent; segments retired meanwhile go to ``retired``."""
         try:
             while True:
                 frame = self._returns.next_frame()
@@ -130,15 +220,17 @@ class ProducerEnd:
             self._problem = self._broken(err)
         if self._returns.eof and self._problem is None:
             self._problem = self._broken(None)
-        self._ctl[Slot.SHM_BYTES_HELD] = self._pool.held_bytes
-        self._send_retired(retired)
 
     def _send_retired(self, retired: list[int]) -> None:
+        retired = self._unsent_retired + retired
+        self._unsent_retired = []
         if retired:
             try:
-                send_frame(self._sock, Kind.RETIRE, array("I", retired).tobytes())
-            except OSError:
-                pass
+                self._send(Kind.RETIRE, (array("I", retired).tobytes(),), how=(False, None))
+            except NotAvailable:  # the socket is full: with the next ones
+                self._unsent_retired = retired
+            except QueueError:
+                pass  # the consumer is gone or closed: nothing to unmap
 
     def _handle_return(self, kind: int, body: bytes, retired: list[int]) -> None:
         if kind == Kind.FREE:
@@ -168,11 +260,16 @@ class ProducerEnd:
         """``nbytes`` of shared memory to build an item in; put() then sends it uncopied."""
         self._raise_if_unusable()
         self.drain_returns()
-        array = self._pool.allocate(nbytes)
+        try:
+            array = self._pool.allocate(nbytes)
+        except OSError as err:
+            raise _no_shared_memory(nbytes, err) from err
         self._ctl[Slot.SHM_BYTES_HELD] = self._pool.held_bytes
         return array
 
-    def _send_via_shm(self, stream: bytes, buffers: list[memoryview]) -> None:
+    def _send_via_shm(
+        self, stream: bytes, buffers: list[memoryview], how: tuple[bool, Deadline]
+    ) -> None:
         self.drain_returns()  # take back freed segments first, so they get reused
         pool = self._pool
         used: list[Segment] = []  # the segments the message refers to, by index
@@ -197,7 +294,10 @@ class ProducerEnd:
             copies.append((len(spans), stream))
             spans.extend((0, end, len(stream)))
             end += len(stream)
-        own = pool.acquire(end) if copies else None
+        try:
+            own = pool.acquire(end) if copies else None
+        except OSError as err:
+            raise _no_shared_memory(end, err) from err
         try:
             if own is not None:
                 for span, data in copies:
@@ -205,6 +305,10 @@ class ProducerEnd:
                     dst = np.frombuffer(own.mapping, np.uint8, spans[span + 2], spans[span + 1])
                     np.copyto(dst, np.frombuffer(data, np.uint8))
                 used.append(own)
+            fresh = [segment for segment in used if not segment.announced]
+            while len(fresh) > MAX_FDS:  # more descriptors than one frame carries
+                self._announce(fresh[:MAX_FDS], how)
+                del fresh[:MAX_FDS]
             header = array("Q")
             fds = []
             for segment in used:
@@ -213,14 +317,8 @@ class ProducerEnd:
                     fds.append(segment.fd)
             meta = SHM_META.pack(len(used), len(buffers), flags)
             tail = b"" if flags & STREAM_IN_SHM else stream
-            send_frame(
-                self._sock,
-                Kind.SHM_ITEM,
-                meta,
-                header.tobytes(),
-                spans.tobytes(),
-                tail,
-                fds=tuple(fds),
+            self._send_item(
+                how, Kind.SHM_ITEM, (meta, header.tobytes(), spans.tobytes(), tail), tuple(fds)
             )
         except BaseException:
             if own is not None:
@@ -238,18 +336,46 @@ class ProducerEnd:
         ctl[Slot.SHM_BYTES_HELD] = pool.held_bytes
         ctl[Slot.BYTES_INLINE] = ctl[Slot.BYTES_INLINE] + len(tail)
 
+    def _announce(self, segments: list[Segment], how: tuple[bool, Deadline]) -> None:
+        """Hand the consumer these segments' descriptors ahead of the message using them."""
+        body = array("Q")
+        for segment in segments:
+            body.extend((segment.id, segment.size))
+        self._send(Kind.ANNOUNCE, (body.tobytes(),), tuple(s.fd for s in segments), how=how)
+        for segment in segments:
+            segment.announced = True
+
     def close(self, send_close: bool) -> None:
         """Release this end; ``send_close=False`` after fork (touch nothing shared)."""
         if send_close:
             self._ctl[Slot.PRODUCER_CLOSED] = 1
             self._ctl[Slot.SHM_BYTES_HELD] = 0
+            # Wait for room only for a consumer that reads: one in another process. (None
+            # bound yet, or this process: then only if there is room; it sees end-of-file.)
             try:
-                send_frame(self._sock, Kind.CLOSE)
-            except OSError:
-                pass
+                reader = self._ctl[Slot.CONSUMER_PID] not in (0, os.getpid())
+                self._send(Kind.CLOSE, (), how=(reader, None), closing=True)
+            except (NotAvailable, QueueError):
+                pass  # gone or closed already
         self.readiness.close()
         self._pool.close()
         self._returns.close()
         if self._consumer_pidfd is not None:
             os.close(self._consumer_pidfd)
             self._consumer_pidfd = None
+
+
+def _writable(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return bool(poller.poll(0))
+
+
+def _no_shared_memory(nbytes: int, err: OSError) -> OSError:
+    return OSError(
+        err.errno,
+        f"ProcessQueue: the system refused {nbytes} bytes of shared memory for an item "
+        f"({err.strerror or err}); nothing was sent and the queue stays usable. Free memory "
+        "or descriptors, raise this process's limits (ulimit -v, ulimit -n), or send "
+        "smaller items",
+    )

@@ -52,11 +52,13 @@ def _rebuild_ndarray(buffer: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np
 
 
 def _reduce_ndarray(array: np.ndarray) -> Any:
-    if array.dtype.hasobject:
+    if array.dtype.hasobject or array.dtype.itemsize == 0:  # no raw bytes to share
         return array.__reduce_ex__(5)
     if not array.flags.c_contiguous:
         array = array.copy(order="C")
-    return _rebuild_ndarray, (pickle.PickleBuffer(array), array.dtype, array.shape)  # type: ignore[arg-type]
+    # Exported as bytes: NumPy refuses a buffer of some dtypes (datetime64, timedelta64).
+    raw = array.reshape(-1).view(np.uint8)
+    return _rebuild_ndarray, (pickle.PickleBuffer(raw), array.dtype, array.shape)  # type: ignore[arg-type]
 
 
 def _rebuild_tensor(buffer: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -75,7 +77,12 @@ def _reduce_tensor(tensor: torch.Tensor) -> Any:
             f"{tensor.dtype}): autograd history cannot cross a process boundary; "
             "send tensor.detach() instead"
         )
-    if tensor.layout != torch.strided or tensor.device.type != "cpu" or tensor.is_quantized:
+    if (
+        tensor.layout != torch.strided
+        or tensor.device.type != "cpu"
+        or tensor.is_quantized
+        or tensor.is_nested  # strided layout, but no single block of memory
+    ):
         return tensor.__reduce_ex__(5)  # torch's own pickling, by copy
     flat = tensor.resolve_conj().resolve_neg().contiguous().reshape(-1)
     raw = flat.view(torch.uint8).numpy()

@@ -240,32 +240,49 @@ class SegmentPool:
 class MappingCache:
     """The consumer's read-write mappings of the producer's segments, by id.
 
-    A mapping is made once per segment and reused for every message in it.
+    A segment is mapped when a message first uses it, and the mapping reused for
+    every later message in it. Its descriptor is kept until then: a mapping the
+    system refused (no memory) is tried again by the next message using the
+    segment, and a message's descriptors are always taken off the socket's
+    queue with it, whatever fails (the next message must not get them).
     Arrays built over a mapping keep it alive after it leaves the cache.
     """
 
     def __init__(self) -> None:
         self._maps: dict[int, mmap.mmap] = {}
+        self._fds: dict[int, tuple[int, int]] = {}  # not mapped yet: id -> (fd, size)
 
     def add(self, segment_id: int, fd: int, size: int) -> None:
-        try:
-            self._maps[segment_id] = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        """Take over a new segment's descriptor; it is mapped when first used."""
+        self._fds[segment_id] = (fd, size)
 
     def get(self, segment_id: int) -> mmap.mmap:
+        """The segment's mapping. Raises ``OSError`` if the system refuses it (kept for a retry)."""
+        mapping = self._maps.get(segment_id)
+        if mapping is not None:
+            return mapping
         try:
-            return self._maps[segment_id]
+            fd, size = self._fds[segment_id]
         except KeyError:
             raise RuntimeError(
                 f"protocol error: message refers to unknown shared-memory segment {segment_id}"
             ) from None
+        mapping = mmap.mmap(fd, size)
+        del self._fds[segment_id]
+        os.close(fd)
+        self._maps[segment_id] = mapping
+        return mapping
 
     def retire(self, segment_id: int) -> None:
         self._maps.pop(segment_id, None)
+        pending = self._fds.pop(segment_id, None)
+        if pending is not None:
+            os.close(pending[0])
 
     def __len__(self) -> int:
-        return len(self._maps)
+        return len(self._maps) + len(self._fds)
 
     def close(self) -> None:
         self._maps.clear()  # mappings still borrowed by arrays are unmapped by the GC
+        while self._fds:
+            os.close(self._fds.popitem()[1][0])

@@ -18,12 +18,14 @@ import collections
 import os
 import socket
 import struct
+from collections.abc import Callable
 
-__all__ = ["HEADER", "Inbox", "Kind", "send_frame"]
+__all__ = ["HEADER", "MAX_FDS", "Inbox", "Kind", "send_frame"]
 
 HEADER = struct.Struct("<IB")
-_MAX_FDS = 64
-_ANC_SIZE = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
+MAX_FDS = 64
+"""The most descriptors one frame may carry (the receiver has room for no more)."""
+_ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 _FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
 
 
@@ -37,18 +39,45 @@ class Kind:
     CLOSE = 5  # empty: the sender closed the queue
     FREE = 6  # body: u32 segment ids the consumer no longer uses
     WAKE = 7  # empty: room was made while the producer waited
+    ANNOUNCE = 8  # body: (u64 id, u64 size) per segment; its fds ride along (see _producer)
 
 
-def send_frame(sock: socket.socket, kind: int, *parts: bytes | memoryview, fds: tuple = ()) -> None:
-    """Send one frame (blocking until written). Raises OSError if the peer is gone."""
+def send_frame(
+    sock: socket.socket,
+    kind: int,
+    *parts: bytes | memoryview,
+    fds: tuple = (),
+    wait: Callable[[bool], None] | None = None,
+) -> None:
+    """Send one frame. Raises OSError if the peer is gone.
+
+    Without ``wait`` it blocks until the frame is written. With ``wait`` it
+    never blocks in the kernel (where neither the peer's death, while another
+    process holds a copy of its socket, nor a close would wake it): while the
+    socket is full it calls ``wait(started)``, which sleeps until the socket
+    may take more or raises to give up. ``started``: part of the frame is sent
+    already, so giving up leaves a torn frame (only for a queue that is over).
+    """
     size = sum(len(part) if isinstance(part, bytes) else part.nbytes for part in parts)
     chunks = [HEADER.pack(size, kind), *parts]
     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sent = sock.sendmsg(chunks, ancillary, socket.MSG_NOSIGNAL)
+    flags = socket.MSG_NOSIGNAL if wait is None else socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT
+    while True:
+        try:
+            sent = sock.sendmsg(chunks, ancillary, flags)
+            break
+        except BlockingIOError:
+            wait(False)  # type: ignore[misc]  # only raised with MSG_DONTWAIT
     total = HEADER.size + size
     if sent < total:  # a big frame or an interrupted send: write the rest
-        rest = b"".join(bytes(chunk) for chunk in chunks)[sent:]
-        sock.sendall(rest, socket.MSG_NOSIGNAL)
+        rest = memoryview(b"".join(bytes(chunk) for chunk in chunks))[sent:]
+        if wait is None:
+            sock.sendall(rest, socket.MSG_NOSIGNAL)
+        while wait is not None and rest:
+            try:
+                rest = rest[sock.send(rest, flags) :]
+            except BlockingIOError:
+                wait(True)
 
 
 class Inbox:
