@@ -61,14 +61,15 @@ class ProducerEnd:
     ) -> None:
         self.wait_for_room(block, deadline)
         if not buffers and len(stream) <= INLINE_MAX:
-            self._send_item((block, deadline), Kind.ITEM, (stream,))
+            self._send_item(block, deadline, Kind.ITEM, (stream,))
             self._ctl[Slot.BYTES_INLINE] = self._ctl[Slot.BYTES_INLINE] + len(stream)
         else:
             self._send_via_shm(stream, buffers, (block, deadline))
 
     def _send_item(
         self,
-        how: tuple[bool, Deadline],
+        block: bool,
+        deadline: Deadline,
         kind: int,
         parts: tuple[bytes | memoryview, ...],
         fds: tuple = (),
@@ -78,11 +79,20 @@ class ProducerEnd:
         in the queue."""
         ctl = self._ctl
         ctl[Slot.PUTS] = ctl[Slot.PUTS] + 1
-        try:
-            self._send(kind, parts, fds, how=how)
+        try:  # (_send, inlined: one call less per item)
+            send_frame(
+                self._sock,
+                kind,
+                *parts,
+                fds=fds,
+                wait=self._wait_writable,
+                wait_args=(block, deadline, False),
+            )
         except (NotAvailable, TimeoutError):  # raised before the frame's first byte only
             ctl[Slot.PUTS] = ctl[Slot.PUTS] - 1
             raise
+        except OSError as err:
+            raise self._broken(err) from err
 
     def _send(
         self,
@@ -100,7 +110,8 @@ class ProducerEnd:
                 kind,
                 *parts,
                 fds=fds,
-                wait=lambda started: self._wait_writable(started, *how, closing),
+                wait=self._wait_writable,
+                wait_args=(*how, closing),
             )
         except TimeoutError:  # an OSError too, but no sign of a broken socket
             raise
@@ -318,7 +329,7 @@ class ProducerEnd:
             meta = SHM_META.pack(len(used), len(buffers), flags)
             tail = b"" if flags & STREAM_IN_SHM else stream
             self._send_item(
-                how, Kind.SHM_ITEM, (meta, header.tobytes(), spans.tobytes(), tail), tuple(fds)
+                *how, Kind.SHM_ITEM, (meta, header.tobytes(), spans.tobytes(), tail), tuple(fds)
             )
         except BaseException:
             if own is not None:
