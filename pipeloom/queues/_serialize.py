@@ -56,8 +56,8 @@ def _reduce_ndarray(array: np.ndarray) -> Any:
         return array.__reduce_ex__(5)
     if not array.flags.c_contiguous:
         array = array.copy(order="C")
-    # Exported as bytes: NumPy refuses a buffer of some dtypes (datetime64, timedelta64).
-    raw = array.reshape(-1).view(np.uint8)
+    # NumPy refuses a buffer of datetime64/timedelta64 arrays: those go as their bytes.
+    raw = array.reshape(-1).view(np.uint8) if array.dtype.kind in "Mm" else array
     return _rebuild_ndarray, (pickle.PickleBuffer(raw), array.dtype, array.shape)  # type: ignore[arg-type]
 
 
