@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import gc
 import io
+import multiprocessing.connection
 import os
 import pickle
 import signal
@@ -89,8 +90,9 @@ def test_a_chunk_that_ends_after_the_loader_shut_down_exits_quietly(
         else:
             os.write(gate, b"x")
             os.close(gate)
-        for worker in workers:  # the gated worker finishes its chunk, then exits
-            worker.process.join(timeout=10)
+        # the gated worker finishes its chunk, then exits (the others idle until stopped:
+        # waiting for each of them took the whole timeout)
+        multiprocessing.connection.wait([w.process.sentinel for w in workers], timeout=10)
         stop(workers, *args)
 
     monkeypatch.setattr(pool, "stop_processes", release_then_stop)
