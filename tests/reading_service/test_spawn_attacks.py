@@ -21,6 +21,7 @@ from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.errors import NotAvailable, WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService
+from pipeloom.reading_service.strategies.classic import process_pool
 from pipeloom.reading_service.workers import atoms
 from tests.own_resources import OwnResources
 
@@ -268,6 +269,28 @@ def test_a_dataset_failing_to_unpickle_names_the_error_and_leaves_nothing(persis
     assert "unpickling the pipeline sent to it" in str(raised.value)
     assert isinstance(raised.value.__cause__, WorkerError)
     before.assert_released(timeout=10)
+
+
+def test_a_dataset_failing_to_unpickle_is_named_when_its_worker_exited_before_the_epoch(
+    monkeypatch,
+):
+    # A worker that failed to unpickle its pipeline reports it and exits. When it had exited
+    # before the main process sent it the epoch (a busy machine), the failed send raised
+    # "worker process 0 exited with code 0 before finishing its epoch" (1 run in 12 under
+    # load), the reason left unread in its queue.
+    start_epoch = process_pool._Processes.start_epoch
+
+    def after_the_workers_exit(processes, *args, **kwargs):
+        for worker in processes.workers:
+            worker.process.join(10)
+        return start_epoch(processes, *args, **kwargs)
+
+    monkeypatch.setattr(process_pool._Processes, "start_epoch", after_the_workers_exit)
+    pipe = IterableWrapper(range(8)).sharding_filter().map(Unloadable())
+    with pytest.raises(RuntimeError, match="cannot open /data/table.parquet here") as raised:
+        with DataLoader(pipe, _spawn(2, persistent_workers=True), seed=0) as loader:
+            list(loader)
+    assert "unpickling the pipeline sent to it" in str(raised.value)
 
 
 def test_a_dataset_slow_to_unpickle_is_waited_for_then_read_whole():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import multiprocessing.connection
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ...._shutdown import Steps, finalize_here, interrupts_held
 from ....datapipes.runtime import RestOfEpoch, set_output_queue
@@ -180,6 +180,14 @@ class _ProcessChannel:
             raise self.worker.died(error) from error
         return self._seen(message)
 
+    def raise_gone(self) -> NoReturn:
+        """Raise for a worker found gone: the Failure it sent before exiting, else its death
+        (e.g. a pipeline that failed to unpickle, found when its epoch could not be sent)."""
+        message = self._last_words()
+        if isinstance(message, Failure):
+            message.raise_here()
+        raise self.worker.died()
+
     def _last_words(self) -> Any:
         """What an exited worker sent before exiting (a Failure), read after its exit was
         seen: the queue was empty a moment before, as the worker still wrote; or None."""
@@ -284,8 +292,8 @@ class _Processes:
             channel.ended = False
             try:
                 control.send(StartEpoch(epoch, resume, skip))
-            except OSError:
-                raise channel.worker.died() from None
+            except OSError:  # it exited, maybe saying why first
+                channel.raise_gone()
 
     def cancel_epoch(self, timeout: float = CANCEL_TIMEOUT) -> None:
         """Make persistent workers end the current epoch early; drop what they sent."""
