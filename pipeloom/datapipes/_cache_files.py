@@ -171,7 +171,8 @@ class FileLock:
         if self._fd < 0:
             return
         with _HELD_GUARD:
-            if _HELD.get(self.lock_path, (None, None, lambda: None))[2]() is self:
+            held = _HELD.get(self.lock_path)
+            if held is not None and held[2]() is self:
                 del _HELD[self.lock_path]
         try:
             os.unlink(self.lock_path)  # while holding it: a waiter then sees a stale file

@@ -97,6 +97,7 @@ class OnDiskCacheHolder(IterDataPipe):
         self.ended = False  # set by end_caching
         self.timeout: float | None = 300.0
         self._lock: FileLock | None = None
+        self._making: dict[int | None, _Origin] = {}  # keys given to the blocks in between
         self._total, self._index, self._group = 1, 0, 1
         self.reset()
 
@@ -123,7 +124,7 @@ class OnDiskCacheHolder(IterDataPipe):
     def reset(self) -> None:
         self._unlock()
         self._pending: deque[tuple[tuple, list[str]]] = deque()  # cached keys: (stamp, paths)
-        self._making: dict[int | None, _Origin] = {}  # keys given to the blocks in between
+        self._making = {}
         self._position = 0  # keys read from the source this pass
         self._resume_from = 0
         self._root: bool | None = None
@@ -175,7 +176,7 @@ class OnDiskCacheHolder(IterDataPipe):
 
     def _unlock(self) -> None:
         """Let go of the key's lock; a key that wrote nothing drops its marker too."""
-        for origin in getattr(self, "_making", {}).values():  # (none before the first reset)
+        for origin in self._making.values():
             if not origin.outputs:
                 _unmark(origin)
         lock, self._lock = self._lock, None
