@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 __all__ = ["main", "parser"]
 
@@ -32,10 +32,15 @@ def parser() -> argparse.ArgumentParser:
     profile.add_argument(
         "target", help="module:function returning a pipeline or a DataLoader (not yet iterated)"
     )
-    profile.add_argument("--workers", type=int, default=None, help="worker threads or processes")
+    profile.add_argument(
+        "--workers", type=_at_least(0), default=None, help="worker threads or processes"
+    )
     profile.add_argument("--strategy", choices=STRATEGIES, default=None)
     profile.add_argument(
-        "--batches", type=int, default=None, help="stop after this many outputs (default: an epoch)"
+        "--batches",
+        type=_at_least(1),
+        default=None,
+        help="stop after this many outputs (default: an epoch)",
     )
     profile.add_argument(
         "--auto",
@@ -49,6 +54,21 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _at_least(lowest: int) -> Callable[[str], int]:
+    """An argparse type: an int >= ``lowest``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lowest}, got {value}")
+        return value
+
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``python -m pipeloom`` with ``argv`` (default ``sys.argv[1:]``); the exit status."""
     args = parser().parse_args(argv)
@@ -56,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._demo import demo
 
         return demo(quick=args.quick)
-    from ._profile import profile
+    from ._profile import UsageError, profile
 
     try:
         return profile(
@@ -67,6 +87,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             out=args.out,
             auto=args.auto,
         )
-    except (ValueError, ImportError) as error:
+    except UsageError as error:
         print(f"python -m pipeloom profile: {error}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..autotune import AutoReadingService, Config
+from ..datapipes import as_datapipe
 from ..loader import DataLoader
 from ..reading_service import (
     InProcessReadingService,
@@ -22,28 +23,60 @@ from ..stats import LoaderStats
 from ._plots import write_placement_graph, write_timeline
 from ._progress import Progress
 
-__all__ = ["auto_service", "load_target", "make_loader", "profile", "items_in"]
+__all__ = ["UsageError", "auto_service", "load_target", "make_loader", "profile", "items_in"]
 
 STRATEGIES = ("in-process", "threads", "classic", "economic", "chunked")
+
+
+class UsageError(ValueError):
+    """The command line asked for something it cannot do: one line to stderr, exit status 2.
+
+    Errors of the user's own code (building the pipeline, running it) are not usage
+    errors: they keep their traceback, which names the block and the item.
+    """
 
 
 def load_target(spec: str) -> Callable[[], Any]:
     """``"package.module:function"`` -> the function (the current directory is importable)."""
     module_name, sep, function_name = spec.partition(":")
     if not sep or not module_name or not function_name:
-        raise ValueError(
+        raise UsageError(
             f"expected module:function (e.g. my_project.data:build_pipeline), got {spec!r}"
         )
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is None or not _names_part_of(error.name, module_name):
+            raise  # an import inside the user's module failed: its traceback says where
+        raise UsageError(
+            f"cannot import {module_name!r} ({error}); run from the folder that holds it, "
+            f"or add that folder to PYTHONPATH"
+        ) from None
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise ValueError(
+        raise UsageError(
             f"{module_name} has no function {function_name!r}; it should return a pipeline "
             f"or a DataLoader"
         )
     return function
+
+
+def _names_part_of(missing: str, module_name: str) -> bool:
+    """Whether the module that was not found is ``module_name`` or a package above it."""
+    return module_name == missing or module_name.startswith(missing + ".")
+
+
+def built_by(spec: str, function: Callable[[], Any]) -> Any:
+    """What the user's function returns: a DataLoader, or anything ``DataLoader`` takes."""
+    made = function()
+    if not isinstance(made, DataLoader):
+        try:
+            as_datapipe(made)
+        except TypeError as error:
+            raise UsageError(f"{spec} returned {type(made).__name__}: {error}") from None
+    return made
 
 
 def service_for(strategy: str | None, workers: int | None) -> ReadingService:
@@ -52,7 +85,7 @@ def service_for(strategy: str | None, workers: int | None) -> ReadingService:
         strategy = "classic" if workers else "in-process"
     if strategy == "in-process":
         if workers:
-            raise ValueError("--workers needs a strategy other than in-process")
+            raise UsageError("--workers needs a strategy other than in-process")
         return InProcessReadingService()
     count = workers or 2
     if strategy == "threads":
@@ -63,7 +96,7 @@ def service_for(strategy: str | None, workers: int | None) -> ReadingService:
 def auto_service(strategy: str | None, workers: int | None) -> AutoReadingService:
     """The autotuned service ``--auto`` runs; ``--strategy``/``--workers`` pick where it starts."""
     if strategy in ("in-process", "economic", "chunked"):
-        raise ValueError(
+        raise UsageError(
             f"--auto tunes threads and classic worker processes; it cannot start from "
             f"--strategy {strategy} (drop it, or use --strategy threads or classic)"
         )
@@ -93,7 +126,7 @@ def make_loader(
                 made.datapipe, auto_service(strategy, workers), seed=made.seed, stats=True
             )
         if strategy is not None or workers is not None:
-            raise ValueError(
+            raise UsageError(
                 "the function returned a DataLoader, which has its reading service already; "
                 "--workers and --strategy apply to a function that returns a pipeline"
             )
@@ -143,7 +176,7 @@ def profile(
     auto: bool,
 ) -> int:
     """The ``profile`` command; returns the exit status."""
-    made = load_target(spec)()
+    made = built_by(spec, load_target(spec))
     with make_loader(made, strategy, workers, auto) as loader:
         placement = loader.placement()
         print(placement)
