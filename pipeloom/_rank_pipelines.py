@@ -14,7 +14,8 @@ block and the field.
 
 What must match: the blocks' types and order, and every argument the
 fingerprint describes (a source's items or their number, seeds, buffer and
-batch sizes, functions by name, paths). What may differ, left out of the
+batch sizes, functions by name, paths), and how many files a file lister
+finds (``listed``: the listing the epoch reads, taken once). What may differ, left out of the
 description: a sharding point's settings (the reading service gives each
 rank its own shard) and the attributes a block lists in ``per_rank_fields``
 (a device, a prefetch depth, a thread count, a timeout, a snapshot's
@@ -39,7 +40,8 @@ import json
 from typing import Any
 
 from ._fingerprint import pipeline_fingerprint
-from .datapipes import DataPipe
+from .datapipes import DataPipe, FileLister, FSSpecFileLister
+from .graph import traverse
 
 __all__ = ["check_may_differ", "digest", "pipelines_differ", "rank_description"]
 
@@ -80,11 +82,23 @@ def rank_description(pipeline: DataPipe, may_differ: bool | tuple[str, ...]) -> 
     if may_differ is True:
         return {"may_differ": True}
     allowed = set(may_differ or ())
-    blocks = [
-        [kind, {name: text for name, text in fields.items() if f"{kind}.{name}" not in allowed}]
-        for kind, fields in pipeline_fingerprint(pipeline, across_ranks=True)["blocks"]
-    ]
+    blocks = []
+    fingerprint = pipeline_fingerprint(pipeline, across_ranks=True)["blocks"]
+    for block, (kind, fields) in zip(traverse(pipeline).nodes, fingerprint):
+        if isinstance(block, (FileLister, FSSpecFileLister)) and f"{kind}.listed" not in allowed:
+            fields["listed"] = _listed(block)
+        blocks.append(
+            [kind, {n: text for n, text in fields.items() if f"{kind}.{n}" not in allowed}]
+        )
     return {"may_differ": sorted(allowed), "blocks": blocks}
+
+
+def _listed(lister: FileLister | FSSpecFileLister) -> str:
+    """How many files ``lister`` finds (it keeps the listing for the epoch), or why none."""
+    try:
+        return f"{len(lister)} files"
+    except Exception as error:  # noqa: BLE001 - told to every rank; the epoch raises it again
+        return f"none: {type(error).__name__}: {str(error)[:200]}"
 
 
 def digest(description: dict[str, Any]) -> int:

@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper
+from pipeloom.datapipes import FileLister, IterableWrapper
 from pipeloom.reading_service import (
     DistributedReadingService,
     ThreadReadingService,
@@ -65,6 +65,27 @@ def test_a_rank_listing_fewer_files_makes_every_rank_raise_naming_it():
         "pass DistributedReadingService(pipelines_may_differ=['IterableWrapper.iterable']) "
         "on every rank"
     )
+
+
+def test_a_stale_mount_with_fewer_files_is_named_even_where_the_roots_may_differ(tmp_path):
+    """Each host mounts the files under its own path (allowed); rank 1's mount lacks one."""
+    for rank, count in enumerate([12, 11, 12]):
+        (tmp_path / f"host{rank}").mkdir()
+        for i in range(count):
+            (tmp_path / f"host{rank}" / f"{i:02d}.jpg").write_text(str(i))
+
+    def rank(world, index):
+        pipe = FileLister(str(tmp_path / f"host{index}"), "*.jpg").shuffle().sharding_filter()
+        service = rank_service(world, index, pipelines_may_differ=["FileLister.roots"])
+        with DataLoader(pipe, service) as loader:
+            return list(loader)
+
+    message = refusals(run_ranks(3, rank))[0]
+    assert (
+        "rank 1 differs from ranks 0, 2: block #2 FileLister, field listed: 11 files on rank 1, "
+        "12 files on ranks 0, 2\n" in message
+    )
+    assert "pipelines_may_differ=['FileLister.listed']" in message
 
 
 @pytest.mark.parametrize(
