@@ -136,8 +136,9 @@ class DistributedReadingService(ReadingService):
 
     def initialize(self, pipeline: IterDataPipe) -> None:
         self._share_out()
-        self._description = rank_description(pipeline, self.pipelines_may_differ)
-        self._digest = digest(self._description)
+        if self._require_job().world_size > 1:  # alone: nothing to compare with
+            self._description = rank_description(pipeline, self.pipelines_may_differ)
+            self._digest = digest(self._description)
         self.inner.initialize(pipeline)
         self._pipeline = pipeline
 
