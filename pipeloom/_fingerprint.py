@@ -38,16 +38,22 @@ _SHORT = 200  # longer strings are described by their length
 _FEW = 8  # longer containers are described by their length
 
 
-def pipeline_fingerprint(pipeline: DataPipe) -> dict[str, Any]:
+def pipeline_fingerprint(pipeline: DataPipe, *, across_ranks: bool = False) -> dict[str, Any]:
     """``{"blocks": [[type name, {attribute: description}], ...]}`` for ``pipeline``.
 
     Plain strings, lists and dicts: it travels inside the loader's state.
+    ``across_ranks`` leaves out what may differ between the ranks of a job:
+    a sharding point's settings (each rank's and worker's shard) and the
+    attributes a block lists in ``per_rank_fields`` (a device, a timeout).
     """
     blocks = []
     for block in traverse(pipeline).nodes:
         fields = {}
+        local = _per_rank(block) if across_ranks else ()
         for name, value in sorted(vars(block).items()):
             if name.startswith("_") or name in block.inputs or _holds_blocks(value):
+                continue
+            if name in local:
                 continue
             fields[name] = describe(value)
         blocks.append([type(block).__qualname__, fields])
@@ -123,6 +129,15 @@ def _changed(was: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, A
         for name in sorted(set(was) | set(now), key=str)
         if was.get(name) != now.get(name)
     ]
+
+
+# What a reading service sets on a sharding point for each rank and worker.
+_SHARD_SETTINGS = ("total", "index", "group_size", "num_shards", "shard_index")
+
+
+def _per_rank(block: DataPipe) -> tuple[str, ...]:
+    shard = _SHARD_SETTINGS if block.is_shardable() else ()
+    return (*shard, *type(block).per_rank_fields)
 
 
 def _is_scalar(value: Any) -> bool:

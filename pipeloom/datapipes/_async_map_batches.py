@@ -67,6 +67,7 @@ class AsyncBatchMapper(IterDataPipe):
     """
 
     inputs = ("source",)
+    per_rank_fields = ("max_concurrency",)
     per_item = True
     one_to_one = True
 

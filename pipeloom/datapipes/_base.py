@@ -52,7 +52,6 @@ T_co = TypeVar("T_co", covariant=True)
 
 _GUARDED = ("__iter__", "__len__", "__getitem__", "async_next", "async_get")
 
-
 _FRAMEWORK_MODULES = frozenset({__name__, IterFunctional.__module__, "builtins"})  # not blocks
 
 
@@ -93,6 +92,8 @@ class DataPipe:
     #: restarts it mid-epoch (``cycle``, ``mux(stop="cycle")``) then raises, instead
     #: of reading a stream that has ended.
     restartable: ClassVar[bool] = True
+    #: Attributes that may differ between a job's ranks: where or how fast, not which items.
+    per_rank_fields: ClassVar[tuple[str, ...]] = ()
 
     # Framework-owned per-instance state, kept out of __init__ so subclasses
     # need not call super().__init__(). Only this module reads or writes it.

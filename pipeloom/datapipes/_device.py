@@ -86,6 +86,8 @@ class PinMemory(_DeviceBlock):
         [[1.0, 1.0], [0.0, 0.0]]
     """
 
+    per_rank_fields = ("buffer_size", "device")
+
     def __init__(
         self,
         source: IterDataPipe,
@@ -132,6 +134,8 @@ class ToDevice(_DeviceBlock):
         >>> out[0][0].device, out[0][1]
         (device(type='cpu'), 'a')
     """
+
+    per_rank_fields = ("buffer_size", "device", "non_blocking")
 
     def __init__(
         self, source: IterDataPipe, device: Device, non_blocking: bool = True, buffer_size: int = 2

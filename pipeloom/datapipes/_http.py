@@ -56,6 +56,8 @@ class HttpReader(StreamOpener):
         TimeoutError: a stall after the retries, or ``deadline`` spent.
     """
 
+    per_rank_fields = ("timeout", "retries", "backoff", "deadline")
+
     def __init__(
         self,
         source: IterDataPipe,

@@ -68,6 +68,7 @@ class InMemoryCacheHolder(IterDataPipe):
     inputs = ("source",)
     per_item = True
     one_to_one = True
+    per_rank_fields = ("size",)
 
     def __init__(
         self, source: IterDataPipe, size: int | float | None = None, *, allow_random: bool = False

@@ -66,6 +66,7 @@ class OnDiskCacheHolder(IterDataPipe):
     inputs = ("source",)
     per_item = True
     at_most_one = True
+    per_rank_fields = ("timeout",)
 
     def __init__(
         self,
@@ -357,6 +358,7 @@ class EndOnDiskCacheHolder(IterDataPipe):
 
     inputs = ("source", "holder")
     per_item = True
+    per_rank_fields = ("timeout",)
 
     def __init__(
         self,

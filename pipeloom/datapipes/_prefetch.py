@@ -6,7 +6,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from .._validate import check_int
 from ..errors import NotAvailable
@@ -36,6 +36,7 @@ class Prefetcher(IterDataPipe):
     """
 
     inputs = ("source",)
+    per_rank_fields: ClassVar[tuple[str, ...]] = ("buffer_size",)
     readiness_covers_upstream = True  # its signal fires on every item its thread stores
 
     def __init__(self, source: IterDataPipe, buffer_size: int = 10) -> None:

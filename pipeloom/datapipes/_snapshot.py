@@ -76,6 +76,7 @@ class Snapshot(IterDataPipe):
     inputs = ("source",)
     per_item = True
     one_to_one = True
+    per_rank_fields = ("path", "shard_size")
 
     def __init__(
         self,

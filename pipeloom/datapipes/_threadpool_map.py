@@ -47,6 +47,7 @@ class ThreadPoolMapper(IterDataPipe):
     """
 
     inputs = ("source",)
+    per_rank_fields = ("scheduled_tasks", "max_workers", "threadpool_kwargs")
     per_item = True
     one_to_one = True
 

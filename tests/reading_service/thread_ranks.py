@@ -1,9 +1,9 @@
 """Ranks of a job as threads of this process: fast, and a hang fails in seconds.
 
 Each rank's ``DistributedReadingService`` gets a :class:`ThreadJob` instead of a
-gloo group: the service's own code runs, and only the three collectives it
-uses (``broadcast_object_list``, ``all_gather``, ``all_reduce``) go through
-:class:`World`, which exchanges values between the rank threads. A rank that
+gloo group: the service's own code runs, and only the collectives it uses
+(``broadcast_object_list``, ``all_gather``, ``all_reduce``, ``all_gather_object``)
+go through :class:`World`, which exchanges values between the rank threads. A rank that
 leaves (returns or raises) is like a rank that exited: a collective it never
 joined fails on the others at once, as gloo's closed connection does, and
 otherwise after ``timeout`` seconds. Real gloo ranks are in
@@ -49,6 +49,11 @@ class World:
                 raise RuntimeError(f"collective {number}: ranks {missing} never came")
             return [values[r] for r in range(self.size)]
 
+    def rounds(self, rank: int) -> int:
+        """How many collectives ``rank`` joined."""
+        with self._changed:
+            return self._next_round[rank]
+
     def leave(self, rank: int) -> None:
         with self._changed:
             self._gone.add(rank)
@@ -71,10 +76,14 @@ class ThreadJob(Job):
         def reduce(tensor, group):
             tensor.copy_(sum(world.exchange(rank, tensor.clone())))
 
+        def gather_objects(values, value, group):
+            values[:] = world.exchange(rank, value)
+
         local = {
             dist.broadcast_object_list: broadcast,
             dist.all_gather: gather,
             dist.all_reduce: reduce,
+            dist.all_gather_object: gather_objects,
         }
         super()._call(what, local[collective], *args, **kwargs)
 

@@ -57,6 +57,14 @@ class Job:
         self._call("exchange the epoch's start", dist.all_gather, rows, mine)
         return [row.tolist() for row in rows]
 
+    def gather_objects(self, value: Any, what: str) -> list[Any]:
+        """Every rank's picklable ``value``, indexed by rank (``what``: for the error)."""
+        if self.world_size == 1:
+            return [value]
+        values: list[Any] = [None] * self.world_size
+        self._call(what, dist.all_gather_object, values, value)
+        return values
+
     def sum(self, values: list[int]) -> list[int]:
         """The element-wise sum of every rank's ``values`` (ints)."""
         if self.world_size == 1:

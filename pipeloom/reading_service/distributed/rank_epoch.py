@@ -175,7 +175,8 @@ class RankEpoch:
 def check_start(rows: list[list[int]], *, uneven: str, end_check: str) -> int | None:
     """Check what every rank reported at the epoch's start; return the length target.
 
-    ``rows[rank]`` is ``[epoch, length (-1: unknown), delivered, failed]``.
+    ``rows[rank]`` is ``[epoch, length (-1: unknown), delivered, failed, ...]`` (the
+    service checks the rest: the digest of the rank's pipeline).
     """
     failed = [rank for rank, row in enumerate(rows) if row[3]]
     if failed:

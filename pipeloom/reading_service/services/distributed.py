@@ -6,6 +6,7 @@ import datetime
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..._rank_pipelines import check_may_differ, digest, pipelines_differ, rank_description
 from ..._validate import check_choice, check_seconds
 from ...datapipes import IterDataPipe, StateFields
 from ...errors import StateError
@@ -34,6 +35,14 @@ class DistributedReadingService(ReadingService):
     ``SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(n))``
     to add workers (worker ``i`` of rank ``r`` keeps shard ``r * n + i`` of ``w * n``).
 
+    Every rank must build the same pipeline over the same data: at each
+    epoch's start the ranks compare their pipelines (a digest of each rank's
+    fingerprint, in the exchange they make anyway) and all raise a
+    ``ValueError`` naming the ranks, the block and the field that differ.
+    What may differ is left out: each rank's shard, a device, a prefetch
+    depth, a timeout (each block's ``per_rank_fields``); ``pipelines_may_differ``
+    names more.
+
     Checkpoints: each rank's ``loader.state_dict()`` resumes that rank; the
     job's state, every rank's joined by
     :func:`~pipeloom.reading_service.merge_rank_states`, resumes on any number
@@ -57,6 +66,10 @@ class DistributedReadingService(ReadingService):
         timeout: seconds (or a ``timedelta``) a rank waits for the others in a
             collective before raising ``DistributedError``.
         group: a gloo process group to use as is, instead of the default one.
+        pipelines_may_differ: what may differ between the ranks' pipelines
+            besides what always may: ``"Block.field"`` names (e.g.
+            ``["FileLister.roots"]`` for the same files under another mount
+            point on each host), or True to skip the check.
 
     Example:
         >>> DistributedReadingService(uneven="pad", timeout=60)
@@ -70,6 +83,7 @@ class DistributedReadingService(ReadingService):
         end_check: str = "auto",
         timeout: float | datetime.timedelta = 300.0,
         group: Any = None,
+        pipelines_may_differ: bool | Sequence[str] = False,
     ) -> None:
         check_choice("uneven", uneven, _UNEVEN)
         check_choice("end_check", end_check, _END_CHECKS)
@@ -80,11 +94,16 @@ class DistributedReadingService(ReadingService):
         self.end_check = end_check
         self.timeout = timeout
         self.group = group
+        self.pipelines_may_differ = check_may_differ(
+            pipelines_may_differ, "DistributedReadingService"
+        )
         self.inner: ReadingService = InProcessReadingService()
         self._job: Job | None = None
         self._pipeline: IterDataPipe | None = None
         self._epoch: RankEpoch | None = None
         self._epoch_number = 0
+        self._description: dict[str, Any] = {}  # of this rank's pipeline, at initialize()
+        self._digest = 0
 
     def wrap(self, inner: ReadingService) -> None:
         """Run this rank's shard with ``inner`` (``SequentialReadingService`` calls it)."""
@@ -117,6 +136,9 @@ class DistributedReadingService(ReadingService):
 
     def initialize(self, pipeline: IterDataPipe) -> None:
         self._share_out()
+        if self._require_job().world_size > 1:  # alone: nothing to compare with
+            self._description = rank_description(pipeline, self.pipelines_may_differ)
+            self._digest = digest(self._description)
         self.inner.initialize(pipeline)
         self._pipeline = pipeline
 
@@ -134,7 +156,8 @@ class DistributedReadingService(ReadingService):
         progress, inner_state = self._unpack(state, job)
         elastic = inner_state is not None and "rest" in inner_state
         length, failed = (-1, 0) if elastic else self._own_length()
-        rows = job.gather([epoch, length, progress.delivered, failed])
+        rows = job.gather([epoch, length, progress.delivered, failed, self._digest])
+        self._check_pipelines(job, [row[4] for row in rows])
         # the rest of an epoch resumed on another number of ranks has no len(): agree by step
         end_check = "auto" if elastic else self.end_check
         target = check_start(rows, uneven=self.uneven, end_check=end_check)
@@ -204,6 +227,16 @@ class DistributedReadingService(ReadingService):
         except Exception:  # noqa: BLE001 - the iteration will raise it again, on this rank
             return -1, 1
 
+    def _check_pipelines(self, job: Job, digests: list[int]) -> None:
+        """Raise on every rank when the ranks' pipelines differ (``pipeloom._rank_pipelines``):
+        every rank sees the same digests, so all exchange the descriptions, or none."""
+        if len(set(digests)) == 1:
+            return
+        descriptions = job.gather_objects(
+            self._description, "exchange the descriptions of the ranks' pipelines"
+        )
+        raise ValueError(pipelines_differ(descriptions, "DistributedReadingService"))
+
     def _unpack(
         self, state: dict[str, Any] | None, job: Job
     ) -> tuple[Progress, dict[str, Any] | None]:
@@ -268,7 +301,9 @@ class DistributedReadingService(ReadingService):
 
     def __repr__(self) -> str:
         inner = "" if type(self.inner) is InProcessReadingService else f", inner={self.inner!r}"
+        differ = self.pipelines_may_differ
+        allowed = "" if differ is False else f", pipelines_may_differ={differ!r}"
         return (
             f"DistributedReadingService(uneven={self.uneven!r}, end_check={self.end_check!r}, "
-            f"timeout={self.timeout:g}{inner})"
+            f"timeout={self.timeout:g}{allowed}{inner})"
         )
