@@ -13,19 +13,11 @@ agrees on the end, and an error on one rank stops the others at once.
 one all-reduce per item). It is for pipelines sharded by hand across
 ``torch.distributed`` ranks. Without a process group, or with one rank, it
 passes the items through.
-
-Sharding by hand splits the data only if every rank reads the same stream, so
-at its first item ``fullsync()`` compares the ranks' pipelines (one
-all-gather of a digest; ``pipeloom._rank_pipelines``) and raises on every
-rank when they differ. A shard set by hand (``sharding_settings(world,
-rank)``) may differ; a source sliced per rank (``files[rank::world]``) is
-another pipeline on each rank: name it in ``pipelines_may_differ``.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -50,13 +42,8 @@ class FullSync(IterDataPipe):
         source: the upstream block (this rank's shard).
         timeout: seconds a rank waits for the others at each step before
             raising (torchdata's default: 1800).
-        pipelines_may_differ: ``"Block.field"`` names of arguments that may
-            differ between the ranks' pipelines (e.g. ``["IterableWrapper.iterable"]``
-            for a source sliced per rank), or True to skip the comparison.
 
     Raises (while iterating):
-        ValueError: the ranks' pipelines differ (every rank raises it, naming
-            the ranks, the block and the field).
         RankStopped: another rank raised an error (its own output has it).
         RuntimeError: a collective failed or timed out (a rank crashed or
             stopped iterating).
@@ -69,26 +56,15 @@ class FullSync(IterDataPipe):
 
     inputs = ("source",)
     one_to_one = True
-    per_rank_fields = ("timeout",)
+    per_rank_fields = ("timeout",)  # may differ between ranks (``_rank_pipelines``)
 
-    def __init__(
-        self,
-        source: IterDataPipe,
-        timeout: float = 1800,
-        *,
-        pipelines_may_differ: bool | Sequence[str] = False,
-    ) -> None:
-        from .._rank_pipelines import check_may_differ  # above the blocks: imported when used
-
+    def __init__(self, source: IterDataPipe, timeout: float = 1800) -> None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         self.source = source
         self.timeout = timeout
-        # private: not an argument a checkpoint's fingerprint records
-        self._may_differ = check_may_differ(pipelines_may_differ, "fullsync()")
         self._group: Any = None
         self._world = 0  # 0: not decided yet this process
-        self._differ: str | None = None  # why the ranks' pipelines differ, once compared
         self._ended = False
 
     def reset(self) -> None:
@@ -104,37 +80,12 @@ class FullSync(IterDataPipe):
                 self._group = dist.new_group(
                     backend="gloo", timeout=datetime.timedelta(seconds=self.timeout)
                 )
-                self._differ = self._compare_pipelines(self._world)
         return self._world
-
-    def _compare_pipelines(self, world: int) -> str | None:
-        """Why the ranks' pipelines differ, or None: one all-gather of a digest, and the
-        descriptions only when the digests differ (on every rank, as all see them)."""
-        from .._rank_pipelines import digest, pipelines_differ, rank_description
-
-        description = rank_description(self, self._may_differ)
-        mine = torch.tensor([digest(description)], dtype=torch.int64)
-        digests = [torch.empty_like(mine) for _ in range(world)]
-        descriptions: list[Any] = [None] * world
-        try:
-            dist.all_gather(digests, mine, group=self._group)
-            if len({int(d.item()) for d in digests}) == 1:
-                return None
-            dist.all_gather_object(descriptions, description, group=self._group)
-        except RuntimeError as error:
-            raise RuntimeError(
-                f"fullsync(): rank {dist.get_rank()} of {world} could not compare its pipeline "
-                f"with the others' (waited at most {self.timeout:g} s): another rank crashed "
-                f"or did not start iterating; look for its error"
-            ) from error
-        return "fullsync(): " + pipelines_differ(descriptions, "fullsync")
 
     def async_next(self) -> Any:
         world = self._world_size()
         if world == 1:
             return self.source.async_next()
-        if self._differ is not None:
-            raise ValueError(self._differ)
         if self._ended:  # the ranks agreed: no more collectives this epoch
             raise StopIteration
         has, failure, item = 0, None, None
@@ -177,7 +128,6 @@ class FullSync(IterDataPipe):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_group"], state["_world"] = None, 0  # a copy joins the job where it runs
-        state["_differ"] = None
         return state
 
     def __repr__(self) -> str:

@@ -225,13 +225,11 @@ class StreamFunctional:
         return BatchMapper(self, fn, batch_size, input_col)
 
     # -- ranks -------------------------------------------------------------------------
-    def fullsync(
-        self, timeout: float = 1800, *, pipelines_may_differ: bool | Sequence[str] = False
-    ) -> IterDataPipe:
+    def fullsync(self, timeout: float = 1800) -> IterDataPipe:
         """End the epoch on every ``torch.distributed`` rank together. See :class:`FullSync`."""
         from ._fullsync import FullSync
 
-        return FullSync(self, timeout, pipelines_may_differ=pipelines_may_differ)
+        return FullSync(self, timeout)
 
     # -- to map-style -------------------------------------------------------------------
     def to_map_datapipe(self, key_value_fn: Callable[[Any], Any] | None = None) -> MapDataPipe:

@@ -58,26 +58,7 @@ def one_rank_fails(rank):
         return f"{type(error).__name__}: {error}"
 
 
-def stale_copy_on_rank_one(rank):
-    """Rank 1 reads 22 files of 23: both ranks raise at the first item, naming rank 1."""
-    pipe = IterableWrapper([f"{i}.jpg" for i in range(23 - rank)]).sharding_filter()
-    pipe.sharding_settings(WORLD, rank)
-    return list(pipe.fullsync(timeout=20))
-
-
-def sliced_by_hand(rank):
-    """Each rank its own slice of the list: another pipeline per rank, allowed."""
-    files = IterableWrapper(list(range(23))[rank::WORLD])
-    return list(files.fullsync(timeout=20, pipelines_may_differ=["IterableWrapper.iterable"]))
-
-
-SCENARIOS = {
-    "by_hand": by_hand,
-    "with_service": with_service,
-    "one_rank_fails": one_rank_fails,
-    "stale_copy_on_rank_one": stale_copy_on_rank_one,
-    "sliced_by_hand": sliced_by_hand,
-}
+SCENARIOS = {"by_hand": by_hand, "with_service": with_service, "one_rank_fails": one_rank_fails}
 
 
 def _rank_main(names, rank, port, out_dir):
@@ -124,15 +105,9 @@ def launch(names, tmp_path):
     return {name: [r[name] for r in results] for name in names}
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    """Every scenario on 2 ranks, in one launch."""
-    return launch(list(SCENARIOS), tmp_path_factory.mktemp("ranks"))
-
-
 @pytest.mark.timeout(150)
-def test_ranks_end_together_by_hand_with_the_service_and_on_errors(ranks):
-    results = ranks
+def test_ranks_end_together_by_hand_with_the_service_and_on_errors(tmp_path):
+    results = launch(list(SCENARIOS), tmp_path)
     rank0, rank1 = results["by_hand"]
     assert rank0 == list(range(0, 22, 2)) and rank1 == list(range(1, 22, 2))  # 11 each
     epochs0, epochs1 = results["with_service"]
@@ -141,20 +116,6 @@ def test_ranks_end_together_by_hand_with_the_service_and_on_errors(ranks):
     stopped, failed = results["one_rank_fails"]
     assert failed == "KeyError"  # rank 0 names the rank whose output has the error
     assert stopped.startswith("RankStopped: fullsync(): rank 1 raised an error"), stopped
-
-
-@pytest.mark.timeout(150)
-def test_ranks_with_different_pipelines_all_raise_naming_the_rank_and_the_field(ranks):
-    for result in ranks["stale_copy_on_rank_one"]:
-        assert result[:2] == ("error", "ValueError"), result
-        assert result[2].startswith("fullsync(): the ranks' pipelines differ"), result
-        assert (
-            "rank 1 differs from rank 0: block #2 IterableWrapper, field iterable: list of 22 "
-            "items on rank 1, list of 23 items on rank 0" in result[2]
-        )
-        assert "fullsync(pipelines_may_differ=['IterableWrapper.iterable'])" in result[2]
-    rank0, rank1 = ranks["sliced_by_hand"]
-    assert rank0 == list(range(0, 22, 2)) and rank1 == list(range(1, 22, 2))  # 11 each
 
 
 def test_one_process_passes_items_through():
