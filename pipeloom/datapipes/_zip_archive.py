@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import lzma
-import os
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -77,9 +76,13 @@ def _is_directory(info: zipfile.ZipInfo, path: str) -> bool:
 
 
 class ZipArchiveLoader(StreamReader):
-    """Yield ``(archive_path/member, stream)`` for each file in each zip archive.
+    """Yield ``(f"{archive_path}/{member}", stream)`` for each file in each zip archive.
 
-    Functional: ``load_from_zip``. Directories are skipped. Each member is
+    Functional: ``load_from_zip``. Directories are skipped. The member's name
+    is kept as stored (``./a.txt``, ``x/../y``, ``/abs``), and the archive's
+    path or URL as given: torchdata joined them with ``os.path.normpath``, which
+    merged ``"a//b"`` and ``"a/b"``, dropped the archive before an absolute name
+    and turned ``"http://"`` into ``"http:/"``. Each member is
     read into memory and handed out as an ``io.BytesIO``, so it can be read
     later, in another process, after the archive is closed. A zip archive is
     read from its end (the central directory): a stream that cannot seek
@@ -130,7 +133,7 @@ class ZipArchiveLoader(StreamReader):
                         f"zip archive {path!r}: member {info.filename!r} is corrupted or "
                         f"unreadable: {type(error).__name__}: {error}"
                     ) from error
-                yield os.path.normpath(os.path.join(path, info.filename)), io.BytesIO(data)
+                yield f"{path}/{info.filename}", io.BytesIO(data)
 
     def __len__(self) -> int:
         if self.length == -1:
