@@ -93,9 +93,11 @@ def _check_npy_end(extra: int, dtype: np.dtype, shape: tuple[int, ...]) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _parse_npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool] | None:
+def _parse_npy_header(
+    header: bytes, encoding: str = "latin1"
+) -> tuple[np.dtype, tuple[int, ...], bool] | None:
     try:
-        fields = _literal(header.decode("latin1"))
+        fields = _literal(header.decode(encoding))
         dtype = np.dtype(np.lib.format.descr_to_dtype(fields["descr"]))
         shape, fortran = tuple(int(n) for n in fields["shape"]), bool(fields["fortran_order"])
     except (ValueError, SyntaxError, KeyError, TypeError):
@@ -113,7 +115,9 @@ def _npy_layout(data: bytes) -> tuple[int, np.dtype, tuple[int, ...], bool] | No
         start, size = 12, int.from_bytes(data[8:12], "little")
     else:
         return None
-    parsed = _parse_npy_header(bytes(data[start : start + size]))
+    # Version 3 is version 2 with a UTF-8 header (NumPy writes it for unicode field names).
+    encoding = "utf-8" if major == 3 else "latin1"
+    parsed = _parse_npy_header(bytes(data[start : start + size]), encoding)
     if parsed is None:
         return None
     dtype, shape, fortran = parsed
