@@ -224,12 +224,18 @@ _PIECE = 16 << 20
 
 
 def _read_exactly(stream: IO[Any], size: int) -> bytes:
-    """Up to ``size`` bytes, read in 16 MiB pieces: a huge length never allocates more than
-    the data really there (``read(2**40)`` would raise MemoryError before reading)."""
-    if size <= _PIECE:
-        return stream.read(size)
-    pieces = []
-    left = size
+    """``size`` bytes, fewer only at the end of the stream.
+
+    A raw stream (a pipe, a socket, ``open(..., buffering=0)``) may return
+    fewer bytes than asked before its end, so reads go on until the end. Large
+    sizes are read in 16 MiB pieces: a huge length never allocates more than the
+    data really there (``read(2**40)`` would raise MemoryError before reading).
+    """
+    first = stream.read(size) if size <= _PIECE else b""
+    if len(first) == size:
+        return first
+    pieces = [first]
+    left = size - len(first)
     while left:
         piece = stream.read(min(left, _PIECE))
         if not piece:
@@ -259,14 +265,14 @@ def _read_frames(
     total = 0
     while len(frames) < ahead and total < _BATCH_BYTES:
         record = index + len(frames)
-        head = stream.read(8)
+        head = _read_exactly(stream, 8)
         if not head:
             break
         if len(head) != 8:
             return frames, ValueError(
                 f"{_where(path, record)}: the file ends inside a record's length"
             )
-        checksum = stream.read(4)
+        checksum = _read_exactly(stream, 4)
         if len(checksum) != 4:
             return frames, ValueError(
                 f"{_where(path, record)}: the file ends inside a record's length checksum"
@@ -277,7 +283,7 @@ def _read_frames(
             )
         (size,) = struct.unpack("<Q", head)
         data = _read_exactly(stream, size)
-        footer = stream.read(4)
+        footer = _read_exactly(stream, 4)
         if len(data) != size or len(footer) != 4:
             return frames, ValueError(
                 f"{_where(path, record)}: the file ends inside the record ({size} bytes)"

@@ -9,6 +9,7 @@ or ``open()`` give: no item lost, merged, split, renamed or changed.
 from __future__ import annotations
 
 import io
+import struct
 import warnings
 import zipfile
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from pipeloom.datapipes import IterableWrapper
+from pipeloom.datapipes._crc32c import SMALL_INPUT, masked_crc32c
 
 
 class _RawStream(io.RawIOBase):
@@ -122,3 +124,44 @@ def test_npy_decodes_as_np_load_does(name):
         want.flags.f_contiguous,
     )
     assert got.tobytes() == want.tobytes()  # none of these dtypes has padding bytes
+
+
+# -- TFRecord --------------------------------------------------------------------------------
+
+
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    def varint(value: int) -> bytes:
+        out = bytearray()
+        while value > 0x7F:
+            out.append(value & 0x7F | 0x80)
+            value >>= 7
+        return bytes(out) + bytes([value])
+
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def _tfrecord(values: list[bytes | None]) -> bytes:
+    """Frames of ``Example`` records ``{"x": bytes_list [value]}`` (None: an empty record)."""
+    frames = []
+    for value in values:
+        record = b""
+        if value is not None:
+            feature = _length_delimited(1, _length_delimited(1, value))
+            entry = _length_delimited(1, b"x") + _length_delimited(2, feature)
+            record = _length_delimited(1, _length_delimited(1, entry))
+        head = struct.pack("<Q", len(record))
+        frames += [head, struct.pack("<I", masked_crc32c(head)), record]
+        frames.append(struct.pack("<I", masked_crc32c(record)))
+    return b"".join(frames)
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["buffered", "short reads"])
+def test_tfrecord_reads_every_record_of_a_valid_file(raw):
+    # Empty records, and records around the size where the read-ahead stops (SMALL_INPUT).
+    values = [None, b"", b"a", None, b"b" * (SMALL_INPUT - 30), b"c" * SMALL_INPUT, b"d" * 70_000]
+    data = _tfrecord(values)
+    stream = _RawStream(data, most=1000) if raw else io.BytesIO(data)
+    got = list(IterableWrapper([("f.tfrecord", stream)]).load_from_tfrecord())
+    # A raw stream (a pipe, a socket) returns short reads: a short read of a record's length
+    # was taken for "the file ends inside a record's length".
+    assert got == [{} if value is None else {"x": [value]} for value in values]
