@@ -2,9 +2,9 @@
 
 Both take torchdata 0.9's arguments with the same meaning. Each
 ``(path, stream)`` is read line by line: the first ``skip_lines`` lines are
-dropped, ``bytes`` lines are decoded when ``decode`` is true (``readlines``
-keeps bytes by default, ``parse_csv`` decodes), and the stream is closed at
-its end. A resumed pipeline re-reads the stream and skips the items already
+dropped, a binary stream is decoded when ``decode`` is true (``readlines``
+keeps bytes by default, ``parse_csv`` decodes; see :func:`text_lines`), and the
+stream is closed at its end. A resumed pipeline re-reads the stream and skips the items already
 emitted. A ``(path, bytes)`` item (e.g. a tar member) is read like a stream.
 
 Example:
@@ -20,7 +20,8 @@ from __future__ import annotations
 import codecs
 import csv
 import itertools
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Iterator
 from typing import IO, Any
 
 from .._validate import check_bool, check_int
@@ -55,17 +56,64 @@ def check_codec(encoding: Any, errors: Any) -> tuple[str, str]:
 
 
 def text_lines(
-    stream: Iterable[Any], skip_lines: int, decode: bool, encoding: str, errors: str
+    stream: IO[Any],
+    skip_lines: int,
+    decode: bool,
+    encoding: str,
+    errors: str,
+    *,
+    csv_newlines: bool = False,
 ) -> Iterator[Any]:
-    """The lines of ``stream`` after the first ``skip_lines``, decoded if asked."""
-    lines = iter(stream)
+    """The lines of ``stream`` after the first ``skip_lines``, decoded if asked.
+
+    A binary stream is decoded as one text, so that its lines are those of
+    ``open(path, encoding=encoding, errors=errors, newline="\\n")`` (with
+    ``csv_newlines``: ``newline=""``, as the ``csv`` module asks; a lone ``"\\r"``
+    ends a line too). Without ``decode``, a binary stream gives ``bytes`` lines.
+    """
+    lines: Iterator[Any]
+    if decode and isinstance(stream.read(0), (bytes, bytearray)):
+        lines = _decoded_lines(stream, encoding, errors, csv_newlines)
+    else:
+        lines = iter(stream)
     next(itertools.islice(lines, skip_lines, skip_lines), None)
-    if not decode:
-        return lines
-    return (
-        line.decode(encoding, errors) if isinstance(line, (bytes, bytearray)) else line
-        for line in lines
-    )
+    return lines
+
+
+_CSV_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)")
+_BLOCK = 1 << 16
+
+
+def _decoded_lines(stream: IO[bytes], encoding: str, errors: str, cr: bool) -> Iterator[str]:
+    """The lines of a binary stream, decoded in blocks by one incremental decoder.
+
+    Decoding each ``b"\\n"``-ended bytes line on its own cut the characters of
+    encodings whose newline is more than that byte (UTF-16, UTF-32), and a CSV
+    file with lone ``"\\r"`` line ends (old Mac spreadsheets) was one long line.
+    """
+    decoder = codecs.getincrementaldecoder(encoding)(errors)
+    read = getattr(stream, "read1", stream.read)  # what is there: a slow stream's lines flow
+    pending = ""
+    while True:
+        block = read(_BLOCK)
+        final = not block
+        text = pending + decoder.decode(block, final)
+        if cr and text.count("\r") != text.count("\r\n"):  # a lone "\r" (rare)
+            lines = _CSV_LINE.findall(text)
+            done = sum(map(len, lines))
+            if lines and not final and done == len(text) and text[-1] == "\r":
+                done -= len(lines.pop())  # a "\r" that the next block may follow with "\n"
+        else:
+            lines = text.split("\n")
+            last = lines.pop()
+            lines = [line + "\n" for line in lines]
+            done = len(text) - len(last)
+        yield from lines
+        pending = text[done:]
+        if final:
+            if pending:
+                yield pending
+            return
 
 
 class LineReader(StreamReader):
@@ -75,7 +123,7 @@ class LineReader(StreamReader):
         source: a block yielding ``(path, stream)``.
         skip_lines: lines to drop at the start of each stream.
         strip_newline: remove ``"\\r"``/``"\\n"`` at both ends of each line.
-        decode: decode ``bytes`` lines (from binary streams) with ``encoding``.
+        decode: decode a binary stream with ``encoding`` (its lines end at ``"\\n"``).
         encoding: the text encoding used by ``decode``.
         errors: what ``decode`` does with invalid bytes (``"ignore"``,
             ``"strict"``, ``"replace"``...).
@@ -129,7 +177,8 @@ class CSVParser(StreamReader):
     Args:
         source: a block yielding ``(path, stream)`` (text, or binary).
         skip_lines: lines to drop at the start of each file (before any header).
-        decode: decode ``bytes`` lines with ``encoding``/``errors``.
+        decode: decode a binary stream with ``encoding``/``errors`` (its lines end as
+            ``open(newline="")`` ends them: ``"\\r\\n"``, ``"\\n"`` or ``"\\r"``).
         encoding: the text encoding used by ``decode``.
         errors: what ``decode`` does with invalid bytes.
         return_path: yield ``(path, row)`` instead of the row.
@@ -186,7 +235,14 @@ class CSVParser(StreamReader):
             ) from None
 
     def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[Any]:
-        lines = text_lines(stream, self.skip_lines, self.decode_bytes, self.encoding, self.errors)
+        lines = text_lines(
+            stream,
+            self.skip_lines,
+            self.decode_bytes,
+            self.encoding,
+            self.errors,
+            csv_newlines=True,
+        )
         # One sentinel line after the file: it comes back as a row of its own unless
         # the file ended inside a quoted field (a cut file), which swallows it. csv reads
         # no line ahead, so only rows returned once it was handed out need a look.

@@ -8,6 +8,7 @@ or ``open()`` give: no item lost, merged, split, renamed or changed.
 
 from __future__ import annotations
 
+import csv
 import io
 import struct
 import warnings
@@ -15,6 +16,8 @@ import zipfile
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.datapipes._crc32c import SMALL_INPUT, masked_crc32c
@@ -165,3 +168,62 @@ def test_tfrecord_reads_every_record_of_a_valid_file(raw):
     # A raw stream (a pipe, a socket) returns short reads: a short read of a record's length
     # was taken for "the file ends inside a record's length".
     assert got == [{} if value is None else {"x": [value]} for value in values]
+
+
+# -- lines and CSV ---------------------------------------------------------------------------
+
+
+def test_csv_with_lone_cr_line_ends_reads_as_csv_does():
+    # "CSV (Macintosh)" from old spreadsheets ends lines with "\r" alone; from bytes (a tar
+    # or zip member, a binary stream) the whole file was one line: "new-line character
+    # seen in unquoted field".
+    data = b'name,n\rx,1\r"y\rz",2\r'
+    want = list(csv.reader(io.TextIOWrapper(io.BytesIO(data), newline="")))
+    assert want == [["name", "n"], ["x", "1"], ["y\rz", "2"]]
+    got = list(IterableWrapper([("s.tar/m.csv", data)]).parse_csv(skip_lines=1))
+    assert got == want[1:]
+
+
+def test_utf16_text_is_decoded_as_one_text():
+    # Excel's "Unicode Text": UTF-16 with a BOM, tab-separated, "\r\n". Each bytes line ended
+    # at the byte 0x0A, the first half of the UTF-16 newline: every later line was shifted.
+    text = "name\tcity\r\n1\tZürich\r\n2\t東京\r\n"
+    data = text.encode("utf-16")
+    rows = IterableWrapper([("u.txt", data)]).parse_csv(encoding="utf-16", delimiter="\t")
+    assert list(rows) == [["name", "city"], ["1", "Zürich"], ["2", "東京"]]
+    lines = IterableWrapper([("u.txt", data)]).readlines(decode=True, encoding="utf-16")
+    assert [line for _, line in lines] == ["name\tcity", "1\tZürich", "2\t東京"]
+
+
+_TEXT = st.text(st.sampled_from(list('ab,"\r\n\té€𝄞')), max_size=30)
+_ENCODINGS = st.sampled_from(["utf-8", "utf-16", "utf-32-le", "utf-8-sig", "cp1252"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=_TEXT, encoding=_ENCODINGS, most=st.integers(1, 9))
+def test_lines_and_rows_are_those_of_open(text, encoding, most):
+    """Any text, encoding and read size (a "\\r\\n" or a character cut between two reads):
+    readlines() gives the lines of open(newline="\\n"), parse_csv() the rows of csv over
+    open(newline="")."""
+    data = text.encode(encoding, errors="ignore")
+
+    def opened(newline: str) -> io.TextIOWrapper:
+        return io.TextIOWrapper(io.BytesIO(data), encoding=encoding, newline=newline)
+
+    def stream() -> IterableWrapper:
+        return IterableWrapper([("f", _RawStream(data, most))])
+
+    lines = stream().readlines(
+        decode=True, encoding=encoding, errors="strict", strip_newline=False, return_path=False
+    )
+    assert list(lines) == list(opened("\n"))
+    try:
+        want = list(csv.reader(opened("")))
+    except csv.Error:  # a quote inside an unquoted field: not CSV
+        return
+    try:
+        got = list(stream().parse_csv(encoding=encoding, errors="strict"))
+    except ValueError as error:  # documented: a file ending inside a quoted field raises
+        assert "ends (line" in str(error)
+        return
+    assert got == want
