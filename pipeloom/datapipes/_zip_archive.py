@@ -46,7 +46,9 @@ def _check_count(archive: zipfile.ZipFile, path: str) -> None:
     if record is None:
         return
     listed, found = record[total], len(archive.infolist())
-    if listed != found:
+    # Writers without ZIP64 (Java 6's ZipOutputStream, ...) store the count of an archive
+    # of more than 65535 members modulo 65536 in its 16-bit field; zipfile reads them all.
+    if listed != found and not (found > 0xFFFF and listed == found & 0xFFFF):
         raise zipfile.BadZipFile(
             f"zip archive {path!r}: its end record lists {listed} member(s) but its central "
             f"directory holds {found}: the directory is damaged, and members would be lost"

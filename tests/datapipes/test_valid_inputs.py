@@ -94,6 +94,34 @@ def test_zip_members_keep_their_stored_names_and_bytes(method, zip64, streamed):
     assert got == want
 
 
+def _zip_without_zip64(count: int) -> bytes:
+    """A zip of ``count`` empty stored members, written as writers without ZIP64 write it:
+    the 16-bit member counts of its end record hold ``count`` modulo 65536."""
+    local, central, offset = [], [], 0
+    for index in range(count):
+        name = b"%d" % index
+        head = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, 0, 0, 0, len(name), 0)
+        local.append(head + name)
+        fields = (20, 20, *[0] * 7, len(name), *[0] * 5, offset)  # made by, ..., at offset
+        entry = struct.pack("<4s6H3L5H2L", b"PK\x01\x02", *fields)
+        central.append(entry + name)
+        offset += len(local[-1])
+    directory = b"".join(central)
+    wrapped = count & 0xFFFF
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, wrapped, wrapped, len(directory), offset, 0)
+    return b"".join(local) + directory + end
+
+
+def test_zip_of_more_than_65535_members_without_zip64_is_read_whole():
+    data = _zip_without_zip64(65_537)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        assert len(archive.infolist()) == 65_537
+    # The end record's count (1) was compared with the directory's (65537): "damaged".
+    names = [path for path, _ in IterableWrapper([("w.zip", data)]).load_from_zip()]
+    assert names[:2] == ["w.zip/0", "w.zip/1"]
+    assert len(names) == 65_537 and names[-1] == "w.zip/65536"
+
+
 # -- .npy ------------------------------------------------------------------------------------
 
 
