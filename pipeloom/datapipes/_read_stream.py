@@ -43,12 +43,12 @@ class StreamChunkReader(StreamReader):
 
     def _read(self, path: str, stream: IO[Any], skip: int) -> Iterator[tuple[str, Any]]:
         if skip and self.chunk is not None:
-            stream.read(skip * self.chunk)  # resume: the chunks already handed out
+            _read_full(stream, skip * self.chunk)  # resume: the chunks already handed out
         elif skip:
             return  # the whole stream was handed out already
         size = -1 if self.chunk is None else self.chunk
         while True:
-            data = stream.read(size)
+            data = _read_full(stream, size)
             if not data:
                 return
             yield path, data
@@ -57,3 +57,21 @@ class StreamChunkReader(StreamReader):
 
     def __repr__(self) -> str:
         return f"StreamChunkReader(chunk={self.chunk})"
+
+
+def _read_full(stream: IO[Any], size: int) -> Any:
+    """``stream.read(size)``, shorter only at the end of the stream.
+
+    A raw stream (a pipe, a socket) may return fewer bytes than asked before
+    its end; its chunks would then not be ``chunk``-sized, and a resumed reader
+    would skip the wrong number of bytes.
+    """
+    data = stream.read(size)
+    if size < 0 or not data or len(data) == size:
+        return data
+    parts = [data]
+    left = size - len(data)
+    while left and (more := stream.read(left)):
+        parts.append(more)
+        left -= len(more)
+    return data[:0].join(parts)

@@ -255,3 +255,11 @@ def test_lines_and_rows_are_those_of_open(text, encoding, most):
         assert "ends (line" in str(error)
         return
     assert got == want
+
+
+def test_read_from_stream_gives_chunk_sized_reads_of_a_raw_stream():
+    data = bytes(range(256)) * 4
+    chunks = IterableWrapper([("p", _RawStream(data, most=7))]).read_from_stream(chunk=100)
+    got = [chunk for _, chunk in chunks]
+    # A raw stream returned 7 bytes a read: 147 chunks of 7 bytes, not 11 of (at most) 100.
+    assert got == [data[i : i + 100] for i in range(0, len(data), 100)]
