@@ -8,9 +8,13 @@ or ``open()`` give: no item lost, merged, split, renamed or changed.
 
 from __future__ import annotations
 
+import bz2
 import csv
+import gzip
 import io
+import lzma
 import struct
+import tarfile
 import warnings
 import zipfile
 
@@ -34,6 +38,57 @@ class _RawStream(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         return self._data.readinto(memoryview(buffer)[: self._most])
+
+
+# -- tar -------------------------------------------------------------------------------------
+
+
+def _tar(tar_format: int) -> bytes:
+    """Members that tarfile writes with ustar prefixes, GNU long names/links or pax records."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tar_format) as tar:
+
+        def add(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, link: str = ""):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, link
+            info.size = len(data) if kind in (tarfile.REGTYPE, tarfile.AREGTYPE) else 0
+            tar.addfile(info, io.BytesIO(data))
+
+        add("a.txt", b"hello")
+        add("empty.txt")
+        add("block.bin", b"x" * 512)  # an exact multiple of the block size
+        add("dir", kind=tarfile.DIRTYPE)
+        add("dir/sym", kind=tarfile.SYMTYPE, link="../a.txt")
+        add("dir/hard", kind=tarfile.LNKTYPE, link="a.txt")
+        add("old-style", b"v7", kind=tarfile.AREGTYPE)
+        add("p/" * 40 + "prefixed.txt", b"ustar prefix")  # 80 + 12 characters
+        add("n" * 100, b"a name of exactly 100 characters")
+        if tar_format != tarfile.USTAR_FORMAT:
+            add("d/" * 70 + "long.txt", b"long")
+            add("ü/çødé 日本.txt", "ü".encode())
+            add("link", kind=tarfile.SYMTYPE, link="L" * 300)
+            add("after.txt", b"after the long link")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("tar_format", "compress"),
+    [
+        (tarfile.USTAR_FORMAT, None),
+        (tarfile.GNU_FORMAT, "gz"),
+        (tarfile.PAX_FORMAT, "xz"),
+        (tarfile.PAX_FORMAT, "bz2"),
+    ],
+)
+def test_tar_members_are_tarfiles_from_a_raw_stream(tar_format, compress):
+    data = _tar(tar_format)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        want = [(m.name, tar.extractfile(m).read()) for m in tar if m.isfile()]
+    if compress is not None:  # in two members/streams, as parallel compressors write them
+        module = {"gz": gzip, "xz": lzma, "bz2": bz2}[compress]
+        data = module.compress(data[:700]) + module.compress(data[700:])
+    pipe = IterableWrapper([("s.tar", _RawStream(data, most=333))]).load_from_tar()
+    assert [(path.member, member) for path, member in pipe] == want
 
 
 # -- zip -------------------------------------------------------------------------------------

@@ -203,6 +203,14 @@ def write_mixed_shard(path, shard):
         ("dir.v2/.hidden", b"h"),  # no key: skipped
         ("dir/.hidden", b"h"),  # key "dir/", field "hidden"
         (f"s{shard}1.json", b"{}"),
+        ("a.b.c.jpg", b"1"),  # key "a" (up to the first dot), field "b.c.jpg"
+        ("a.b.d.JPG", b"2"),
+        ("img1.jpg", b"3"),  # "img1" and "img10": two keys, and "img1" again: a third
+        ("img10.jpg", b"4"),
+        ("img1.cls", b"5"),
+        ("x/y.z/w.jpg", b"6"),  # a dot in a directory is not the key's end
+        ("trail.", b"7"),  # field ""
+        ("d/__m__/y.jpg", b"8"),  # metadata only at the top of the shard
         ("same.txt", str(shard).encode()),  # the same key in consecutive shards
     ]
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -233,7 +241,7 @@ def test_sample_dicts_equal_the_webdataset_librarys_on_the_same_shards(tmp_path)
             writer.write(sample)
     theirs = with_webdataset(paths)
     ours = collect(pipeline(tmp_path))
-    assert ours == theirs and len(ours) == 11
+    assert ours == theirs and len(ours) == 25
 
 
 def test_a_ported_webdataset_map_works_unchanged(shards):
