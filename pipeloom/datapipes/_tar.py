@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import lzma
 import tarfile
 import warnings
@@ -37,6 +38,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from ._base import IterDataPipe
+from ._decompress import XzReader
 from ._files import StreamReader
 from ._tarstream import ChainedReader, TarStream
 
@@ -103,7 +105,7 @@ def _decompressed(stream: Any, module: str) -> IO[bytes]:
         return gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[return-value]
     if module == "bz2":
         return bz2.BZ2File(stream)  # type: ignore[return-value]
-    return lzma.LZMAFile(stream)  # type: ignore[return-value]
+    return io.BufferedReader(XzReader(stream))
 
 
 def _open(source: _Source, mode: str, limit: int | None) -> tuple[TarStream, IO[bytes] | None]:

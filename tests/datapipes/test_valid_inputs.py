@@ -91,6 +91,25 @@ def test_tar_members_are_tarfiles_from_a_raw_stream(tar_format, compress):
     assert [(path.member, member) for path, member in pipe] == want
 
 
+def test_xz_stream_padding_is_read_as_xz_reads_it():
+    """The xz format allows zero bytes (a multiple of 4) between and after streams; xz -d
+    reads them. lzma.LZMAFile took them for a cut stream: an error at the end, and the
+    streams after padding were dropped silently."""
+    first, second = b"".join(b"%d," % i for i in range(3000)), b"the second stream"
+    data = lzma.compress(first) + bytes(8) + lzma.compress(second) + bytes(4)
+    [(name, stream)] = list(IterableWrapper([("p.txt.xz", data)]).load_from_xz())
+    assert (name, stream.read()) == ("p.txt", first + second)
+    shard = _tar(tarfile.PAX_FORMAT)
+    data = lzma.compress(shard[:1000]) + bytes(12) + lzma.compress(shard[1000:]) + bytes(4)
+    pipe = IterableWrapper([("s.tar.xz", _RawStream(data, most=333))]).load_from_tar()
+    with tarfile.open(fileobj=io.BytesIO(shard)) as tar:
+        assert [path.member for path, _ in pipe] == [m.name for m in tar if m.isfile()]
+    bad = lzma.compress(first) + bytes(3)  # xz -d: "Compressed data is corrupt"
+    with pytest.raises(lzma.LZMAError, match="'b.xz'.*3 zero byte.*multiple of 4"):
+        [(_, stream)] = list(IterableWrapper([("b.xz", bad)]).load_from_xz())
+        stream.read()
+
+
 # -- zip -------------------------------------------------------------------------------------
 
 _ZIP_NAMES = ["a.txt", "./dot.txt", "x/../y.txt", "a//b.txt", "/abs.txt", "dir/", "ü/ç.txt"]
