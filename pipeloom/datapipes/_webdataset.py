@@ -81,7 +81,9 @@ def split_shard(path: str) -> tuple[str, str]:
 
 def _local_path(url: str) -> str | None:
     parsed = urllib.parse.urlparse(url)
-    return parsed.path if parsed.scheme in ("", "file") else None
+    if parsed.scheme == "":  # a path: "#", "?" and ";" are characters of its file name
+        return url
+    return parsed.path if parsed.scheme == "file" else None
 
 
 class WebDataset(IterDataPipe):

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper
+from pipeloom.datapipes import FileLister, IterableWrapper
 from pipeloom.datapipes._crc32c import SMALL_INPUT, masked_crc32c
 
 
@@ -108,6 +108,19 @@ def test_xz_stream_padding_is_read_as_xz_reads_it():
     with pytest.raises(lzma.LZMAError, match="'b.xz'.*3 zero byte.*multiple of 4"):
         [(_, stream)] = list(IterableWrapper([("b.xz", bad)]).load_from_xz())
         stream.read()
+
+
+@pytest.mark.parametrize("name", ["shard#1.tar", "a?b.tar", "x;y.tar", "100%.tar"])
+def test_webdataset_local_path_is_the_shards_path(tmp_path, name):
+    with tarfile.open(tmp_path / name, "w") as tar:
+        info = tarfile.TarInfo("0001.cls")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"7"))
+    pipe = FileLister(str(tmp_path)).open_files("rb").load_from_tar().webdataset()
+    [sample] = list(pipe)
+    # The path was parsed as a URL: "shard#1.tar" gave "shard" ("#1.tar" a fragment).
+    path = str(tmp_path / name)
+    assert (sample["__url__"], sample["__local_path__"]) == (path, path)
 
 
 # -- zip -------------------------------------------------------------------------------------
