@@ -8,7 +8,8 @@ reader parses only what a data loader needs (name, size, type) from each
 
 It gives the same members as ``tarfile`` for ustar, GNU (``L``/``K`` long
 names) and pax (``x``/``g`` headers) archives, e.g. those written by
-``tarfile`` in any format or by ``webdataset.TarWriter``. Anything rarer
+``tarfile`` in any format or by ``webdataset.TarWriter``, except that, as GNU
+tar does, it reads a name prefix only from POSIX ustar headers (see ``_USTAR``). Anything rarer
 (sparse files) is handed to ``tarfile`` from that member on.
 
 It is strict where ``tarfile`` is lenient, so that damage is never a silent
@@ -62,12 +63,25 @@ _CHECKSUM = re.compile(rb" *([0-7]+)(?:[ \0]|\Z)")
 _PAX_LENGTH = re.compile(rb"(\d{1,19}) ")
 _PAX_CHARSET = re.compile(rb"\d+ hdrcharset=([^\n]+)\n")
 _TRUNCATED = "unexpected end of data (truncated: no end-of-archive marker)"
+# The magic of POSIX ustar headers, the only ones with a name prefix (at byte 345). Old GNU
+# headers ("ustar  \0") keep access and change times there (tar -g/-G writes them), which
+# tarfile takes for a prefix of the name; GNU tar does not.
+_USTAR = b"ustar\0"
 _CHUNK = 1 << 24  # larger reads are split, so a corrupted size never allocates at once
 _MAX_HEADER_DATA = 1 << 24  # long names and pax headers: a larger one is corruption
 
 
 class StrictTarInfo(tarfile.TarInfo):
-    """Treats a truncated or invalid header as an error, not as the end of the archive."""
+    """Treats a truncated or invalid header as an error, not as the end of the archive, and
+    reads a name prefix only in POSIX ustar headers (see ``_USTAR``)."""
+
+    @classmethod
+    def frombuf(cls, buf: bytes, encoding: str, errors: str) -> tarfile.TarInfo:  # type: ignore[override]
+        info = super().frombuf(buf, encoding, errors)
+        if buf[345] and info.type not in tarfile.GNU_TYPES and buf[257:263] != _USTAR:
+            prefix = tarfile.nts(buf[345:500], encoding, errors)  # type: ignore[attr-defined]
+            info.name = info.name.removeprefix(prefix + "/")  # not a prefix: see _USTAR
+        return info
 
     @classmethod
     def fromtarfile(cls, tar: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
@@ -337,7 +351,7 @@ class TarStream:
             flag = tarfile.DIRTYPE
         if flag == tarfile.DIRTYPE:
             name = name.rstrip("/")
-        if header[345] and flag not in tarfile.GNU_TYPES:
+        if header[345] and flag not in tarfile.GNU_TYPES and header[257:263] == _USTAR:
             name = _text(header[345:500]) + "/" + name
         if "path" in self._globals:
             name = self._globals["path"].rstrip("/")

@@ -91,6 +91,43 @@ def test_tar_members_are_tarfiles_from_a_raw_stream(tar_format, compress):
     assert [(path.member, member) for path, member in pipe] == want
 
 
+def _incremental_tar() -> bytes:
+    """An archive as GNU tar -g writes it: old GNU headers keep the access and change times
+    at byte 345, where POSIX ustar headers have the name prefix."""
+    blocks = []
+
+    def member(name: str, data: bytes, sparse: int | None = None) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        if sparse is not None:
+            info.type = tarfile.GNUTYPE_SPARSE
+        header = bytearray(info.tobuf(tarfile.GNU_FORMAT))
+        header[345:369] = b"%011o\0%011o\0" % (1_700_000_000, 1_700_000_001)  # atime, ctime
+        if sparse is not None:  # one data chunk at offset 0, then a hole: ``sparse`` bytes
+            header[386:410] = b"%011o\0%011o\0" % (0, len(data))
+            header[483:495] = b"%011o\0" % sparse
+        header[148:156] = b" " * 8
+        header[148:156] = b"%06o\0 " % sum(header)
+        blocks.append(bytes(header) + data + bytes(-len(data) % 512))
+
+    member("a.txt", b"hello")
+    member("holes.bin", b"data", sparse=10_000)  # read by tarfile, and all after it
+    member("dir/b.txt", b"after the sparse member")
+    return b"".join(blocks) + bytes(1024)
+
+
+def test_gnu_incremental_archive_names_are_gnu_tars():
+    # GNU tar -tf lists a.txt, holes.bin and dir/b.txt; tarfile read the times as a name
+    # prefix: "14524770400/a.txt". So did load_from_tar, in both of its readers.
+    pipe = IterableWrapper([("s.tar", _incremental_tar())]).load_from_tar()
+    got = [(path.member, data) for path, data in pipe]
+    assert got == [
+        ("a.txt", b"hello"),
+        ("holes.bin", b"data" + bytes(10_000 - 4)),
+        ("dir/b.txt", b"after the sparse member"),
+    ]
+
+
 def test_xz_stream_padding_is_read_as_xz_reads_it():
     """The xz format allows zero bytes (a multiple of 4) between and after streams; xz -d
     reads them. lzma.LZMAFile took them for a cut stream: an error at the end, and the
