@@ -51,6 +51,7 @@ class _DemuxHub(IterDataPipe):
     """The state shared by the children of one ``demux``: a queue per child."""
 
     inputs = ("source",)
+    read_by_several = True  # every child reads it (refuse_shared_streams)
 
     def __init__(
         self,

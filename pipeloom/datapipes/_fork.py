@@ -71,6 +71,7 @@ class _ForkHub(IterDataPipe):
     """The state shared by the children of one ``fork``: one buffer, one offset per child."""
 
     inputs = ("source",)
+    read_by_several = True  # every child reads it (refuse_shared_streams)
 
     def __init__(self, source: IterDataPipe, num_instances: int, buffer_size: int) -> None:
         self.source = source

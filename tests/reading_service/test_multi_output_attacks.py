@@ -1,0 +1,237 @@
+"""Attacks on the blocks where one stream feeds several outputs, or one input several items.
+
+``fork``, ``demux``, ``unzip``, ``round_robin_demux`` and ``random_split`` hand one
+stream to several readers; ``flatmap``, ``unbatch`` and ``shuffled_flatmap`` make
+several items of one input, keyed ``(p, j)``. ``docs/reading_services.md`` promises
+the in-process items, order and ``item_rng()`` draws under every service;
+``docs/checkpointing.md`` that a checkpoint resumes under another service and worker
+count with exactly the rest of the epoch and the same next epoch. Each test checks
+one of these where it once failed, or where no other test looked.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeloom import DataLoader
+from pipeloom.datapipes import IterableWrapper, IterDataPipe, SequenceWrapper, item_rng
+from pipeloom.reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ThreadReadingService,
+)
+
+# -- steps (module level: worker processes use them) ---------------------------------
+
+
+def jitter(x: Any) -> tuple[Any, int]:
+    return (x, int(item_rng().integers(1000)))
+
+
+def three(x: int) -> list[int]:
+    return [x, x + 100, x + 200]
+
+
+def pair(x: Any) -> list[Any]:
+    return [x, x]
+
+
+def negated(x: Any) -> tuple[Any, Any]:
+    return (x, ("neg", x))
+
+
+def parity(x: Any) -> int:
+    return x[0] % 2 if isinstance(x, tuple) else x % 2
+
+
+class Marked(IterDataPipe):
+    """Passes its source through, in a process of its own (``is_separate_process``)."""
+
+    inputs = ("source",)
+
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+
+    def is_separate_process(self) -> bool:
+        return True
+
+    def async_next(self) -> Any:
+        return self.source.async_next()
+
+    def state_dict(self) -> dict:
+        return {}
+
+
+# -- one stream read by two blocks -----------------------------------------------------
+
+
+def _two_maps_over_one_source() -> IterDataPipe:
+    source = IterableWrapper(range(6))
+    return source.map(abs).zip(source.map(str))
+
+
+def _a_source_concatenated_with_itself() -> IterDataPipe:
+    source = IterableWrapper(range(6))
+    return source.concat(source)
+
+
+def _two_parts_of_one_random_split() -> IterDataPipe:
+    train, valid = IterableWrapper(range(10)).random_split(weights={"a": 1, "b": 1}, seed=0)
+    return train.concat(valid)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [_two_maps_over_one_source, _a_source_concatenated_with_itself, _two_parts_of_one_random_split],
+)
+def test_an_iterable_block_read_by_two_blocks_is_refused_instead_of_splitting_its_items(make):
+    # Was: each reader took some of the items: the zip gave [(0, '1'), (2, '3'), (4, '5')],
+    # the concat range(6) once, and the two parts of the split only the first part's
+    # [2, 3, 5, 7, 8] (the second found the source ended), with no error.
+    match = r"is read 2 times \(by .* and by .*\).* \.fork\(2\) it"
+    with pytest.raises(ValueError, match=match):
+        DataLoader(make())
+    with pytest.raises(ValueError, match=match):
+        list(make())
+
+
+def test_a_fork_demux_or_map_style_block_may_still_have_several_readers():
+    a, b = IterableWrapper(range(4)).fork(2)
+    even, odd = IterableWrapper(range(4)).demux(2, parity)
+    table = SequenceWrapper([10, 20, 30, 40])
+    keys = IterableWrapper(range(4)).zip_with_map(table, abs).zip_with_map(table, _first)
+    assert list(DataLoader(a.zip(b, even.zip_longest(odd), keys))) == [
+        (0, 0, (0, 1), ((0, 10), 10)),
+        (1, 1, (2, 3), ((1, 20), 20)),
+    ]
+
+
+def _first(x: tuple) -> int:
+    return x[0]
+
+
+# -- random pipelines with several outputs per stream or per input --------------------
+#
+# A recipe: (size, expander, splitter, tail). The expander runs in the workers on each
+# item (several items per input, keyed (p, j)); the splitter hands the stream to
+# several readers in the main process; every item draws from item_rng().
+
+EXPANDERS = {
+    "none": lambda p: p,
+    "flatmap": lambda p: p.flatmap(three),
+    "unbatch": lambda p: p.map(pair).unbatch(),
+    "filter_flatmap": lambda p: p.filter(_not_multiple_of_four).flatmap(three),
+}
+SPLITTERS = {
+    "none": lambda p: p,
+    "fork_zip": lambda p: _zipped(p.fork(2)),
+    "fork_concat": lambda p: _concatenated(p.fork(2)),
+    "demux_zip_longest": lambda p: _zipped_longest(p.demux(2, parity)),
+    "demux_concat": lambda p: _concatenated(p.demux(2, parity)[::-1]),
+    "unzip_zip": lambda p: _zipped(p.map(negated).unzip(2)),
+    "round_robin": lambda p: _zipped_longest(p.round_robin_demux(3)),
+}
+TAILS = {
+    "none": lambda p: p,
+    "batch": lambda p: p.batch(4),
+    "shuffled_flatmap": lambda p: p.shuffled_flatmap(pair, buffer_size=3),
+    "in_batch_shuffle": lambda p: p.batch(3).in_batch_shuffle(),
+    "jitter_batch": lambda p: p.map(jitter).batch(2),
+}
+
+
+def _not_multiple_of_four(x: int) -> bool:
+    return x % 4 != 0
+
+
+def _zipped(children: list) -> IterDataPipe:
+    return children[0].map(jitter).zip(*children[1:])
+
+
+def _zipped_longest(children: list) -> IterDataPipe:
+    return children[0].zip_longest(*[c.map(jitter) for c in children[1:]])
+
+
+def _concatenated(children: list) -> IterDataPipe:
+    return children[0].map(jitter).concat(*children[1:])
+
+
+def build(recipe: tuple) -> IterDataPipe:
+    size, expander, splitter, tail = recipe
+    pipe = IterableWrapper(range(size)).shuffle().sharding_filter().map(jitter)
+    pipe = EXPANDERS[expander](pipe.map(_first))
+    return TAILS[tail](SPLITTERS[splitter](pipe))
+
+
+recipes = st.tuples(
+    st.integers(0, 10),
+    st.sampled_from(sorted(EXPANDERS)),
+    st.sampled_from(sorted(SPLITTERS)),
+    st.sampled_from(sorted(TAILS)),
+)
+
+
+def _epochs(make: Callable[[], IterDataPipe], service: Any, seed: int = 5) -> list[list]:
+    with DataLoader(make(), service, seed=seed) as loader:
+        epochs = [list(loader), list(loader)]
+    gc.collect()
+    return epochs
+
+
+def _resumed(make, saved: Any, resumed: Any, stop: int, seed: int = 5) -> tuple[list, list]:
+    """The first ``stop`` items under ``saved``, then the rest and the next epoch resumed
+    from a checkpoint in a fresh loader under ``resumed``."""
+    with DataLoader(make(), saved, seed=seed) as loader:
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(stop)]
+        state = pickle.loads(pickle.dumps(loader.state_dict()))
+    with DataLoader(make(), resumed, seed=seed + 1) as loader:
+        loader.load_state_dict(state)
+        rest, following = list(loader), list(loader)
+    gc.collect()
+    return head + rest, following
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    recipe=recipes,
+    saved=st.integers(0, 3),
+    resumed=st.integers(0, 3),
+    stop=st.integers(0, 40),
+)
+def test_threads_give_and_resume_the_in_process_epochs_of_multi_output_pipelines(
+    recipe, saved, resumed, stop
+):
+    expected = _epochs(lambda: build(recipe), InProcessReadingService())
+    assert _epochs(lambda: build(recipe), ThreadReadingService(saved)) == expected
+    stop = min(stop, len(expected[0]))
+    epoch, following = _resumed(
+        lambda: build(recipe), ThreadReadingService(saved), ThreadReadingService(resumed), stop
+    )
+    assert epoch == expected[0]
+    assert following == expected[1]
+
+
+@pytest.mark.timeout(60)
+def test_processes_resume_a_multi_output_pipeline_under_another_strategy_and_worker_count():
+    # Each split point of a flatmap's outputs, resumed from classic x2 into chunked x3 and
+    # back: the rest of the epoch and the next one, with the same item_rng() draws.
+    def make() -> IterDataPipe:
+        return build((9, "filter_flatmap", "none", "jitter_batch"))
+
+    def classic() -> MultiProcessingReadingService:
+        return MultiProcessingReadingService(2, start_method="fork", timeout=20)
+
+    def chunked() -> MultiProcessingReadingService:
+        return MultiProcessingReadingService(3, strategy="chunked", start_method="fork", timeout=20)
+
+    expected = _epochs(make, InProcessReadingService())
+    for saved, resumed, stop in [(classic, chunked, 2), (chunked, classic, 5)]:
+        assert _resumed(make, saved(), resumed(), stop) == (expected[0], expected[1])
