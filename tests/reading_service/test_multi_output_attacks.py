@@ -117,6 +117,62 @@ def _first(x: tuple) -> int:
     return x[0]
 
 
+# -- a fork shared between a separate process and the rest -------------------------
+
+
+def _fork_split_across_a_separate_process() -> IterDataPipe:
+    a, b = IterableWrapper(range(12)).fork(2, buffer_size=3)
+    return IterableWrapper(range(12)).sharding_filter().zip(Marked(a.map(jitter)), b)
+
+
+def _demux_split_across_a_separate_process() -> IterDataPipe:
+    even, odd = IterableWrapper(range(12)).demux(2, parity, buffer_size=3)
+    return IterableWrapper(range(6)).sharding_filter().zip(Marked(even), odd)
+
+
+def _fork_split_across_two_separate_processes() -> IterDataPipe:
+    a, b = IterableWrapper(range(12)).fork(2, buffer_size=3)
+    return IterableWrapper(range(12)).sharding_filter().zip(Marked(a), Marked(b))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        _fork_split_across_a_separate_process,
+        _demux_split_across_a_separate_process,
+        _fork_split_across_two_separate_processes,
+    ],
+)
+@pytest.mark.parametrize("service", ["threads", "classic"])
+def test_a_fork_read_inside_and_outside_a_separate_process_is_refused_when_planned(make, service):
+    # Was: the separate process ran its own copy of the fork, which filled with the items
+    # of the child read elsewhere: "fork buffer of 3 items is full: child 1 is 3 items
+    # behind child 0" from the separate process although the pipeline read both children
+    # evenly (in-process it runs), and with a larger buffer every item was read twice.
+    services = {
+        "threads": lambda: ThreadReadingService(1),
+        "classic": lambda: MultiProcessingReadingService(2, start_method="fork", timeout=20),
+    }
+    with pytest.raises(
+        ValueError,
+        match=r"Marked\(\) asks for a separate process, but _(Fork|Demux)Hub\(.*\) upstream of "
+        r"it is also read outside that process \(by .*\).*Mark a block that reads every child",
+    ):
+        DataLoader(make(), services[service]())
+    assert len(list(DataLoader(make()))) > 0  # in-process the mark is ignored: it runs
+
+
+@pytest.mark.timeout(30)
+def test_a_fork_wholly_inside_a_separate_process_gives_the_in_process_epochs():
+    def make() -> IterDataPipe:
+        a, b = IterableWrapper(range(8)).fork(2, buffer_size=2)
+        side = Marked(a.zip(b.map(jitter)))
+        return IterableWrapper(range(8)).sharding_filter().flatmap(pair).map(jitter).zip(side)
+
+    expected = _epochs(make, InProcessReadingService())
+    assert _epochs(make, ThreadReadingService(2)) == expected
+
+
 # -- random pipelines with several outputs per stream or per input --------------------
 #
 # A recipe: (size, expander, splitter, tail). The expander runs in the workers on each
