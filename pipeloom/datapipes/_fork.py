@@ -11,7 +11,7 @@ from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
 from ._state_fields import StateFields
 
-__all__ = ["Forker", "fork"]
+__all__ = ["Forker", "fork", "forked"]
 
 
 def check_hub_args(op: str, source: Any, num_instances: Any, buffer_size: Any) -> None:
@@ -55,12 +55,19 @@ def fork(
         >>> list(a.zip(b))
         [(0, 0), (1, 1), (2, 2)]
     """
-    check_hub_args("fork", source, num_instances, buffer_size)
+    return forked("fork", source, num_instances, buffer_size, copy)
+
+
+def forked(
+    op: str, source: IterDataPipe, num_instances: int, buffer_size: int, copy: str | None = None
+) -> list[IterDataPipe]:
+    """:func:`fork` for ``op`` (``"unzip"``): its errors name ``op``, as the user wrote it."""
+    check_hub_args(op, source, num_instances, buffer_size)
     if copy not in _COPIES:
         raise ValueError(f"copy must be None, 'shallow' or 'deep', got {copy!r}")
     if num_instances == 1:
         return [source]
-    hub = _ForkHub(source, num_instances, buffer_size)
+    hub = _ForkHub(source, num_instances, buffer_size, op)
     return [Forker(hub, index, copy) for index in range(num_instances)]
 
 
@@ -73,10 +80,13 @@ class _ForkHub(IterDataPipe):
     inputs = ("source",)
     read_by_several = True  # every child reads it (refuse_shared_streams)
 
-    def __init__(self, source: IterDataPipe, num_instances: int, buffer_size: int) -> None:
+    def __init__(
+        self, source: IterDataPipe, num_instances: int, buffer_size: int, op: str = "fork"
+    ) -> None:
         self.source = source
         self.num_instances = num_instances
         self.buffer_size = buffer_size
+        self._op = op  # the function the user called, for its errors
         self.reset()
 
     def reset(self) -> None:
@@ -106,7 +116,7 @@ class _ForkHub(IterDataPipe):
             self._stamps.append(current_stamp())
         if local >= self.buffer_size != -1:
             behind = offsets.index(self._base)
-            raise buffer_full_error("fork", self.buffer_size, child, behind, local)
+            raise buffer_full_error(self._op, self.buffer_size, child, behind, local)
         item = items[local]
         restore_stamp(self._stamps[local])
         offsets[child] = offset + 1

@@ -173,6 +173,41 @@ def test_a_fork_wholly_inside_a_separate_process_gives_the_in_process_epochs():
     assert _epochs(make, ThreadReadingService(2)) == expected
 
 
+# -- buffer errors name the function the user called ----------------------------------
+
+
+def _unzip_read_one_child_first() -> IterDataPipe:
+    first, second = IterableWrapper([(i, -i) for i in range(9)]).unzip(2, buffer_size=3)
+    return first.concat(second).sharding_filter()
+
+
+def _round_robin_read_one_child_first() -> IterDataPipe:
+    first, second = IterableWrapper(range(9)).round_robin_demux(2, buffer_size=2)
+    return second.concat(first).sharding_filter()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            _unzip_read_one_child_first,
+            r"unzip buffer of 3 items is full: child 1 is 3 items behind child 0; .* raise "
+            r"buffer_size",
+        ),
+        (
+            _round_robin_read_one_child_first,
+            r"round_robin_demux buffer of 2 items is full: child 0 is 3 items behind child 1",
+        ),
+    ],
+)
+def test_a_full_buffer_names_the_block_the_user_wrote_also_from_a_worker(make, message):
+    # Was: "fork buffer ..." for unzip and "demux buffer ..." for round_robin_demux.
+    with pytest.raises(BufferError, match=message):
+        list(make())
+    with pytest.raises(BufferError, match=message + r"(.|\n)*raised in worker thread"):
+        list(DataLoader(make(), ThreadReadingService(1)))
+
+
 # -- random pipelines with several outputs per stream or per input --------------------
 #
 # A recipe: (size, expander, splitter, tail). The expander runs in the workers on each
