@@ -27,6 +27,7 @@ from pipeloom.reading_service import (
     MultiProcessingReadingService,
     ThreadReadingService,
 )
+from tests.reading_service.random_pipelines import tar_shards
 
 # -- steps (module level: worker processes use them) ---------------------------------
 
@@ -206,6 +207,42 @@ def test_a_full_buffer_names_the_block_the_user_wrote_also_from_a_worker(make, m
         list(make())
     with pytest.raises(BufferError, match=message + r"(.|\n)*raised in worker thread"):
         list(DataLoader(make(), ThreadReadingService(1)))
+
+
+# -- webdataset samples whose members the sharding point deals out ------------------
+
+
+def _fields(sample: dict) -> tuple[str, list[str]]:
+    return sample["__key__"], sorted(k for k in sample if not k.startswith("__"))
+
+
+def _members_sharded_then_grouped() -> IterDataPipe:
+    return IterableWrapper(tar_shards(9)).load_from_tar().sharding_filter().webdataset()
+
+
+@pytest.mark.timeout(30)
+def test_webdataset_groups_whole_samples_when_the_sharding_point_deals_out_tar_members():
+    # Was: webdataset() ran in the workers, each grouping the members it was dealt:
+    # 18 samples of one field, ('s0000', ['num']), ('s0000', ['txt']), ..., where the
+    # in-process run gives 9 of two.
+    def make() -> IterDataPipe:
+        return _members_sharded_then_grouped().map(_fields)
+
+    expected = _epochs(make, InProcessReadingService())
+    assert [fields for _, fields in expected[0]] == [["num", "txt"]] * 9
+    assert _epochs(make, ThreadReadingService(2)) == expected
+    processes = MultiProcessingReadingService(2, start_method="fork", timeout=20)
+    assert _epochs(make, processes) == expected
+    with pytest.raises(
+        ValueError,
+        match=r"WebDataset\(\) cannot run in the workers here.*\.sharding_filter\(\) before "
+        r"\.load_from_tar\(\)",
+    ):
+        DataLoader(make().batch(2), MultiProcessingReadingService(2, strategy="chunked"))
+    # Shards dealt out whole: the workers still group their own shards' members.
+    grouped = IterableWrapper(tar_shards(9)).sharding_filter().load_from_tar().webdataset()
+    with DataLoader(grouped, ThreadReadingService(2)) as loader:
+        assert loader.placement().where(grouped) == "worker threads x2"
 
 
 # -- random pipelines with several outputs per stream or per input --------------------
