@@ -26,10 +26,19 @@ def check_hub_args(op: str, source: Any, num_instances: Any, buffer_size: Any) -
         check_int("buffer_size", buffer_size, minimum=1, hint="use -1 for an unbounded buffer")
 
 
-def buffer_full_error(op: str, buffer_size: int, ahead: int, behind: int, gap: int) -> BufferError:
+def buffer_full_error(
+    op: str, buffer_size: int, ahead: int, behind: int, gap: int, idle: bool = False
+) -> BufferError:
+    """``idle``: the child behind has read nothing this epoch (perhaps nothing reads it)."""
+    unread = (
+        f" (child {behind} has read no item yet: if the pipeline never reads it, make only "
+        f"as many children as it reads)"
+        if idle
+        else ""
+    )
     return BufferError(
         f"{op} buffer of {buffer_size} items is full: child {behind} is {gap} items behind "
-        f"child {ahead}; consume the children more evenly, or raise buffer_size "
+        f"child {ahead}{unread}; consume the children more evenly, or raise buffer_size "
         f"(buffer_size=-1 means unbounded)"
     )
 
@@ -116,7 +125,8 @@ class _ForkHub(IterDataPipe):
             self._stamps.append(current_stamp())
         if local >= self.buffer_size != -1:
             behind = offsets.index(self._base)
-            raise buffer_full_error(self._op, self.buffer_size, child, behind, local)
+            idle = offsets[behind] == 0
+            raise buffer_full_error(self._op, self.buffer_size, child, behind, local, idle)
         item = items[local]
         restore_stamp(self._stamps[local])
         offsets[child] = offset + 1

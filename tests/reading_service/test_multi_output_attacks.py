@@ -192,7 +192,7 @@ def _round_robin_read_one_child_first() -> IterDataPipe:
     [
         (
             _unzip_read_one_child_first,
-            r"unzip buffer of 3 items is full: child 1 is 3 items behind child 0; .* raise "
+            r"unzip buffer of 3 items is full: child 1 is 3 items behind child 0 .*; .* raise "
             r"buffer_size",
         ),
         (
@@ -207,6 +207,27 @@ def test_a_full_buffer_names_the_block_the_user_wrote_also_from_a_worker(make, m
         list(make())
     with pytest.raises(BufferError, match=message + r"(.|\n)*raised in worker thread"):
         list(DataLoader(make(), ThreadReadingService(1)))
+
+
+def _one_child_never_read() -> IterDataPipe:
+    used, _unused = IterableWrapper(range(10)).sharding_filter().map(jitter).fork(2, buffer_size=4)
+    return used.batch(2)
+
+
+@pytest.mark.parametrize("service", ["in-process", "threads"])
+def test_a_full_buffer_says_when_the_child_behind_has_read_nothing(service):
+    # Was: "child 1 is 4 items behind child 0; consume the children more evenly", for a
+    # child that nothing in the pipeline reads.
+    services = {"in-process": InProcessReadingService, "threads": lambda: ThreadReadingService(2)}
+    with pytest.raises(
+        BufferError,
+        match=r"fork buffer of 4 items is full: child 1 is 4 items behind child 0 \(child 1 has "
+        r"read no item yet: if the pipeline never reads it, make only as many children",
+    ):
+        list(DataLoader(_one_child_never_read(), services[service]()))
+    a, b = IterableWrapper(range(10)).fork(2, buffer_size=2)
+    with pytest.raises(BufferError, match=r"behind child 0; consume"):  # b read one item
+        list(b.header(1).concat(a))
 
 
 # -- webdataset samples whose members the sharding point deals out ------------------
