@@ -348,7 +348,7 @@ def _resumed(make, saved: Any, resumed: Any, stop: int, seed: int = 5) -> tuple[
     return head + rest, following
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     recipe=recipes,
     saved=st.integers(0, 3),
