@@ -12,7 +12,7 @@ from ._context import current_stamp, restore_stamp
 from ._fork import buffer_full_error, check_hub_args
 from ._state_fields import StateFields
 
-__all__ = ["Demultiplexer", "demux"]
+__all__ = ["Demultiplexer", "demux", "demuxed"]
 
 
 def demux(
@@ -36,14 +36,26 @@ def demux(
         >>> list(even), list(odd)
         ([0, 2, 4], [1, 3, 5])
     """
-    check_hub_args("demux", source, num_instances, buffer_size)
+    return demuxed("demux", source, num_instances, classifier_fn, drop_none, buffer_size)
+
+
+def demuxed(
+    op: str,
+    source: IterDataPipe,
+    num_instances: int,
+    classifier_fn: Callable[[Any], int | None],
+    drop_none: bool = False,
+    buffer_size: int = 1000,
+) -> list[IterDataPipe]:
+    """:func:`demux` for ``op`` (``"round_robin_demux"``): its errors name ``op``."""
+    check_hub_args(op, source, num_instances, buffer_size)
     if not callable(classifier_fn):
         raise TypeError(
             f"classifier_fn must be callable (item -> child index), got "
             f"{type(classifier_fn).__name__}"
         )
     check_bool("drop_none", drop_none)
-    hub = _DemuxHub(source, num_instances, classifier_fn, drop_none, buffer_size)
+    hub = _DemuxHub(source, num_instances, classifier_fn, drop_none, buffer_size, op)
     return [Demultiplexer(hub, index) for index in range(num_instances)]
 
 
@@ -51,6 +63,7 @@ class _DemuxHub(IterDataPipe):
     """The state shared by the children of one ``demux``: a queue per child."""
 
     inputs = ("source",)
+    read_by_several = True  # every child reads it (refuse_shared_streams)
 
     def __init__(
         self,
@@ -59,8 +72,10 @@ class _DemuxHub(IterDataPipe):
         classifier_fn: Callable[[Any], int | None],
         drop_none: bool,
         buffer_size: int,
+        op: str = "demux",
     ) -> None:
         self.source = source
+        self._op = op  # the function the user called, for its errors
         self.num_instances = num_instances
         self.classifier_fn = classifier_fn
         self.drop_none = drop_none
@@ -103,7 +118,7 @@ class _DemuxHub(IterDataPipe):
     def _raise_full(self, child: int) -> None:
         fullest = max(range(self.num_instances), key=lambda i: len(self._queues[i]))
         raise buffer_full_error(
-            "demux", self.buffer_size, child, fullest, len(self._queues[fullest])
+            self._op, self.buffer_size, child, fullest, len(self._queues[fullest])
         )
 
     def _classify(self, item: Any) -> int | None:

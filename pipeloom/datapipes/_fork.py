@@ -11,7 +11,7 @@ from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
 from ._state_fields import StateFields
 
-__all__ = ["Forker", "fork"]
+__all__ = ["Forker", "fork", "forked"]
 
 
 def check_hub_args(op: str, source: Any, num_instances: Any, buffer_size: Any) -> None:
@@ -26,10 +26,19 @@ def check_hub_args(op: str, source: Any, num_instances: Any, buffer_size: Any) -
         check_int("buffer_size", buffer_size, minimum=1, hint="use -1 for an unbounded buffer")
 
 
-def buffer_full_error(op: str, buffer_size: int, ahead: int, behind: int, gap: int) -> BufferError:
+def buffer_full_error(
+    op: str, buffer_size: int, ahead: int, behind: int, gap: int, idle: bool = False
+) -> BufferError:
+    """``idle``: the child behind has read nothing this epoch (perhaps nothing reads it)."""
+    unread = (
+        f" (child {behind} has read no item yet: if the pipeline never reads it, make only "
+        f"as many children as it reads)"
+        if idle
+        else ""
+    )
     return BufferError(
         f"{op} buffer of {buffer_size} items is full: child {behind} is {gap} items behind "
-        f"child {ahead}; consume the children more evenly, or raise buffer_size "
+        f"child {ahead}{unread}; consume the children more evenly, or raise buffer_size "
         f"(buffer_size=-1 means unbounded)"
     )
 
@@ -55,12 +64,19 @@ def fork(
         >>> list(a.zip(b))
         [(0, 0), (1, 1), (2, 2)]
     """
-    check_hub_args("fork", source, num_instances, buffer_size)
+    return forked("fork", source, num_instances, buffer_size, copy)
+
+
+def forked(
+    op: str, source: IterDataPipe, num_instances: int, buffer_size: int, copy: str | None = None
+) -> list[IterDataPipe]:
+    """:func:`fork` for ``op`` (``"unzip"``): its errors name ``op``, as the user wrote it."""
+    check_hub_args(op, source, num_instances, buffer_size)
     if copy not in _COPIES:
         raise ValueError(f"copy must be None, 'shallow' or 'deep', got {copy!r}")
     if num_instances == 1:
         return [source]
-    hub = _ForkHub(source, num_instances, buffer_size)
+    hub = _ForkHub(source, num_instances, buffer_size, op)
     return [Forker(hub, index, copy) for index in range(num_instances)]
 
 
@@ -71,11 +87,15 @@ class _ForkHub(IterDataPipe):
     """The state shared by the children of one ``fork``: one buffer, one offset per child."""
 
     inputs = ("source",)
+    read_by_several = True  # every child reads it (refuse_shared_streams)
 
-    def __init__(self, source: IterDataPipe, num_instances: int, buffer_size: int) -> None:
+    def __init__(
+        self, source: IterDataPipe, num_instances: int, buffer_size: int, op: str = "fork"
+    ) -> None:
         self.source = source
         self.num_instances = num_instances
         self.buffer_size = buffer_size
+        self._op = op  # the function the user called, for its errors
         self.reset()
 
     def reset(self) -> None:
@@ -105,7 +125,8 @@ class _ForkHub(IterDataPipe):
             self._stamps.append(current_stamp())
         if local >= self.buffer_size != -1:
             behind = offsets.index(self._base)
-            raise buffer_full_error("fork", self.buffer_size, child, behind, local)
+            idle = offsets[behind] == 0
+            raise buffer_full_error(self._op, self.buffer_size, child, behind, local, idle)
         item = items[local]
         restore_stamp(self._stamps[local])
         offsets[child] = offset + 1

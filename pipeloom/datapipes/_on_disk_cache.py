@@ -64,6 +64,7 @@ class OnDiskCacheHolder(IterDataPipe):
     """
 
     inputs = ("source",)
+    read_by_several = True  # its end block consults it too (refuse_shared_streams)
     per_item = True
     at_most_one = True
     per_rank_fields = ("timeout",)

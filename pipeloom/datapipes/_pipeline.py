@@ -13,13 +13,14 @@ from .._validate import check_int
 from .._walk import not_a_block, walk_upstream
 from ..errors import StateError
 from ._attributes import attribute_values
-from ._base import DataPipe
+from ._base import DataPipe, IterDataPipe
 from ._context import derive_seed
 
 __all__ = [
     "check_declared_inputs",
     "is_sharding_root",
     "refuse_hidden_inputs",
+    "refuse_shared_streams",
     "load_pipeline_state_dict",
     "pipeline_state_dict",
     "reset_pipeline",
@@ -79,6 +80,7 @@ def start_iteration(output: DataPipe) -> None:
     """What a top-level ``iter(block)`` does first: check the inputs, restart every block."""
     blocks = walk_upstream(output)
     refuse_hidden_inputs(blocks)
+    refuse_shared_streams(blocks)
     refuse_restarting_shared_blocks(blocks)
     for block in blocks:
         block._restart()
@@ -159,7 +161,37 @@ def check_declared_inputs(output: DataPipe) -> None:
                 f"'{shadowing[0]}_size' or '_{shadowing[0]}')"
             )
     refuse_hidden_inputs(blocks)
+    refuse_shared_streams(blocks)
     refuse_restarting_shared_blocks(blocks)
+
+
+def refuse_shared_streams(blocks: Sequence[DataPipe]) -> None:
+    """Raise if an iterable block is read by several blocks (``a.zip(a)``).
+
+    An iterable block gives each item once: two readers would each take some
+    of its items and miss the others, silently. ``fork`` and ``demux`` are
+    made for several readers (the class attribute ``read_by_several``, which
+    ``on_disk_cache`` sets too: its end block consults it); anything else is
+    split with them. Map-style blocks are read by index and may be shared.
+    """
+    readers: dict[int, list[DataPipe]] = {}
+    for block in blocks:
+        for parent in block.parents:
+            readers.setdefault(id(parent), []).append(block)
+    for block in blocks:
+        found = readers.get(id(block), ())
+        if len(found) < 2 or not isinstance(block, IterDataPipe):
+            continue
+        if getattr(type(block), "read_by_several", False):
+            continue
+        raise ValueError(
+            f"{block!r} is read {len(found)} times (by {found[0]!r} and by {found[1]!r}), but "
+            f"an iterable block gives each item once: each reader would get only some of "
+            f"its items (so would the parts of a random_split() over one source). Give each "
+            f"reader its own copy of the stream: .fork({len(found)}) it and read one child "
+            f"in each place (or split it with .demux()). A block of your own that several "
+            f"blocks are meant to read sets the class attribute read_by_several = True"
+        )
 
 
 def refuse_restarting_shared_blocks(blocks: Sequence[DataPipe]) -> None:

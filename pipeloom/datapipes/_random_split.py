@@ -30,7 +30,8 @@ def random_split(
 
     Each part reads the whole source and keeps its own items, so read the
     parts one after the other (e.g. in separate loaders); to read several
-    in one pipeline, ``fork()`` the source first.
+    in one pipeline, ``fork()`` the source first (parts over one unforked
+    source in one pipeline are refused: each would see only some items).
 
     Args:
         source: the stream to split.

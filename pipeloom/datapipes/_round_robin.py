@@ -6,7 +6,7 @@ import functools
 from typing import Any
 
 from ._base import IterDataPipe
-from ._demux import demux
+from ._demux import demuxed
 
 __all__ = ["round_robin_demux"]
 
@@ -38,7 +38,8 @@ def round_robin_demux(
         raise ValueError(f"num_instances must be an int >= 1, got {num_instances!r}")
     if num_instances == 1:
         return [source]
-    children = demux(
+    children = demuxed(
+        "round_robin_demux",
         source.enumerate(),
         num_instances,
         functools.partial(_turn, num_instances),

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._base import IterDataPipe, MapDataPipe
-from ._fork import fork
+from ._fork import forked
 
 __all__ = ["unzip", "unzip_map"]
 
@@ -66,7 +66,7 @@ def unzip(
         ([0, 1], ['a', 'b'])
     """
     kept = _positions(sequence_length, columns_to_skip)
-    children = fork(source, len(kept), buffer_size=buffer_size)
+    children = forked("unzip", source, len(kept), buffer_size)
     return [
         child.map(functools.partial(_column, position, sequence_length))
         for child, position in zip(children, kept)

@@ -93,7 +93,8 @@ class WebDataset(IterDataPipe):
         ValueError: when a sample has two members with the same extension.
     """
 
-    per_item = True  # groups never span two shards: runs in workers
+    per_item = True  # groups never span two shards: runs in workers...
+    groups_expanded_items = True  # ...when a tar reader below the sharding point made them
 
     inputs = ("source",)
 

@@ -85,8 +85,10 @@ def test_running_ahead_of_a_lagging_child_raises_buffer_error():
     assert [a.async_next() for _ in range(3)] == [0, 1, 2]
     with pytest.raises(
         BufferError,
-        match=r"fork buffer of 3 items is full: child 1 is 3 items behind child 0; consume the "
-        r"children more evenly, or raise buffer_size \(buffer_size=-1 means unbounded\)",
+        match=r"fork buffer of 3 items is full: child 1 is 3 items behind child 0 \(child 1 has "
+        r"read no item yet: if the pipeline never reads it, make only as many children as it "
+        r"reads\); consume the children more evenly, or raise buffer_size \(buffer_size=-1 "
+        r"means unbounded\)",
     ):
         a.async_next()
     assert b.async_next() == 0

@@ -25,7 +25,7 @@ def test_errors():
     with pytest.raises(ValueError, match="num_instances must be an int >= 1, got 0"):
         IterableWrapper([]).round_robin_demux(0)
     first, _ = IterableWrapper(range(10)).round_robin_demux(2, buffer_size=2)
-    with pytest.raises(BufferError, match="demux buffer of 2 items is full"):
+    with pytest.raises(BufferError, match="round_robin_demux buffer of 2 items is full"):
         list(first)
 
 

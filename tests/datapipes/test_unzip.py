@@ -23,7 +23,7 @@ def test_columns_to_skip_and_zip_back():
 
 def test_a_child_too_far_ahead_hits_the_buffer():
     first, second = IterableWrapper([(i, i) for i in range(10)]).unzip(2, buffer_size=3)
-    with pytest.raises(BufferError, match="fork buffer of 3 items is full"):
+    with pytest.raises(BufferError, match="unzip buffer of 3 items is full"):
         list(first)
     del second
 

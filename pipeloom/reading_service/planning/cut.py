@@ -163,10 +163,13 @@ def cut_for_workers(
     graph = traverse(pipeline)
     nodes = graph.nodes
     point = find_sharding_point(pipeline)
-    in_workers = {id(b) for b in upstream(point)}  # the sharding point and its upstream
+    replicated = {id(b) for b in upstream(point)}  # the sharding point and its upstream
+    in_workers = set(replicated)
     for block in reversed(nodes):  # sources first, so parents are decided before consumers
         runs_on_a_shard = block.per_item or block.is_shardable()
         if runs_on_a_shard and block.parents and all(id(p) in in_workers for p in block.parents):
+            if _groups_items_of_several_positions(block, replicated):
+                continue
             in_workers.add(id(block))
     marked = [n for n in nodes if id(n) in in_workers and n.is_separate_process()]
     if marked and refuse_separate:
@@ -193,6 +196,17 @@ def cut_for_workers(
         single_output=single_output(exit_block, point, group_size),
         assembled=assembled,
     )
+
+
+def _groups_items_of_several_positions(block: DataPipe, replicated: set[int]) -> bool:
+    """True for a block that groups consecutive items (``groups_expanded_items``: the
+    members of a tar shard into a ``webdataset`` sample) with no block below the sharding
+    point that made them of one input: the members of one sample may then have several
+    positions, dealt to several workers, so the grouping must see the merged stream."""
+    if not getattr(type(block), "groups_expanded_items", False):
+        return False
+    below = [b for b in upstream(block)[1:] if id(b) not in replicated]
+    return all(b.one_to_one or b.at_most_one for b in below)
 
 
 def assembles_batches(exit_block: DataPipe, point: DataPipe) -> bool:
@@ -361,10 +375,18 @@ def _following_batcher(graph: Graph, item_exit: IterDataPipe, strategy: str) -> 
         assert isinstance(batcher, IterDataPipe)
         return batcher
     found = "the end of the pipeline" if not consumers else repr(consumers[0])
+    hint = ""
+    if consumers and getattr(type(consumers[0]), "groups_expanded_items", False):
+        hint = (
+            f" ({found} cannot run in the workers here: the sharding point deals out the "
+            f"members it groups one by one, so shard the tar files instead, with "
+            f".sharding_filter() before .load_from_tar())"
+        )
     raise PlanError(
         f"strategy={strategy!r} builds batches from items made by many workers, so it needs "
-        f".batch(n) right after the per-item blocks; after {item_exit!r} comes {found}. "
-        f"Add .batch(n) (and .collate()) after the per-item work, or use strategy='classic'"
+        f".batch(n) right after the per-item blocks; after {item_exit!r} comes {found}"
+        f"{hint}. Add .batch(n) (and .collate()) after the per-item work, or use "
+        f"strategy='classic'"
     )
 
 

@@ -325,8 +325,35 @@ def _separate_parts(
     for number, block in enumerate(marked, 1):
         location = "separate process" if len(marked) == 1 else f"separate process {number}"
         own = tuple(b for b in upstream(block) if id(b) not in seen_by_main | in_workers)
+        _refuse_a_shared_stream(pipeline, block, own)
         parts.append(Part("separate process", location, own, block))
     return tuple(parts)
+
+
+def _refuse_a_shared_stream(pipeline: IterDataPipe, marked: DataPipe, own: tuple) -> None:
+    """Raise when an iterable block upstream of ``marked`` is also read outside its process.
+
+    The separate process runs a copy of everything upstream of ``marked``: a
+    ``fork`` or ``demux`` whose other child is read elsewhere would run twice,
+    each copy buffering the items its unread child never takes.
+    """
+    graph = traverse(pipeline)
+    inside = {id(b) for b in own}
+    for block in upstream(marked)[1:]:
+        if not isinstance(block, IterDataPipe):
+            continue  # read by index: each process may keep its own copy
+        readers = graph.consumers(block)
+        outside = [r for r in readers if id(r) not in inside]
+        if not outside or len(outside) == len(readers):
+            continue  # read only in the process, or only outside it
+        raise PlanError(
+            f"{marked!r} asks for a separate process, but {block!r} upstream of it is also "
+            f"read outside that process (by {outside[0]!r}): the process runs its own copy of "
+            f"everything upstream of {marked!r}, so that stream would be read twice and a "
+            f"fork's or demux's buffer would fill with the items its other child takes "
+            f"elsewhere. Mark a block that reads every child (e.g. the zip of the fork's "
+            f"children), or fork after the marked block"
+        )
 
 
 def _separate_queues(
