@@ -29,6 +29,8 @@ from pipeloom.queues._wire import Inbox, Kind, send_frame
 __all__ = ["EMPTY", "ConsumerEnd"]
 
 EMPTY = object()
+_MAPPED = -1  # a pending SHM_ITEM whose segments are mapped: (stream, buffers)
+_ITEM, _SHM_ITEM, _GETS = Kind.ITEM, Kind.SHM_ITEM, Slot.GETS
 
 
 class ConsumerEnd:
@@ -44,6 +46,8 @@ class ConsumerEnd:
         self._producer_pid: int | None = None
         self._producer_pidfd: int | None = None
         self._problem: Exception | None = None
+        self._pending: tuple | None = None  # an item taken off the socket, not returned yet
+        self._interrupted_in: str | None = None  # a change of state an interrupt would tear
         self.closed_here: str | None = None
         self.on_peer = lambda pid: None
         self.readiness = FdSetReadiness([sock.fileno(), wake_fd])
@@ -69,16 +73,25 @@ class ConsumerEnd:
 
         ``check_peer=False`` skips asking the producer's pidfd (a blocking
         caller polls it anyway), saving a system call per empty read.
+
+        Ctrl-C (``KeyboardInterrupt``, or any exception a signal handler
+        raises) may cut it short anywhere: the item being unpickled stays
+        pending and the next call returns it; the socket's bytes are never
+        lost (see :meth:`Inbox.fill`). Where the state could be half changed
+        (mapping an item's segments, handling a control frame) the queue is
+        marked broken instead: never a wrong item.
         """
         if self.closed_here is not None:
             raise QueueClosed(self.closed_here)
         if self._problem is not None:
             raise self._problem
+        if self._pending is not None:
+            return self._deliver()
         if self._frees:
             self._send_frees()
         inbox = self._inbox
         while True:
-            frame = inbox.next_frame()
+            frame = inbox.peek()
             if frame is None:
                 if self._fill():
                     continue
@@ -89,14 +102,60 @@ class ConsumerEnd:
                     continue
                 self._problem = self._gone()
                 raise self._problem
-            kind, body = frame
-            if kind == Kind.ITEM:
-                self._got()
-                return self._decode(body, [])
-            if kind == Kind.SHM_ITEM:
-                self._got()
-                return self._decode_shm(body)
+            kind, body, after = frame
+            if kind == _ITEM or kind == _SHM_ITEM:
+                # Pending first, then taken and counted by _deliver, idempotently: an
+                # interrupt anywhere in between leaves it to the next call to finish.
+                self._pending = (kind, body, after, self._ctl.slots[_GETS] + 1)
+                return self._deliver()
+            self._interrupted_in = "handling a control frame"
             self._handle_control(kind, body)
+            inbox.take(after)
+            self._interrupted_in = None
+
+    def get_interrupted(self, error: BaseException) -> None:
+        """Called with an exception that left :meth:`try_get`: if it cut a change of
+        state short, the queue cannot be read any further."""
+        where = self._interrupted_in
+        if where is None or self._problem is not None:
+            return
+        self._problem = QueueBroken(
+            f"ProcessQueue: get() was interrupted ({type(error).__name__}) while {where}, "
+            "so the stream may be torn mid-message; expected an interrupt while waiting or "
+            "unpickling, which get() resumes exactly. Nothing more can be read from this "
+            "queue: make a new one (restart the loader's iterator)"
+        )
+
+    def _deliver(self) -> Any:
+        """Take, count and decode the pending item; an interrupt leaves it pending."""
+        kind, payload, after, gets = self._pending  # type: ignore[misc]
+        self._inbox.take(after)  # (no read of the socket happens while an item is pending)
+        slots = self._ctl.slots
+        if slots[_GETS] != gets:
+            slots[_GETS] = gets
+            self._after_got(gets)
+        if kind == _ITEM:
+            stream, buffers = payload, []
+        else:
+            if kind == _SHM_ITEM:
+                self._interrupted_in = "mapping the shared memory of an item"
+                try:
+                    payload = self._map_shm(payload)
+                except Exception:
+                    self._pending = None
+                    self._interrupted_in = None
+                    raise
+                self._pending = (_MAPPED, payload, after, gets)
+                self._interrupted_in = None
+            stream, buffers = payload
+        try:
+            item = self._decode(stream, buffers)
+        except Exception:
+            self._pending = None  # consumed, as documented: it raised, not an interrupt
+            del payload, stream, buffers
+            raise
+        self._pending = None
+        return item
 
     def _producer_died(self) -> bool:
         return self._producer_pidfd is not None and is_readable(self._producer_pidfd)
@@ -131,14 +190,17 @@ class ConsumerEnd:
             raise self._problem
 
     def _gone(self) -> Exception:
+        if self._inbox.holds_part_of_a_frame():
+            return QueueBroken(
+                f"{describe_exit('producer', self._producer_pid)} in the middle of a message "
+                "(its put() was cut short); the items before it were got"
+            )
         if self._ctl[Slot.PRODUCER_CLOSED]:
             return QueueClosed("the producer closed the queue (all its items were got)")
         return QueueBroken(describe_exit("producer", self._producer_pid))
 
-    def _got(self) -> None:
+    def _after_got(self, gets: int) -> None:
         ctl = self._ctl
-        gets = ctl[Slot.GETS] + 1
-        ctl[Slot.GETS] = gets
         ctl.fence()
         # Wake a producer waiting for room once half the queue is free (or, in
         # try_get, before this end goes to sleep): fewer wake-ups, same bound.
@@ -167,7 +229,8 @@ class ConsumerEnd:
             )
             raise
 
-    def _decode_shm(self, body: bytes) -> Any:
+    def _map_shm(self, body: bytes) -> tuple[Any, list[memoryview]]:
+        """The pickle stream and buffers of an SHM_ITEM, as views of mapped segments."""
         nsegments, count, flags = SHM_META.unpack_from(body)
         at = SHM_META.size
         segments = array("Q")
@@ -217,10 +280,7 @@ class ConsumerEnd:
             stream: Any = views[spans[i]][spans[i + 1] : spans[i + 1] + spans[i + 2]]
         else:
             stream = memoryview(body)[at:]
-        try:
-            return self._decode(stream, buffers)
-        finally:
-            del buffers, stream, views
+        return stream, buffers
 
     def _send_frees(self) -> None:
         ids = array("I")

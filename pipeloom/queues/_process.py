@@ -262,7 +262,11 @@ class ProcessQueue(DataLoaderQueue):
         deadline = Deadline(timeout)
         end: ConsumerEnd = self._end("consumer")
         with self._get_lock:
-            item = end.get(block, deadline)
+            try:
+                item = end.get(block, deadline)
+            except BaseException as error:  # Ctrl-C: resumed exactly, or the queue is broken
+                end.get_interrupted(error)
+                raise
         if item is EMPTY:
             raise NotAvailable("ProcessQueue is empty")
         return item

@@ -16,7 +16,7 @@ from pipeloom.queues._base import Deadline, QueueBroken, QueueClosed
 from pipeloom.queues._control import Control, Slot
 from pipeloom.queues._peer import FdSetReadiness, describe_exit, open_pidfd, wait_readable
 from pipeloom.queues._shm import Segment, SegmentPool
-from pipeloom.queues._wire import MAX_FDS, Inbox, Kind, send_frame
+from pipeloom.queues._wire import HEADER, MAX_FDS, Inbox, Kind, send_buffer, send_frame, writable
 
 __all__ = ["INLINE_MAX", "SHM_META", "STREAM_IN_SHM", "ProducerEnd"]
 
@@ -51,6 +51,9 @@ class ProducerEnd:
         self._consumer_pidfd: int | None = None
         self._problem: Exception | None = None
         self._unsent_retired: list[int] = []  # the socket was full: sent with the next ones
+        self._sent: list[int] = []  # bytes sent of a frame that raised (see send_frame)
+        self._torn: QueueBroken | None = None  # a frame was cut short: nothing more can go
+        self._sndbuf = send_buffer(sock)
         self.closed_here: str | None = None
         self.on_peer = lambda pid: None
         self.readiness = FdSetReadiness([sock.fileno(), wake_fd])
@@ -61,38 +64,10 @@ class ProducerEnd:
     ) -> None:
         self.wait_for_room(block, deadline)
         if not buffers and len(stream) <= INLINE_MAX:
-            self._send_item(block, deadline, Kind.ITEM, (stream,))
+            self._send(Kind.ITEM, (stream,), how=(block, deadline), item=True)
             self._ctl[Slot.BYTES_INLINE] = self._ctl[Slot.BYTES_INLINE] + len(stream)
         else:
             self._send_via_shm(stream, buffers, (block, deadline))
-
-    def _send_item(
-        self,
-        block: bool,
-        deadline: Deadline,
-        kind: int,
-        parts: tuple[bytes | memoryview, ...],
-        fds: tuple = (),
-    ) -> None:
-        """Count one more item put and send its frame. Counted only now: a put that failed
-        before (no shared memory to be had, or no room in the socket in time) takes no room
-        in the queue."""
-        ctl = self._ctl
-        ctl[Slot.PUTS] = ctl[Slot.PUTS] + 1
-        try:  # (_send, inlined: one call less per item)
-            send_frame(
-                self._sock,
-                kind,
-                *parts,
-                fds=fds,
-                wait=self._wait_writable,
-                wait_args=(block, deadline, False),
-            )
-        except (NotAvailable, TimeoutError):  # raised before the frame's first byte only
-            ctl[Slot.PUTS] = ctl[Slot.PUTS] - 1
-            raise
-        except OSError as err:
-            raise self._broken(err) from err
 
     def _send(
         self,
@@ -102,9 +77,22 @@ class ProducerEnd:
         *,
         how: tuple[bool, Deadline | None] = (True, None),
         closing: bool = False,
+        item: bool = False,
     ) -> None:
-        """Send a frame; the socket failing means the consumer is gone."""
+        """Send a frame; the socket failing means the consumer is gone.
+
+        An ``item`` is counted put only if its frame leaves: a put that failed
+        before its first byte (no room in the socket in time, a close, Ctrl-C)
+        takes no room in the queue. A frame cut short once started (only one
+        longer than a writable socket takes whole) breaks the queue: the
+        consumer would read the next frame as the rest of this one.
+        """
+        if self._torn is not None:
+            raise self._torn
+        ctl, sent = self._ctl, self._sent
         try:
+            if item:  # (no call before it in the try: an interrupt cannot fall in between)
+                ctl.slots[Slot.PUTS] += 1
             send_frame(
                 self._sock,
                 kind,
@@ -112,11 +100,26 @@ class ProducerEnd:
                 fds=fds,
                 wait=self._wait_writable,
                 wait_args=(*how, closing),
+                sndbuf=self._sndbuf,
+                sent=sent,
             )
-        except TimeoutError:  # an OSError too, but no sign of a broken socket
+        except BaseException as error:
+            done = sent.pop() if sent else 0
+            if done == 0:
+                if item:
+                    ctl.slots[Slot.PUTS] -= 1
+            elif done < 0 or done < HEADER.size + sum(map(len, parts)):
+                some = "some" if done < 0 else f"{done}"
+                self._torn = QueueBroken(
+                    f"ProcessQueue: put() was cut short ({type(error).__name__}) after sending "
+                    f"{some} bytes of a message; expected all of it or nothing, since its rest "
+                    "cannot follow (the consumer would read a torn message). Nothing more can "
+                    "be put in this queue: make a new one"
+                )
+                self._problem = self._torn
+            if isinstance(error, OSError) and not isinstance(error, TimeoutError):
+                raise self._broken(error) from error
             raise
-        except OSError as err:
-            raise self._broken(err) from err
 
     def _wait_writable(
         self, started: bool, block: bool, deadline: Deadline | None, closing: bool
@@ -134,7 +137,7 @@ class ProducerEnd:
             # wait_for_room does, unless the socket took room meanwhile.
             self._ctl[Slot.WAITING] = 1
             self._ctl.fence()
-            if not _writable(self._sock.fileno()):
+            if not writable(self._sock.fileno()):
                 raise NotAvailable("ProcessQueue's socket is full: the consumer is not reading")
             self._ctl[Slot.WAITING] = 0
             return
@@ -328,9 +331,8 @@ class ProducerEnd:
                     fds.append(segment.fd)
             meta = SHM_META.pack(len(used), len(buffers), flags)
             tail = b"" if flags & STREAM_IN_SHM else stream
-            self._send_item(
-                *how, Kind.SHM_ITEM, (meta, header.tobytes(), spans.tobytes(), tail), tuple(fds)
-            )
+            parts = (meta, header.tobytes(), spans.tobytes(), tail)
+            self._send(Kind.SHM_ITEM, parts, tuple(fds), how=how, item=True)
         except BaseException:
             if own is not None:
                 pool.discard(own)
@@ -374,12 +376,6 @@ class ProducerEnd:
         if self._consumer_pidfd is not None:
             os.close(self._consumer_pidfd)
             self._consumer_pidfd = None
-
-
-def _writable(fd: int) -> bool:
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    return bool(poller.poll(0))
 
 
 def _no_shared_memory(nbytes: int, err: OSError) -> OSError:
