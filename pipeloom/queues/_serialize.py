@@ -89,7 +89,53 @@ def _reduce_tensor(tensor: torch.Tensor) -> Any:
     return _rebuild_tensor, (pickle.PickleBuffer(raw), tensor.dtype, tuple(tensor.shape))  # type: ignore[arg-type]
 
 
-_REDUCERS = {np.ndarray: _reduce_ndarray, torch.Tensor: _reduce_tensor}
+_CASTABLE = frozenset("cbBhHiIlLqQnNfd?P")  # the formats memoryview.cast makes
+
+
+def _rebuild_memoryview(
+    buffer: Any, cast: str | None, dtype: np.dtype | None, shape: tuple[int, ...], readonly: bool
+) -> memoryview:
+    view = memoryview(buffer)
+    if view.readonly and not readonly:  # sent as bytes in the stream: a writable copy
+        view = memoryview(bytearray(view))
+    if cast is not None and 0 not in shape:
+        view = view.cast("B").cast(cast, shape)  # type: ignore[call-overload]
+    else:  # a format memoryview.cast refuses (byte order, structs), or no items: NumPy
+        array = np.frombuffer(view, dtype=dtype or np.dtype(cast)).reshape(shape)
+        view = memoryview(array)  # type: ignore[arg-type]
+    return view.toreadonly() if readonly else view
+
+
+def _reduce_memoryview(view: memoryview) -> Any:
+    """A memoryview arrives as a memoryview: same format, shape and contents (C order),
+    read-only if it was; its bytes travel like an array's (shared memory when big)."""
+    fmt = view.format
+    cast: str | None = fmt.removeprefix("@")
+    dtype = None
+    if cast not in _CASTABLE:
+        cast = None
+        try:
+            dtype = np.asarray(view).dtype
+        except (TypeError, ValueError) as err:
+            raise PayloadError(
+                f"cannot send a memoryview of format {fmt!r}: neither memoryview.cast nor "
+                f"NumPy can rebuild it ({err}); send bytes(view), or a NumPy array"
+            ) from err
+    raw = view if view.c_contiguous else memoryview(view.tobytes())
+    return _rebuild_memoryview, (
+        pickle.PickleBuffer(raw),
+        cast,
+        dtype,
+        view.shape,
+        view.readonly,
+    )
+
+
+_REDUCERS = {
+    np.ndarray: _reduce_ndarray,
+    torch.Tensor: _reduce_tensor,
+    memoryview: _reduce_memoryview,
+}
 
 
 class _Pickler(pickle.Pickler):

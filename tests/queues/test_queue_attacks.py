@@ -86,6 +86,29 @@ def test_nested_tensors_arrive_equal(count):
     assert all(torch.equal(a, b) for a, b in zip(got.unbind(), parts, strict=True))
 
 
+MEMORYVIEWS = {
+    "bytes": lambda n: memoryview(bytes(range(256)) * n),  # read-only
+    "bytearray": lambda n: memoryview(bytearray(range(256)) * n),
+    "int32-2d": lambda n: memoryview(np.arange(64 * n, dtype=np.int32).reshape(8 * n, 8)),
+    "strided": lambda n: memoryview(np.arange(64.0 * n).reshape(8 * n, 8))[::2],
+    "big-endian": lambda n: memoryview(np.arange(64 * n, dtype=">i4")),
+    "struct": lambda n: memoryview(np.zeros(64 * n, dtype=[("a", "<i4"), ("b", ">f8")])),
+    "float16": lambda n: memoryview(np.arange(64 * n, dtype=np.float16)),
+    "0-d": lambda n: memoryview(np.array(2.5)),
+    "empty-2d": lambda n: memoryview(np.zeros((0, n))),
+}
+
+
+@pytest.mark.parametrize("n", [1, 300], ids=["in-stream", "in-shm"])
+@pytest.mark.parametrize("kind", list(MEMORYVIEWS))
+def test_memoryviews_arrive_as_memoryviews_of_the_same_format_and_shape(kind, n):
+    sent = MEMORYVIEWS[kind](n)
+    got = _round_trip({"v": sent})["v"]
+    assert type(got) is memoryview
+    assert (got.format, got.shape, got.readonly) == (sent.format, sent.shape, sent.readonly)
+    assert got.tobytes() == sent.tobytes()
+
+
 def _tensors(n: int) -> list[torch.Tensor]:
     base = torch.arange(4.0 * n).reshape(n, 4)
     return [
