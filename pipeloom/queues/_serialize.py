@@ -24,6 +24,8 @@ import cloudpickle
 import numpy as np
 import torch
 
+from pipeloom.queues._sharing import Scan, current, shared_array, shared_tensor
+
 __all__ = ["INBAND_MAX", "PayloadError", "decode", "encode"]
 
 INBAND_MAX = 8 * 1024
@@ -54,6 +56,12 @@ def _rebuild_ndarray(buffer: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np
 def _reduce_ndarray(array: np.ndarray) -> Any:
     if array.dtype.hasobject or array.dtype.itemsize == 0:  # no raw bytes to share
         return array.__reduce_ex__(5)
+    scan = current.scan
+    if scan is not None:
+        if scan.blocks is None:
+            scan.note_array(array)
+        elif (shared := shared_array(scan, array)) is not None:
+            return shared
     if not array.flags.c_contiguous:
         array = array.copy(order="C")
     # NumPy refuses a buffer of datetime64/timedelta64 arrays: those go as their bytes.
@@ -84,6 +92,12 @@ def _reduce_tensor(tensor: torch.Tensor) -> Any:
         or tensor.is_nested  # strided layout, but no single block of memory
     ):
         return tensor.__reduce_ex__(5)  # torch's own pickling, by copy
+    scan = current.scan
+    if scan is not None:
+        if scan.blocks is None:
+            scan.note_tensor(tensor)
+        elif (shared := shared_tensor(scan, tensor)) is not None:
+            return shared
     flat = tensor.resolve_conj().resolve_neg().contiguous().reshape(-1)
     raw = flat.view(torch.uint8).numpy()
     return _rebuild_tensor, (pickle.PickleBuffer(raw), tensor.dtype, tuple(tensor.shape))  # type: ignore[arg-type]
@@ -179,6 +193,18 @@ def encode(item: Any) -> tuple[bytes, list[memoryview]]:
 
 
 def _dump(pickler_type: type[pickle.Pickler], item: Any) -> tuple[bytes, list[memoryview]]:
+    current.scan = scan = Scan()
+    try:
+        stream, buffers = _dump_once(pickler_type, item)
+        if scan.groups:  # views of one memory: again, each memory's bytes sent once
+            scan.share()
+            stream, buffers = _dump_once(pickler_type, item)
+    finally:
+        current.scan = None
+    return stream, buffers
+
+
+def _dump_once(pickler_type: type[pickle.Pickler], item: Any) -> tuple[bytes, list[memoryview]]:
     buffers: list[memoryview] = []
 
     def keep_out_of_band(buffer: pickle.PickleBuffer) -> bool:

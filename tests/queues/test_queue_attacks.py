@@ -166,6 +166,33 @@ def test_items_at_the_size_edges_arrive_equal(size, kind):
         assert type(got) is type(sent) and got == sent
 
 
+@pytest.mark.parametrize("n", [10, 30_000], ids=["in-stream", "in-shm"])
+def test_views_of_one_storage_arrive_as_views_of_one_storage(n):
+    base = torch.arange(2.0 * n)
+    array = np.arange(3.0 * n).reshape(3, n)
+    sent = {
+        "halves": (base[:n], base[n:]),
+        "bits": base.view(torch.int32)[::3],  # another dtype, a stride
+        "array": array,
+        "transposed": array.T,
+        "flipped": array[::-1, 1:],
+    }
+    with ProcessQueue(capacity=2) as q:
+        q.put(sent, timeout=5)
+        got = q.get(timeout=5)
+        assert q.statistics().bytes_via_shm < 2.5 * 8 * n + 3 * 8 * n + 4096  # each once
+    first, second = got["halves"]
+    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+    assert second.storage_offset() == n and got["bits"].stride() == (3,)
+    assert np.shares_memory(got["array"], got["transposed"])
+    assert got["flipped"].strides == sent["flipped"].strides
+    for key in ("bits", "transposed", "flipped"):
+        assert np.array_equal(np.asarray(got[key]), np.asarray(sent[key])), key
+    first[0], got["array"][2, 1] = -1.0, -2.0  # one write shows in every view, as it did
+    assert float(got["bits"][0].view(torch.float32)) == -1.0
+    assert got["transposed"][1, 2] == got["flipped"][0, 0] == -2.0
+
+
 def test_a_message_may_refer_to_more_segments_than_one_frame_carries():
     """A batch of many fields, each built in shared memory: every one arrives, and later too."""
     with ProcessQueue(capacity=2) as q:
