@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import bisect
-import sys
 from collections import deque
 from typing import Any
-
-import numpy as np
-import torch
 
 from .._validate import check_bool
 from ._base import IterDataPipe
 from ._context import current_stamp, key_position, restore_stamp, worker_info
 from ._fingerprint import random_blocks
+from ._item_memory import BufferLedger, ItemMemory, item_memory, item_nbytes
 from ._pipeline import upstream_blocks
 from ._positions import authority_index
 
@@ -100,8 +97,8 @@ class InMemoryCacheHolder(IterDataPipe):
     def clear(self) -> None:
         """Forget the cached items (the next pass fills the cache again)."""
         self._entries: list[tuple[int | None, int, Any]] = []
-        self._sizes: deque[int] = deque()
-        self._bytes = 0
+        self._sizes: deque[ItemMemory] = deque()
+        self._ledger = BufferLedger()  # each buffer counted once (views, rows of one tensor)
         self._head = 0  # outputs before the first cached one (dropped, or before a resume)
         self._complete = False
         self._stamper = False  # the authority's seed stamped every cached item
@@ -115,8 +112,8 @@ class InMemoryCacheHolder(IterDataPipe):
 
     @property
     def cached_bytes(self) -> int:
-        """How many bytes the cached items take (as measured by :func:`item_nbytes`)."""
-        return self._bytes
+        """How many bytes the cached items keep alive (each buffer once: ``_item_memory.py``)."""
+        return self._ledger.nbytes
 
     def reset(self) -> None:
         in_worker = worker_info() is not None
@@ -205,24 +202,25 @@ class InMemoryCacheHolder(IterDataPipe):
         return item
 
     def _keep(self, position: Any, draws: int, item: Any) -> None:  # an item key
-        nbytes = item_nbytes(item)
+        memory = item_memory(item)
         entries = self._entries
         entries.append((position, draws, item))
-        self._sizes.append(nbytes)
-        self._bytes += nbytes
+        self._sizes.append(memory)
+        ledger = self._ledger
+        ledger.add(memory)
         limit = self._limit
-        if limit is None or self._bytes <= limit:
+        if limit is None or ledger.nbytes <= limit:
             return
         drop = 0
-        while self._bytes > limit and drop < len(entries):
-            self._bytes -= self._sizes.popleft()
+        while ledger.nbytes > limit and drop < len(entries):
+            ledger.remove(self._sizes.popleft())
             drop += 1
         while (
             0 < drop < len(entries)
             and position is not None
             and entries[drop][0] == entries[drop - 1][0]
         ):
-            self._bytes -= self._sizes.popleft()  # keep whole positions
+            ledger.remove(self._sizes.popleft())  # keep whole positions
             drop += 1
         del entries[:drop]
         self._head += drop
@@ -301,32 +299,3 @@ class InMemoryCacheHolder(IterDataPipe):
     def __repr__(self) -> str:
         size = "None" if self.size is None else f"{self.size} MiB"
         return f"InMemoryCacheHolder(size={size}, cached_items={len(self._entries)})"
-
-
-def item_nbytes(item: Any, _depth: int = 0) -> int:
-    """About how many bytes ``item`` holds: data of arrays, tensors, bytes and strings.
-
-    >>> item_nbytes({"x": bytes(1000)}) >= 1000
-    True
-    """
-    if isinstance(item, torch.Tensor):
-        return item.element_size() * item.numel() + 64
-    if isinstance(item, np.ndarray):
-        return int(item.nbytes) + 112
-    if isinstance(item, (bytes, bytearray, str, int, float, bool)) or item is None:
-        return sys.getsizeof(item)
-    if _depth > 32:
-        return sys.getsizeof(item)
-    if isinstance(item, (list, tuple, set, frozenset)):
-        return sys.getsizeof(item) + sum(item_nbytes(x, _depth + 1) for x in item)
-    if isinstance(item, dict):
-        return sys.getsizeof(item) + sum(
-            item_nbytes(k, _depth + 1) + item_nbytes(v, _depth + 1) for k, v in item.items()
-        )
-    if type(item).__module__.startswith("PIL.") and hasattr(item, "getbands"):
-        width, height = item.size
-        return width * height * len(item.getbands()) + 200
-    state = getattr(item, "__dict__", None)
-    if state:
-        return sys.getsizeof(item) + item_nbytes(state, _depth + 1)
-    return sys.getsizeof(item)

@@ -1,0 +1,47 @@
+"""Memory the loader promises to bound, attacked from outside with 1 MiB items.
+
+Each test counts what a block holds (its own counters), never the machine's memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from pipeloom.datapipes import IterableWrapper
+
+MIB = 1 << 20
+
+
+@dataclass(slots=True)
+class Sample:
+    data: bytes
+    label: int
+
+
+KEEP_A_MIB = {
+    "memoryview": lambda i: memoryview(bytearray(MIB)),
+    "slots dataclass": lambda i: Sample(bytes(MIB), i),
+    "array view": lambda i: np.zeros(MIB, np.uint8)[:16],  # a crop keeps the whole array
+    "tensor view": lambda i: torch.zeros(MIB, dtype=torch.uint8)[:16],
+    "array over bytes": lambda i: np.frombuffer(bytes(MIB), np.uint8)[:16],
+}
+
+
+@pytest.mark.parametrize("make", KEEP_A_MIB.values(), ids=KEEP_A_MIB.keys())
+def test_in_memory_cache_counts_the_memory_each_item_keeps_alive(make):
+    cache = IterableWrapper(range(40)).map(make).in_memory_cache(size=8)
+    assert len(list(cache)) == 40
+    assert cache.cached_items <= 8  # was 40 (40 MiB held under size=8): each counted ~0 bytes
+    assert 7 * MIB <= cache.cached_bytes <= 8 * MIB
+
+
+def test_in_memory_cache_counts_a_buffer_shared_by_items_once():
+    table = torch.arange(4 * MIB, dtype=torch.uint8).reshape(64, -1)  # rows of 64 KiB
+    cache = IterableWrapper(range(64)).map(table.__getitem__).in_memory_cache(size=8)
+    assert len(list(cache)) == 64 and cache.cached_items == 64
+    assert 4 * MIB <= cache.cached_bytes < 4 * MIB + 64 * 1024  # one storage, not 64
+    assert list(cache)[5].data_ptr() == table[5].data_ptr()  # replayed from memory
