@@ -67,7 +67,7 @@ class ProcessQueue(DataLoaderQueue):
             copy of the other end on first use, so the peer's death is seen
             even before the peer has used the queue.
         pool_bytes: the most bytes of free shared memory the producer keeps
-            for reuse (None: up to ``capacity + 2`` segments per size). A
+            for reuse (None: up to ``capacity + 2`` segments, of all sizes). A
             small budget keeps idle memory low when items are large.
 
     Example:

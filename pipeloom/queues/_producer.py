@@ -46,7 +46,7 @@ class ProducerEnd:
         self._capacity = capacity
         self._wake_fd = wake_fd
         self._returns = Inbox(64 * 1024)
-        self._pool = SegmentPool(max_free_per_class=capacity + 2, max_free_bytes=pool_bytes)
+        self._pool = SegmentPool(max_free=capacity + 2, max_free_bytes=pool_bytes)
         self._consumer_pid: int | None = None
         self._consumer_pidfd: int | None = None
         self._problem: Exception | None = None

@@ -8,8 +8,10 @@ name exists for microseconds); descriptors travel between processes with
 ``SCM_RIGHTS``, so nobody ever attaches by name.
 
 The producer pools segments by power-of-two size class and reuses one only
-after the consumer reported it free. Memory of a memfd is allocated lazily, so
-rounding a size up costs address space, not RAM.
+after the consumer reported it free; it keeps a few free segments in all (of
+any sizes), retiring the least recently freed, so items whose sizes vary keep
+no more than items of the largest size would. Memory of a memfd is allocated
+lazily, so rounding a size up costs address space, not RAM.
 
 A producer may also *allocate* a segment to build an item in (a batch
 collated straight into shared memory): the segment stays in use while the
@@ -96,17 +98,18 @@ class SegmentPool:
     """The producer's segments, free or lent to the consumer.
 
     Args:
-        max_free_per_class: free segments kept per size class; more are retired.
+        max_free: free segments kept, of all sizes together; past it the least
+            recently freed one is retired.
         max_free_bytes: free bytes kept in all; a segment that would exceed it
-            is retired (None: no limit beyond ``max_free_per_class``).
+            is retired (None: no limit beyond ``max_free``).
     """
 
-    def __init__(self, max_free_per_class: int, max_free_bytes: int | None = None) -> None:
-        self._max_free = max_free_per_class
+    def __init__(self, max_free: int, max_free_bytes: int | None = None) -> None:
+        self._max_free = max_free
         self._max_free_bytes = max_free_bytes
         self._free_bytes = 0
         self._ids = itertools.count(1)
-        self._free: dict[int, collections.deque[Segment]] = {}
+        self._free: dict[int, Segment] = {}  # by id, least recently freed first
         self._lent: dict[int, Segment] = {}
         self._lent_bytes = 0
         # Segments the producer builds items in: (start address, end, segment) by id,
@@ -120,9 +123,10 @@ class SegmentPool:
     def acquire(self, nbytes: int) -> Segment:
         """A segment of at least ``nbytes``, with one user (the caller)."""
         size = size_class(nbytes)
-        free = self._free.get(size)
-        if free:
-            segment = free.pop()  # the most recently used one is warmest
+        # the most recently freed one of its size is warmest (a few entries: max_free)
+        segment = next((s for s in reversed(self._free.values()) if s.size == size), None)
+        if segment is not None:
+            del self._free[segment.id]
             self._free_bytes -= segment.size
             self.reused += 1
         else:
@@ -183,7 +187,11 @@ class SegmentPool:
         return self._lent_bytes + self._free_bytes
 
     def release(self, segment_id: int) -> int | None:
-        """One user fewer; at none, the segment is pooled, or retired (its id returned)."""
+        """One user fewer; at none, the segment is pooled, or retired (its id returned).
+
+        Pooling it when ``max_free`` segments are free already retires the least
+        recently freed one (that id is returned).
+        """
         segment = self._lent.get(segment_id)
         if segment is None:
             return None
@@ -192,30 +200,34 @@ class SegmentPool:
             return None
         del self._lent[segment_id]
         self._lent_bytes -= segment.size
-        free = self._free.setdefault(segment.size, collections.deque())
+        free = self._free
+        oldest = next(iter(free.values())) if len(free) >= self._max_free and free else None
         budget = self._max_free_bytes
-        if len(free) < self._max_free and (
-            budget is None or self._free_bytes + segment.size <= budget
-        ):
-            free.append(segment)
-            self._free_bytes += segment.size
+        kept = self._free_bytes - (0 if oldest is None else oldest.size)
+        if self._max_free < 1 or (budget is not None and kept + segment.size > budget):
+            segment.close()
+            return segment_id
+        free[segment_id] = segment
+        self._free_bytes += segment.size
+        if oldest is None:
             return None
+        self._retire_free(oldest)
+        return oldest.id
+
+    def _retire_free(self, segment: Segment) -> None:
+        del self._free[segment.id]
+        self._free_bytes -= segment.size
+        # Free its memory now, not when the consumer reads the RETIRE and unmaps it
+        # (maybe much later): nothing of it is in use there.
+        os.ftruncate(segment.fd, 0)
         segment.close()
-        return segment_id
 
     def trim(self, min_size: int) -> list[int]:
         """Retire the free segments of ``min_size`` bytes or more; their ids."""
-        retired = []
-        for size, free in self._free.items():
-            while size >= min_size and free:
-                segment = free.pop()
-                self._free_bytes -= segment.size
-                # Free its memory now, not when the consumer reads the RETIRE and
-                # unmaps it (maybe much later): nothing of it is in use there.
-                os.ftruncate(segment.fd, 0)
-                segment.close()
-                retired.append(segment.id)
-        return retired
+        retired = [segment for segment in self._free.values() if segment.size >= min_size]
+        for segment in retired:
+            self._retire_free(segment)
+        return [segment.id for segment in retired]
 
     def discard(self, segment: Segment) -> None:
         """Drop a segment that was acquired but never sent."""
@@ -226,9 +238,8 @@ class SegmentPool:
 
     def close(self) -> None:
         """Close every segment; consumers' mappings keep their data alive."""
-        for free in self._free.values():
-            for segment in free:
-                segment.close()
+        for segment in self._free.values():
+            segment.close()
         for segment in self._lent.values():
             segment.close()
         self._free.clear()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pipeloom.datapipes import IterableWrapper
+from pipeloom.queues import ProcessQueue
 
 MIB = 1 << 20
 
@@ -45,3 +46,22 @@ def test_in_memory_cache_counts_a_buffer_shared_by_items_once():
     assert len(list(cache)) == 64 and cache.cached_items == 64
     assert 4 * MIB <= cache.cached_bytes < 4 * MIB + 64 * 1024  # one storage, not 64
     assert list(cache)[5].data_ptr() == table[5].data_ptr()  # replayed from memory
+
+
+def test_a_producer_pools_a_few_free_segments_of_all_sizes_together():
+    with ProcessQueue(capacity=2) as queue:  # both ends here
+        for size in [1 << k for k in range(17, 23)]:  # 128 KiB .. 4 MiB: six size classes
+            held = []  # the consumer holds 4 items of this size, then drops them
+            for _ in range(4):
+                queue.put(np.ones(size, np.uint8))
+                held.append(queue.get(timeout=10))
+            del held
+        queue.put(np.ones(1 << 17, np.uint8))
+        queue.get(timeout=10)  # sends the consumer's FREEs
+        queue.reclaim()  # the producer takes the freed segments back
+        stats = queue.statistics()
+        # capacity + 2 = 4 free segments in all (was 4 of every size: 31.5 MiB), + the lent one
+        assert stats.shm_bytes_held <= 4 * (4 << 20) + (1 << 17)
+        queue.put(np.ones(4 << 20, np.uint8))  # the most recently freed stay for reuse
+        assert queue.get(timeout=10).nbytes == 4 << 20
+        assert queue.statistics().segments_created == stats.segments_created
