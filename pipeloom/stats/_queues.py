@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._sampler import WINDOW as WINDOW_S
+from ._sampler import window_of
 
 __all__ = ["PERIOD", "QueueStats", "QueueWatch", "queue_lines", "queue_verdict"]
 
@@ -45,7 +46,8 @@ class QueueStats:
         bytes_via_shm: the part of ``bytes_moved`` that went through shared memory.
         shm_held_mib: shared memory its producer holds at the last sample.
         shm_peak_mib: the most shared memory its producer held at a sample.
-        timeline: ``(seconds since statistics started, mean fill)`` per window.
+        timeline: ``(seconds since statistics started, mean fill)`` per window
+            (the last hour of a longer run).
     """
 
     name: str
@@ -139,7 +141,7 @@ class QueueWatch:
             track.via_shm += max(0, counted[2] - before[2])
             track.held = stats.shm_bytes_held
             track.peak = max(track.peak, stats.shm_bytes_held)
-            slot = track.windows.setdefault(window, [0.0, 0.0])
+            slot = window_of(track.windows, window, _pair)
             slot[0] += fill
             slot[1] += 1
 
@@ -202,3 +204,7 @@ def queue_lines(queues: Sequence[QueueStats]) -> list[str]:
             f"{q.messages:>9} {q.bytes_moved / 2**20:>9.1f} {shm:>16}"
         )
     return lines
+
+
+def _pair() -> list[float]:
+    return [0.0, 0.0]

@@ -104,7 +104,8 @@ class LoaderStats:
         ranks: per rank, when distributed.
         samples: sampling periods the figures come from.
         verdict: one line: ``"loader-bound: ..."`` or ``"consumer-bound: ..."``.
-        timeline: per half second: throughput, readiness, each stage's busy share.
+        timeline: per half second: throughput, readiness, each stage's busy share
+            (the last hour of a longer run).
         headspace_step_s: the mean step time over replayed cached outputs,
             when a :class:`pipeloom.stats.Headspace` measured it.
         processes: CPU time and peak memory per placement.

@@ -27,9 +27,9 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from ..datapipes import DataPipe
 from ..datapipes.runtime import RUN_LOOP_CODES, running_stage
@@ -53,12 +53,36 @@ INTERVAL = 0.005
 """Seconds between two samples."""
 WINDOW = 0.5
 """Seconds per bucket of the timeline."""
+KEPT_WINDOWS = 7200
+"""Timeline buckets kept: the last hour. Older ones are dropped as new ones begin, so
+the statistics of a run of days stay as small as an hour's (the totals cover the run)."""
 _WRITE_EVERY = 0.25  # seconds between two reports of a worker process (at least)
 
 Key = tuple[str, str, str]  # (placement, stage, kind)
+V = TypeVar("V")
 
 _PAUSE_GC = sys.version_info < (3, 12)
 _GC_SWITCH = threading.Lock()
+
+
+def window_of(windows: dict[int, V], index: int, make: Callable[[], V]) -> V:
+    """``windows[index]``, made by ``make()`` if new; the oldest beyond :data:`KEPT_WINDOWS` go.
+
+    Windows are added in time order, so the dict's first key is the oldest.
+
+    Example:
+        >>> windows = {}
+        >>> for index in range(KEPT_WINDOWS + 2):
+        ...     window_of(windows, index, list).append(index)
+        >>> len(windows), next(iter(windows))
+        (7200, 2)
+    """
+    window = windows.get(index)
+    if window is None:
+        window = windows[index] = make()
+        while len(windows) > KEPT_WINDOWS:
+            del windows[next(iter(windows))]
+    return window
 
 
 def thread_frames() -> dict[int, FrameType]:
@@ -240,8 +264,8 @@ class Sampler:
         while not stop.wait(self.interval):
             self.sample_once(skip=me)
             self.cpu_s = spent + time.thread_time()
-            # Every 0.25 s, less often as the report (the timeline) grows with the run.
-            every = max(_WRITE_EVERY, (time.time() - self.started) / 100)
+            # Every 0.25 s, less often as the report (the timeline) grows, up to an hour's.
+            every = max(_WRITE_EVERY, min(time.time() - self.started, KEPT_WINDOWS * WINDOW) / 100)
             if self.report_dir is not None and time.monotonic() - written >= every:
                 written = time.monotonic()
                 self.write_report()
@@ -263,7 +287,7 @@ class Sampler:
         window = int((now - self.started) // WINDOW)
         with self._lock:
             self.samples += 1
-            bucket = self.timeline.setdefault(window, Counter())
+            bucket = window_of(self.timeline, window, Counter)
             for key in found:
                 self.counts[key] += 1
                 bucket[key] += 1

@@ -36,6 +36,7 @@ from ._sampler import (
     register_boundary,
     report_target,
     sampler,
+    window_of,
 )
 
 __all__ = ["LoaderCounters", "assemble"]
@@ -133,9 +134,7 @@ class LoaderCounters:
         self.wait_s += returned - called
         self.ready += ready
         self.last_output = returned
-        window = self.windows.get(index := int((returned - self._perf_started) // WINDOW))
-        if window is None:
-            window = self.windows[index] = [0, 0]
+        window = window_of(self.windows, int((returned - self._perf_started) // WINDOW), _pair)
         window[0] += 1
         window[1] += ready
 
@@ -411,3 +410,7 @@ def _distributed_in(service: ReadingService) -> DistributedReadingService | None
         if isinstance(inner, DistributedReadingService):
             return inner
     return None
+
+
+def _pair() -> list[float]:
+    return [0, 0]

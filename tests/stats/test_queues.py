@@ -147,3 +147,19 @@ def test_in_process_has_no_queues_and_shared_memory_is_returned():
     pipe = IterableWrapper(range(64)).sharding_filter().map(tensor).batch(16).collate()
     run(pipe, MultiProcessingReadingService(2, timeout=60), step=0.01)
     assert shared_memory_in_use() <= before  # the queues' segments went with the loader
+
+
+def test_a_long_run_keeps_the_last_hour_of_queue_timeline():
+    from pipeloom.queues import ThreadQueue
+    from pipeloom.stats._queues import WINDOW_S as WINDOW
+    from pipeloom.stats._queues import QueueWatch
+
+    kept = int(3600 / WINDOW)  # the last hour
+    queue = ThreadQueue(capacity=2)
+    watch = QueueWatch(lambda: [("worker -> main", queue)], period=0.0, started=0.0)
+    for index in range(kept + 100):  # one sample per half second for an hour and 50 s
+        watch.sample(index * WINDOW)
+    (stats,) = watch.summary()
+    assert len(stats.timeline) == kept  # was one point per half second since the start
+    assert stats.timeline[0][0] == 100 * WINDOW  # the oldest went
+    assert stats.samples == kept + 100  # the totals still cover the whole run

@@ -73,3 +73,21 @@ def test_a_collector_the_user_disabled_stays_disabled():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_long_run_keeps_the_last_hour_of_timeline():
+    from pipeloom.stats._sampler import WINDOW, Sampler
+    from pipeloom.stats.counters import LoaderCounters
+
+    kept = int(3600 / WINDOW)  # the last hour
+    windows = kept + 100  # one sample per half second for an hour and 50 s
+    sampler, counters = Sampler(), LoaderCounters()
+    for index in range(windows):
+        sampler.started -= WINDOW  # the same clock reading falls in the next window
+        sampler.sample_once()
+        at = counters._perf_started + index * WINDOW  # noqa: SLF001 - its clock
+        counters.record(at, at, True, None)
+    # was one bucket per half second since the start (~170,000 a day, in every process)
+    assert len(sampler.timeline) == kept and min(sampler.timeline) > 100
+    assert len(counters.windows) == kept and min(counters.windows) == 100
+    assert counters.outputs == windows  # the totals still cover the whole run
