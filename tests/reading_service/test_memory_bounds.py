@@ -5,14 +5,18 @@ Each test counts what a block holds (its own counters), never the machine's memo
 
 from __future__ import annotations
 
+import multiprocessing
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 
+from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.queues import ProcessQueue
+from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 
 MIB = 1 << 20
 
@@ -65,3 +69,51 @@ def test_a_producer_pools_a_few_free_segments_of_all_sizes_together():
         queue.put(np.ones(4 << 20, np.uint8))  # the most recently freed stay for reuse
         assert queue.get(timeout=10).nbytes == 4 << 20
         assert queue.statistics().segments_created == stats.segments_created
+
+
+class _Produced:
+    """Counts the items made, in any process (fork); the stalled first item waits on ``go``."""
+
+    def __init__(self):
+        self.count = multiprocessing.Value("i", 0)
+        self.changed = multiprocessing.Condition()
+        self.go = multiprocessing.Event()
+
+    def __call__(self, index):
+        if index == 0:
+            self.go.wait(10)  # the first position's worker stalls
+        with self.changed:
+            self.count.value += 1
+            self.changed.notify_all()
+        return bytes(MIB)
+
+    def __deepcopy__(self, memo):  # worker threads share it
+        return self
+
+    def exceeds(self, bound, seconds):
+        with self.changed:
+            return self.changed.wait_for(lambda: self.count.value > bound, seconds)
+
+
+@pytest.mark.parametrize(
+    "service",
+    [
+        lambda: ThreadReadingService(3, prefetch_factor=2),
+        lambda: MultiProcessingReadingService(3, prefetch_factor=2, start_method="fork"),
+    ],
+    ids=["threads", "classic"],
+)
+def test_in_order_merge_behind_a_stalled_worker_holds_prefetch_factor_per_worker(service):
+    produced = _Produced()
+    pipe = IterableWrapper(range(60)).sharding_filter().map(produced)
+    with DataLoader(pipe, service()) as loader:
+        items = iter(loader)
+        started = threading.Thread(target=next, args=(items,))  # waits for position 0
+        started.start()
+        try:  # the other workers may run ahead by what their queues hold, and one being made
+            ran_ahead = produced.exceeds(2 * (2 + 1), seconds=0.5)  # the two other workers
+        finally:
+            produced.go.set()
+            started.join(10)
+        assert not ran_ahead, f"{produced.count.value} items made behind a stalled worker"
+        assert sum(1 for _ in items) == 59
