@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import StateError
 from ._base import IterDataPipe
+from ._names import file_name
 from ._npy import literal as _literal
 from ._npy import load as _load
 
@@ -254,7 +255,7 @@ class Decoder(IterDataPipe):
             }
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
             name = item[0]
-            base = name.rsplit("/", 1)[-1]
+            base = file_name(name)  # a signed URL's query is not part of its extension
             extension = "." + base.partition(".")[2] if "." in base else ""
             return name, self._decode(extension, item[1], name)
         raise TypeError(

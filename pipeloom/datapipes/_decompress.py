@@ -19,13 +19,13 @@ import enum
 import gzip
 import io
 import lzma
-import os
 import tarfile
 import zipfile
 import zlib
 from typing import IO, Any
 
 from ._base import IterDataPipe
+from ._names import file_name
 
 __all__ = ["Bz2FileLoader", "CompressionType", "Decompressor", "XzFileLoader", "XzReader"]
 
@@ -232,7 +232,8 @@ def _pair(item: Any, owner: str) -> tuple[str, Any]:
 class Decompressor(IterDataPipe):
     """Decompress each ``(path, stream)``; functional: ``decompress`` (alias ``extract``).
 
-    The format is ``file_type`` or, when None, the path's suffix: ``.tar``,
+    The format is ``file_type`` or, when None, the suffix of the path (of a
+    URL's path: ``x.tar.gz?sig=abc`` is a ``.tar.gz``): ``.tar``,
     ``.tar.gz``, ``.tar.xz`` (a ``tarfile.TarFile``), ``.zip`` (a
     ``zipfile.ZipFile``), ``.gz``, ``.xz``, ``.bz2`` (a decompressing binary
     stream). The path is kept. To read the members of archives, prefer
@@ -296,7 +297,7 @@ def _as_type(file_type: Any) -> CompressionType | None:
 
 
 def _detect(path: str) -> CompressionType:
-    name = os.path.basename(path).lower()
+    name = file_name(path).lower()  # a signed URL's query is not part of its name
     for suffix, kind in _BY_SUFFIX.items():
         if name.endswith(suffix):
             return kind

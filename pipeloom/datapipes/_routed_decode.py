@@ -18,6 +18,7 @@ from typing import Any
 from ._base import IterDataPipe
 from ._context import current_position
 from ._map import fn_name, raise_with_note
+from ._names import file_name
 
 __all__ = ["RoutedDecoder", "extension_of"]
 
@@ -25,8 +26,11 @@ Handler = Callable[[str, bytes], Any]
 
 
 def extension_of(path: str) -> str:
-    """The extension without its dot: ``"a/b.tar.png"`` -> ``"png"`` (torchdata's ``key_fn``)."""
-    return os.path.splitext(path)[1][1:]
+    """The extension without its dot: ``"a/b.tar.png"`` -> ``"png"`` (torchdata's ``key_fn``).
+
+    A URL's query and fragment are not part of it: ``"https://h/a.json?sig=x"`` -> ``"json"``.
+    """
+    return os.path.splitext(file_name(path))[1][1:]
 
 
 def _default_handlers() -> tuple[Handler, ...]:
@@ -91,7 +95,7 @@ class RoutedDecoder(IterDataPipe):
             )
         path, data = item
         try:
-            return path, self._decode(str(path), data)
+            return path, self._decode(path if isinstance(path, str) else str(path), data)
         except Exception as error:
             error.add_note(f"while decoding {path!r}")
             raise_with_note(error, self, current_position())

@@ -1,7 +1,8 @@
 """Read tar shards member by member, streaming (``load_from_tar``).
 
-The archive is read front to back and never seeked, so any file object works:
-local files, HTTP responses, fsspec streams. Each regular member comes out as
+The archive is read front to back and never seeked (but to read a hard link's
+target again, see ``_tarlinks.py``), so any file object works: local files,
+HTTP responses, fsspec streams. Each regular member comes out as
 ``(f"{shard}/{member}", bytes)``. Headers are parsed by :class:`TarStream`
 (``_tarstream.py``), a lean reader giving the same members as ``tarfile``.
 
@@ -40,6 +41,7 @@ from typing import IO, Any
 from ._base import IterDataPipe
 from ._decompress import XzReader
 from ._files import StreamReader
+from ._tarlinks import HardLinkError
 from ._tarstream import ChainedReader, TarStream
 
 __all__ = ["TarArchiveLoader", "TarMemberPath"]
@@ -113,7 +115,7 @@ def _open(source: _Source, mode: str, limit: int | None) -> tuple[TarStream, IO[
     compression = mode[2:] if len(mode) > 2 else "*"
     if compression in _COMPRESSION:
         inner = _decompressed(source, _COMPRESSION[compression])
-        return TarStream(inner, max_member_size=limit), inner
+        return TarStream(inner, max_member_size=limit, seekable=False), inner
     if mode in ("r|", "r:"):
         return TarStream(source.stream, max_member_size=limit), None
     head = b""  # "r", "r|*", "r:*": a tar header, or compressed data?
@@ -122,7 +124,7 @@ def _open(source: _Source, mode: str, limit: int | None) -> tuple[TarStream, IO[
     for module, magic in _MAGIC:
         if head.startswith(magic) and not _is_header(head):
             inner = _decompressed(ChainedReader(head, source.read), module)
-            return TarStream(inner, max_member_size=limit), inner
+            return TarStream(inner, max_member_size=limit, seekable=False), inner
     return TarStream(source.stream, head, max_member_size=limit), None
 
 
@@ -137,6 +139,11 @@ def _is_header(block: bytes) -> bool:
 
 class TarArchiveLoader(StreamReader):
     """Yield ``(f"{shard}/{member}", bytes)`` for each regular file in each tar stream.
+
+    A hard link comes out with its target's bytes (the target is read again by
+    seeking back, so the shard must be an uncompressed seekable file; else a
+    ``tarfile.StreamError`` says to recreate it with ``tar --hard-dereference``).
+    Directories and symbolic links are skipped.
 
     Args:
         source: a block yielding ``(shard_path, stream)``, e.g. ``open_files("rb")``.
@@ -217,6 +224,8 @@ class TarArchiveLoader(StreamReader):
             reader, inner = _open(source, self.mode, self.max_member_size)
             for member, data in reader.members(skip):
                 yield TarMemberPath(path, member), data
+        except HardLinkError as error:  # not damage: on_error does not drop it
+            raise HardLinkError(f"tar shard {path!r}: {error}") from None
         except _ERRORS as error:
             if source.failed or (inner is None and not isinstance(error, tarfile.TarError)):
                 raise  # the stream itself failed: not a corrupted record

@@ -4,7 +4,8 @@
 (~10 µs each); a shard of small files spends most of its time there. This
 reader parses only what a data loader needs (name, size, type) from each
 512-byte header, checks the header checksum, and reads each payload with one
-``read(size)``. It never seeks, so non-seekable streams (HTTP) work.
+``read(size)``. It never seeks (but to read a hard link's target again, see
+``_tarlinks.py``), so non-seekable streams (HTTP) work.
 
 It gives the same members as ``tarfile`` for ustar, GNU (``L``/``K`` long
 names) and pax (``x``/``g`` headers) archives, e.g. those written by
@@ -40,6 +41,8 @@ from collections.abc import Iterator
 from typing import IO, Any
 from zlib import adler32
 
+from ._tarlinks import HardLinks
+
 __all__ = ["ChainedReader", "StrictTarInfo", "TarStream"]
 
 _BLOCK = 512
@@ -67,6 +70,7 @@ _TRUNCATED = "unexpected end of data (truncated: no end-of-archive marker)"
 # headers ("ustar  \0") keep access and change times there (tar -g/-G writes them), which
 # tarfile takes for a prefix of the name; GNU tar does not.
 _USTAR = b"ustar\0"
+_GNU_LONG = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 _CHUNK = 1 << 24  # larger reads are split, so a corrupted size never allocates at once
 _MAX_HEADER_DATA = 1 << 24  # long names and pax headers: a larger one is corruption
 
@@ -167,6 +171,13 @@ class TarStream:
         head: bytes already read from the start of ``stream`` (at most one block).
         max_member_size: the largest member size accepted, in bytes (None: no
             limit); a header claiming more is taken as corrupted.
+        seekable: whether ``stream`` may be seeked back to read the data of a
+            hard link's target (None: ask ``stream.seekable()``).
+
+    A hard link (type ``1``, as GNU tar stores the second name of a file) comes
+    out with its target's bytes, as ``tarfile.extractfile`` gives them: the
+    target must be an earlier member, read again by seeking back; a stream that
+    cannot seek raises ``HardLinkError`` (``_tarlinks.py``). Symbolic links are skipped.
 
     Attributes ``offset`` (where the block being read starts), ``count``
     (regular members read completely) and ``started`` (a valid header was
@@ -174,7 +185,11 @@ class TarStream:
     """
 
     def __init__(
-        self, stream: IO[bytes], head: bytes = b"", max_member_size: int | None = None
+        self,
+        stream: IO[bytes],
+        head: bytes = b"",
+        max_member_size: int | None = None,
+        seekable: bool | None = None,
     ) -> None:
         self._read = stream.read
         self._head = head
@@ -183,6 +198,8 @@ class TarStream:
         self.count = 0
         self.started = False
         self._globals: dict[str, str] = {}  # pax 'g' records, applied to every member
+        self._links = HardLinks(stream, seekable)
+        self._link: str | None = None  # the target of the hard link ``_entry`` just read
 
     def _exact(self, size: int, buf: bytes = b"") -> bytes:
         """``size`` bytes (``buf`` is what a first read gave); ReadError at the end of data."""
@@ -197,7 +214,7 @@ class TarStream:
 
     def members(self, skip: int = 0) -> Iterator[tuple[str, bytes]]:
         """Yield ``(name, data)`` per regular file, after the first ``skip`` of them."""
-        read, limit = self._read, self._limit
+        read, limit, targets = self._read, self._limit, self._links.targets
         header, self._head = self._head, b""
         header = header if len(header) == _BLOCK else self._exact(_BLOCK, header)
         while header != _ZERO:  # else the end-of-archive marker
@@ -213,10 +230,16 @@ class TarStream:
             if regular:
                 if limit is not None and size > limit:
                     self._too_large(name, size, self.offset - _BLOCK)
+                targets[name] = (self.offset, size)
                 data = read(size) if size <= _CHUNK else b""
                 if len(data) != size:
                     data = self._exact(size, data)
                 self.offset += size
+                self.count += 1
+                if self.count > skip:
+                    yield name, data
+            elif self._link is not None:
+                data = self._links.read(name, self._link, self.offset)
                 self.count += 1
                 if self.count > skip:
                     yield name, data
@@ -304,6 +327,7 @@ class TarStream:
         leaves ``offset`` at the member's data. ``None`` means "too rare for
         this reader, let tarfile read it from the raw blocks on".
         """
+        self._link = None
         raw: list[bytes] = []
         patches: list[tuple[bytes, Any]] = []  # long names and pax records, in order
         globals_before = self._globals
@@ -318,11 +342,11 @@ class TarStream:
             data = self._exact(-size % _BLOCK + size) if size else b""
             self.offset += _BLOCK + len(data)
             raw += (header, data)
-            if flag == tarfile.GNUTYPE_LONGNAME:
+            if flag in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
                 patches.append((flag, _text(data)))
             elif flag == tarfile.XGLTYPE:
                 _pax_records(data[:size], self._globals)
-            elif flag != tarfile.GNUTYPE_LONGLINK:  # an extended header, x or X
+            else:  # an extended header, x or X
                 pax = dict(self._globals)
                 _pax_records(data[:size], pax)
                 patches.append((flag, pax))
@@ -336,7 +360,7 @@ class TarStream:
             flag == tarfile.GNUTYPE_SPARSE
             or _exotic(self._globals)
             or "size" in self._globals
-            or any(kind != tarfile.GNUTYPE_LONGNAME and _exotic(p) for kind, p in patches)
+            or any(kind not in _GNU_LONG and _exotic(p) for kind, p in patches)
         ):
             self.offset -= sum(map(len, raw))
             self._globals = globals_before
@@ -353,18 +377,27 @@ class TarStream:
             name = name.rstrip("/")
         if header[345] and flag not in tarfile.GNU_TYPES and header[257:263] == _USTAR:
             name = _text(header[345:500]) + "/" + name
+        link = _text(header[157:257]) if flag == tarfile.LNKTYPE else None
         if "path" in self._globals:
             name = self._globals["path"].rstrip("/")
             if flag == tarfile.DIRTYPE:
                 name = name.rstrip("/")
+        if link is not None and "linkpath" in self._globals:
+            link = self._globals["linkpath"]
         for kind, patch in reversed(patches):  # the outermost preamble wins
             if kind == tarfile.GNUTYPE_LONGNAME:
                 name = patch.removesuffix("/") if flag == tarfile.DIRTYPE else patch
                 continue
+            if kind == tarfile.GNUTYPE_LONGLINK:
+                link = patch if link is not None else None
+                continue
             if "path" in patch:
                 name = patch["path"].rstrip("/")
+            if "linkpath" in patch and link is not None:
+                link = patch["linkpath"]
             if "size" in patch:
                 size = _pax_size(patch["size"])
+        self._link = link
         if flag in _REGULAR:
             return True, name, size
         return False, name, 0 if flag in _NO_DATA else size
@@ -372,6 +405,7 @@ class TarStream:
     def _with_tarfile(self, raw: list[bytes], skip: int) -> Iterator[tuple[str, bytes]]:
         """Read the rest of the archive with ``tarfile``, from the preamble in ``raw``."""
         base = self.offset
+        self._links.note_origin(base + sum(map(len, raw)))
         chained = ChainedReader(b"".join(raw), self._read)
         tar = _tarfile_call(
             tarfile.open,
@@ -385,8 +419,15 @@ class TarStream:
             while (member := _tarfile_call(tar.next)) is not None:
                 tar.members = []  # a stream: keep no list of every member
                 self.offset = base + tar.offset
+                if member.islnk():
+                    data = self._links.read(member.name, member.linkname)
+                    self.count += 1
+                    if self.count > skip:
+                        yield member.name, data
+                    continue
                 if not member.isfile():
                     continue
+                self._links.targets[member.name] = (base + member.offset_data, member.size)
                 if self._limit is not None and member.size > self._limit:
                     self._too_large(member.name, member.size, self.offset)
                 handle = tar.extractfile(member)

@@ -38,6 +38,7 @@ from typing import Any
 from ..errors import NotAvailable, StateError
 from ._base import IterDataPipe
 from ._context import current_stamp, key_position, restore_stamp
+from ._names import is_url
 from ._state_fields import StateFields
 
 __all__ = ["WebDataset", "split_key", "split_shard"]
@@ -72,8 +73,10 @@ def split_shard(path: str) -> tuple[str, str]:
     if shard is not None:
         return shard, path.member  # type: ignore[attr-defined]
     parts = path.split("/")
+    url = is_url(path)  # then "s.tar?sig=abc" (a signed URL's query) names a tar file
     for index in range(len(parts) - 2, -1, -1):
-        if parts[index].lower().endswith(_TAR):
+        name = re.split("[?#]", parts[index], maxsplit=1)[0] if url else parts[index]
+        if name.lower().endswith(_TAR):
             return "/".join(parts[: index + 1]), "/".join(parts[index + 1 :])
     directory, name = posixpath.split(path)
     return directory, name

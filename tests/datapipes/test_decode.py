@@ -47,6 +47,11 @@ def test_default_decoders_by_extension():
     assert torch.equal(out["d/x.pt"]["w"], torch.ones(2))
 
 
+def test_a_signed_urls_query_is_not_part_of_the_extension():
+    items = [("https://h/x.json?sig=a.b&e=1", b'{"a": 1}'), ("https://h/y.cls#f.g", b"7")]
+    assert decode(items) == [(items[0][0], {"a": 1}), (items[1][0], 7)]
+
+
 def test_pt_files_are_loaded_with_weights_only():
     class Evil:
         def __reduce__(self):

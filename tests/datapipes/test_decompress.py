@@ -126,3 +126,19 @@ def test_same_output_everywhere(files):
         )
     )
     assert sorted(epochs[0]) == sorted(f"{i}:{line}" for i in range(6) for line in range(4))
+
+
+def test_a_urls_query_and_fragment_are_not_part_of_its_suffix():
+    signed = "https://host/d/x.tar.gz?X-Amz-Signature=abc&v=1.2#frag"  # signed cloud URLs
+    items = IterableWrapper(
+        [
+            (signed, io.BytesIO(tar_bytes())),
+            ("s3://bucket/y.gz?versionId=3", io.BytesIO(gzip.compress(b"y"))),
+            ("local/what?.bz2", io.BytesIO(bz2.compress(b"w"))),  # a path: '?' is in its name
+        ]
+    )
+    (path, tar), (_, gz), (_, bz) = list(items.decompress())
+    assert path == signed and tar.getnames() == ["m.txt"]
+    assert (gz.read(), bz.read()) == (b"y", b"w")
+    with pytest.raises(ValueError, match=r"cannot tell the compression of 'local/x.gz\?v=1'"):
+        list(IterableWrapper([("local/x.gz?v=1", io.BytesIO(b""))]).decompress())

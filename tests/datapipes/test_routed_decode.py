@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from torch.utils.data.datapipes.utils.decoder import imagehandler
 
-from pipeloom.datapipes import FileLister, IterableWrapper, RoutedDecoder
+from pipeloom.datapipes import FileLister, IterableWrapper, RoutedDecoder, TarMemberPath
 from pipeloom.datapipes._routed_decode import extension_of
 from pipeloom.testing import check_resume_from_every_step
 from tests.datapipes.everywhere import check_same_output_everywhere
@@ -84,6 +84,12 @@ def test_streams_are_closed_and_errors_name_the_file():
 
 def test_extension_of_and_repr():
     assert extension_of("d/a.tar.png") == "png" and extension_of("noext") == ""
+    assert extension_of("https://h/a.json?sig=x.y#z") == "json"  # a signed URL's query
+    assert extension_of("d/a.txt?.json") == "json"  # a local path: '?' is in its name
+    items = [("https://h/a.json?sig=a.b", b'{"x": 1}'), (TarMemberPath("s.tar?v=1", "c.cls"), b"7")]
+    assert list(IterableWrapper(items).routed_decode()) == [
+        (p, v) for p, v in zip([p for p, _ in items], [{"x": 1}, 7])
+    ]
     dp = RoutedDecoder(IterableWrapper([]), len)
     assert (
         repr(dp) == "RoutedDecoder(handlers=[len], key_fn=extension_of)"

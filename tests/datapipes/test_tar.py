@@ -273,9 +273,16 @@ FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarf
 
 
 def with_tarfile(data):
-    """The regular members as tarfile itself reads them: [(name, bytes)]."""
+    """The regular members and hard links as tarfile itself reads them: [(name, bytes)].
+
+    A hard link gets its target's bytes (tarfile's extractfile); KeyError if its target is
+    not an earlier member."""
     with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
-        return [(m.name, tar.extractfile(m).read()) for m in tar if m.isfile()]
+        members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar]
+    if not any(m.islnk() for m, _ in members):
+        return [(m.name, payload) for m, payload in members if m.isfile()]
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:  # links need seeking
+        return [(m.name, tar.extractfile(m).read()) for m in tar if m.isfile() or m.islnk()]
 
 
 def write_entries(entries, fmt, **options):
@@ -317,7 +324,13 @@ def test_fast_reader_yields_exactly_what_tarfile_yields(members, fmt, global_hea
     data = write_entries(members, FORMATS[fmt], **options)
     if global_header and fmt == "pax" and not members:
         return  # a lone global header: both readers reject it (no member follows)
-    assert load(data) == loaded_like_tarfile(data)
+    try:
+        expected = loaded_like_tarfile(data)
+    except KeyError:  # a hard link to no earlier member: tarfile cannot extract it either
+        with pytest.raises(tarfile.ReadError, match="hard link .* not an earlier regular file"):
+            load(data)
+        return
+    assert load(data) == expected
     assert load(data, mode="r|*") == loaded_like_tarfile(data)
 
 
@@ -725,3 +738,83 @@ def test_length_is_torchdatas_nominal_length():
     assert len(IterableWrapper([]).load_from_tar(length=12)) == 12
     with pytest.raises(TypeError, match=r"no length: pass length="):
         len(TarArchiveLoader(source))
+
+
+def hard_linked(fmt=tarfile.GNU_FORMAT, sparse_first=False):
+    """GNU tar over hard-linked files: the first name holds the data, the others are links."""
+    long = "d/" * 60 + "0002.jpg"  # a long link target: GNU 'K' or pax linkpath
+    members = [
+        ("./0000.jpg", tarfile.REGTYPE, b"J" * 700, ""),
+        ("./0000.cls", tarfile.REGTYPE, b"1", ""),
+        ("./0001.jpg", tarfile.LNKTYPE, b"", "./0000.jpg"),  # dedup tools hard-linked it
+        ("./0001.cls", tarfile.LNKTYPE, b"", "0000.cls"),  # tarfile matches normalized names
+        (long, tarfile.REGTYPE, b"K" * 3, ""),
+        ("0002.jpg", tarfile.LNKTYPE, b"", long),
+        ("0002.cls", tarfile.LNKTYPE, b"", "./0001.cls"),  # a link to a link
+    ]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=fmt) as tar:
+        if sparse_first:  # from here on the archive is read by tarfile
+            info = tarfile.TarInfo("holes.bin")
+            info.size = 3
+            info.pax_headers = {
+                "GNU.sparse.size": "5",
+                "GNU.sparse.numblocks": "1",
+                "GNU.sparse.offset": "2",
+                "GNU.sparse.numbytes": "3",
+            }
+            tar.addfile(info, io.BytesIO(b"abc"))
+        for name, kind, payload, linkname in members:
+            info = tarfile.TarInfo(name)
+            info.type, info.size, info.linkname = kind, len(payload), linkname
+            tar.addfile(info, io.BytesIO(payload))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(("fmt", "sparse_first"), [("gnu", False), ("pax", False), ("pax", True)])
+def test_hard_links_yield_their_targets_bytes_from_a_seekable_shard(tmp_path, fmt, sparse_first):
+    data = hard_linked(FORMATS[fmt], sparse_first)
+    expected = loaded_like_tarfile(data)
+    assert ("h.tar/0002.cls", b"1") in expected and len(expected) == 7 + sparse_first
+    assert load(data) == expected  # once these links were dropped: samples silently lost
+    (tmp_path / "h.tar").write_bytes(data)
+    files = FileLister(tmp_path, "*.tar").open_files("rb")
+    pipe = files.load_from_tar()
+    assert [(p.member, payload) for p, payload in collect(pipe)] == with_tarfile(data)
+    samples = collect(FileLister(tmp_path, "*.tar").open_files("rb").load_from_tar().webdataset())
+    by_key = {s["__key__"]: (s.get("jpg", b"")[:1], s.get("cls")) for s in samples}
+    assert [by_key[key] for key in ("./0000", "./0001", "0002")] == [(b"J", b"1")] * 2 + [
+        (b"K", b"1")
+    ]
+    check_resume_from_every_step(
+        lambda: FileLister(tmp_path, "*.tar").open_files("rb").load_from_tar()
+    )
+
+
+@pytest.mark.parametrize("compress", [None, gzip.compress])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_hard_link_in_a_stream_that_cannot_seek_back_raises_saying_how_to_fix_it(
+    compress, on_error
+):
+    data = hard_linked()
+    data = compress(data) if compress else data
+    pipe = IterableWrapper([("http.tar", Unseekable(data))]).load_from_tar(on_error=on_error)
+    got = []
+    with pytest.raises(
+        tarfile.StreamError,
+        match=r"'http.tar'.*'./0001.jpg' is a hard link.*"
+        r"--hard-dereference",
+    ):
+        got.extend(pipe)
+    assert [p.member for p, _ in got] == ["./0000.jpg", "./0000.cls"]
+
+
+def test_a_hard_link_to_no_earlier_member_is_damage_that_on_error_handles():
+    data = write_entries(
+        [("a", tarfile.LNKTYPE, b"", "b"), ("b", tarfile.REGTYPE, b"x", "")], tarfile.GNU_FORMAT
+    )
+    with pytest.raises(
+        tarfile.ReadError, match=r"'a' is a hard link to 'b', which is not an earlier"
+    ):
+        load(data)
+    assert load(data, on_error="skip") == []

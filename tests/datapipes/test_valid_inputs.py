@@ -59,7 +59,7 @@ def _tar(tar_format: int) -> bytes:
         add("block.bin", b"x" * 512)  # an exact multiple of the block size
         add("dir", kind=tarfile.DIRTYPE)
         add("dir/sym", kind=tarfile.SYMTYPE, link="../a.txt")
-        add("dir/hard", kind=tarfile.LNKTYPE, link="a.txt")
+        # hard links need a stream that seeks back: see test_tar.py
         add("old-style", b"v7", kind=tarfile.AREGTYPE)
         add("p/" * 40 + "prefixed.txt", b"ustar prefix")  # 80 + 12 characters
         add("n" * 100, b"a name of exactly 100 characters")

@@ -108,6 +108,11 @@ def test_the_shard_is_known_from_member_paths_or_found_in_plain_strings():
         "x/0001.jpg",
     )
     assert split_shard("d/0001.jpg") == ("d", "0001.jpg")
+    assert split_shard("https://host/s.tar?sig=a.b/x/0001.jpg") == (  # a signed URL
+        "https://host/s.tar?sig=a.b",
+        "x/0001.jpg",
+    )
+    assert split_shard("d/s.tar?/x/0001.jpg") == ("d/s.tar?/x", "0001.jpg")  # a path: '?' in it
     [sample] = WebDataset(IterableWrapper([(member, b"J")]))
     assert sample == {"__key__": "x/0001", "__url__": "https://host/a.tar/b", "jpg": b"J"}
 

@@ -7,6 +7,7 @@ process or its workers): a message is the only report of a failure.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import traceback
 
@@ -269,3 +270,30 @@ def test_next_called_from_inside_the_pipeline_says_what_happened():
     ):
         next(iterator)
     loader.shutdown()
+
+
+def fails_on_3(x):
+    if x == 3:
+        raise ValueError("bad item")
+    return x
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("service", ["in-process", "classic", "economic", "chunked"])
+def test_an_error_before_the_sharding_point_names_the_block_and_the_item(service):
+    pipe = IterableWrapper(range(8)).map(fails_on_3).sharding_filter().batch(2)
+    reading = (
+        None if service == "in-process" else MultiProcessingReadingService(2, strategy=service)
+    )
+    with DataLoader(pipe, reading, seed=0) as loader:
+        with pytest.raises(ValueError, match="bad item") as info:
+            list(loader)
+    text = formatted(info.value)
+    assert "Mapper(fn=fails_on_3) on the item at position 3" in text or service == "classic"
+    if service == "in-process":
+        return
+    # classic: each worker runs the part before the sharding point; economic and chunked:
+    # the main process does, and names the block and the item as a worker does
+    where = r"worker process \d \(pid \d+\)" if service == "classic" else "the main process"
+    origin = rf"raised in {where}, block Mapper\(fn=fails_on_3\), item at position 3, item 3"
+    assert re.search(origin, text), text

@@ -13,7 +13,7 @@ from ...datapipes.runtime import RUN_LOOP_CODES, Key, key_position, running_stag
 from ...errors import WorkerError
 from ...queues import encode
 
-__all__ = ["Failure", "capture_failure", "describe_item", "unsendable_failure"]
+__all__ = ["Failure", "capture_failure", "describe_item", "noted_origin", "unsendable_failure"]
 
 ITEM_REPR_MAX = 120
 """Characters of an item's ``repr`` that an error shows at most."""
@@ -41,16 +41,7 @@ class Failure:
         includes the worker's traceback; its ``__cause__`` is a
         :class:`~pipeloom.errors.WorkerError` with the same facts as attributes.
         """
-        origin = [self.worker]
-        if self.block:
-            origin.append(f"block {self.block}")
-        if self.item is not None:
-            origin.append(f"item at position {self.item}")
-        if self.item_repr is not None:
-            origin.append(f"item {self.item_repr}")
-        details = (
-            f"  raised in {', '.join(origin)}\nOriginal traceback:\n{self.traceback_text.rstrip()}"
-        )
+        details = f"  {self.origin()}\nOriginal traceback:\n{self.traceback_text.rstrip()}"
         error = WorkerError(
             f"{self.type_name}: {self.message}\n{details}",
             worker=self.worker,
@@ -64,6 +55,31 @@ class Failure:
         if rebuilt is None:
             raise error
         raise rebuilt from error
+
+    def origin(self) -> str:
+        """``"raised in <worker>, block <block>, item at position <p>, item <repr>"``."""
+        origin = [self.worker]
+        if self.block:
+            origin.append(f"block {self.block}")
+        if self.item is not None:
+            origin.append(f"item at position {self.item}")
+        if self.item_repr is not None:
+            origin.append(f"item {self.item_repr}")
+        return f"raised in {', '.join(origin)}"
+
+
+def noted_origin(error: Exception, where: str = "the main process") -> Exception:
+    """``error``, with a note naming where it was raised, as a worker's error names it.
+
+    For an error caught in ``where`` right where it was raised (the main process
+    reads the part before the sharding point for economic/chunked): the
+    innermost block on its traceback, the position being produced and that
+    block's item, as :func:`capture_failure` finds them. An error from another
+    process (one that :meth:`Failure.raise_here` raised) already names its origin.
+    """
+    if not isinstance(error, WorkerError) and not isinstance(error.__cause__, WorkerError):
+        error.add_note(capture_failure(error, where).origin())
+    return error
 
 
 def _rebuild(exc_class: type | None, text: str) -> BaseException | None:

@@ -29,7 +29,7 @@ from ....datapipes.runtime import RunReader, current_stamp, key_position, restor
 from ....errors import NotAvailable
 from ....events import ReadinessSource
 from ....graph import upstream
-from ...workers.failure import Failure
+from ...workers.failure import Failure, noted_origin
 from ...workers.messages import MAIN, BatchSize, InitFailed, Output, Task
 from ...workers.rngs import global_rng_states, set_global_rng_states
 from .budget import ChunkBudget
@@ -356,7 +356,7 @@ class Dispatcher(IterDataPipe):
                     self._close(self._new_unit(final=True))
                 return
             except Exception as error:  # noqa: BLE001 - raised after the units before it
-                self._source_done, self._source_error = True, error
+                self._source_done, self._source_error = True, noted_origin(error)
                 if self.units_are_batches:
                     self._abandon(unit)
                 else:
