@@ -133,6 +133,8 @@ def build(name: str, root: str) -> Any:
             .webdataset()
             .map(sample_summary)
         )
+    if name == "set_source":  # a set of strings iterates in another order in each process
+        return IterableWrapper(set(WORDS)).sharding_filter().map(jitter)
     if name == "list_files":
         return IterableWrapper([root]).list_files(recursive=True).map(os.path.basename)
     raise ValueError(f"no pipeline {name!r}")
@@ -148,8 +150,9 @@ NAMES = (
     "callables",
     "webdataset",
     "list_files",
+    "set_source",
 )
-SPAWNED = ("groupby", "webdataset")  # also read by 2 spawned workers
+SPAWNED = ("groupby", "webdataset", "set_source")  # also read by 2 spawned workers
 SEED = 11
 
 

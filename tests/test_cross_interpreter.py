@@ -6,8 +6,9 @@ runs of a script, between a process and its spawned workers, and between the
 ranks of a job. In-process tests cannot see that, so two interpreters with
 seeds 1 and 2 (``cross_interpreter_job.py``, run side by side) describe many
 pipelines -- string keys in groupby, demux, random_split and key_zip, tar
-shards through webdataset, file listers, functions, partials, bound methods
-and a callable object of ``__main__`` holding a set -- and everything must
+shards through webdataset, file listers, a set of strings as the source,
+functions, partials, bound methods and a callable object of ``__main__``
+holding a set -- and everything must
 match byte for byte: the items, the fingerprint a checkpoint records, the
 digest the ranks compare, the snapshot cache's fingerprint, the pickled state
 after 3 items, and the items 2 spawned workers (another seed again) read.
