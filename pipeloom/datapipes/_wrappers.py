@@ -21,7 +21,10 @@ class IterableWrapper(IterDataPipe):
     """Yield the items of a re-iterable object (a list, a range, a torch ``IterableDataset``).
 
     Each epoch calls ``iter(iterable)`` again. A one-shot iterator (e.g. a
-    generator object) can be read for one epoch only.
+    generator object) can be read for one epoch only. A ``set`` or
+    ``frozenset`` is read in sorted order: its own order follows the string
+    hash seed, which differs between runs, workers and ranks, so positions
+    (shards, checkpoints) would point at other items there.
 
     Example:
         >>> list(IterableWrapper(range(3)))
@@ -40,6 +43,9 @@ class IterableWrapper(IterDataPipe):
                 f"IterableDataset, got {type(iterable).__name__}; {hint}"
             )
         self.iterable = iterable
+        self._unordered = isinstance(iterable, (set, frozenset))
+        if isinstance(iterable, (set, frozenset)):
+            _check_sortable(iterable)
         self._one_shot = iter(iterable) is iterable if isinstance(iterable, Iterator) else False
         self._positioned = is_positioned(iterable)  # read by index: seek, shard at the source
         self._it: Iterator[Any] | None = None
@@ -116,7 +122,7 @@ class IterableWrapper(IterDataPipe):
 
     def _start(self) -> Iterator[Any]:
         self._started_once = True
-        it = iter(self.iterable)
+        it = iter(sorted(self.iterable) if self._unordered else self.iterable)
         if self._position:  # resume: fast-forward to the saved position (at C speed)
             next(islice(it, self._position, self._position), None)
         return it
@@ -379,6 +385,18 @@ def as_datapipe(source: Any) -> DataPipe:
         f"IterDataPipe/MapDataPipe, a torch Dataset or IterableDataset, a sequence or an "
         f"iterable"
     )
+
+
+def _check_sortable(items: set[Any] | frozenset[Any]) -> None:
+    try:
+        sorted(items)
+    except TypeError as error:
+        raise TypeError(
+            f"IterableWrapper reads a {type(items).__name__} in sorted order (its own order "
+            f"changes with each process's string hash seed, so runs, workers and ranks would "
+            f"disagree on positions), but these items cannot be sorted ({error}); pass a list "
+            f"in the order you want, e.g. sorted(items, key=str)"
+        ) from None
 
 
 def _short_repr(obj: Any, limit: int = 40) -> str:

@@ -129,3 +129,12 @@ def test_to_iter_datapipe_is_torchdatas_name_and_takes_indices_or_keys():
     assert list(SequenceWrapper("abcd").to_iter_datapipe(indices=[3, 0])) == ["d", "a"]
     table = SequenceWrapper({"x": 1, "y": 2})
     assert list(table.to_iter_datapipe(indices=["y", "x"])) == [2, 1]
+
+
+def test_iterable_wrapper_reads_a_set_in_sorted_order_and_refuses_an_unsortable_one():
+    # a set's own order follows the process's string hash seed (tests/test_cross_interpreter.py)
+    words = {f"w{i}" for i in range(30)}
+    assert list(IterableWrapper(words)) == sorted(words)
+    assert list(IterableWrapper(frozenset(words))) == sorted(words)
+    with pytest.raises(TypeError, match=r"cannot be sorted .*sorted\(items, key=str\)"):
+        IterableWrapper({1, "a"})
