@@ -107,9 +107,11 @@ class XzReader(io.RawIOBase):
 
     ``lzma.LZMAFile`` reads concatenated streams but not the *stream padding*
     the xz format allows between and after them (zero bytes, a multiple of
-    four): it took the padding for a stream cut short. Like ``LZMAFile``, data
-    that does not start a stream after the last one is ignored. The stream
-    under it is not closed with it.
+    four): it took the padding for a stream cut short. Unlike ``LZMAFile``,
+    and like ``xz -d``, bytes after a stream that neither pad nor start a
+    stream raise: they are usually a later stream whose header was damaged,
+    and ``LZMAFile`` drops that stream's data without a word. The stream under
+    it is not closed with it.
     """
 
     def __init__(self, stream: Any) -> None:
@@ -118,6 +120,7 @@ class XzReader(io.RawIOBase):
         self._carry = b""  # compressed bytes read but not yet given to the decoder
         self._fresh = False  # the decoder has been given nothing yet (a stream after another)
         self._ended = False
+        self._finished = 0  # streams read to their end
 
     def readable(self) -> bool:
         return True
@@ -138,11 +141,14 @@ class XzReader(io.RawIOBase):
                     )
             try:
                 data = decoder.decompress(raw, len(view))
-            except lzma.LZMAError:
+            except lzma.LZMAError as error:
                 if not self._fresh:
                     raise
-                self._ended = True  # not a stream: trailing data, ignored as LZMAFile does
-                return 0
+                raise lzma.LZMAError(
+                    f"the bytes after xz stream {self._finished} are neither stream padding "
+                    f"nor another xz stream ({error}): a damaged stream or trailing data "
+                    f"(xz -d refuses it too); re-create or re-download the file"
+                ) from None
             self._fresh = False
             if data:
                 view[: len(data)] = data
@@ -151,6 +157,7 @@ class XzReader(io.RawIOBase):
 
     def _next_stream(self, rest: bytes) -> None:
         """Skip the padding after a stream's end, then start the next stream, if any."""
+        self._finished += 1
         padding = 0
         while True:
             rest = rest or self._read(_BLOCK)

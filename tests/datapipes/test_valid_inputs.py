@@ -147,6 +147,18 @@ def test_xz_stream_padding_is_read_as_xz_reads_it():
         stream.read()
 
 
+def test_a_damaged_second_xz_stream_raises_as_in_xz():
+    """lzma.LZMAFile took a later stream whose magic bytes were damaged for trailing
+    data and dropped it: the file read as its first stream alone. xz -d: "Compressed data
+    is corrupt"."""
+    first = lzma.compress(b"first stream\n")
+    damaged = first + b"X" + lzma.compress(b"second stream\n")[1:]
+    for data in (damaged, first + b"trailing text"):
+        [(_, stream)] = list(IterableWrapper([("d.txt.xz", data)]).load_from_xz())
+        with pytest.raises(lzma.LZMAError, match="'d.txt.xz'.*after xz stream 1 are neither"):
+            stream.read()
+
+
 @pytest.mark.parametrize("name", ["shard#1.tar", "a?b.tar", "x;y.tar", "100%.tar"])
 def test_webdataset_local_path_is_the_shards_path(tmp_path, name):
     with tarfile.open(tmp_path / name, "w") as tar:
