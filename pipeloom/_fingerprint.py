@@ -9,7 +9,8 @@ carries a *fingerprint*: for each block (in the order of
 public, non-block attributes -- the arguments it was built with. Describing is
 cheap and stable across processes and runs: scalars and short strings as
 their ``repr``, functions by their qualified name (never a repr with a memory
-address), containers and datasets by type and ``len()`` (never iterated),
+address), a ``functools.partial`` by its function and the arguments it
+binds, containers and datasets by type and ``len()`` (never iterated),
 anything else by its type.
 
 Example:
@@ -34,6 +35,7 @@ from .graph import traverse
 
 __all__ = ["describe", "field_differences", "fingerprint_differences", "pipeline_fingerprint"]
 
+_PARTIAL = "functools.partial("
 _SHORT = 200  # longer strings are described by their length
 _FEW = 8  # longer containers are described by their length
 
@@ -44,7 +46,8 @@ def pipeline_fingerprint(pipeline: DataPipe, *, across_ranks: bool = False) -> d
     Plain strings, lists and dicts: it travels inside the loader's state.
     ``across_ranks`` leaves out what may differ between the ranks of a job:
     a sharding point's settings (each rank's and worker's shard) and the
-    attributes a block lists in ``per_rank_fields`` (a device, a timeout).
+    attributes a block lists in ``per_rank_fields`` (a device, a timeout),
+    and the arguments a ``functools.partial`` binds (``partial(move, device=rank)``).
     """
     blocks = []
     for block in traverse(pipeline).nodes:
@@ -55,12 +58,12 @@ def pipeline_fingerprint(pipeline: DataPipe, *, across_ranks: bool = False) -> d
                 continue
             if name in local:
                 continue
-            fields[name] = describe(value)
+            fields[name] = describe(value, partial_arguments=not across_ranks)
         blocks.append([type(block).__qualname__, fields])
     return {"blocks": blocks}
 
 
-def describe(value: Any) -> str:
+def describe(value: Any, *, partial_arguments: bool = True) -> str:
     """A short, stable description of an argument (see the module docstring).
 
     Example:
@@ -74,7 +77,11 @@ def describe(value: Any) -> str:
     if isinstance(value, (bytes, bytearray)):
         return f"{type(value).__name__} of length {len(value)}"
     if isinstance(value, functools.partial):
-        return f"partial({describe(value.func)})"
+        bound = [describe(value.func)]
+        if partial_arguments:
+            bound += [describe(arg) for arg in value.args]
+            bound += [f"{key}={describe(arg)}" for key, arg in sorted(value.keywords.items())]
+        return f"{_PARTIAL}{', '.join(bound)})"
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)):
         name = getattr(value, "__qualname__", None)
         return name if isinstance(name, str) else str(type(value).__qualname__)
@@ -127,8 +134,21 @@ def _changed(was: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, A
     return [
         (name, was.get(name, "(absent)"), now.get(name, "(absent)"))
         for name in sorted(set(was) | set(now), key=str)
-        if was.get(name) != now.get(name)
+        if not _same(was.get(name), now.get(name))
     ]
+
+
+def _same(saved: Any, now: Any) -> bool:
+    """Equal descriptions; a partial described as ``partial(f)`` (states saved before
+    partials listed their arguments) matches any partial of ``f``."""
+    if saved == now:
+        return True
+    if not (isinstance(saved, str) and isinstance(now, str)) or not now.startswith(_PARTIAL):
+        return False
+    if not (saved.startswith("partial(") and saved.endswith(")")):
+        return False
+    function = saved[len("partial(") : -1]
+    return now == f"{_PARTIAL}{function})" or now.startswith(f"{_PARTIAL}{function}, ")
 
 
 # What a reading service sets on a sharding point for each rank and worker.

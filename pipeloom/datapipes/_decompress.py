@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import bz2
 import enum
 import gzip
 import io
@@ -26,8 +25,9 @@ from typing import IO, Any
 
 from ._base import IterDataPipe
 from ._names import file_name
+from ._streams import open_streams
 
-__all__ = ["Bz2FileLoader", "CompressionType", "Decompressor", "XzFileLoader", "XzReader"]
+__all__ = ["Bz2FileLoader", "CompressionType", "Decompressor", "XzFileLoader"]
 
 
 class CompressionType(enum.Enum):
@@ -102,78 +102,6 @@ class _Counted:
         return data
 
 
-class XzReader(io.RawIOBase):
-    """The data of xz (or legacy ``.lzma``) streams, one after another, as ``xz -d`` reads them.
-
-    ``lzma.LZMAFile`` reads concatenated streams but not the *stream padding*
-    the xz format allows between and after them (zero bytes, a multiple of
-    four): it took the padding for a stream cut short. Like ``LZMAFile``, data
-    that does not start a stream after the last one is ignored. The stream
-    under it is not closed with it.
-    """
-
-    def __init__(self, stream: Any) -> None:
-        self._read = stream.read
-        self._decoder = lzma.LZMADecompressor()
-        self._carry = b""  # compressed bytes read but not yet given to the decoder
-        self._fresh = False  # the decoder has been given nothing yet (a stream after another)
-        self._ended = False
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        while view and not self._ended:
-            decoder = self._decoder
-            if decoder.eof:
-                self._next_stream(decoder.unused_data)
-                continue
-            raw = b""
-            if decoder.needs_input:
-                raw, self._carry = self._carry or self._read(_BLOCK), b""
-                if not raw:
-                    raise EOFError(
-                        "Compressed file ended before the end-of-stream marker was reached"
-                    )
-            try:
-                data = decoder.decompress(raw, len(view))
-            except lzma.LZMAError:
-                if not self._fresh:
-                    raise
-                self._ended = True  # not a stream: trailing data, ignored as LZMAFile does
-                return 0
-            self._fresh = False
-            if data:
-                view[: len(data)] = data
-                return len(data)
-        return 0
-
-    def _next_stream(self, rest: bytes) -> None:
-        """Skip the padding after a stream's end, then start the next stream, if any."""
-        padding = 0
-        while True:
-            rest = rest or self._read(_BLOCK)
-            stripped = rest.lstrip(b"\0")
-            padding += len(rest) - len(stripped)
-            if stripped or not rest:
-                break
-            rest = b""
-        if padding % 4:
-            raise lzma.LZMAError(
-                f"{padding} zero byte(s) after an xz stream: stream padding must be a "
-                f"multiple of 4 bytes"
-            )
-        if not stripped:
-            self._ended = True
-            return
-        self._decoder = lzma.LZMADecompressor()
-        self._carry, self._fresh = stripped, True
-
-
-_BLOCK = 1 << 16
-
-
 def _named(error: BaseException, path: str, kind: str) -> BaseException:
     """``error`` again, of its type, its message naming the file (unless it already does)."""
     text = str(error)
@@ -203,10 +131,7 @@ def decompressed(stream: IO[Any], kind: CompressionType, path: str) -> Any:
         counted = _Counted(stream)
         inner: IO[bytes] = gzip.GzipFile(fileobj=counted, mode="rb")  # type: ignore[assignment,call-overload]
         return io.BufferedReader(_Decompressed(inner, stream, path, kind.value, counted))
-    if kind is CompressionType.LZMA:
-        inner = io.BufferedReader(XzReader(stream))
-    else:
-        inner = bz2.BZ2File(stream)  # type: ignore[assignment]
+    inner = open_streams(stream, "xz" if kind is CompressionType.LZMA else "bz2")
     return io.BufferedReader(_Decompressed(inner, stream, path, kind.value))
 
 

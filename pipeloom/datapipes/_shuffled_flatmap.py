@@ -67,7 +67,9 @@ class ShuffledFlatMapper(IterDataPipe):
         self.reset()
 
     def reset(self) -> None:
-        # [elements left, the item's stamp, index of the next element among the item's]
+        # [the item's elements, its stamp, index of its next element, index of elements[0]]
+        # (elements[0] is not the item's first element after a resume); elements already
+        # given out are replaced by None so that the buffer does not keep them alive.
         self._pending: list[list[Any]] = []
         self._rng: random.Random | None = None
         self._ended = False
@@ -86,34 +88,36 @@ class ShuffledFlatMapper(IterDataPipe):
             except Exception as error:
                 raise_with_note(error, self, stamp[2])
             if elements:
-                pending.append([elements, stamp, 0])
+                pending.append([elements, stamp, 0, 0])
         if not pending:
             raise StopIteration
         if self._rng is None:
             self._rng = random.Random(self.epoch_seed())
         index = self._rng.randrange(len(pending))
         entry = pending[index]
-        elements, stamp, output = entry
-        value = elements.pop(0)
+        elements, stamp, output, first = entry
+        value = elements[output - first]
+        elements[output - first] = None
         entry[2] = output + 1
-        if not elements:
+        if output + 1 - first == len(elements):
             del pending[index]
         stamp_output(stamp, output)  # element j of the item keyed k: key (*k, j)
         return value
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "pending": [(list(e), s, j) for e, s, j in self._pending],
+            "pending": [(e[j - first :], s, j) for e, s, j, first in self._pending],
             "rng": None if self._rng is None else self._rng.getstate(),
             "ended": self._ended,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)
-        self._pending = [
-            [list(entry[0]), fields.check_stamp("pending", entry[1]), (*entry, 0)[2]]
-            for entry in state["pending"]
-        ]
+        self._pending = []
+        for entry in state["pending"]:
+            output = (*entry, 0)[2]
+            stamp = fields.check_stamp("pending", entry[1])
+            self._pending.append([list(entry[0]), stamp, output, output])
         self._rng = None
         if state["rng"] is not None:
             self._rng = random.Random()

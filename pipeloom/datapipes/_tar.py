@@ -28,9 +28,7 @@ Example:
 
 from __future__ import annotations
 
-import bz2
 import gzip
-import io
 import lzma
 import tarfile
 import warnings
@@ -39,8 +37,8 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from ._base import IterDataPipe
-from ._decompress import XzReader
 from ._files import StreamReader
+from ._streams import open_streams
 from ._tarlinks import HardLinkError
 from ._tarstream import ChainedReader, TarStream
 
@@ -105,9 +103,7 @@ class _Source:
 def _decompressed(stream: Any, module: str) -> IO[bytes]:
     if module == "gzip":
         return gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[return-value]
-    if module == "bz2":
-        return bz2.BZ2File(stream)  # type: ignore[return-value]
-    return io.BufferedReader(XzReader(stream))
+    return open_streams(stream, "bz2" if module == "bz2" else "xz")
 
 
 def _open(source: _Source, mode: str, limit: int | None) -> tuple[TarStream, IO[bytes] | None]:

@@ -44,7 +44,7 @@ class IterableWrapper(IterDataPipe):
             )
         self.iterable = iterable
         self._unordered = isinstance(iterable, (set, frozenset))
-        if self._unordered:
+        if isinstance(iterable, (set, frozenset)):
             _check_sortable(iterable)
         self._one_shot = iter(iterable) is iterable if isinstance(iterable, Iterator) else False
         self._positioned = is_positioned(iterable)  # read by index: seek, shard at the source

