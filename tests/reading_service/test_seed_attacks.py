@@ -1,0 +1,97 @@
+"""Randomness drawn inside user code: the promises pipeloom makes about it.
+
+User functions draw from the global RNGs (``random``, NumPy's legacy global
+RNG, torch's default generator) as much as from ``item_rng()``. These tests
+attack what docs/reading_services.md promises for them: a process pipeloom
+starts seeds them from (seed, epoch), so the draws are the same in every run,
+new each epoch and replayed exactly on resume; and a part of the pipeline
+that every worker copies must not draw from them, since each copy would draw
+its own numbers and keep other items. Fork only; each test stays short.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from pipeloom import DataLoader
+from pipeloom.datapipes import IterableWrapper, IterDataPipe
+from pipeloom.reading_service import ThreadReadingService
+
+
+def global_draws(x):
+    """One draw from each global RNG, as torch-style augmentations take them."""
+    return (x, random.random(), float(np.random.rand()), float(torch.rand(())))
+
+
+class OwnProcess(IterDataPipe):
+    """Passes its source through, in a process of its own (``is_separate_process``)."""
+
+    inputs = ("source",)
+
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+
+    def is_separate_process(self) -> bool:
+        return True
+
+    def __iter__(self):
+        yield from self.source
+
+
+def side_stream():
+    """Batches from worker threads, zipped with a branch that draws in its own process."""
+    main = IterableWrapper(range(8)).sharding_filter().batch(2)
+    return main.zip(OwnProcess(IterableWrapper(range(4)).map(global_draws)))
+
+
+def side_draws(loader, count=None):
+    it = iter(loader)
+    return [side for _, side in (it if count is None else (next(it) for _ in range(count)))]
+
+
+@pytest.fixture
+def main_rngs_pinned():
+    """The main process's global RNGs in one fixed state before every loader (and after)."""
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+
+    def pin():
+        random.seed(0)
+        np.random.seed(0)
+        torch.manual_seed(0)
+
+    yield pin
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.set_rng_state(states[2])
+
+
+@pytest.mark.timeout(30)
+def test_a_separate_process_draws_the_same_each_run_new_each_epoch_and_resumes_exactly(
+    main_rngs_pinned,
+):
+    # Forked from the main process, the branch's process got the main's NumPy and
+    # torch states (the same each epoch when the main draws nothing between epochs)
+    # and a `random` reseeded from the OS at fork (another one each run).
+    service = lambda: ThreadReadingService(2)  # noqa: E731  (its separate process forks)
+    main_rngs_pinned()
+    with DataLoader(side_stream(), service(), seed=3) as loader:
+        first, second = side_draws(loader), side_draws(loader)
+    main_rngs_pinned()
+    with DataLoader(side_stream(), service(), seed=3) as loader:
+        again = side_draws(loader)
+    assert again == first  # the same seed: the same draws in every run
+    # each epoch draws anew, from every global RNG
+    assert all(x != y for a, b in zip(first, second) for x, y in zip(a[1:], b[1:]))
+
+    main_rngs_pinned()
+    with DataLoader(side_stream(), service(), seed=3) as loader:
+        before = side_draws(loader, 2)
+        state = loader.state_dict()
+    random.seed(1)  # another main process state: the resumed process must not care
+    with DataLoader(side_stream(), service(), seed=3) as resumed:
+        resumed.load_state_dict(state)
+        assert before + side_draws(resumed) == first
