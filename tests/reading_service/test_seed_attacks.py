@@ -12,14 +12,15 @@ its own numbers and keep other items. Fork only; each test stays short.
 from __future__ import annotations
 
 import random
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper, IterDataPipe
-from pipeloom.reading_service import ThreadReadingService
+from pipeloom.datapipes import IterableWrapper, IterDataPipe, item_rng, seed_pipeline
+from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 
 
 def global_draws(x):
@@ -95,3 +96,74 @@ def test_a_separate_process_draws_the_same_each_run_new_each_epoch_and_resumes_e
     with DataLoader(side_stream(), service(), seed=3) as resumed:
         resumed.load_state_dict(state)
         assert before + side_draws(resumed) == first
+
+
+# -- the copied part before the sharding point ------------------------------------------
+
+
+def coin(x):
+    """A random subsample before the sharding point, drawn from the global RNG."""
+    return random.random() < 0.5
+
+
+def item_coin(x):
+    """The same subsample from item_rng(): equal in every copy."""
+    return item_rng().random() < 0.5
+
+
+def subsampled(keep, shard=None):
+    """``range(40)`` filtered by ``keep`` before the sharding point, then batched.
+
+    With ``shard``, seeded and set as a worker's (or rank's) copy is.
+    """
+    sharded = IterableWrapper(range(40)).filter(keep).sharding_filter()
+    pipe = sharded.map(lambda x: x * 10).batch(4)
+    if shard is not None:
+        seed_pipeline(pipe, 1)
+        sharded.sharding_settings(*shard)
+    return pipe
+
+
+def test_a_copy_before_the_sharding_point_that_draws_globally_is_warned_about(main_rngs_pinned):
+    # What the workers' copies do: each draws its own coins (worker processes are
+    # seeded apart), so the shards, together, read some items twice and others
+    # never, and nothing said so.
+    items = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for index in range(2):
+            random.seed(index)
+            items += sum(list(subsampled(coin, (2, index))), [])
+    assert len(set(items)) < len(items)
+    with pytest.warns(RuntimeWarning, match="some read twice, others never"):
+        list(subsampled(coin, (2, 0)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(subsampled(coin, (1, 0)))  # one shard: nothing is copied, nothing to warn about
+        list(subsampled(item_coin, (2, 0)))  # item_rng() draws the same in every copy
+
+
+@pytest.mark.timeout(30)
+def test_worker_processes_warn_about_global_draws_before_the_sharding_point():
+    # The warning is raised in the worker (pytest turns warnings into errors, and a
+    # forked worker inherits that), so it comes back as the worker's error, with
+    # the worker, block and item named.
+    service = MultiProcessingReadingService(2, start_method="fork", timeout=20)
+    with DataLoader(subsampled(coin), service, seed=1) as loader:
+        with pytest.raises(RuntimeWarning, match="(?s)before a sharding point.*worker process"):
+            list(loader)
+
+
+@pytest.mark.timeout(30)
+def test_worker_threads_warn_about_global_draws():
+    def build():
+        return IterableWrapper(range(8)).sharding_filter().map(global_draws).batch(2)
+
+    with DataLoader(build(), ThreadReadingService(2), seed=1) as loader:
+        with pytest.raises(RuntimeWarning, match="(?s)share one interpreter's global RNGs.*thread"):
+            list(loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipe = IterableWrapper(range(8)).sharding_filter().map(item_coin).batch(2)
+        with DataLoader(pipe, ThreadReadingService(2), seed=1) as loader:
+            assert sum(len(batch) for batch in loader) == 8  # item_rng(): nothing to say

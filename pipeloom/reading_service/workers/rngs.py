@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...datapipes.runtime import derive_seed
+from ...datapipes.runtime import derive_seed, global_rng_states, same_rng_states
 
 __all__ = [
     "global_rng_states",
@@ -54,34 +54,9 @@ def seed_item_rngs(seed: int) -> None:
     torch.default_generator.manual_seed(seed)
 
 
-def global_rng_states() -> tuple[Any, Any, torch.Tensor]:
-    """The states of ``random``, NumPy's legacy global RNG and torch's CPU generator."""
-    return random.getstate(), np.random.get_state(), torch.default_generator.get_state()
-
-
 def set_global_rng_states(states: tuple[Any, Any, torch.Tensor]) -> None:
     """Put the global RNGs back as :func:`global_rng_states` saw them."""
     python, numpy, generator = states
     random.setstate(python)
     np.random.set_state(numpy)
     torch.default_generator.set_state(generator)
-
-
-def same_rng_states(a: tuple[Any, Any, torch.Tensor], b: tuple[Any, Any, torch.Tensor]) -> bool:
-    """True when no draw was taken from any global RNG between the two states.
-
-    Example:
-        >>> before = global_rng_states()
-        >>> same_rng_states(before, global_rng_states())
-        True
-        >>> _ = random.random()
-        >>> same_rng_states(before, global_rng_states())
-        False
-    """
-    (python_a, numpy_a, torch_a), (python_b, numpy_b, torch_b) = a, b
-    return (
-        python_a == python_b
-        and numpy_a[2:] == numpy_b[2:]
-        and bool(np.array_equal(numpy_a[1], numpy_b[1]))
-        and torch.equal(torch_a, torch_b)
-    )

@@ -27,7 +27,13 @@ class ThreadPool:
     """
 
     def __init__(
-        self, plan: Plan, *, count: int, prefetch: int, gil_baton: BatonMode = "auto"
+        self,
+        plan: Plan,
+        *,
+        count: int,
+        prefetch: int,
+        gil_baton: BatonMode = "auto",
+        in_order: bool = True,
     ) -> None:
         workers = plan.part("workers")
         point = plan.sharding_point
@@ -35,6 +41,7 @@ class ThreadPool:
         point_index = index_in_part(workers.exit, point)
         self.count = count
         self.prefetch = prefetch
+        self.in_order = in_order  # the consumer waits for worker 0's first output
         self.seed = block_seed(workers.exit) or 0
         shared = read_only_data(workers.exit)  # threads read it, none copies it
         self.copies: list[IterDataPipe] = [copy(workers.exit, share=shared) for _ in range(count)]
@@ -69,6 +76,7 @@ class ThreadPool:
                 resume=None if resume is None else (self.points[index], resume),
                 gate=gate,
                 baton=self._baton,
+                watch_draws=index == 0 and resume is None and self.in_order,
             )
             for index, pipe in enumerate(self.copies)
         ]
