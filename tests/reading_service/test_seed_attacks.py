@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeloom import DataLoader
+from pipeloom import DataLoader, get_worker_info
 from pipeloom.datapipes import IterableWrapper, IterDataPipe, item_rng, seed_pipeline
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 
@@ -167,3 +167,31 @@ def test_worker_threads_warn_about_global_draws():
         pipe = IterableWrapper(range(8)).sharding_filter().map(item_coin).batch(2)
         with DataLoader(pipe, ThreadReadingService(2), seed=1) as loader:
             assert sum(len(batch) for batch in loader) == 8  # item_rng(): nothing to say
+
+
+# -- ranks ----------------------------------------------------------------------------
+
+
+def worker_seed_of(x):
+    return get_worker_info().seed
+
+
+def one_rank(rank, service, fn):
+    """What rank ``rank`` of 2 reads (every rank agrees on the pipeline seed)."""
+    service.set_outer_sharding(2, rank)
+    pipe = IterableWrapper(range(8)).sharding_filter().map(fn).batch(2)
+    with DataLoader(pipe, service, seed=0) as loader:
+        return [out for batch in loader for out in batch]
+
+
+@pytest.mark.timeout(30)
+def test_worker_i_of_each_rank_draws_its_own_numbers():
+    # Worker seeds derived from (seed, epoch, worker id) alone: worker 0 of rank 1
+    # drew rank 0's worker 0's numbers, so every rank had the same augmentations.
+    draws = [
+        {out[1:] for out in one_rank(rank, MultiProcessingReadingService(2), global_draws)}
+        for rank in range(2)
+    ]
+    assert len(draws[0]) == len(draws[1]) == 4 and not draws[0] & draws[1]
+    seeds = [set(one_rank(rank, ThreadReadingService(2), worker_seed_of)) for rank in range(2)]
+    assert len(seeds[0]) == len(seeds[1]) == 2 and not seeds[0] & seeds[1]

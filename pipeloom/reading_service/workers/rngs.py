@@ -22,7 +22,31 @@ __all__ = [
     "seed_item_rngs",
     "seed_worker_rngs",
     "worker_seed",
+    "workers_seed",
 ]
+
+_RANK_TAG = 0x4A2C
+"""Mixed into a pool's seed with the rank's shard (``workers_seed``)."""
+
+
+def workers_seed(part_seed: int | None, outer: tuple[int, int]) -> int:
+    """The seed a pool's worker seeds derive from.
+
+    The workers' part's seed (None: no pipeline seed, 0) and, when ranks share
+    the pipeline (``outer``: this rank keeps shard ``index`` of ``total``), the
+    rank's shard: every rank agrees on one pipeline seed, and without it worker
+    ``i`` of every rank would draw the same global-RNG numbers (the same
+    augmentations on every rank).
+
+    Example:
+        >>> workers_seed(5, (1, 0))
+        5
+        >>> workers_seed(5, (2, 0)) != workers_seed(5, (2, 1))
+        True
+    """
+    seed = part_seed or 0
+    total, index = outer
+    return seed if total == 1 else derive_seed(seed, total, index, _RANK_TAG)
 
 
 def worker_seed(seed: int, epoch: int, worker_id: int) -> int:

@@ -12,6 +12,7 @@ from ....datapipes.runtime import RestOfEpoch, block_seed, read_only_data
 from ....graph import Plan, copy
 from ...planning.sharding import find_in_copy, index_in_part, keep_shard
 from ...workers.baton import BatonMode, BatonPolicy, BatonStatistics, GilBaton
+from ...workers.rngs import workers_seed
 from ...workers.thread import WorkerThread
 from .merge import WorkerChannel
 
@@ -42,7 +43,7 @@ class ThreadPool:
         self.count = count
         self.prefetch = prefetch
         self.in_order = in_order  # the consumer waits for worker 0's first output
-        self.seed = block_seed(workers.exit) or 0
+        self.seed = workers_seed(block_seed(workers.exit), plan.outer)
         shared = read_only_data(workers.exit)  # threads read it, none copies it
         self.copies: list[IterDataPipe] = [copy(workers.exit, share=shared) for _ in range(count)]
         self.points = [find_in_copy(c, point_index) for c in self.copies]
