@@ -8,13 +8,27 @@ from .._validate import check_index, check_int
 from ..errors import StateError
 from ._base import IterDataPipe
 from ._context import _ITEM
+from ._global_rngs import GlobalDrawCheck
 from ._pipeline import is_sharding_root
 from ._rest_of_epoch import RestOfEpoch
-from ._runs import DROP, SeekHead, Stage, owns_async_next
+from ._runs import DROP, PullHead, SeekHead, Stage, owns_async_next
 from ._seek import first_kept
 from ._state_fields import StateFields
 
 __all__ = ["ShardingFilter"]
+
+PREFIX_DRAW_CHECKS = 8
+"""Items per epoch whose making before a copied sharding point is checked for global draws."""
+
+PREFIX_DRAWS = (
+    "a global RNG (random, numpy.random or torch's default generator) was drawn from "
+    "while the blocks before a sharding point made an item. Every worker and rank runs "
+    "its own copy of those blocks, and each copy draws its own numbers, so the copies can "
+    "keep different items: some read twice, others never. Draw from pipeloom.item_rng() "
+    "there (the same in every copy), or move the random step after the sharding point. "
+    "(Worker threads share the global RNGs, so a draw by another thread shows the same "
+    "way; draws from them in worker threads depend on timing: use pipeloom.item_rng().)"
+)
 
 
 def check_sharding_group(sharding_group_filter: Any) -> None:
@@ -42,6 +56,13 @@ class ShardingFilter(IterDataPipe):
     Until a reading service calls :meth:`sharding_settings` there is one shard
     (everything passes). Calling it again replaces the previous settings.
 
+    With several shards, every worker (and rank) runs its own copy of the
+    blocks before this one, and all copies must make the same stream. A draw
+    from the global RNGs there (``random``, ``numpy.random``, ``torch.rand``)
+    would differ between copies, so they would keep other items: some read
+    twice, others never. The first items of each epoch are checked for such
+    draws, with a ``RuntimeWarning`` saying what to change.
+
     Example:
         >>> from pipeloom.datapipes import IterableWrapper
         >>> dp = ShardingFilter(IterableWrapper(range(10)))
@@ -65,6 +86,7 @@ class ShardingFilter(IterDataPipe):
         self._position = 0
         self._resume_from = 0
         self._rest: RestOfEpoch | None = None
+        self._draws = GlobalDrawCheck(checks=PREFIX_DRAW_CHECKS, message=PREFIX_DRAWS)
 
     def is_shardable(self) -> bool:
         return True
@@ -90,6 +112,9 @@ class ShardingFilter(IterDataPipe):
         self._rest = None
         self._root: bool | None = None  # decided at the first item of the epoch
         self._seekable: bool | None = None  # likewise
+        self._draws.restart()
+        if self._block_seed() is None:  # unseeded blocks draw their seeds from torch's RNG
+            self._draws.stop()
 
     def resume_at(self, position: int | RestOfEpoch) -> None:
         """Drop every item before ``position``: skipped at once when the source is
@@ -122,8 +147,12 @@ class ShardingFilter(IterDataPipe):
         if self._seekable and (total > 1 or self._position < self._resume_from):
             if not _ITEM.watchers:
                 self._seek()  # shard at the source: jump to the next kept position
+        draws = self._draws
         while True:
-            item = source.async_next()
+            if draws.left and total > 1:
+                item = self._checked_next(source)
+            else:
+                item = source.async_next()
             position = self._position
             self._position = position + 1
             if position < self._resume_from:
@@ -134,6 +163,18 @@ class ShardingFilter(IterDataPipe):
                 if self._root:  # below another sharding point: keep its positions
                     self._stamp_item(position)
                 return item
+
+    def _checked_next(self, source: IterDataPipe) -> Any:
+        """``source.async_next()``, watched for draws from the global RNGs."""
+        draws = self._draws
+        if self._seekable:  # a sequence read by position: no code of the user's runs
+            draws.stop()
+            return source.async_next()
+        draws.start()
+        try:
+            return source.async_next()
+        finally:
+            draws.done()
 
     @property
     def position(self) -> int:
@@ -181,12 +222,19 @@ class ShardingFilter(IterDataPipe):
             self._position = target
 
     # -- fused runs (``_runs.py``) ------------------------------------------------
-    def _run_head(self) -> SeekHead | None:
-        """The root over a positioned source reads only its shard's positions."""
+    def _run_head(self) -> SeekHead | PullHead | None:
+        """The root over a positioned source reads only its shard's positions.
+
+        While the blocks before a copied sharding point are watched for global
+        draws, it is read with ``async_next``, which watches them.
+        """
         if self._root is None:
             self._root = is_sharding_root(self)
-        if self._root and self._rest is None and _positioned_source(self.source) is not None:
+        positioned = _positioned_source(self.source) is not None
+        if self._root and self._rest is None and positioned:
             return _ShardHead(self)
+        if self._draws.left and self.total > 1 and not positioned:
+            return PullHead(self)
         return None
 
     def _run_stage(self) -> Stage:

@@ -47,6 +47,7 @@ from ._context import (
     stamp_item,
     worker_info,
 )
+from ._global_rngs import GlobalDrawCheck, global_rng_states, same_rng_states
 from ._held import HoldsItems, load_held
 from ._pipeline import check_declared_inputs, upstream_blocks
 from ._reader import waited_sources
@@ -55,6 +56,7 @@ from ._runs import RUN_LOOP_CODES, Head, RunReader, running_stage
 
 __all__ = [
     "NO_STAMP",
+    "GlobalDrawCheck",
     "RUN_LOOP_CODES",
     "Head",
     "HoldsItems",
@@ -68,6 +70,7 @@ __all__ = [
     "current_key",
     "current_position",
     "current_stamp",
+    "global_rng_states",
     "derive_seed",
     "forget_lazy_init",
     "key_position",
@@ -75,6 +78,7 @@ __all__ = [
     "read_only_data",
     "restart_blocks",
     "restore_stamp",
+    "same_rng_states",
     "running_stage",
     "set_output_queue",
     "set_worker_info",

@@ -26,6 +26,7 @@ from ..strategies.economic import EconomicRunner
 from ..strategies.in_process import InProcessRunner
 from ..strategies.runner import Runner
 from ..workers.process import worker_context
+from ..workers.rngs import workers_seed
 from ..workers.start_server import ServedContext, start_server
 from .base import PlannedService
 
@@ -186,7 +187,7 @@ class MultiProcessingReadingService(PlannedService):
         plan = self.plan(pipeline)
         pool = ProcessPool(
             plan,
-            seed=block_seed(plan.part("workers").exit) or 0,  # type: ignore[arg-type]
+            seed=workers_seed(block_seed(plan.part("workers").exit), plan.outer),  # type: ignore[arg-type]
             count=self.num_workers,
             prefetch=self.prefetch_factor,
             start_method=self.start_method,

@@ -15,6 +15,7 @@ from ..strategies.in_process import InProcessRunner
 from ..strategies.ray_actors.handle import Cluster, require_ray
 from ..strategies.ray_actors.pool import ActorOptions, RayPool
 from ..strategies.runner import Runner
+from ..workers.rngs import workers_seed
 from .base import PlannedService
 
 __all__ = ["RayReadingService"]
@@ -136,7 +137,7 @@ class RayReadingService(PlannedService):
         )
         pool = RayPool(
             plan,
-            seed=block_seed(plan.part("workers").exit) or 0,  # type: ignore[arg-type]
+            seed=workers_seed(block_seed(plan.part("workers").exit), plan.outer),  # type: ignore[arg-type]
             count=self.num_actors,
             prefetch=self.prefetch_factor,
             options=options,

@@ -80,7 +80,11 @@ class ThreadReadingService(PlannedService):
         if self.num_threads == 0:
             return InProcessRunner(pipeline, plan)
         pool = ThreadPool(
-            plan, count=self.num_threads, prefetch=self.prefetch_factor, gil_baton=self.gil_baton
+            plan,
+            count=self.num_threads,
+            prefetch=self.prefetch_factor,
+            gil_baton=self.gil_baton,
+            in_order=self.in_order,
         )
         return ClassicRunner(
             pipeline,

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...datapipes.runtime import derive_seed
+from ...datapipes.runtime import derive_seed, global_rng_states, same_rng_states
 
 __all__ = [
     "global_rng_states",
@@ -22,7 +22,31 @@ __all__ = [
     "seed_item_rngs",
     "seed_worker_rngs",
     "worker_seed",
+    "workers_seed",
 ]
+
+_RANK_TAG = 0x4A2C
+"""Mixed into a pool's seed with the rank's shard (``workers_seed``)."""
+
+
+def workers_seed(part_seed: int | None, outer: tuple[int, int]) -> int:
+    """The seed a pool's worker seeds derive from.
+
+    The workers' part's seed (None: no pipeline seed, 0) and, when ranks share
+    the pipeline (``outer``: this rank keeps shard ``index`` of ``total``), the
+    rank's shard: every rank agrees on one pipeline seed, and without it worker
+    ``i`` of every rank would draw the same global-RNG numbers (the same
+    augmentations on every rank).
+
+    Example:
+        >>> workers_seed(5, (1, 0))
+        5
+        >>> workers_seed(5, (2, 0)) != workers_seed(5, (2, 1))
+        True
+    """
+    seed = part_seed or 0
+    total, index = outer
+    return seed if total == 1 else derive_seed(seed, total, index, _RANK_TAG)
 
 
 def worker_seed(seed: int, epoch: int, worker_id: int) -> int:
@@ -54,34 +78,9 @@ def seed_item_rngs(seed: int) -> None:
     torch.default_generator.manual_seed(seed)
 
 
-def global_rng_states() -> tuple[Any, Any, torch.Tensor]:
-    """The states of ``random``, NumPy's legacy global RNG and torch's CPU generator."""
-    return random.getstate(), np.random.get_state(), torch.default_generator.get_state()
-
-
 def set_global_rng_states(states: tuple[Any, Any, torch.Tensor]) -> None:
     """Put the global RNGs back as :func:`global_rng_states` saw them."""
     python, numpy, generator = states
     random.setstate(python)
     np.random.set_state(numpy)
     torch.default_generator.set_state(generator)
-
-
-def same_rng_states(a: tuple[Any, Any, torch.Tensor], b: tuple[Any, Any, torch.Tensor]) -> bool:
-    """True when no draw was taken from any global RNG between the two states.
-
-    Example:
-        >>> before = global_rng_states()
-        >>> same_rng_states(before, global_rng_states())
-        True
-        >>> _ = random.random()
-        >>> same_rng_states(before, global_rng_states())
-        False
-    """
-    (python_a, numpy_a, torch_a), (python_b, numpy_b, torch_b) = a, b
-    return (
-        python_a == python_b
-        and numpy_a[2:] == numpy_b[2:]
-        and bool(np.array_equal(numpy_a[1], numpy_b[1]))
-        and torch.equal(torch_a, torch_b)
-    )

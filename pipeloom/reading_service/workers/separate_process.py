@@ -9,6 +9,11 @@ worker) runs a copy of the block and everything upstream of it, and sends
 Its checkpoint is how many outputs it delivered this epoch: a resumed process
 runs its branch from the start of the epoch and drops that many before it
 sends the first (the branch is seeded, so they are the same outputs).
+
+The process seeds its global RNGs (``random``, NumPy's legacy global RNG,
+torch) from (seed, epoch) at the start of each epoch, as a worker process
+does: code in the branch that draws from them gives the same values in every
+run, new values each epoch, and the same values again when a resume replays it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 
 from ..._shutdown import Steps, finalize_here
 from ...datapipes import IterDataPipe, StateFields
-from ...datapipes.runtime import restore_stamp
+from ...datapipes.runtime import block_seed, derive_seed, restore_stamp
 from ...errors import NotAvailable, QueueError
 from ...events import FdReadiness, ReadinessSource
 from ...queues import ProcessQueue
@@ -27,8 +32,12 @@ from .epoch import produce_epoch
 from .failure import Failure
 from .messages import END
 from .process import Payload, WorkerProcess, bootstrap, stop_processes, worker_context
+from .rngs import seed_worker_rngs, worker_seed
 
 __all__ = ["SeparateProcessReader"]
+
+_SEPARATE_TAG = 0x5E9A
+"""Mixed into a separate process's seed: its streams differ from worker 0's."""
 
 
 class SeparateProcessReader(IterDataPipe):
@@ -141,7 +150,10 @@ def _separate_main(
 ) -> None:
     label = bootstrap(name)
     put = queue.put if not skip else _dropping_first(queue.put, skip)
-    produce_epoch(payload.load(), put, epoch=epoch, worker_label=label, full_stamp=True)
+    block = payload.load()
+    seed = block_seed(block) or 0
+    seed_worker_rngs(derive_seed(worker_seed(seed, epoch, 0), _SEPARATE_TAG))
+    produce_epoch(block, put, epoch=epoch, worker_label=label, full_stamp=True)
 
 
 def _dropping_first(put: Callable[[Any], None], count: int) -> Callable[[Any], None]:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...datapipes import DataPipe, IterDataPipe
+from ...datapipes.runtime import GlobalDrawCheck
 from ...events import ReadinessSource
 from ...queues import ThreadQueue
 from .baton import GilBaton
@@ -23,6 +24,15 @@ __all__ = ["STOP_TIMEOUT", "WorkerThread"]
 
 STOP_TIMEOUT = 10.0
 """Seconds to wait for a worker thread to end after its queue was closed."""
+
+THREAD_DRAWS = (
+    "a global RNG (random, numpy.random or torch's default generator) was drawn from "
+    "while the worker threads made their first outputs. Worker threads share one "
+    "interpreter's global RNGs, so what each draws depends on thread timing: other "
+    "values in every run, and not the in-process run's. Draw from pipeloom.item_rng() "
+    "instead (per item: the same values under every reading service), or use "
+    "MultiProcessingReadingService, whose worker processes seed their own"
+)
 
 
 class WorkerThread:
@@ -42,6 +52,9 @@ class WorkerThread:
             thread first and opens the gate after.
         baton: the pool's GIL baton for this epoch (None: the thread never
             waits for one); see ``baton.py``.
+        watch_draws: warn (``THREAD_DRAWS``) when a global RNG moves while the
+            thread makes its first output: for the thread whose first output
+            the consumer waits for, so the consumer itself draws nothing then.
     """
 
     def __init__(
@@ -56,6 +69,7 @@ class WorkerThread:
         resume: tuple[DataPipe, Any] | None,
         gate: threading.Event | None = None,
         baton: GilBaton | None = None,
+        watch_draws: bool = False,
     ) -> None:
         self.label = f"worker thread {index}"
         # Read by whichever thread reads the loader's iterator (one at a time, under its lock).
@@ -65,7 +79,7 @@ class WorkerThread:
         info = WorkerInfo(index, count, worker_seed(seed, epoch, index), pipe)
         self.thread = threading.Thread(
             target=_run,
-            args=(pipe, self.queue, info, epoch, self.label, resume, gate, baton),
+            args=(pipe, self.queue, info, epoch, self.label, resume, gate, baton, watch_draws),
             name=f"pipeloom-worker-{index}",
             daemon=True,
         )
@@ -101,6 +115,7 @@ def _run(
     resume: tuple[DataPipe, Any] | None,
     gate: threading.Event | None,
     baton: GilBaton | None,
+    watch_draws: bool,
 ) -> None:
     if gate is not None:
         gate.wait()
@@ -117,9 +132,24 @@ def _run(
             baton.take(seat)
 
         baton.take(seat)
+    if watch_draws:
+        put = _first_output_watched(put)
     try:
         produce_epoch(pipe, put, epoch=epoch, worker_label=label, resume=resume)
     finally:
         if baton is not None:
             baton.give(seat)  # also when the pipeline raised a BaseException while held
         set_thread_worker_info(None)
+
+
+def _first_output_watched(put: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``put`` that warns, at the first output, if a global RNG moved since it was made."""
+    check = GlobalDrawCheck(checks=1, message=THREAD_DRAWS)
+    check.start()
+
+    def watched(message: Any) -> None:
+        if check.left and type(message) is tuple:  # an output (not END or a Failure)
+            check.done()
+        put(message)
+
+    return watched

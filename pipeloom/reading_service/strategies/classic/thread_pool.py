@@ -12,6 +12,7 @@ from ....datapipes.runtime import RestOfEpoch, block_seed, read_only_data
 from ....graph import Plan, copy
 from ...planning.sharding import find_in_copy, index_in_part, keep_shard
 from ...workers.baton import BatonMode, BatonPolicy, BatonStatistics, GilBaton
+from ...workers.rngs import workers_seed
 from ...workers.thread import WorkerThread
 from .merge import WorkerChannel
 
@@ -27,7 +28,13 @@ class ThreadPool:
     """
 
     def __init__(
-        self, plan: Plan, *, count: int, prefetch: int, gil_baton: BatonMode = "auto"
+        self,
+        plan: Plan,
+        *,
+        count: int,
+        prefetch: int,
+        gil_baton: BatonMode = "auto",
+        in_order: bool = True,
     ) -> None:
         workers = plan.part("workers")
         point = plan.sharding_point
@@ -35,7 +42,8 @@ class ThreadPool:
         point_index = index_in_part(workers.exit, point)
         self.count = count
         self.prefetch = prefetch
-        self.seed = block_seed(workers.exit) or 0
+        self.in_order = in_order  # the consumer waits for worker 0's first output
+        self.seed = workers_seed(block_seed(workers.exit), plan.outer)
         shared = read_only_data(workers.exit)  # threads read it, none copies it
         self.copies: list[IterDataPipe] = [copy(workers.exit, share=shared) for _ in range(count)]
         self.points = [find_in_copy(c, point_index) for c in self.copies]
@@ -69,6 +77,7 @@ class ThreadPool:
                 resume=None if resume is None else (self.points[index], resume),
                 gate=gate,
                 baton=self._baton,
+                watch_draws=index == 0 and resume is None and self.in_order,
             )
             for index, pipe in enumerate(self.copies)
         ]

@@ -23,6 +23,7 @@ from ....graph import Plan, copy
 from ...planning.cut import cut_for_dispatch
 from ...planning.sharding import keep_shard
 from ...workers.process import Payload, worker_context
+from ...workers.rngs import workers_seed
 from ..main_part import MainPart
 from ..runner import Runner, drain
 from .chain import BatchFeed, TaskFeed
@@ -168,7 +169,7 @@ class DispatchRunner(Runner):
             num_batch_workers=self.num_batch_workers,
             max_tasks=self._max_tasks,
             max_results=self._max_units,
-            seed=block_seed(self.plan.part("item workers").exit) or 0,  # type: ignore[arg-type]
+            seed=workers_seed(block_seed(self.plan.part("item workers").exit), self.plan.outer),  # type: ignore[arg-type]
             worker_init_fn=self.worker_init_fn,
             relay=self._relayed,
         )
