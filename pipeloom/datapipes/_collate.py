@@ -74,30 +74,27 @@ _INTO_OUTPUT = {**torch_collate.default_collate_fn_map, torch.Tensor: _stack_int
 
 
 def _collate_numbers(batch: Sequence[Any]) -> torch.Tensor | None:
-    """A batch of Python numbers through NumPy: the same tensor as torch makes, ~3x sooner.
+    """A batch of Python numbers through NumPy: the same tensor as torch makes, sooner.
 
     torch turns ints (and bools) into ``torch.tensor(batch)`` and floats into
-    float64; NumPy builds the same array from a list faster. Anything else
-    (mixed types, huge ints, other sequences) returns None: torch decides.
+    float64; NumPy builds the same array from a list faster. Only a list of
+    one exact type takes this path: NumPy would also read ``None`` as NaN and
+    ``"3.5"`` as 3.5 where torch refuses them, so anything else (mixed types,
+    subclasses, huge ints) returns None: torch decides.
     """
     if type(batch) is not list or not batch:
         return None
-    kind = type(batch[0])
-    if kind is float:
-        try:
-            array = np.array(batch, dtype=np.float64)
-        except (TypeError, ValueError):
-            return None
-        return torch.from_numpy(array) if array.ndim == 1 else None
-    if kind is int or kind is bool:
-        try:
-            array = np.array(batch)
-        except (TypeError, ValueError, OverflowError):
-            return None
-        expected = np.bool_ if kind is bool else np.int64
-        if array.dtype == expected or (kind is bool and array.dtype == np.int64):
-            return torch.from_numpy(array) if array.ndim == 1 else None
-    return None
+    kinds = set(map(type, batch))
+    if len(kinds) != 1 or (kind := kinds.pop()) not in _NUMBER_DTYPES:
+        return None
+    try:
+        array: np.ndarray = np.array(batch, dtype=_NUMBER_DTYPES[kind])
+    except OverflowError:  # an int beyond int64: torch's error
+        return None
+    return torch.from_numpy(array)
+
+
+_NUMBER_DTYPES: dict[type, type] = {float: np.float64, int: np.int64, bool: np.bool_}
 
 
 def check_conversion(conversion: Any) -> Callable[[Any], Any] | None:

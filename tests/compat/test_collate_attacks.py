@@ -1,0 +1,197 @@
+"""Attacks on collation: pipeloom's ``default_collate`` against torch's, wherever it runs.
+
+The reference is ``torch.utils.data.default_collate`` in the calling process
+(torch's ``DataLoader`` at ``num_workers=0``): the same structure, types,
+dtypes, shapes and values, or an error where torch raises one. pipeloom may
+collate in the calling thread, into warm buffers (big batches, outside
+worker processes) or into a worker's shared memory; batches must not depend
+on which.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pipeloom.datapipes._warm as warm
+import pipeloom.queues._process as process_queue
+from pipeloom.datapipes import default_collate
+from pipeloom.datapipes._context import collating_into
+from pipeloom.datapipes.runtime import set_output_queue
+from pipeloom.queues import ProcessQueue
+
+pytestmark = [
+    # torch warns when num_workers is above the CPUs this process may use
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    # and, once per process, when it stacks a read-only array (the first call would fail)
+    pytest.mark.filterwarnings("ignore:The given NumPy array is not writable:UserWarning"),
+]
+
+Pair = collections.namedtuple("Pair", "left right")
+
+
+def outcome(collate: Any, batch: list[Any]) -> tuple[str, Any]:
+    try:
+        return "ok", collate(batch)
+    except Exception as error:  # noqa: BLE001 - compared with the other side's
+        return "error", type(error)
+
+
+def difference(a: Any, b: Any, path: str = "batch") -> str | None:
+    """Where two collated batches differ (type, dtype, shape or bytes), or None."""
+    if type(a) is not type(b):
+        return f"{path}: {type(a).__name__} vs {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        if (a.dtype, a.shape) != (b.dtype, b.shape):
+            return f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        return None if raw(a) == raw(b) else f"{path}: values {a} vs {b}"
+    if isinstance(a, np.ndarray):
+        same = (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes())
+        return None if same else f"{path}: arrays {a!r} vs {b!r}"
+    if isinstance(a, dict):
+        if list(a) != list(b):
+            return f"{path}: keys {list(a)} vs {list(b)}"
+        pairs: Any = ((f"{path}[{k!r}]", a[k], b[k]) for k in a)
+    elif isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return f"{path}: length {len(a)} vs {len(b)}"
+        pairs = ((f"{path}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b)))
+    else:
+        return None if a == b else f"{path}: {a!r} vs {b!r}"
+    return next((d for p, x, y in pairs if (d := difference(x, y, p)) is not None), None)
+
+
+def raw(tensor: torch.Tensor) -> bytes:
+    """A tensor's values as bytes (conj/neg bits resolved, any strides)."""
+    flat = tensor.resolve_conj().resolve_neg().reshape(-1)
+    dense = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+    return dense.view(torch.uint8).numpy().tobytes()
+
+
+# -- Python numbers: the NumPy fast path must not read what torch refuses ------------------
+
+odd_neighbours = st.sampled_from(
+    [None, "3.5", "nan", b"2", datetime.date(2020, 1, 1), np.bool_(True), np.uint32(2**31)]
+    + [np.int8(3), np.float32(0.5), 2**63, 1 + 2j, True, 2, 2.5, torch.tensor(3)]
+)
+
+
+@given(
+    first=st.sampled_from([1.5, 7, True]),
+    rest=st.lists(st.one_of(st.integers(-9, 9), st.floats(-9, 9), odd_neighbours), max_size=4),
+)
+def test_numbers_mixed_with_other_types_collate_or_fail_as_torchs(first, rest):
+    """[1.0, None] became tensor([1., nan]) and [1.0, "3.5"] tensor([1.0, 3.5]) where
+    torch raises TypeError: NumPy's float() read them."""
+    batch = [first, *rest]
+    expected, got = outcome(tud.default_collate, batch), outcome(default_collate, batch)
+    assert got[0] == expected[0], (batch, expected, got)
+    if expected[0] == "error":
+        assert issubclass(got[1], expected[1]), (batch, expected, got)
+    else:
+        assert difference(expected[1], got[1]) is None, batch
+
+
+# -- nested samples, collated in each place pipeloom collates --------------------------------
+
+NUMPY_DTYPES = [np.bool_, np.int8, np.uint16, np.int64, np.uint64, np.float16, np.complex64]
+TORCH_DTYPES = [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16]
+TORCH_DTYPES += [torch.float64, torch.complex64, torch.uint16, torch.uint64]
+
+
+def leaf(kind: int, dtype: Any, variant: int, i: int) -> Any:
+    """Entry ``i`` of a field of one kind: every entry alike but in value."""
+    values = (np.arange(6) + i) % 3
+    if kind == 0:
+        return [i - 1, 0.5 + i, i % 2 == 0, "s" * i, b"b", None][variant]
+    if kind == 1:
+        return np.dtype(dtype).type(i)
+    if kind == 2:
+        array = values.astype(dtype).reshape(3, 2)
+        views = [array, array[:, ::2], array.T, array.astype(array.dtype.newbyteorder(">"))]
+        view = views[variant % 4] if variant < 4 else np.array(i, dtype=dtype)
+        view.flags.writeable = variant != 5 and view.flags.writeable
+        return view
+    tensor = torch.from_numpy(values).to(dtype).reshape(3, 2)
+    views = [tensor, tensor[:, ::2], tensor.T, tensor[1:2, 0], tensor.expand(2, 3, 2)]
+    if variant == 5:
+        return tensor.conj() if dtype.is_complex else torch.tensor(i, dtype=dtype)
+    return views[variant]
+
+
+fields = st.one_of(
+    st.tuples(st.just(0), st.none(), st.integers(0, 5)),
+    st.tuples(st.just(1), st.sampled_from(NUMPY_DTYPES), st.integers(0, 5)),
+    st.tuples(st.just(2), st.sampled_from(NUMPY_DTYPES), st.integers(0, 5)),
+    st.tuples(st.just(3), st.sampled_from(TORCH_DTYPES), st.integers(0, 5)),
+)
+shapes = st.recursive(
+    fields,
+    lambda inner: st.one_of(
+        st.lists(inner, min_size=1, max_size=2).map(lambda parts: ("dict", parts)),
+        st.lists(inner, min_size=1, max_size=2).map(lambda parts: ("list", parts)),
+        st.lists(inner, min_size=1, max_size=2).map(lambda parts: ("tuple", parts)),
+        st.tuples(inner, inner).map(lambda parts: ("pair", list(parts))),
+    ),
+    max_leaves=4,
+)
+
+
+def sample(shape: Any, i: int) -> Any:
+    kind, *rest = shape
+    if isinstance(kind, int):
+        return leaf(kind, *rest, i)
+    parts = [sample(part, i) for part in rest[0]]
+    if kind == "dict":
+        return {f"k{j}": part for j, part in enumerate(parts)}
+    return {"list": list, "tuple": tuple, "pair": lambda p: Pair(*p)}[kind](parts)
+
+
+@pytest.fixture
+def everywhere(monkeypatch):
+    """default_collate as it runs in the calling thread, into warm buffers, and in a
+    worker process (into its output queue's shared memory), even for small tensors."""
+    monkeypatch.setattr(warm, "WARM_MIN", 0)
+    monkeypatch.setattr(process_queue, "ALLOCATE_MIN", 0)
+
+    def in_warm_buffers(batch):
+        previous = collating_into(warm.WarmBuffers())
+        try:
+            return default_collate(batch)
+        finally:
+            collating_into(previous)
+
+    with ProcessQueue(capacity=4) as queue:
+
+        def in_a_worker(batch):
+            set_output_queue(queue)
+            try:
+                return default_collate(batch)
+            finally:
+                set_output_queue(None)
+
+        yield {"thread": default_collate, "warm": in_warm_buffers, "worker": in_a_worker}
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(shape=shapes, size=st.integers(1, 3))
+def test_nested_samples_collate_as_torchs_in_every_place(everywhere, shape, size):
+    batch = [sample(shape, i) for i in range(size)]
+    expected = outcome(tud.default_collate, batch)
+    for where, collate in everywhere.items():
+        got = outcome(collate, batch)
+        assert got[0] == expected[0], (where, batch, expected, got)
+        if expected[0] == "error":
+            assert issubclass(got[1], expected[1]), (where, batch, expected, got)
+        else:
+            assert difference(expected[1], got[1]) is None, (where, batch)
