@@ -36,6 +36,8 @@ def default_collate(batch: Sequence[Any]) -> Any:
         RuntimeError: samples whose tensors/arrays differ in shape, or whose
             lists differ in length; the message names the field and the shapes.
         TypeError: a field of a type torch cannot collate (e.g. None), named.
+        KeyError: a key of the first sample missing from a later one, named
+            with the entry (torch's own says only the key).
 
     Example:
         >>> default_collate([{"x": 1, "y": "a"}, {"x": 2, "y": "b"}])
@@ -48,7 +50,7 @@ def default_collate(batch: Sequence[Any]) -> Any:
         if collates_into_buffers():
             return torch_collate.collate(batch, collate_fn_map=_INTO_OUTPUT)
         return torch.utils.data.default_collate(batch)  # type: ignore[arg-type]
-    except (RuntimeError, TypeError) as error:
+    except (RuntimeError, TypeError, KeyError) as error:
         problem = _diagnose(list(batch), "sample") if _is_sequence(batch) and len(batch) else None
         if problem is None:
             raise

@@ -195,3 +195,13 @@ def test_nested_samples_collate_as_torchs_in_every_place(everywhere, shape, size
             assert issubclass(got[1], expected[1]), (where, batch, expected, got)
         else:
             assert difference(expected[1], got[1]) is None, (where, batch)
+
+
+def test_a_key_missing_from_a_later_sample_is_named_with_its_entry():
+    """torch's KeyError says only 'label'; which sample lacks it was left to guess."""
+    first = {"image": torch.zeros(2), "label": 1}
+    batch = [first, {"image": torch.ones(2), "label": 2}, {"image": torch.ones(2)}]
+    with pytest.raises(KeyError, match=r"sample\['label'\] is missing from entry 2"):
+        default_collate(batch)
+    with pytest.raises(KeyError):  # torch raises KeyError too
+        tud.default_collate(batch)
