@@ -23,10 +23,17 @@ from hypothesis import strategies as st
 
 import pipeloom.datapipes._warm as warm
 import pipeloom.queues._process as process_queue
-from pipeloom.datapipes import default_collate
+from pipeloom import DataLoader as NativeLoader
+from pipeloom.compat import DataLoader
+from pipeloom.datapipes import IterableWrapper, default_collate
 from pipeloom.datapipes._context import collating_into
 from pipeloom.datapipes.runtime import set_output_queue
 from pipeloom.queues import ProcessQueue
+from pipeloom.reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ThreadReadingService,
+)
 
 pytestmark = [
     # torch warns when num_workers is above the CPUs this process may use
@@ -205,3 +212,168 @@ def test_a_key_missing_from_a_later_sample_is_named_with_its_entry():
         default_collate(batch)
     with pytest.raises(KeyError):  # torch raises KeyError too
         tud.default_collate(batch)
+
+
+# -- what crosses from worker processes ------------------------------------------------------
+
+
+class Rows(tud.Dataset):
+    """Samples whose tensors have one element and a stride other than 1 (m[1:2, 0]),
+    and a field whose dtype differs between samples."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        m = torch.arange(15).reshape(5, 3) + i
+        return {
+            "one": m[1:2, 0],  # shape (1,), stride (3,)
+            "broadcast": torch.tensor(float(i)).expand(1),  # stride (0,)
+            "conj": torch.tensor([1 + 2j, 3j])[::2].conj(),
+            "mixed": torch.tensor([200], dtype=torch.uint8) if i % 2 == 0 else torch.tensor([-i]),
+        }
+
+
+def test_one_element_tensors_of_any_stride_cross_a_process_queue():
+    m = torch.arange(15).reshape(5, 3)
+    items = [m[1:2, 0], m[:1, 1:2].T, torch.tensor(2.5).expand(1), m.T[0, ::5]]
+    items += [torch.arange(4, dtype=torch.bfloat16)[1::4], torch.tensor([1 + 2j, 3j])[::2].conj()]
+    with ProcessQueue(capacity=len(items)) as queue:
+        for tensor in items:
+            queue.put(tensor)
+        got = [queue.get(timeout=5) for _ in items]
+    assert [difference(want, have) for want, have in zip(items, got)] == [None] * len(items)
+
+
+def as_is(batch):
+    return batch
+
+
+@pytest.mark.timeout(60)
+def test_worker_batches_equal_torchs_in_process_batches():
+    """A tensor of one element with a stride other than 1 (m[1:2, 0], x.expand(1))
+    could not leave a worker process ("self.stride(-1) must be 1 to view Long as
+    Byte") where torch's workers send it. And samples of mixed dtypes: torch's
+    workers stack into the first sample's dtype (int64 -3 after uint8 becomes 253),
+    its main process promotes (-3); pipeloom promotes in workers too."""
+    samples = [[Rows()[2 * b], Rows()[2 * b + 1]] for b in range(3)]
+    expected = [tud.default_collate(batch) for batch in samples]
+    assert expected[1]["mixed"].tolist() == [[200], [-3]]  # promoted to int64 in-process
+    for collate_fn, want in ((None, expected), (as_is, samples)):
+        loader = DataLoader(
+            Rows(),
+            batch_size=2,
+            num_workers=2,
+            multiprocessing_context="fork",
+            timeout=30,
+            collate_fn=collate_fn,
+        )
+        got = list(loader)
+        assert len(got) == 3
+        assert [difference(w, g) for w, g in zip(want, got)] == [None] * 3
+
+
+# -- one pipeline under every reading service ----------------------------------------------
+
+
+def item(i: int) -> dict[str, Any]:
+    m = torch.arange(15).reshape(5, 3) + i
+    return {
+        "big": torch.full((40, 1024), float(i)),  # 640 KiB batches: shared memory, warm buffers
+        "one": m[1:2, 0],
+        "T": m.T,
+        "a": np.full((2, 3), i, np.int16)[:, ::2],
+        "s": f"s{i}",
+        "n": i,
+        "f": i / 3,
+        "bf": torch.full((2,), i / 7, dtype=torch.bfloat16),
+        "c": torch.tensor([i + 1j]).conj(),
+    }
+
+
+def every_kind_of_collate(batch: list[Any]) -> tuple[Any, ...]:
+    """torch's batch, the samples themselves, a view of an input and plain values;
+    then the input list is mutated (as a careless collate_fn might)."""
+    collated = default_collate(batch)
+    out = (collated, list(batch), batch[0]["big"][1:3], [len(batch), None, "x"])
+    batch.reverse()
+    batch.append(batch[0])
+    return out
+
+
+SERVICES = {
+    "in-process": InProcessReadingService,
+    "threads": lambda: ThreadReadingService(2),
+    **{
+        strategy: lambda strategy=strategy: MultiProcessingReadingService(
+            2, strategy=strategy, start_method="fork", timeout=30
+        )
+        for strategy in ("classic", "economic", "chunked")
+    },
+}
+
+
+def as_bytes(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (str(value.dtype), tuple(value.shape), raw(value))
+    if isinstance(value, np.ndarray):
+        return (str(value.dtype), value.shape, value.tobytes())
+    if isinstance(value, dict):
+        return {key: as_bytes(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [as_bytes(v) for v in value])
+    return (type(value).__name__, repr(value))
+
+
+@pytest.mark.timeout(90)
+def test_batches_are_byte_identical_under_every_reading_service_while_held():
+    expected = None
+    for name, service in SERVICES.items():
+        pipe = IterableWrapper(range(11)).sharding_filter().map(item).batch(4)
+        pipe = pipe.collate(every_kind_of_collate).pin_memory().to_device("cpu")
+        with NativeLoader(pipe, service(), seed=0) as loader:
+            held = list(loader)  # each batch kept while the later ones are made
+            first = [as_bytes(batch) for batch in held]
+            again = [as_bytes(batch) for batch in loader]  # the memory of epoch 0, reused
+            kept = [as_bytes(batch) for batch in held]
+        expected = first if expected is None else expected
+        assert [len(batch[1]) for batch in held] == [4, 4, 3], name
+        assert first == expected, name
+        assert again == expected, name
+        assert kept == expected, f"{name}: a held batch changed in the next epoch"
+
+
+# -- how many batches, of what sizes -------------------------------------------------------
+
+
+class Shards(tud.IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        return iter(range(first, self.n, step))
+
+
+@pytest.mark.timeout(60)
+def test_batch_sizes_equal_torchs_with_a_short_last_batch():
+    """Map-style: the sampler's batches, the short last one dropped with drop_last,
+    under every strategy (economic and chunked batch the items themselves); an
+    iterable dataset: each worker's own batches and own short last one, as in
+    torch. (A native pipeline gives the in-process batches under every service:
+    the test above.)"""
+
+    def sizes(loader):
+        return [len(batch) for batch in loader]
+
+    kwargs = {"batch_size": 3, "num_workers": 2, "multiprocessing_context": "fork", "timeout": 30}
+    torch_sizes = sizes(tud.DataLoader(list(range(8)), drop_last=True, **kwargs))
+    assert torch_sizes == [3, 3]
+    for strategy in ("classic", "economic", "chunked"):
+        loader = DataLoader(list(range(8)), drop_last=True, strategy=strategy, **kwargs)
+        assert sizes(loader) == torch_sizes, strategy
+    for drop_last, per_worker in ((False, [3, 3, 1, 1]), (True, [3, 3])):
+        torch_shards = sizes(tud.DataLoader(Shards(8), drop_last=drop_last, **kwargs))
+        assert torch_shards == per_worker  # worker 0: 0 2 4 | 6, worker 1: 1 3 5 | 7
+        assert sizes(DataLoader(Shards(8), drop_last=drop_last, **kwargs)) == torch_shards
