@@ -34,6 +34,7 @@ from pipeloom.reading_service import (
     MultiProcessingReadingService,
     ThreadReadingService,
 )
+from tests.reading_service.thread_ranks import ok, rank_service, run_ranks
 
 pytestmark = [
     # torch warns when num_workers is above the CPUs this process may use
@@ -377,3 +378,24 @@ def test_batch_sizes_equal_torchs_with_a_short_last_batch():
         torch_shards = sizes(tud.DataLoader(Shards(8), drop_last=drop_last, **kwargs))
         assert torch_shards == per_worker  # worker 0: 0 2 4 | 6, worker 1: 1 3 5 | 7
         assert sizes(DataLoader(Shards(8), drop_last=drop_last, **kwargs)) == torch_shards
+
+
+def test_ranks_split_whole_batches_and_yield_as_many_each_as_documented():
+    """docs/distributed.md, "Uneven ends": not torch's DistributedSampler sizes."""
+
+    def batches(n, size, ranks, uneven):
+        def rank(world, index):
+            pipe = IterableWrapper(range(n)).sharding_filter().batch(size)
+            with NativeLoader(pipe, rank_service(world, index, uneven=uneven), seed=0) as loader:
+                return list(loader)
+
+        return ok(run_ranks(ranks, rank))
+
+    assert batches(5, 2, 2, "pad") == [[[0, 1], [4]], [[2, 3], [2, 3]]]
+    assert batches(5, 2, 2, "shortest") == [[[0, 1]], [[2, 3]]]
+    assert batches(5, 3, 3, "shortest") == [[], [], []]
+    sampled = [
+        [len(batch) for batch in tud.DataLoader(range(5), batch_size=2, sampler=sampler)]
+        for sampler in (tud.DistributedSampler(range(5), 2, r, shuffle=False) for r in (0, 1))
+    ]
+    assert sampled == [[2, 1], [2, 1]]  # torch: items split, padded from the epoch's start
