@@ -25,7 +25,7 @@ import pipeloom.datapipes._warm as warm
 import pipeloom.queues._process as process_queue
 from pipeloom import DataLoader as NativeLoader
 from pipeloom.compat import DataLoader
-from pipeloom.datapipes import IterableWrapper, default_collate
+from pipeloom.datapipes import IterableWrapper, PadCollate, default_collate
 from pipeloom.datapipes._context import collating_into
 from pipeloom.datapipes.runtime import set_output_queue
 from pipeloom.queues import ProcessQueue
@@ -34,6 +34,7 @@ from pipeloom.reading_service import (
     MultiProcessingReadingService,
     ThreadReadingService,
 )
+from pipeloom.testing import collect
 from tests.reading_service.thread_ranks import ok, rank_service, run_ranks
 
 pytestmark = [
@@ -280,7 +281,7 @@ def test_worker_batches_equal_torchs_in_process_batches():
 def item(i: int) -> dict[str, Any]:
     m = torch.arange(15).reshape(5, 3) + i
     return {
-        "big": torch.full((40, 1024), float(i)),  # 640 KiB batches: shared memory, warm buffers
+        "big": torch.full((64, 1024), float(i)),  # 1 MiB batches: shared memory, warm buffers
         "one": m[1:2, 0],
         "T": m.T,
         "a": np.full((2, 3), i, np.int16)[:, ::2],
@@ -307,7 +308,7 @@ SERVICES = {
     "threads": lambda: ThreadReadingService(2),
     **{
         strategy: lambda strategy=strategy: MultiProcessingReadingService(
-            2, strategy=strategy, start_method="fork", timeout=30
+            2, strategy=strategy, start_method="fork", timeout=30, persistent_workers=True
         )
         for strategy in ("classic", "economic", "chunked")
     },
@@ -399,3 +400,33 @@ def test_ranks_split_whole_batches_and_yield_as_many_each_as_documented():
         for sampler in (tud.DistributedSampler(range(5), 2, r, shuffle=False) for r in (0, 1))
     ]
     assert sampled == [[2, 1], [2, 1]]  # torch: items split, padded from the epoch's start
+
+
+# -- padding: padded_batch / PadCollate, pack -------------------------------------------------
+
+
+def test_padding_keeps_every_value_of_entries_of_mixed_dtypes():
+    """The padded batch was made in the first entry's dtype: 0.5 after int64 tokens
+    became 0, and int64 -3 after a uint8 entry became 253 (collate() promotes)."""
+    floats = PadCollate()([torch.tensor([1, 2]), torch.tensor([0.5])]).values
+    assert floats.dtype == torch.float32 and floats.tolist() == [[1, 2], [0.5, 0]]
+    signed = PadCollate()([torch.tensor([200], dtype=torch.uint8), torch.tensor([-3, 4])])
+    assert signed.values.dtype == torch.int64 and signed.values.tolist() == [[200, 0], [-3, 4]]
+    (packed,) = collect(IterableWrapper([[5, 6], [0.5]]).pack(4))
+    assert packed[0].tolist() == [5, 6, 0.5, 0]
+
+
+@pytest.mark.parametrize(
+    ("pad_value", "dtype"),  # stored as 255, 0, True and inf before
+    [(-1, torch.uint8), (0.5, torch.int64), (-1, torch.bool), (1e6, torch.float16)],
+)
+def test_a_pad_value_the_dtype_cannot_hold_is_refused_not_stored_as_another(pad_value, dtype):
+    """pad_value=-1 on uint8 tokens padded them with 255, a valid token, without a word."""
+    entries = [torch.ones(1, dtype=dtype), torch.ones(2, dtype=dtype)]
+    message = r"pad_value .* does not fit the {} entries, of dtype .* pass a pad_value that"
+    with pytest.raises(ValueError, match=message.format("sequence")):
+        PadCollate(pad_value=pad_value)(entries)
+    with pytest.raises(ValueError, match=message.format("'ids'")):
+        PadCollate(pad_value={"ids": pad_value})([{"ids": entry} for entry in entries])
+    with pytest.raises(ValueError, match=message.format("sequence")):
+        collect(IterableWrapper(entries[1:]).pack(4, pad_value=pad_value))
