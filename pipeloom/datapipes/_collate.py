@@ -193,8 +193,7 @@ def _diagnose(samples: list[Any], path: str) -> str | None:
     """Describe the first field where the samples cannot be collated, or None."""
     first = samples[0]
     if isinstance(first, (torch.Tensor, np.ndarray)):
-        shapes = [tuple(getattr(s, "shape", ())) for s in samples]
-        return _differ(path, "shape", shapes)
+        return _differ(path, "shape", [_shape(sample) for sample in samples])
     if isinstance(first, _LEAF_TYPES):
         return None
     if isinstance(first, Mapping):
@@ -217,6 +216,13 @@ def _diagnose(samples: list[Any], path: str) -> str | None:
                 return found
         return None
     return f"{path} is a {type(first).__name__}, which has no tensor form"
+
+
+def _shape(value: Any) -> Any:
+    """A sample's shape; a nested tensor has none (asking raises), so "nested"."""
+    if isinstance(value, torch.Tensor) and value.is_nested:
+        return "nested"
+    return tuple(getattr(value, "shape", ()))
 
 
 def _differ(path: str, what: str, values: list[Any]) -> str | None:

@@ -430,3 +430,17 @@ def test_a_pad_value_the_dtype_cannot_hold_is_refused_not_stored_as_another(pad_
         PadCollate(pad_value={"ids": pad_value})([{"ids": entry} for entry in entries])
     with pytest.raises(ValueError, match=message.format("sequence")):
         collect(IterableWrapper(entries[1:]).pack(4, pad_value=pad_value))
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged])
+def test_nested_tensors_get_torchs_message_not_an_internal_error(layout):
+    """Describing the samples asked a nested tensor for its shape, and torch's
+    "Batches of nested tensors are not currently supported" became "Internal error:
+    NestedTensorImpl doesn't support sizes. Please file an issue."."""
+    rows = [torch.ones(2), torch.ones(3)]
+    batch = [torch.nested.nested_tensor(rows, layout=layout) for _ in range(2)]
+    with pytest.raises(RuntimeError, match="nested tensors are not currently supported"):
+        tud.default_collate(batch)
+    with pytest.raises(RuntimeError, match="nested tensors are not currently supported"):
+        default_collate(batch)
