@@ -84,10 +84,9 @@ def _collate_numbers(batch: Sequence[Any]) -> torch.Tensor | None:
     ``"3.5"`` as 3.5 where torch refuses them, so anything else (mixed types,
     subclasses, huge ints) returns None: torch decides.
     """
-    if type(batch) is not list or not batch:
+    if type(batch) is not list or not batch or (kind := type(batch[0])) not in _NUMBER_DTYPES:
         return None
-    kinds = set(map(type, batch))
-    if len(kinds) != 1 or (kind := kinds.pop()) not in _NUMBER_DTYPES:
+    if set(map(type, batch)) != {kind}:
         return None
     try:
         array: np.ndarray = np.array(batch, dtype=_NUMBER_DTYPES[kind])
