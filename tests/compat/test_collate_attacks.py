@@ -257,11 +257,13 @@ def test_worker_batches_equal_torchs_in_process_batches():
     could not leave a worker process ("self.stride(-1) must be 1 to view Long as
     Byte") where torch's workers send it. And samples of mixed dtypes: torch's
     workers stack into the first sample's dtype (int64 -3 after uint8 becomes 253),
-    its main process promotes (-3); pipeloom promotes in workers too."""
+    its main process promotes (-3); pipeloom promotes in workers too, also when
+    collate_fn is torch's default_collate itself (which, called in a classic worker,
+    gave 253 while economic and chunked gave -3)."""
     samples = [[Rows()[2 * b], Rows()[2 * b + 1]] for b in range(3)]
     expected = [tud.default_collate(batch) for batch in samples]
     assert expected[1]["mixed"].tolist() == [[200], [-3]]  # promoted to int64 in-process
-    for collate_fn, want in ((None, expected), (as_is, samples)):
+    for collate_fn, want in ((None, expected), (tud.default_collate, expected), (as_is, samples)):
         loader = DataLoader(
             Rows(),
             batch_size=2,
