@@ -186,10 +186,19 @@ def padding(
     promotes), so copying them in loses nothing; a ``pad`` that dtype cannot hold is refused.
 
     Raises:
+        TypeError: dtypes torch does not promote (uint16 with int64), named.
         ValueError: ``pad`` would be stored as another number (-1 in uint8 as 255,
             0.5 in int64 as 0, 1e6 in float16 as inf); ``what`` names the entries.
     """
-    dtype = functools.reduce(torch.promote_types, (tensor.dtype for tensor in tensors))
+    dtypes = list(dict.fromkeys(tensor.dtype for tensor in tensors))
+    try:
+        dtype = functools.reduce(torch.promote_types, dtypes)
+    except RuntimeError as error:  # torch promotes no uint16/32/64 with another dtype
+        raise TypeError(
+            f"the {what} entries have dtypes {dtypes}, which torch does not promote to one "
+            f"(torch said: {error}); convert them to one dtype in a .map first "
+            f"(e.g. .astype(np.int64) or .to(torch.int64))"
+        ) from error
     if dtype == torch.bool:
         fits = pad in (0, 1)
     elif dtype.is_floating_point:

@@ -416,6 +416,9 @@ def test_padding_keeps_every_value_of_entries_of_mixed_dtypes():
     assert signed.values.dtype == torch.int64 and signed.values.tolist() == [[200, 0], [-3, 4]]
     (packed,) = collect(IterableWrapper([[5, 6], [0.5]]).pack(4))
     assert packed[0].tolist() == [5, 6, 0.5, 0]
+    tokens = [{"ids": np.array([1, 2], np.uint16)}, {"ids": [70000]}]  # 70000 -> 4464 in uint16
+    with pytest.raises(TypeError, match=r"'ids' entries have dtypes .* convert them to one"):
+        PadCollate()(tokens)
 
 
 @pytest.mark.parametrize(
