@@ -148,6 +148,8 @@ PRIVATE_IMPORTS_ALLOWED = {
     "tests/compat/test_compat_loader.py": {"_plan", "_engine"},
     "tests/datapipes/test_reader_attacks.py": {"_crc32c"},  # writes TFRecord frames
     "tests/datapipes/test_valid_inputs.py": {"_crc32c"},  # writes TFRecord frames
+    # collates small batches into warm buffers and a worker's queue (thresholds patched)
+    "tests/compat/test_collate_attacks.py": {"_warm", "_process", "_context"},
 }
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..datapipes import IterDataPipe
+import torch.utils.data
+
+from ..datapipes import IterDataPipe, default_collate
 from ..reading_service import (
     InProcessReadingService,
     MultiProcessingReadingService,
@@ -56,11 +58,17 @@ def build_map_pipeline(
 def build_pipeline(loader: Any) -> IterDataPipe:
     """The pipeline that reads ``loader``'s dataset (see ``docs/compat.md``)."""
     pipeline: IterDataPipe
+    collate_fn = loader.collate_fn
+    if collate_fn is torch.utils.data.default_collate:
+        # ours, as for collate_fn=None: torch's own, called in a worker process, stacks
+        # samples of mixed dtypes into the first one's (uint8 then -3 gives 253), so each
+        # strategy would give another batch; ours gives torch's num_workers=0 batch
+        collate_fn = default_collate
     if loader._iterable:
         pipeline = IterableDatasetSource(
             loader.dataset,
             batch_size=loader.batch_size,
-            collate_fn=loader.collate_fn,
+            collate_fn=collate_fn,
             drop_last=loader.drop_last,
         )
     else:
@@ -73,7 +81,7 @@ def build_pipeline(loader: Any) -> IterDataPipe:
         pipeline = build_map_pipeline(
             loader._board,
             loader.dataset,
-            loader.collate_fn,
+            collate_fn,
             auto_collation=loader._auto_collation,
             per_item_batch=(loader.batch_size, loader.drop_last) if per_item else None,  # type: ignore[arg-type]
         )

@@ -16,7 +16,15 @@ from typing import Any, NamedTuple
 import torch
 
 from ._collate import default_collate
-from ._sequences import PadValue, check_pad_value, is_sequence, pad_for, sequence_keys, to_tensor
+from ._sequences import (
+    PadValue,
+    check_pad_value,
+    is_sequence,
+    pad_for,
+    padding,
+    sequence_keys,
+    to_tensor,
+)
 
 __all__ = ["PadCollate", "PaddedBatch"]
 
@@ -154,9 +162,7 @@ class PadCollate:
         multiple = self.pad_to_multiple_of
         if multiple is not None:
             longest = -(-longest // multiple) * multiple
-        out = torch.full(
-            (len(tensors), longest, *tensors[0].shape[1:]), pad, dtype=tensors[0].dtype
-        )
+        out = padding((len(tensors), longest, *tensors[0].shape[1:]), pad, tensors, what)
         for row, tensor in zip(out, tensors):
             row[: tensor.shape[0]] = tensor
         return out, lengths

@@ -8,7 +8,10 @@ An item is either
   ``labels``, ...) and whose other values (numbers, strings) are *metadata*.
 
 Outputs are torch tensors: a field keeps its dtype (lists of ints become
-int64), ``segment_ids`` and ``positions`` are int64.
+int64; items of different dtypes give the dtype they promote to, as
+``torch.stack`` does), ``segment_ids`` and ``positions`` are int64. A
+``pad_value`` the field's dtype cannot hold (-1 in uint8, 0.5 in int64) is
+refused rather than stored as another number.
 
 Example:
     >>> pack_segments([([5, 6], 0, 2), ([7], 0, 1)], 4, 0)
@@ -17,6 +20,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +34,7 @@ __all__ = [
     "is_sequence",
     "item_length",
     "pack_segments",
+    "padding",
     "pad_for",
     "sequence_keys",
     "slice_item",
@@ -155,13 +161,13 @@ def pack_segments(
     first = segments[0][0]
     if not isinstance(first, Mapping):
         parts = [(to_tensor(item), a, b) for item, a, b in segments]
-        values = _lay_out(parts, length, pad_for(pad_value, None))
+        values = _lay_out(parts, length, pad_for(pad_value, None), "sequence")
         return values, segment_ids, positions
     row: dict[str, Any] = {}
     for key, sample in first.items():
         if is_sequence(sample):
             parts = [(to_tensor(item[key]), a, b) for item, a, b in segments]
-            row[key] = _lay_out(parts, length, pad_for(pad_value, key))
+            row[key] = _lay_out(parts, length, pad_for(pad_value, key), repr(key))
         else:
             row[key] = [item[key] for item, _, _ in segments]
     for key in RESERVED:
@@ -173,9 +179,49 @@ def pack_segments(
     return row
 
 
-def _lay_out(parts: list[tuple[torch.Tensor, int, int]], length: int, pad: Any) -> torch.Tensor:
+def padding(
+    shape: Sequence[int], pad: float | int, tensors: Sequence[torch.Tensor], what: str
+) -> torch.Tensor:
+    """``torch.full(shape, pad)`` in the dtype ``tensors`` promote to (as ``torch.stack``
+    promotes), so copying them in loses nothing; a ``pad`` that dtype cannot hold is refused.
+
+    Raises:
+        TypeError: dtypes torch does not promote (uint16 with int64), named.
+        ValueError: ``pad`` would be stored as another number (-1 in uint8 as 255,
+            0.5 in int64 as 0, 1e6 in float16 as inf); ``what`` names the entries.
+    """
+    dtypes = list(dict.fromkeys(tensor.dtype for tensor in tensors))
+    try:
+        dtype = functools.reduce(torch.promote_types, dtypes)
+    except RuntimeError as error:  # torch promotes no uint16/32/64 with another dtype
+        raise TypeError(
+            f"the {what} entries have dtypes {dtypes}, which torch does not promote to one "
+            f"(torch said: {error}); convert them to one dtype in a .map first "
+            f"(e.g. .astype(np.int64) or .to(torch.int64))"
+        ) from error
+    if dtype == torch.bool:
+        fits = pad in (0, 1)
+    elif dtype.is_floating_point:
+        fits = not math.isfinite(pad) or abs(pad) <= torch.finfo(dtype).max
+    elif dtype.is_complex:
+        fits = True
+    else:
+        info = torch.iinfo(dtype)
+        fits = float(pad).is_integer() and info.min <= pad <= info.max
+    if not fits:
+        raise ValueError(
+            f"pad_value {pad!r} does not fit the {what} entries, of dtype {dtype} (it would "
+            f"be stored as another number); pass a pad_value that {dtype} holds (e.g. 0), or "
+            f"convert those entries to a wider dtype in a .map first"
+        )
+    return torch.full(tuple(shape), pad, dtype=dtype)
+
+
+def _lay_out(
+    parts: list[tuple[torch.Tensor, int, int]], length: int, pad: Any, what: str
+) -> torch.Tensor:
     first = parts[0][0]
-    out = torch.full((length, *first.shape[1:]), pad, dtype=first.dtype)
+    out = padding((length, *first.shape[1:]), pad, [part[0] for part in parts], what)
     offset = 0
     for tensor, start, stop in parts:
         out[offset : offset + stop - start] = tensor[start:stop]

@@ -99,6 +99,8 @@ def _reduce_tensor(tensor: torch.Tensor) -> Any:
         elif (shared := shared_tensor(scan, tensor)) is not None:
             return shared
     flat = tensor.resolve_conj().resolve_neg().contiguous().reshape(-1)
+    if flat.numel() == 1:  # "contiguous" whatever its stride (m[1:2, 0]); bytes need stride 1
+        flat = flat.as_strided((1,), (1,))
     raw = flat.view(torch.uint8).numpy()
     return _rebuild_tensor, (pickle.PickleBuffer(raw), tensor.dtype, tuple(tensor.shape))  # type: ignore[arg-type]
 
