@@ -42,7 +42,7 @@ from ._attributes import attribute_values, blocks_in
 from ._context import _ITEM, derive_seed
 from ._functional import IterFunctional, MapFunctional
 from ._nesting import NESTING, nested_call
-from ._numbering import Numbering, install_numbering, stamp_position
+from ._numbering import Numbering, install_index_stamps, install_numbering, stamp_position
 from ._numbering import overrides as _overrides
 from ._reader import BlockingIterator, BlockingReader
 
@@ -465,8 +465,8 @@ class MapDataPipe(MapFunctional, DataPipe):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         has_async = _overrides(cls, "async_get", MapDataPipe)
-        has_sync = _overrides(cls, "__getitem__", MapDataPipe)
-        cls._pl_sync_style = has_sync and not has_async
+        cls._pl_sync_style = _overrides(cls, "__getitem__", MapDataPipe) and not has_async
+        install_index_stamps(cls)  # user-defined: see _numbering.py
 
     def async_get(self, index: int) -> Any:
         """Return item ``index`` or raise ``NotAvailable`` (the item is then requested)."""
