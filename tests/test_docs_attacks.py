@@ -8,10 +8,13 @@ import pytest
 
 import pipeloom
 from pipeloom.datapipes import (
+    IterableWrapper,
+    IterDataPipe,
     MapDataPipe,
     MapToIter,
     SequenceWrapper,
 )
+from pipeloom.errors import StateError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 
 
@@ -82,3 +85,75 @@ def test_economic_explains_that_a_map_style_batch_is_not_the_batch_it_needs():
     with pytest.raises(ValueError, match=r"called on a map-style block.*MapToIter\(dataset"):
         with pipeloom.DataLoader(pipe, fork_service(2, strategy="economic"), seed=0) as loader:
             list(loader)
+
+
+# -- a block that turns one record into several items, written as a generator -----------------
+
+
+def make_lines():
+    """A fresh class each time: what a class was seen doing is remembered per class."""
+
+    class Lines(IterDataPipe):
+        inputs = ("source",)
+
+        def __init__(self, source):
+            self.source = source
+
+        def __iter__(self):
+            for n in self.source:
+                for j in range(n):  # n records from input n
+                    yield (n, j)
+
+        def state_dict(self):
+            return {}
+
+    return Lines
+
+
+def test_a_generator_making_several_items_per_input_refuses_a_state_it_cannot_resume():
+    lines = make_lines()
+
+    def pipeline():
+        return lines(IterableWrapper([3, 1, 2]).sharding_filter()).batch(2)
+
+    loader = pipeloom.DataLoader(pipeline(), seed=0)
+    iterator = iter(loader)
+    next(iterator)  # [(3, 0), (3, 1)]: inside input 3, which a restart would skip
+    with pytest.raises(
+        StateError,
+        match=r"block #1 Lines\(\): its __iter__ generator .*"
+        r"Write the block with async_next\(\).*resume_by_replay=True",
+    ):
+        loader.state_dict()
+    replayed = pipeloom.DataLoader(pipeline(), seed=0, resume_by_replay=True)
+    iterator = iter(replayed)
+    seen = [next(iterator)]
+    resumed = pipeloom.DataLoader(pipeline(), seed=0, resume_by_replay=True)
+    resumed.load_state_dict(replayed.state_dict())
+    assert seen + list(resumed) == list(pipeloom.DataLoader(pipeline(), seed=0))
+
+
+def test_a_generator_with_one_item_per_input_still_checkpoints_with_an_empty_state():
+    class Plus(IterDataPipe):
+        inputs = ("source",)
+
+        def __init__(self, source):
+            self.source = source
+
+        def __iter__(self):
+            for x in self.source:
+                if x % 3:
+                    yield x + 100
+
+        def state_dict(self):
+            return {}
+
+    def pipeline():
+        return Plus(IterableWrapper(range(10))).batch(2)
+
+    loader = pipeloom.DataLoader(pipeline(), seed=0)
+    iterator = iter(loader)
+    seen = [next(iterator)]
+    resumed = pipeloom.DataLoader(pipeline(), seed=0)
+    resumed.load_state_dict(loader.state_dict())
+    assert seen + list(resumed) == list(pipeloom.DataLoader(pipeline(), seed=0))

@@ -15,6 +15,7 @@ from ..errors import StateError
 from ._attributes import attribute_values
 from ._base import DataPipe, IterDataPipe
 from ._context import derive_seed
+from ._generator_place import check_generator_place
 
 __all__ = [
     "check_declared_inputs",
@@ -261,6 +262,7 @@ def pipeline_state_dict(output: DataPipe) -> dict:
             state = block.state_dict()
         except NotImplementedError as error:
             raise StateError(f"block #{index} {block!r}: {error}") from error
+        check_generator_place(index, block, state)
         entry: dict[str, Any] = {"type": type(block).__qualname__, "state": state}
         numbering = block._numbering()  # a user-defined source's count (stamps_positions)
         if numbering.active:
