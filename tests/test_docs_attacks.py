@@ -4,6 +4,8 @@ that says what was expected, what was got and how to fix it."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import pipeloom
@@ -157,3 +159,101 @@ def test_a_generator_with_one_item_per_input_still_checkpoints_with_an_empty_sta
     resumed = pipeloom.DataLoader(pipeline(), seed=0)
     resumed.load_state_dict(loader.state_dict())
     assert seen + list(resumed) == list(pipeloom.DataLoader(pipeline(), seed=0))
+
+
+# -- mistakes a reader of the docs makes ---------------------------------------------------
+
+
+def test_a_shardable_block_without_sharding_settings_is_refused_not_read_by_every_worker():
+    class Numbers(IterDataPipe):
+        def is_shardable(self):
+            return True
+
+        def __iter__(self):
+            yield from range(6)
+
+        def state_dict(self):
+            return {}
+
+    with pytest.raises(
+        TypeError,
+        match=r"Numbers.is_shardable\(\) returns True but Numbers does "
+        r"not implement sharding_settings\(total, index\), so each worker",
+    ):
+        pipeloom.DataLoader(Numbers(), ThreadReadingService(2))
+
+
+def test_inputs_naming_an_attribute_the_block_never_set_says_which_and_how_to_fix():
+    class Reader(IterDataPipe):
+        inputs = ("source",)
+
+        def __init__(self, datapipe):
+            self.datapipe = datapipe  # the docs say self.source
+
+        def __iter__(self):
+            yield from self.datapipe
+
+    with pytest.raises(
+        AttributeError,
+        match=r"Reader.inputs = \('source',\) names 'source', but "
+        r"this Reader has no attribute 'source'.*set self.source",
+    ):
+        pipeloom.DataLoader(Reader(IterableWrapper([1])))
+
+
+def test_an_iter_that_returns_a_list_says_to_write_a_generator():
+    class Listed(IterDataPipe):
+        inputs = ("source",)
+
+        def __init__(self, source):
+            self.source = source
+
+        def __iter__(self):
+            return [x for x in self.source]
+
+    with pytest.raises(TypeError, match="Listed.__iter__ must return an iterator, got list; "):
+        list(pipeloom.DataLoader(Listed(IterableWrapper([1])).map(str)))
+
+
+def test_a_generator_source_for_worker_threads_says_to_pass_a_reiterable():
+    pipe = IterableWrapper(x for x in range(4)).sharding_filter()
+    with pytest.raises(
+        TypeError,
+        match=r"one-shot iterator \(generator\), which cannot be copied "
+        r"to worker threads.*pass a re-iterable object such as a list",
+    ):
+        with pipeloom.DataLoader(pipe, ThreadReadingService(2)) as loader:
+            list(loader)
+
+
+def test_a_state_that_cannot_be_pickled_is_refused_naming_the_block_and_field():
+    class Locked(IterDataPipe):
+        inputs = ("source",)
+
+        def __init__(self, source):
+            self.source = source
+            self.lock = threading.Lock()
+
+        def __iter__(self):
+            yield from self.source
+
+        def state_dict(self):
+            return {"count": 1, "lock": self.lock}
+
+        def load_state_dict(self, state):
+            pass
+
+    loader = pipeloom.DataLoader(Locked(IterableWrapper(range(3))), seed=0)
+    next(iter(loader))
+    with pytest.raises(
+        StateError,
+        match=r"block #0 Locked\(\): state_dict\(\) returned a state "
+        r"that cannot be pickled .*its field 'lock' must hold plain values",
+    ):
+        loader.state_dict()
+
+
+def test_load_state_dict_strict_must_be_a_bool():
+    loader = pipeloom.DataLoader(IterableWrapper(range(3)), seed=0)
+    with pytest.raises(TypeError, match="strict must be a bool, got str 'no'; pass True or False"):
+        loader.load_state_dict(loader.state_dict(), strict="no")  # type: ignore[arg-type]

@@ -38,7 +38,7 @@ import torch
 from .._validate import check_int
 from ..errors import NotAvailable
 from ..events import ReadinessSource
-from ._attributes import attribute_values, blocks_in
+from ._attributes import attribute_values, blocks_in, declared_input
 from ._context import _ITEM, derive_seed
 from ._functional import IterFunctional, MapFunctional
 from ._generator_place import start_generator
@@ -135,7 +135,7 @@ class DataPipe:
         found: list[DataPipe] = []
         if type(self)._pl_declares_inputs:
             for name in self.inputs:
-                found.extend(_blocks_in(getattr(self, name)))
+                found.extend(_blocks_in(declared_input(self, name)))
         else:  # read the values, not vars(self): see _attributes.py
             for value in attribute_values(self):
                 found.extend(_blocks_in(value))

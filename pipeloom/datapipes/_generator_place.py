@@ -50,8 +50,15 @@ __all__ = ["check_generator_place", "start_generator"]
 
 
 def start_generator(block: Any) -> Iterator[Any]:
-    """Call ``block``'s own ``__iter__`` (an inner ``iter()`` restarts nothing)."""
-    return nested_call(type(block).__iter__, block)  # type: ignore[no-any-return]
+    """Call ``block``'s own ``__iter__``; refuse what is not an iterator."""
+    gen = nested_call(type(block).__iter__, block)
+    if not hasattr(gen, "__next__"):
+        kind = type(block).__name__
+        raise TypeError(
+            f"{kind}.__iter__ must return an iterator, got {type(gen).__name__}; write "
+            f"it as a generator (yield each item) or return iter(...) of the items"
+        )
+    return gen  # type: ignore[no-any-return]
 
 
 def check_generator_place(index: int, block: Any, state: Any) -> None:
