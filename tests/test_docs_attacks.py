@@ -4,11 +4,14 @@ that says what was expected, what was got and how to fix it."""
 
 from __future__ import annotations
 
+import inspect
+import pathlib
 import threading
 
 import pytest
 
 import pipeloom
+from pipeloom import compat, reading_service
 from pipeloom.datapipes import (
     IterableWrapper,
     IterDataPipe,
@@ -257,3 +260,62 @@ def test_load_state_dict_strict_must_be_a_bool():
     loader = pipeloom.DataLoader(IterableWrapper(range(3)), seed=0)
     with pytest.raises(TypeError, match="strict must be a bool, got str 'no'; pass True or False"):
         loader.load_state_dict(loader.state_dict(), strict="no")  # type: ignore[arg-type]
+
+
+# -- defaults the docs state, against the signatures -----------------------------------------
+
+DOCUMENTED_DEFAULTS = [  # (page, the claim as written, object, parameter, default)
+    ("distributed.md", '`"shortest"` (default)', "DistributedReadingService", "uneven", "shortest"),
+    ("distributed.md", '`"auto"` (default)', "DistributedReadingService", "end_check", "auto"),
+    (
+        "distributed.md",
+        "`timeout=` seconds (default 300)",
+        "DistributedReadingService",
+        "timeout",
+        300,
+    ),
+    ("distributed.md", "`max_restarts` times (default\n3)", "RayReadingService", "max_restarts", 3),
+    (
+        "distributed.md",
+        "`start_timeout` seconds (default 60)",
+        "RayReadingService",
+        "start_timeout",
+        60,
+    ),
+    (
+        "storage.md",
+        "`max_member_size` bytes (default\n  4 GiB",
+        "load_from_tar",
+        "max_member_size",
+        4 << 30,
+    ),
+    ("storage.md", "`timeout` seconds\n  (default 30)", "read_from_http", "timeout", 30),
+    ("storage.md", "`retries` times in a row (default 3", "read_from_http", "retries", 3),
+    ("storage.md", "`backoff` seconds (default 0.5", "read_from_http", "backoff", 0.5),
+    ("storage.md", "`deadline` (default 600 seconds", "read_from_http", "deadline", 600),
+    ("language_models.md", '`"first"` (default)', "mux", "stop", "first"),
+    ("language_models.md", '`"split"` (default)', "pack", "oversized", "split"),
+    (
+        "reading_services.md",
+        '`"classic"` (default)',
+        "MultiProcessingReadingService",
+        "strategy",
+        "classic",
+    ),
+    ("compat.md", '`"process"` (default)', "compat.DataLoader", "worker_type", "process"),
+]
+
+
+@pytest.mark.parametrize(
+    ("page", "claim", "owner", "parameter", "default"),
+    DOCUMENTED_DEFAULTS,
+    ids=[f"{owner}.{parameter}" for _, _, owner, parameter, _ in DOCUMENTED_DEFAULTS],
+)
+def test_a_default_the_docs_state_is_the_signatures(page, claim, owner, parameter, default):
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / page).read_text()
+    assert claim in text, f"{page} no longer says {claim!r}: update this table"
+    where = {"compat.DataLoader": compat.DataLoader}
+    found = (
+        where.get(owner) or getattr(reading_service, owner, None) or getattr(IterDataPipe, owner)
+    )
+    assert inspect.signature(found).parameters[parameter].default == default
