@@ -230,6 +230,7 @@ class DataLoader(ShutsDown):
                 or (``strict``) it was saved from another pipeline; the message
                 says what differs.
         """
+        check_bool("strict", strict)
         self._steps.refuse_inside_a_step("load_state_dict()")
         with self._steps.between():
             if self._closed:

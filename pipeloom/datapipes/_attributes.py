@@ -21,7 +21,7 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-__all__ = ["attribute_values", "blocks_in"]
+__all__ = ["attribute_values", "blocks_in", "declared_input"]
 
 _MISSING = object()
 
@@ -59,3 +59,16 @@ def blocks_in(value: Any, kind: type) -> list[Any]:
         if isinstance(values[0], kind):
             return [v for v in values if isinstance(v, kind)]
     return []
+
+
+def declared_input(block: Any, name: str) -> Any:
+    """The value of the attribute ``name`` that ``block``'s ``inputs`` declares."""
+    try:
+        return getattr(block, name)
+    except AttributeError as error:
+        kind = type(block).__name__
+        raise AttributeError(
+            f"{kind}.inputs = {type(block).inputs!r} names {name!r}, but this {kind} has no "
+            f"attribute {name!r} ({error}); set self.{name} to the upstream block in "
+            f"{kind}.__init__, or list in inputs only the attributes that hold upstream blocks"
+        ) from error

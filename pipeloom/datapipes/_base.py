@@ -38,13 +38,15 @@ import torch
 from .._validate import check_int
 from ..errors import NotAvailable
 from ..events import ReadinessSource
-from ._attributes import attribute_values, blocks_in
+from ._attributes import attribute_values, blocks_in, declared_input
 from ._context import _ITEM, derive_seed
 from ._functional import IterFunctional, MapFunctional
+from ._generator_place import start_generator
 from ._nesting import NESTING, nested_call
-from ._numbering import Numbering, install_numbering, stamp_position
+from ._numbering import Numbering, install_index_stamps, install_numbering, stamp_position
 from ._numbering import overrides as _overrides
 from ._reader import BlockingIterator, BlockingReader
+from ._rewire import replace_input
 
 __all__ = ["DataPipe", "IterDataPipe", "MapDataPipe"]
 
@@ -133,7 +135,7 @@ class DataPipe:
         found: list[DataPipe] = []
         if type(self)._pl_declares_inputs:
             for name in self.inputs:
-                found.extend(_blocks_in(getattr(self, name)))
+                found.extend(_blocks_in(declared_input(self, name)))
         else:  # read the values, not vars(self): see _attributes.py
             for value in attribute_values(self):
                 found.extend(_blocks_in(value))
@@ -149,23 +151,7 @@ class DataPipe:
 
     def replace_parent(self, old: DataPipe, new: DataPipe) -> None:
         """Swap the upstream block ``old`` for ``new`` (used by ``pipeloom.graph``)."""
-        replaced = False
-        for name in self.input_names():
-            value = getattr(self, name)
-            if value is old:
-                setattr(self, name, new)
-                replaced = True
-            elif isinstance(value, dict) and any(v is old for v in value.values()):
-                setattr(
-                    self, name, type(value)({k: new if v is old else v for k, v in value.items()})
-                )
-                replaced = True
-            elif isinstance(value, (list, tuple)) and any(v is old for v in value):
-                swapped = [new if v is old else v for v in value]
-                setattr(self, name, type(value)(swapped) if isinstance(value, tuple) else swapped)
-                replaced = True
-        if not replaced:
-            raise ValueError(f"{self!r} has no input {old!r}; its inputs are {self.parents!r}")
+        replace_input(self, old, new)
 
     @classmethod
     def declares_inputs(cls) -> bool:
@@ -382,6 +368,7 @@ class IterDataPipe(IterFunctional, DataPipe):
     """
 
     _pl_gen: Iterator[Any] | None = None
+    _pl_outputs_without_pull: ClassVar[bool] = False  # see _generator_place.py
     _pl_sync_style: ClassVar[bool] = False
     _pl_iter_token: int = 0
 
@@ -404,8 +391,16 @@ class IterDataPipe(IterFunctional, DataPipe):
                     f"{type(self).__name__} defines neither async_next() nor __iter__(); "
                     f"implement one of them"
                 )
-            gen = self._pl_gen = nested_call(type(self).__iter__, self)
-        return nested_call(next, gen)
+            gen = self._pl_gen = start_generator(self)
+        before = _ITEM.stamp
+        item = nested_call(next, gen)
+        if _ITEM.stamp is before:  # an output made without a pull: see _generator_place.py
+            type(self)._pl_outputs_without_pull = True
+        return item
+
+    def _stopped_in_generator(self) -> bool:
+        """True when its generator is part-way through an epoch and once yielded without a pull."""
+        return self._pl_gen is not None and type(self)._pl_outputs_without_pull
 
     def async_next_many(self, limit: int) -> list[Any]:
         """Between 1 and ``limit`` next items, for consumers that take many at once.
@@ -465,8 +460,8 @@ class MapDataPipe(MapFunctional, DataPipe):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         has_async = _overrides(cls, "async_get", MapDataPipe)
-        has_sync = _overrides(cls, "__getitem__", MapDataPipe)
-        cls._pl_sync_style = has_sync and not has_async
+        cls._pl_sync_style = _overrides(cls, "__getitem__", MapDataPipe) and not has_async
+        install_index_stamps(cls)  # user-defined: see _numbering.py
 
     def async_get(self, index: int) -> Any:
         """Return item ``index`` or raise ``NotAvailable`` (the item is then requested)."""

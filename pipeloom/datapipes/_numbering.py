@@ -11,6 +11,12 @@ count, and an unsharded block (in-process, or read by the main process under
 economic and chunked) numbers ``0, 1, 2, ...``. A resume makes and drops the
 outputs before its position.
 
+A map-style source defined outside pipeloom (no map-style input) has item
+``index`` stamped with position ``index`` before its ``async_get`` or
+``__getitem__`` runs, as ``SequenceWrapper`` stamps its items, so
+``item_rng()`` in a ``.map(fn)`` over it draws from the item's index under
+every reading service.
+
 A block that knows its positions stamps them itself (pipeloom's own blocks
 are never numbered here):
 
@@ -34,7 +40,7 @@ from typing import Any
 from .._walk import walk_upstream
 from ._context import current_stamp, stamp_output
 
-__all__ = ["Numbering", "install_numbering", "overrides", "stamp_position"]
+__all__ = ["Numbering", "install_index_stamps", "install_numbering", "overrides", "stamp_position"]
 
 
 def stamp_position(self: Any, position: int, output: int | None = None) -> None:
@@ -101,6 +107,29 @@ def install_numbering(cls: type) -> bool:
     if not getattr(cls.sharding_settings, "numbering_wraps", None):  # type: ignore[attr-defined]
         cls.sharding_settings = _recording_shard(cls.sharding_settings)  # type: ignore[attr-defined]
     return True
+
+
+def install_index_stamps(cls: type) -> None:
+    """For a map-style class defined outside pipeloom with ``stamps_positions`` False:
+    wrap its ``async_get`` (once) so a source stamps item ``index`` before reading it."""
+    if cls.__module__.startswith("pipeloom.") or cls.stamps_positions:  # type: ignore[attr-defined]
+        return
+    if not getattr(cls.async_get, "numbering_wraps", None):  # type: ignore[attr-defined]
+        cls.async_get = _index_stamped(cls.async_get)  # type: ignore[attr-defined]
+
+
+def _index_stamped(method: Any) -> Any:
+    @functools.wraps(method)
+    def async_get(self: Any, index: Any) -> Any:
+        numbering = self._numbering()
+        if numbering.active is None:  # a source: no map-style input
+            numbering.active = not any(hasattr(p, "async_get") for p in self.parents)
+        if numbering.active and index.__class__ is int:
+            self._stamp_item(index)
+        return method(self, index)
+
+    async_get.numbering_wraps = method  # type: ignore[attr-defined]
+    return async_get
 
 
 def overrides(cls: type, name: str, base: type) -> bool:

@@ -6,6 +6,7 @@ per-block framework state is changed through the block base's methods.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,8 @@ from ..errors import StateError
 from ._attributes import attribute_values
 from ._base import DataPipe, IterDataPipe
 from ._context import derive_seed
+from ._generator_place import check_generator_place
+from ._numbering import overrides
 
 __all__ = [
     "check_declared_inputs",
@@ -76,10 +79,32 @@ def refuse_hidden_inputs(blocks: Sequence[DataPipe]) -> None:
             )
 
 
+def refuse_shardable_without_settings(blocks: Sequence[DataPipe]) -> None:
+    """Raise if a block says it is shardable but cannot keep only its shard.
+
+    A reading service calls ``sharding_settings(total, index)`` on each
+    worker's copy of the sharding point; the default does nothing, so every
+    worker would read every item and the epoch would hold each one once per
+    worker.
+    """
+    for block in blocks:
+        if block.is_shardable() and not overrides(type(block), "sharding_settings", DataPipe):
+            kind = type(block).__name__
+            raise TypeError(
+                f"{kind}.is_shardable() returns True but {kind} does not implement "
+                f"sharding_settings(total, index), so each worker would read every item "
+                f"(the epoch would hold each item once per worker); implement "
+                f"sharding_settings to keep only shard index of total (e.g. the items i with "
+                f"i % total == index), or return False from is_shardable() and put "
+                f".sharding_filter() after the block"
+            )
+
+
 def start_iteration(output: DataPipe) -> None:
     """What a top-level ``iter(block)`` does first: check the inputs, restart every block."""
     blocks = walk_upstream(output)
     refuse_hidden_inputs(blocks)
+    refuse_shardable_without_settings(blocks)
     refuse_shared_streams(blocks)
     refuse_restarting_shared_blocks(blocks)
     for block in blocks:
@@ -161,6 +186,7 @@ def check_declared_inputs(output: DataPipe) -> None:
                 f"'{shadowing[0]}_size' or '_{shadowing[0]}')"
             )
     refuse_hidden_inputs(blocks)
+    refuse_shardable_without_settings(blocks)
     refuse_shared_streams(blocks)
     refuse_restarting_shared_blocks(blocks)
 
@@ -261,12 +287,39 @@ def pipeline_state_dict(output: DataPipe) -> dict:
             state = block.state_dict()
         except NotImplementedError as error:
             raise StateError(f"block #{index} {block!r}: {error}") from error
+        check_generator_place(index, block, state)
+        if state and not type(block).__module__.startswith("pipeloom."):
+            _check_picklable(index, block, state)  # pipeloom's own blocks save plain values
         entry: dict[str, Any] = {"type": type(block).__qualname__, "state": state}
         numbering = block._numbering()  # a user-defined source's count (stamps_positions)
         if numbering.active:
             entry["numbered"] = numbering.count
         states.append(entry)
     return {"version": STATE_VERSION, "blocks": states}
+
+
+def _check_picklable(index: int, block: DataPipe, state: Any) -> None:
+    """Refuse a user block's state that ``torch.save`` could not write, naming its field."""
+    try:
+        pickle.dumps(state)
+    except Exception as error:
+        fields = state.items() if isinstance(state, dict) else ()
+        bad = [name for name, value in fields if not _pickles(value)]
+        where = f"its field {bad[0]!r}" if bad else "it"
+        raise StateError(
+            f"block #{index} {block!r}: state_dict() returned a state that cannot be pickled "
+            f"({type(error).__name__}: {error}), so torch.save could not write the checkpoint; "
+            f"{where} must hold plain values (ints, strings, lists, dicts, tensors): save what "
+            f"rebuilds the live object (a path, an offset) and rebuild it in load_state_dict()"
+        ) from error
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
 
 
 def load_pipeline_state_dict(output: DataPipe, state: dict) -> None:

@@ -21,7 +21,8 @@ class IterableWrapper(IterDataPipe):
     """Yield the items of a re-iterable object (a list, a range, a torch ``IterableDataset``).
 
     Each epoch calls ``iter(iterable)`` again. A one-shot iterator (e.g. a
-    generator object) can be read for one epoch only. A ``set`` or
+    generator object) can be read for one epoch only, and cannot be copied to
+    worker threads or spawned processes (a ``TypeError`` says so). A ``set`` or
     ``frozenset`` is read in sorted order: its own order follows the string
     hash seed, which differs between runs, workers and ranks, so positions
     (shards, checkpoints) would point at other items there.
@@ -151,6 +152,13 @@ class IterableWrapper(IterDataPipe):
             ) from None
 
     def __getstate__(self) -> dict[str, Any]:
+        if self._one_shot:  # copied for worker threads, pickled for spawned processes
+            raise TypeError(
+                f"IterableWrapper was given a one-shot iterator ({type(self.iterable).__name__}), "
+                f"which cannot be copied to worker threads or spawned processes (and is read "
+                f"for one epoch only); pass a re-iterable object such as a list, or an object "
+                f"whose __iter__ returns a fresh generator"
+            )
         state = super().__getstate__()
         state["_it"] = None
         return state

@@ -26,7 +26,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-from ...datapipes import DataPipe, IterDataPipe, ShardingFilter
+from ...datapipes import DataPipe, IterDataPipe, MapBatcher, MapToIter, ShardingFilter
 from ...graph import Graph, traverse, upstream
 
 __all__ = [
@@ -381,6 +381,12 @@ def _following_batcher(graph: Graph, item_exit: IterDataPipe, strategy: str) -> 
             f" ({found} cannot run in the workers here: the sharding point deals out the "
             f"members it groups one by one, so shard the tar files instead, with "
             f".sharding_filter() before .load_from_tar())"
+        )
+    if isinstance(item_exit, MapToIter) and isinstance(item_exit.source, MapBatcher):
+        hint = (
+            " (the .batch(n) there was called on a map-style block, so each worker reads "
+            "whole batches by index; batch the iterable instead: "
+            "MapToIter(dataset.map(fn)).batch(n), or dataset.shuffle().map(fn).batch(n))"
         )
     raise PlanError(
         f"strategy={strategy!r} builds batches from items made by many workers, so it needs "

@@ -1,0 +1,79 @@
+"""Whether a block's ``__iter__`` generator makes outputs without pulling inputs, so ``{}``
+cannot resume it.
+
+A generator's local variables cannot be saved, so a block written the simple
+way resumes by starting its generator again, after the input its parent
+resumes at. That is exact for a generator that yields at most one output per
+input it pulls (a map, a filter) and whose ``state_dict()`` is ``{}``. One
+that yields several outputs of one input (the records of a file, the windows
+of a sequence) or an output without pulling one (a header) would, on resume,
+skip the rest of an input's outputs or repeat the extra one, silently. An
+output made without a pull leaves the thread's item stamp as it was (every
+pull stamps the item it returns), so the block base, which drives the
+generator, notes it for the block's class; from then on (for every block of
+that class, in this process) a ``{}`` state taken inside an epoch is refused
+here with a message that says what to do. A checkpoint taken before the
+class's first such output cannot be told apart and is not refused.
+
+Example:
+    >>> from pipeloom.datapipes import IterableWrapper, IterDataPipe
+    >>> from pipeloom.datapipes._pipeline import pipeline_state_dict
+    >>> class Twice(IterDataPipe):
+    ...     inputs = ("source",)
+    ...     def __init__(self, source):
+    ...         self.source = source
+    ...     def __iter__(self):
+    ...         for x in self.source:
+    ...             yield x
+    ...             yield x
+    ...     def state_dict(self):
+    ...         return {}
+    >>> pipe = Twice(IterableWrapper(range(3))).map(str)
+    >>> it = iter(pipe)
+    >>> next(it), next(it), next(it)
+    ('0', '0', '1')
+    >>> pipeline_state_dict(pipe)
+    Traceback (most recent call last):
+    ...
+    pipeloom.errors.StateError: block #1 Twice(): its __iter__ generator yielded an output ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import StateError
+from ._nesting import nested_call
+
+__all__ = ["check_generator_place", "start_generator"]
+
+
+def start_generator(block: Any) -> Iterator[Any]:
+    """Call ``block``'s own ``__iter__``; refuse what is not an iterator."""
+    gen = nested_call(type(block).__iter__, block)
+    if not hasattr(gen, "__next__"):
+        kind = type(block).__name__
+        raise TypeError(
+            f"{kind}.__iter__ must return an iterator, got {type(gen).__name__}; write "
+            f"it as a generator (yield each item) or return iter(...) of the items"
+        )
+    return gen  # type: ignore[no-any-return]
+
+
+def check_generator_place(index: int, block: Any, state: Any) -> None:
+    """Refuse the ``{}`` state of a generator that stopped inside an input."""
+    stopped = getattr(block, "_stopped_in_generator", None)  # map-style blocks have none
+    if state or stopped is None or not stopped():
+        return
+    if block._numbering().active:  # a source or sharding root: numbered, resumed by replay
+        return
+    raise StateError(
+        f"block #{index} {block!r}: its __iter__ generator yielded an output without "
+        f"pulling an input (several outputs of one input, or an extra one) and its "
+        f"state_dict() returned {{}}, so a resume would skip the rest of that input's "
+        f"outputs or repeat one. Write the block with async_next() and keep its place "
+        f"inside the input in attributes that state_dict() returns (see "
+        f"docs/write_your_own_block.md, Checkpoints), or build the DataLoader with "
+        f"resume_by_replay=True"
+    )
