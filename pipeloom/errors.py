@@ -9,6 +9,7 @@ The tree::
         ├── WorkerError       a block failed in a worker; carries its origin (a RuntimeError)
         ├── WorkerTimeout     no item within the service's timeout (a TimeoutError, RuntimeError)
         ├── StateError        a state_dict cannot be taken or loaded
+        ├── PlanError         a service cannot place the pipeline as asked (a ValueError)
         └── DistributedError  another rank failed, crashed or timed out in a collective
 
 End of stream is the builtin ``StopIteration``; bad arguments raise the builtin
@@ -21,6 +22,7 @@ __all__ = [
     "DistributedError",
     "NotAvailable",
     "PipeloomError",
+    "PlanError",
     "QueueError",
     "StateError",
     "WorkerError",
@@ -54,6 +56,14 @@ class WorkerTimeout(PipeloomError, TimeoutError, RuntimeError):
 
 class StateError(PipeloomError):
     """A pipeline state could not be saved or restored."""
+
+
+class PlanError(PipeloomError, ValueError):
+    """A reading service cannot place the pipeline the way it was asked; the message says why.
+
+    Raised when a loader is built or its epoch starts: e.g. a strategy that
+    cannot split the pipeline, or a separate-process block it cannot place.
+    """
 
 
 class StateOfAnotherService(StateError):

@@ -39,11 +39,26 @@ without_cuda = pytest.mark.skipif(CUDA, reason="checks the CPU-only fallback")
 Pair = collections.namedtuple("Pair", "image label")
 
 
-def device_threads():
+_EARLIER: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def _earlier_device_threads():
+    """Device threads that were running before the test (another test's loader that
+    garbage collection has not reached yet) are not this test's."""
+    _EARLIER.clear()
+    _EARLIER.update(device_threads(all_of_them=True))
+    yield
+    _EARLIER.clear()
+
+
+def device_threads(*, all_of_them: bool = False):
+    """The device threads this test started that are still running."""
     return [
         t
         for t in threading.enumerate()
         if t.name.startswith(("pipeloom ToDevice", "pipeloom PinMemory"))
+        and (all_of_them or t not in _EARLIER)
     ]
 
 

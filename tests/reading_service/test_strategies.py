@@ -16,7 +16,7 @@ import pipeloom
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.datapipes.runtime import key_position
-from pipeloom.errors import WorkerError
+from pipeloom.errors import PlanError, WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.services import processes
 from pipeloom.reading_service.strategies.dispatch.chain import BatchFeed, TaskFeed, WorkerChain
@@ -356,8 +356,10 @@ def test_no_batching_point_says_what_is_missing(strategy):
 
 def test_economic_refuses_a_filter_before_the_batch_and_names_it():
     pipe = IterableWrapper(range(8)).sharding_filter().filter(bool).batch(2)
-    with pytest.raises(ValueError, match=r"exactly one output per input, but Filter"):
+    # PlanError: importable from pipeloom.errors (docs name it), and still a ValueError
+    with pytest.raises(PlanError, match=r"exactly one output per input, but Filter"):
         DataLoader(pipe, MultiProcessingReadingService(2, strategy="economic"))
+    assert issubclass(PlanError, ValueError)
 
 
 def test_chunked_handles_a_filter_before_the_batch():

@@ -27,6 +27,7 @@ import warnings
 from dataclasses import dataclass
 
 from ...datapipes import DataPipe, IterDataPipe, MapBatcher, MapToIter, ShardingFilter
+from ...errors import PlanError
 from ...graph import Graph, traverse, upstream
 
 __all__ = [
@@ -40,10 +41,6 @@ __all__ = [
     "one_per_input_below_point",
     "single_output",
 ]
-
-
-class PlanError(ValueError):
-    """The pipeline cannot be placed the way a service was asked to; the message says why."""
 
 
 @dataclass(frozen=True)
