@@ -50,7 +50,9 @@ class AutoReadingService(ReadingService):
         tuner: decides the configurations (default: a :class:`HillClimb` on ``budget``).
 
     A pipeline without a sharding point cannot be split between workers: it
-    runs in-process and nothing is tuned (``stats.autotune`` says so).
+    runs in-process and nothing is tuned (``stats.autotune`` says so). A
+    ``start`` on a strategy the pipeline cannot run is listed in ``failures``,
+    and the run starts on classic processes of the same count.
 
     Example:
         >>> from pipeloom import DataLoader
@@ -98,7 +100,16 @@ class AutoReadingService(ReadingService):
     def initialize(self, pipeline: IterDataPipe) -> None:
         self._pipeline = pipeline
         try:
-            self._place(self.config)
+            try:
+                self._place(self.config)
+            except PlanError as error:
+                if self.config.strategy == "classic":
+                    raise
+                # Economic or chunked cannot run this pipeline (a filter before an economic
+                # batch): start from classic processes, which run any pipeline that shards.
+                classic = Config(self.config.kind, self.config.workers, self.config.prefetch)
+                self._refused(self.config, error)
+                self._place(classic)
         except PlanError as error:
             self._untunable = f"runs in-process, nothing to tune: {error}"
             inner = InProcessReadingService()
@@ -129,10 +140,14 @@ class AutoReadingService(ReadingService):
         try:
             items = self._resume(config, epoch, state)
         except Exception as error:  # noqa: BLE001 - e.g. a strategy this pipeline cannot run
-            self.failures.append(f"{config}: {type(error).__name__}: {error}")
-            self.tuner.rejected(config, f"{type(error).__name__}: {error}")
+            self._refused(config, error)
             return self._resume(running, epoch, state)
         return items
+
+    def _refused(self, config: Config, error: Exception) -> None:
+        """``config`` could not start: say so in ``failures`` and to the tuner."""
+        self.failures.append(f"{config}: {type(error).__name__}: {error}")
+        self.tuner.rejected(config, f"{type(error).__name__}: {error}")
 
     def state_dict(self) -> dict[str, Any]:
         return self._require_inner().state_dict()
@@ -212,8 +227,7 @@ class AutoReadingService(ReadingService):
         try:
             resumed = self._resume(config, epoch, state)
         except Exception as error:  # noqa: BLE001 - any start-up failure: go back
-            self.failures.append(f"{config}: {type(error).__name__}: {error}")
-            self.tuner.rejected(config, f"{type(error).__name__}: {error}")
+            self._refused(config, error)
             resumed = self._resume(running, epoch, state)
             self.tuner.start(running)
             return resumed
