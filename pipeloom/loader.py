@@ -373,6 +373,8 @@ class DataLoader(ShutsDown):
         if not self._initialized:
             if self._counters is not None:  # before workers start: they report to it
                 self._counters.start()
+                if (tuned := tuned_in(self.reading_service)) is not None:
+                    tuned.on_queues_change = self._counters.count_queues
             with self._exporting_stats():
                 self.reading_service.initialize(self.datapipe)
             self._initialized = True

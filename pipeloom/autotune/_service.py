@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..datapipes import IterDataPipe
@@ -92,6 +92,10 @@ class AutoReadingService(ReadingService):
         self._outer = (1, 0)
         self._untunable: str | None = None
         self._stats_dir: str | None = None
+        # Called before a configuration's workers stop and after new ones start (the
+        # loader's statistics read the queues: the last messages of the old ones, and the
+        # new ones, which may stop again before the next periodic sample).
+        self.on_queues_change: Callable[[], None] | None = None
 
     # -- the ReadingService interface ---------------------------------------------------
     def set_outer_sharding(self, total: int, index: int) -> None:
@@ -190,6 +194,7 @@ class AutoReadingService(ReadingService):
         """Stop the running service (if any) and initialize one for ``config``."""
         assert self._pipeline is not None
         if self._inner is not None:  # kept until replaced: placement() may be asked meanwhile
+            self._queues_change()
             self._inner.shutdown()
         inner = config.service()
         self._configure(inner)
@@ -220,6 +225,7 @@ class AutoReadingService(ReadingService):
             return items
         # Stop the workers first: closing the epoch first would make persistent workers
         # end it cleanly (a wait) only to be stopped.
+        self._queues_change()
         self._require_inner().shutdown()
         close = getattr(items, "close", None)
         if close is not None:
@@ -241,13 +247,19 @@ class AutoReadingService(ReadingService):
             os.environ[ENV_DIR] = self._stats_dir
         try:
             self._place(config)
-            return self._require_inner().start_epoch(epoch, state)
+            items = self._require_inner().start_epoch(epoch, state)
+            self._queues_change()
+            return items
         finally:
             if self._stats_dir is not None:
                 if previous is None:
                     os.environ.pop(ENV_DIR, None)
                 else:
                     os.environ[ENV_DIR] = previous
+
+    def _queues_change(self) -> None:
+        if self.on_queues_change is not None:
+            self.on_queues_change()
 
     def _require_inner(self) -> ReadingService:
         if self._inner is None:

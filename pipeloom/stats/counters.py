@@ -116,7 +116,15 @@ class LoaderCounters:
         sampled until they end."""
         if self.queue_watch is None:
             self.queue_watch = QueueWatch(service.queues, started=self._perf_started)
+        self.queue_watch.count()  # the last epoch's queues a last time (if it was dropped)
+        self.queue_watch.release()
+        self.queue_watch.count()  # this epoch's, read again when it ends
         return _Watched(items, self)
+
+    def count_queues(self) -> None:
+        """Read what crossed the queues now (autotune: before it stops workers, after starting)."""
+        if self.queue_watch is not None:
+            self.queue_watch.count()
 
     # -- per output -------------------------------------------------------------------------
     def record(self, called: float, returned: float, ready: bool, previous: float | None) -> None:
@@ -244,6 +252,7 @@ class _Watched(Iterator[Any]):
         try:
             item = next(self._items)
         except BaseException:
+            self._count_queues()  # the epoch ended: its last messages too
             self._release()
             raise
         returned = time.perf_counter()
@@ -252,10 +261,17 @@ class _Watched(Iterator[Any]):
         return item
 
     def close(self) -> None:
+        self._count_queues()
         self._release()
         close = getattr(self._items, "close", None)
         if close is not None:
             close()
+
+    def _count_queues(self) -> None:
+        watch = self._counters.queue_watch
+        if self._sampler is not None and watch is not None:  # once, at the epoch's end
+            watch.count()
+            watch.release()
 
     def _release(self) -> None:
         sampler, self._sampler = self._sampler, None
