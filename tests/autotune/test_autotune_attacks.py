@@ -113,3 +113,30 @@ def test_a_configuration_retired_between_two_samples_still_has_its_messages_coun
     processes = [q for q in to_main(stats) if q.name.startswith("worker process")]
     assert len(processes) == 2 and sum(q.messages for q in processes) >= 2, to_main(stats)
     assert sum(q.messages for q in to_main(stats)) >= 10, to_main(stats)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--auto", "--workers", "10000"], "allows at most"),
+        (["--auto", "--strategy", "threads", "--workers", "100000"], "worker threads; give"),
+        (["--auto", "--workers", "0"], "--auto starts with at least 1 worker, got --workers 0"),
+        (["--strategy", "classic", "--workers", "0"], "--strategy classic needs at least 1"),
+    ],
+)
+def test_profile_refuses_worker_counts_it_cannot_run_in_one_line(tmp_path, capsys, args, message):
+    # --auto beyond the budget was a ValueError traceback and status 1; --workers 0 with a
+    # strategy silently ran 2 workers (and --auto 1).
+    from pipeloom.cli import main
+
+    status = main(
+        ["profile", "tests.autotune.test_autotune_attacks:small", *args, "--out", str(tmp_path)]
+    )
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "report.json").exists()
+
+
+def small():
+    return IterableWrapper(range(8)).sharding_filter().batch(2)
