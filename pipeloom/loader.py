@@ -143,8 +143,9 @@ class DataLoader(ShutsDown):
                 items = self._counters.watch(items, self.reading_service)
             self._current = _Epoch(epoch, items, delivered)
             iterator = _EpochIterator(self, self._current, self._steps)
-            for _ in range(replayed):  # re-read and drop what was delivered before
-                next(iterator, None)
+            with nullcontext() if self._counters is None else self._counters.replaying():
+                for _ in range(replayed):  # re-read and drop what was delivered before
+                    next(iterator, None)
             return iterator
 
     def __len__(self) -> int:

@@ -140,3 +140,23 @@ def test_profile_refuses_worker_counts_it_cannot_run_in_one_line(tmp_path, capsy
 
 def small():
     return IterableWrapper(range(8)).sharding_filter().batch(2)
+
+
+@pytest.mark.timeout(30)
+def test_outputs_a_resume_replays_and_drops_are_not_counted_as_received():
+    # A chunked state resumed under threads is replayed: the 6 batches delivered before
+    # are made again and dropped. They were counted, so stats() said 10 outputs for 4.
+    def make():
+        return IterableWrapper(range(40)).shuffle().sharding_filter().map(square).batch(4)
+
+    with pipeloom.DataLoader(make(), MultiProcessingReadingService(2, strategy="chunked")) as a:
+        iterator = iter(a)
+        head = [next(iterator) for _ in range(6)]
+        state = a.state_dict()
+    service = AutoReadingService(start=Config("threads", 1, 1), tuner=Scripted({}))
+    with pipeloom.DataLoader(make(), service, seed=0, stats=True) as b:
+        b.load_state_dict(state)
+        rest = list(b)
+        stats = b.stats()
+    assert head + rest == list(pipeloom.DataLoader(make(), seed=state["seed"]))
+    assert len(rest) == 4 and stats.outputs == 4, stats
