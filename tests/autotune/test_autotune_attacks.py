@@ -6,11 +6,17 @@ default start method (fork on Linux), each test with a short timeout.
 
 from __future__ import annotations
 
+import gc
+import io
+import os
+import tarfile
+import threading
+
 import pytest
 
 import pipeloom
 from pipeloom.autotune import AutoReadingService, Config, Tuner
-from pipeloom.datapipes import IterableWrapper
+from pipeloom.datapipes import FileLister, IterableWrapper
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.stats import counters
 
@@ -160,3 +166,116 @@ def test_outputs_a_resume_replays_and_drops_are_not_counted_as_received():
         stats = b.stats()
     assert head + rest == list(pipeloom.DataLoader(make(), seed=state["seed"]))
     assert len(rest) == 4 and stats.outputs == 4, stats
+
+
+def children() -> set[int]:
+    """This process's child processes (zombies included: a worker not joined is one)."""
+    found: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as listed:
+            found.update(int(pid) for pid in listed.read().split())
+    return found
+
+
+def shm_names() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("shutdown", [True, False], ids=["shutdown", "dropped"])
+def test_workers_the_tuner_retires_exit_and_nothing_is_left(shutdown):
+    threads, processes, shm = set(threading.enumerate()), children(), shm_names()
+    plan = {2: Config("processes", 2, 2), 4: Config("threads", 2, 1), 6: Config("processes", 1, 1)}
+    service = AutoReadingService(start=Config("threads", 1, 1), tuner=Scripted(plan))
+    pipe = IterableWrapper(range(40)).sharding_filter().map(square).batch(4)
+    loader = pipeloom.DataLoader(pipe, service, seed=0)
+    iterator = iter(loader)
+    for _ in range(6):
+        next(iterator)
+    assert children() == processes  # the first processes, retired at output 5: joined
+    next(iterator)  # the 1 worker process placed at output 7
+    assert len(children() - processes) == 1
+    gc.disable()
+    try:
+        if shutdown:
+            loader.shutdown()
+        else:
+            del loader, iterator, service  # reference counting alone stops the workers
+        assert children() == processes
+        assert set(threading.enumerate()) <= threads
+        assert shm_names() <= shm
+    finally:
+        gc.enable()
+
+
+def bad_at_13(x):
+    if x == 13:
+        raise ValueError(f"item {x} is bad")
+    return x
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "placed", [Config("processes", 2, 1), Config("threads", 2, 1)], ids=["processes", "threads"]
+)
+def test_an_error_in_workers_placed_by_a_retune_names_the_block_and_the_item(placed):
+    processes = children()
+    start = Config("threads", 1, 1) if placed.kind == "processes" else Config("processes", 2, 1)
+    service = AutoReadingService(start=start, tuner=Scripted({2: placed}))
+    pipe = IterableWrapper(range(40)).sharding_filter().map(bad_at_13).batch(2)
+    with pytest.raises(ValueError, match="item 13 is bad") as raised:  # noqa: PT012
+        with pipeloom.DataLoader(pipe, service, seed=0) as loader:
+            list(loader)
+    assert service.replacements == 1 and service.failures == []
+    assert "block Mapper(fn=bad_at_13)" in str(raised.value), raised.value
+    assert "position 13" in str(raised.value), raised.value
+    assert children() == processes
+
+
+def expand(sample):
+    data = sample[1]
+    n = int(data.read() if hasattr(data, "read") else data)
+    return [(n, k, int(pipeloom.item_rng().integers(100))) for k in range(n % 3)]
+
+
+def not_one_mod_4(t):
+    return t[0] % 4 != 1
+
+
+@pytest.mark.timeout(60)
+def test_a_checkpoint_right_after_a_retune_resumes_under_another_worker_count(tmp_path):
+    for shard in range(4):
+        with tarfile.open(tmp_path / f"s{shard}.tar", "w") as tar:
+            for i in range(shard * 10, shard * 10 + 3 + shard):
+                data = str(i).encode()
+                info = tarfile.TarInfo(f"{i:04d}.num")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+    def make():
+        return (
+            FileLister(str(tmp_path), "*.tar")
+            .shuffle()
+            .sharding_filter()
+            .open_files("rb")
+            .load_from_tar()
+            .flatmap(expand)
+            .filter(not_one_mod_4)
+            .shuffle(buffer_size=5)
+            .batch(2)
+        )
+
+    untuned = pipeloom.DataLoader(make(), seed=11)
+    expected = [list(untuned), list(untuned)]
+    service = AutoReadingService(
+        start=Config("threads", 1, 1), tuner=Scripted({2: Config("processes", 2, 2)})
+    )
+    with pipeloom.DataLoader(make(), service, seed=11) as tuned:
+        iterator = iter(tuned)
+        head = [next(iterator) for _ in range(3)]  # the 3rd came from the new processes
+        state = tuned.state_dict()
+        assert service.replacements == 1
+        assert head + list(iterator) == expected[0]
+    with pipeloom.DataLoader(make(), MultiProcessingReadingService(3), seed=0) as resumed:
+        resumed.load_state_dict(state)
+        assert [head + list(resumed), list(resumed)] == expected
