@@ -174,8 +174,16 @@ class AutoReadingService(ReadingService):
     def load_tuning_state(self, saved: dict[str, Any]) -> None:
         """Start from a saved choice (the loader's ``load_state_dict()``)."""
         config = Config.from_dict(saved.get("config") if isinstance(saved, dict) else None)
-        self.config, self.pending = config, None
-        if saved.get("settled"):
+        fitted = config.fitted_to(self.budget)  # saved on a larger machine, maybe
+        self.config, self.pending = fitted, None
+        if fitted != config:
+            budget = self.budget
+            self.failures.append(
+                f"{config} (the saved choice): beyond this budget (at most "
+                f"{budget.max_threads} threads, {budget.max_processes} processes); resumed on "
+                f"{fitted}, tuning again"
+            )
+        elif saved.get("settled"):
             self.tuner.resume(config)
 
     def autotune_report(self) -> dict[str, Any]:

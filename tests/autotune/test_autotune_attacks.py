@@ -15,7 +15,7 @@ import threading
 import pytest
 
 import pipeloom
-from pipeloom.autotune import AutoReadingService, Config, Tuner
+from pipeloom.autotune import AutoReadingService, Budget, Config, Tuner
 from pipeloom.datapipes import FileLister, IterableWrapper
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.stats import counters
@@ -279,3 +279,32 @@ def test_a_checkpoint_right_after_a_retune_resumes_under_another_worker_count(tm
     with pipeloom.DataLoader(make(), MultiProcessingReadingService(3), seed=0) as resumed:
         resumed.load_state_dict(state)
         assert [head + list(resumed), list(resumed)] == expected
+
+
+@pytest.mark.timeout(30)
+def test_a_saved_choice_beyond_the_budget_is_cut_to_it_and_tuned_again():
+    # A checkpoint from a 16-core node resumed on a small one started its 12 worker
+    # processes, settled, beyond a budget of 4.
+    def make():
+        return IterableWrapper(range(40)).sharding_filter().map(square).batch(4)
+
+    with pipeloom.DataLoader(make(), AutoReadingService(start=Config("threads", 1, 1))) as a:
+        iterator = iter(a)
+        head = [next(iterator)]
+        state = a.state_dict()
+    state["autotune"] = {"config": Config("processes", 12, 2).to_dict(), "settled": True}
+    budget = Budget(
+        cpus=2, memory_bytes=2**32, shared_memory_bytes=2**30, max_threads=8, max_processes=4
+    )
+    service = AutoReadingService(budget=budget, tuner=Scripted({}))
+    service.tuner.settled = False
+    with pipeloom.DataLoader(make(), service, seed=0) as b:
+        b.load_state_dict(state)
+        assert head + list(b) == list(pipeloom.DataLoader(make(), seed=state["seed"]))
+    assert service.config == Config("processes", 4, 2)
+    assert not service.tuner.settled
+    assert (
+        "beyond this budget" in service.failures[0] and "12 worker processes" in service.failures[0]
+    )
+    assert Config("threads", 30, 1).fitted_to(budget) == Config("threads", 8, 1)
+    assert Config("processes", 3, 2, "economic").fitted_to(budget).processes <= 4
