@@ -11,6 +11,7 @@ whether it waits (SPDL calls it data readiness).
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -106,6 +107,8 @@ class QueueWatch:
         # The queues read since release(): read again by count() after the service let
         # them go (a finished epoch's, a retired configuration's), for their last messages.
         self._held: dict[int, tuple[str, Any]] = {}
+        # The consumer samples and counts; stats() may count and sum up from another thread.
+        self._lock = threading.RLock()
 
     def maybe_sample(self, now: float) -> None:
         """Sample when ``period`` passed since the last sample (``now``: ``perf_counter``)."""
@@ -121,6 +124,10 @@ class QueueWatch:
             queues = list(self._queues())
         except Exception:  # noqa: BLE001 - statistics never break the loader
             return
+        with self._lock:
+            self._sample(queues, window)
+
+    def _sample(self, queues: list[tuple[str, Any]], window: int) -> None:
         for name, queue in queues:
             try:
                 stats = queue.statistics()
@@ -151,16 +158,19 @@ class QueueWatch:
         except Exception:  # noqa: BLE001 - statistics never break the loader
             queues = []
         current = {id(queue) for _, queue in queues}
-        for name, queue in [*queues, *(q for i, q in self._held.items() if i not in current)]:
-            try:
-                stats = queue.statistics()
-            except Exception:  # noqa: BLE001 - a queue being closed meanwhile
-                continue
-            self._count(name, queue, stats)
+        with self._lock:
+            held = [q for i, q in self._held.items() if i not in current]
+            for name, queue in queues + held:
+                try:
+                    stats = queue.statistics()
+                except Exception:  # noqa: BLE001 - a queue being closed meanwhile
+                    continue
+                self._count(name, queue, stats)
 
     def release(self) -> None:
         """Let go of the queues read so far (an epoch ended; :meth:`count` read them last)."""
-        self._held.clear()
+        with self._lock:
+            self._held.clear()
 
     def _count(self, name: str, queue: Any, stats: Any) -> _Track:
         """``name``'s track, with the messages and bytes ``queue`` moved since last read."""
@@ -181,9 +191,11 @@ class QueueWatch:
     def summary(self, *, window: float | None = None) -> tuple[QueueStats, ...]:
         """One record per queue name, in the order they were first seen."""
         self.count()
+        with self._lock:
+            tracks = list(self._tracks.items())
         size = WINDOW_S if window is None else window
         result = []
-        for name, t in self._tracks.items():
+        for name, t in tracks:
             n = t.samples or 1
             timeline = tuple(
                 (w * size, fill / count) for w, (fill, count) in sorted(t.windows.items())
