@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
+from weakref import WeakMethod
 
 import torch
 
@@ -375,7 +376,7 @@ class DataLoader(ShutsDown):
             if self._counters is not None:  # before workers start: they report to it
                 self._counters.start()
                 if (tuned := tuned_in(self.reading_service)) is not None:
-                    tuned.on_queues_change = self._counters.count_queues
+                    tuned.on_queues_change = WeakMethod(self._counters.count_queues)
             with self._exporting_stats():
                 self.reading_service.initialize(self.datapipe)
             self._initialized = True

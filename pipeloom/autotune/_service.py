@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -94,8 +95,9 @@ class AutoReadingService(ReadingService):
         self._stats_dir: str | None = None
         # Called before a configuration's workers stop and after new ones start (the
         # loader's statistics read the queues: the last messages of the old ones, and the
-        # new ones, which may stop again before the next periodic sample).
-        self.on_queues_change: Callable[[], None] | None = None
+        # new ones, which may stop again before the next periodic sample). Held weakly:
+        # the statistics hold this service (its queues()), a cycle would keep both alive.
+        self.on_queues_change: weakref.WeakMethod[Callable[[], None]] | None = None
 
     # -- the ReadingService interface ---------------------------------------------------
     def set_outer_sharding(self, total: int, index: int) -> None:
@@ -266,8 +268,9 @@ class AutoReadingService(ReadingService):
                     os.environ[ENV_DIR] = previous
 
     def _queues_change(self) -> None:
-        if self.on_queues_change is not None:
-            self.on_queues_change()
+        hook = None if self.on_queues_change is None else self.on_queues_change()
+        if hook is not None:
+            hook()
 
     def _require_inner(self) -> ReadingService:
         if self._inner is None:

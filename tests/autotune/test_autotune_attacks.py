@@ -10,7 +10,6 @@ import gc
 import io
 import os
 import tarfile
-import threading
 
 import pytest
 
@@ -19,6 +18,7 @@ from pipeloom.autotune import AutoReadingService, Budget, Config, Tuner
 from pipeloom.datapipes import FileLister, IterableWrapper
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.stats import counters
+from tests.own_resources import OwnResources, dropped
 
 
 class Scripted(Tuner):
@@ -177,35 +177,46 @@ def children() -> set[int]:
     return found
 
 
-def shm_names() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("shutdown", [True, False], ids=["shutdown", "dropped"])
-def test_workers_the_tuner_retires_exit_and_nothing_is_left(shutdown):
-    threads, processes, shm = set(threading.enumerate()), children(), shm_names()
+def retune_and_read(stats: bool):
+    """A loader whose tuner placed and retired workers, 7 outputs into its first epoch."""
     plan = {2: Config("processes", 2, 2), 4: Config("threads", 2, 1), 6: Config("processes", 1, 1)}
     service = AutoReadingService(start=Config("threads", 1, 1), tuner=Scripted(plan))
     pipe = IterableWrapper(range(40)).sharding_filter().map(square).batch(4)
-    loader = pipeloom.DataLoader(pipe, service, seed=0)
+    loader = pipeloom.DataLoader(pipe, service, seed=0, stats=stats)
     iterator = iter(loader)
+    before = set(children())
     for _ in range(6):
         next(iterator)
-    assert children() == processes  # the first processes, retired at output 5: joined
+    assert children() <= before  # the first processes, retired at output 5: joined
     next(iterator)  # the 1 worker process placed at output 7
-    assert len(children() - processes) == 1
+    assert len(children() - before) == 1
+    return loader, iterator
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stats", [False, True], ids=["plain", "stats"])
+def test_workers_the_tuner_retires_exit_and_shutdown_leaves_nothing(stats):
+    gc.collect()
+    own = OwnResources()  # this process tree's children, threads and fds (memfd segments)
+    loader, _ = retune_and_read(stats)
     gc.disable()
     try:
-        if shutdown:
-            loader.shutdown()
-        else:
-            del loader, iterator, service  # reference counting alone stops the workers
-        assert children() == processes
-        assert set(threading.enumerate()) <= threads
-        assert shm_names() <= shm
+        loader.shutdown()
+        left = own.left_after(timeout=5)
     finally:
         gc.enable()
+    assert not left, left
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stats", [False, True], ids=["plain", "stats"])
+def test_a_retuned_loader_dropped_without_shutdown_stops_by_reference_counting(stats):
+    def abandon() -> None:
+        loader, iterator = retune_and_read(stats)
+        del loader, iterator  # no shutdown(), no gc.collect()
+
+    left, cycles = dropped(abandon, timeout=5)
+    assert not left and not cycles, (left, cycles)
 
 
 def bad_at_13(x):
