@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
+from weakref import WeakMethod
 
 import torch
 
@@ -143,8 +144,9 @@ class DataLoader(ShutsDown):
                 items = self._counters.watch(items, self.reading_service)
             self._current = _Epoch(epoch, items, delivered)
             iterator = _EpochIterator(self, self._current, self._steps)
-            for _ in range(replayed):  # re-read and drop what was delivered before
-                next(iterator, None)
+            with nullcontext() if self._counters is None else self._counters.replaying():
+                for _ in range(replayed):  # re-read and drop what was delivered before
+                    next(iterator, None)
             return iterator
 
     def __len__(self) -> int:
@@ -374,6 +376,8 @@ class DataLoader(ShutsDown):
         if not self._initialized:
             if self._counters is not None:  # before workers start: they report to it
                 self._counters.start()
+                if (tuned := tuned_in(self.reading_service)) is not None:
+                    tuned.on_queues_change = WeakMethod(self._counters.count_queues)
             with self._exporting_stats():
                 self.reading_service.initialize(self.datapipe)
             self._initialized = True

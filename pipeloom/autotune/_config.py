@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .._validate import check_choice, check_int
@@ -132,6 +132,22 @@ persistent_workers=True, strategy='classic')
                 f"{self.kind}, but the budget allows at most {most} (Budget.{field}); start "
                 f"with fewer, or raise the budget: Budget.of_this_machine({field}={count})"
             )
+
+    def fitted_to(self, budget: Budget) -> Config:
+        """This configuration with no more workers than ``budget`` allows (itself if it fits).
+
+        Example:
+            >>> str(Config("processes", 8, 2).fitted_to(Budget(2, 2**30, 2**30, 16, 4)))
+            '4 worker processes, prefetch 2'
+        """
+        if self.kind == "threads":
+            return replace(self, workers=min(self.workers, budget.max_threads))
+        fitted = self
+        while fitted.processes > budget.max_processes and fitted.workers > 1:
+            fitted = replace(fitted, workers=fitted.workers - 1)
+        if fitted.processes > budget.max_processes:  # economic's batch workers alone
+            fitted = Config("processes", 1, self.prefetch)
+        return fitted
 
     @classmethod
     def from_dict(cls, saved: Any) -> Config:

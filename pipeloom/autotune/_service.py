@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..datapipes import IterDataPipe
@@ -50,7 +51,9 @@ class AutoReadingService(ReadingService):
         tuner: decides the configurations (default: a :class:`HillClimb` on ``budget``).
 
     A pipeline without a sharding point cannot be split between workers: it
-    runs in-process and nothing is tuned (``stats.autotune`` says so).
+    runs in-process and nothing is tuned (``stats.autotune`` says so). A
+    ``start`` on a strategy the pipeline cannot run is listed in ``failures``,
+    and the run starts on classic processes of the same count.
 
     Example:
         >>> from pipeloom import DataLoader
@@ -90,6 +93,11 @@ class AutoReadingService(ReadingService):
         self._outer = (1, 0)
         self._untunable: str | None = None
         self._stats_dir: str | None = None
+        # Called before a configuration's workers stop and after new ones start (the
+        # loader's statistics read the queues: the last messages of the old ones, and the
+        # new ones, which may stop again before the next periodic sample). Held weakly:
+        # the statistics hold this service (its queues()), a cycle would keep both alive.
+        self.on_queues_change: weakref.WeakMethod[Callable[[], None]] | None = None
 
     # -- the ReadingService interface ---------------------------------------------------
     def set_outer_sharding(self, total: int, index: int) -> None:
@@ -98,7 +106,16 @@ class AutoReadingService(ReadingService):
     def initialize(self, pipeline: IterDataPipe) -> None:
         self._pipeline = pipeline
         try:
-            self._place(self.config)
+            try:
+                self._place(self.config)
+            except PlanError as error:
+                if self.config.strategy == "classic":
+                    raise
+                # Economic or chunked cannot run this pipeline (a filter before an economic
+                # batch): start from classic processes, which run any pipeline that shards.
+                classic = Config(self.config.kind, self.config.workers, self.config.prefetch)
+                self._refused(self.config, error)
+                self._place(classic)
         except PlanError as error:
             self._untunable = f"runs in-process, nothing to tune: {error}"
             inner = InProcessReadingService()
@@ -129,10 +146,14 @@ class AutoReadingService(ReadingService):
         try:
             items = self._resume(config, epoch, state)
         except Exception as error:  # noqa: BLE001 - e.g. a strategy this pipeline cannot run
-            self.failures.append(f"{config}: {type(error).__name__}: {error}")
-            self.tuner.rejected(config, f"{type(error).__name__}: {error}")
+            self._refused(config, error)
             return self._resume(running, epoch, state)
         return items
+
+    def _refused(self, config: Config, error: Exception) -> None:
+        """``config`` could not start: say so in ``failures`` and to the tuner."""
+        self.failures.append(f"{config}: {type(error).__name__}: {error}")
+        self.tuner.rejected(config, f"{type(error).__name__}: {error}")
 
     def state_dict(self) -> dict[str, Any]:
         return self._require_inner().state_dict()
@@ -155,8 +176,16 @@ class AutoReadingService(ReadingService):
     def load_tuning_state(self, saved: dict[str, Any]) -> None:
         """Start from a saved choice (the loader's ``load_state_dict()``)."""
         config = Config.from_dict(saved.get("config") if isinstance(saved, dict) else None)
-        self.config, self.pending = config, None
-        if saved.get("settled"):
+        fitted = config.fitted_to(self.budget)  # saved on a larger machine, maybe
+        self.config, self.pending = fitted, None
+        if fitted != config:
+            budget = self.budget
+            self.failures.append(
+                f"{config} (the saved choice): beyond this budget (at most "
+                f"{budget.max_threads} threads, {budget.max_processes} processes); resumed on "
+                f"{fitted}, tuning again"
+            )
+        elif saved.get("settled"):
             self.tuner.resume(config)
 
     def autotune_report(self) -> dict[str, Any]:
@@ -175,6 +204,7 @@ class AutoReadingService(ReadingService):
         """Stop the running service (if any) and initialize one for ``config``."""
         assert self._pipeline is not None
         if self._inner is not None:  # kept until replaced: placement() may be asked meanwhile
+            self._queues_change()
             self._inner.shutdown()
         inner = config.service()
         self._configure(inner)
@@ -205,6 +235,7 @@ class AutoReadingService(ReadingService):
             return items
         # Stop the workers first: closing the epoch first would make persistent workers
         # end it cleanly (a wait) only to be stopped.
+        self._queues_change()
         self._require_inner().shutdown()
         close = getattr(items, "close", None)
         if close is not None:
@@ -212,8 +243,7 @@ class AutoReadingService(ReadingService):
         try:
             resumed = self._resume(config, epoch, state)
         except Exception as error:  # noqa: BLE001 - any start-up failure: go back
-            self.failures.append(f"{config}: {type(error).__name__}: {error}")
-            self.tuner.rejected(config, f"{type(error).__name__}: {error}")
+            self._refused(config, error)
             resumed = self._resume(running, epoch, state)
             self.tuner.start(running)
             return resumed
@@ -227,13 +257,20 @@ class AutoReadingService(ReadingService):
             os.environ[ENV_DIR] = self._stats_dir
         try:
             self._place(config)
-            return self._require_inner().start_epoch(epoch, state)
+            items = self._require_inner().start_epoch(epoch, state)
+            self._queues_change()
+            return items
         finally:
             if self._stats_dir is not None:
                 if previous is None:
                     os.environ.pop(ENV_DIR, None)
                 else:
                     os.environ[ENV_DIR] = previous
+
+    def _queues_change(self) -> None:
+        hook = None if self.on_queues_change is None else self.on_queues_change()
+        if hook is not None:
+            hook()
 
     def _require_inner(self) -> ReadingService:
         if self._inner is None:

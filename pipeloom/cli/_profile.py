@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..autotune import AutoReadingService, Config
+from ..autotune import AutoReadingService, Budget, Config
 from ..datapipes import as_datapipe
 from ..loader import DataLoader
 from ..reading_service import (
@@ -87,6 +87,11 @@ def service_for(strategy: str | None, workers: int | None) -> ReadingService:
         if workers:
             raise UsageError("--workers needs a strategy other than in-process")
         return InProcessReadingService()
+    if workers == 0:
+        raise UsageError(
+            f"--workers 0 runs no workers, but --strategy {strategy} needs at least 1; drop "
+            f"--workers (2 by default) or use --strategy in-process"
+        )
     count = workers or 2
     if strategy == "threads":
         return ThreadReadingService(count)
@@ -102,8 +107,21 @@ def auto_service(strategy: str | None, workers: int | None) -> AutoReadingServic
         )
     if strategy is None and workers is None:
         return AutoReadingService()
+    if workers == 0:
+        raise UsageError(
+            "--auto starts with at least 1 worker, got --workers 0; drop --workers, or give "
+            "the count to start from"
+        )
     kind = "threads" if strategy == "threads" else "processes"
-    return AutoReadingService(start=Config(kind, workers or 1))
+    budget = Budget.of_this_machine()
+    most = budget.max_threads if kind == "threads" else budget.max_processes
+    if workers is not None and workers > most:
+        raise UsageError(
+            f"--auto --workers {workers}: the tuner's budget on this machine allows at most "
+            f"{most} worker {kind}; give --workers {most} or fewer (it adds workers itself "
+            f"while the loader is slow)"
+        )
+    return AutoReadingService(start=Config(kind, workers or 1), budget=budget)
 
 
 def autotune_line(report: dict[str, Any]) -> str:

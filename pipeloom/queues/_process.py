@@ -115,6 +115,7 @@ class ProcessQueue(DataLoaderQueue):
         self._creator = creator
         self._socks = socks
         self._ctl: Control | None = ctl
+        self._closed_counts = [0] * 13  # the counters as they were when it was closed here
         self._reset_local_state()
 
     def _reset_local_state(self) -> None:
@@ -314,7 +315,7 @@ class ProcessQueue(DataLoaderQueue):
 
     def statistics(self) -> QueueStatistics:
         ctl = self._ctl
-        values = [0] * 13 if ctl is None else list(ctl.slots[:13])
+        values = list(self._closed_counts) if ctl is None else list(ctl.slots[:13])
         return QueueStatistics(
             kind=self.kind,
             state=self.state.value,
@@ -361,6 +362,8 @@ class ProcessQueue(DataLoaderQueue):
                 sock.close()
             self._socks[role] = None
         if self._ctl is not None:
+            # What crossed it stays readable (statistics of a finished epoch's queue).
+            self._closed_counts = list(self._ctl.slots[:13])
             self._ctl.close()
             self._ctl = None
         os.close(self._wake_fd)

@@ -11,6 +11,7 @@ whether it waits (SPDL calls it data readiness).
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -40,9 +41,9 @@ class QueueStats:
         mean_fill: its mean occupancy as a share of ``capacity``.
         empty_share: share of the samples it was empty.
         full_share: share of the samples it was full.
-        messages: messages put through it while sampled.
-        bytes_moved: payload bytes that crossed it while sampled (a thread
-            queue passes references: 0).
+        messages: messages put through it, from its start to its end (or now).
+        bytes_moved: payload bytes that crossed it (a thread queue passes
+            references: 0).
         bytes_via_shm: the part of ``bytes_moved`` that went through shared memory.
         shm_held_mib: shared memory its producer holds at the last sample.
         shm_peak_mib: the most shared memory its producer held at a sample.
@@ -103,6 +104,11 @@ class QueueWatch:
         self._next = 0.0
         self._started = time.perf_counter() if started is None else started  # timeline's 0
         self._tracks: dict[str, _Track] = {}
+        # The queues read since release(): read again by count() after the service let
+        # them go (a finished epoch's, a retired configuration's), for their last messages.
+        self._held: dict[int, tuple[str, Any]] = {}
+        # The consumer samples and counts; stats() may count and sum up from another thread.
+        self._lock = threading.RLock()
 
     def maybe_sample(self, now: float) -> None:
         """Sample when ``period`` passed since the last sample (``now``: ``perf_counter``)."""
@@ -118,38 +124,78 @@ class QueueWatch:
             queues = list(self._queues())
         except Exception:  # noqa: BLE001 - statistics never break the loader
             return
+        with self._lock:
+            self._sample(queues, window)
+
+    def _sample(self, queues: list[tuple[str, Any]], window: int) -> None:
         for name, queue in queues:
             try:
                 stats = queue.statistics()
             except Exception:  # noqa: BLE001 - a queue being closed meanwhile
                 continue
-            track = self._tracks.get(name)
-            if track is None:
-                track = self._tracks[name] = _Track(stats.kind, stats.capacity)
+            track = self._count(name, queue, stats)
             fill = min(stats.qsize, stats.capacity) / stats.capacity if stats.capacity else 0.0
             track.samples += 1
             track.fill += fill
             track.empty += stats.qsize <= 0
             track.full += stats.qsize >= stats.capacity
-            counted = (stats.puts, stats.bytes_inline, stats.bytes_via_shm)
-            ref, before = track.last.get(id(queue), (None, (0, 0, 0)))
-            if ref is None or ref() is not queue:  # a new queue: counted from its start
-                ref, before = weakref.ref(queue), (0, 0, 0)
-            track.last[id(queue)] = (ref, counted)
-            track.messages += max(0, counted[0] - before[0])
-            track.moved += max(0, counted[1] - before[1]) + max(0, counted[2] - before[2])
-            track.via_shm += max(0, counted[2] - before[2])
             track.held = stats.shm_bytes_held
             track.peak = max(track.peak, stats.shm_bytes_held)
             slot = window_of(track.windows, window, _pair)
             slot[0] += fill
             slot[1] += 1
 
+    def count(self) -> None:
+        """Add what crossed every queue since it was last read, without a fill sample.
+
+        Called where queues may stop being read: an epoch's end, before autotune
+        retires a configuration's workers, ``stats()``. (Messages put after a
+        queue's last periodic sample were lost: a fast loop's 100 batches were
+        reported as some 50 messages.)
+        """
+        try:
+            queues = list(self._queues())
+        except Exception:  # noqa: BLE001 - statistics never break the loader
+            queues = []
+        current = {id(queue) for _, queue in queues}
+        with self._lock:
+            held = [q for i, q in self._held.items() if i not in current]
+            for name, queue in queues + held:
+                try:
+                    stats = queue.statistics()
+                except Exception:  # noqa: BLE001 - a queue being closed meanwhile
+                    continue
+                self._count(name, queue, stats)
+
+    def release(self) -> None:
+        """Let go of the queues read so far (an epoch ended; :meth:`count` read them last)."""
+        with self._lock:
+            self._held.clear()
+
+    def _count(self, name: str, queue: Any, stats: Any) -> _Track:
+        """``name``'s track, with the messages and bytes ``queue`` moved since last read."""
+        track = self._tracks.get(name)
+        if track is None:
+            track = self._tracks[name] = _Track(stats.kind, stats.capacity)
+        counted = (stats.puts, stats.bytes_inline, stats.bytes_via_shm)
+        ref, before = track.last.get(id(queue), (None, (0, 0, 0)))
+        if ref is None or ref() is not queue:  # a new queue: counted from its start
+            ref, before = weakref.ref(queue), (0, 0, 0)
+        track.last[id(queue)] = (ref, counted)
+        self._held[id(queue)] = (name, queue)
+        track.messages += max(0, counted[0] - before[0])
+        track.moved += max(0, counted[1] - before[1]) + max(0, counted[2] - before[2])
+        track.via_shm += max(0, counted[2] - before[2])
+        return track
+
     def summary(self, *, window: float | None = None) -> tuple[QueueStats, ...]:
         """One record per queue name, in the order they were first seen."""
+        self.count()
+        with self._lock:
+            tracks = list(self._tracks.items())
         size = WINDOW_S if window is None else window
         result = []
-        for name, t in self._tracks.items():
+        for name, t in tracks:
             n = t.samples or 1
             timeline = tuple(
                 (w * size, fill / count) for w, (fill, count) in sorted(t.windows.items())
@@ -199,9 +245,14 @@ def queue_lines(queues: Sequence[QueueStats]) -> list[str]:
     ]
     for q in queues:
         shm = "" if q.kind == "thread" else f"{q.shm_held_mib:.1f}/{q.shm_peak_mib:.1f}"
+        # A queue that lived between two samples (autotune retired it): counts, no fill.
+        fill = (
+            f"{q.mean_fill:>5.0%} {q.empty_share:>6.0%} {q.full_share:>5.0%}"
+            if q.samples
+            else f"{'-':>5} {'-':>6} {'-':>5}"
+        )
         lines.append(
-            f"  {q.name:<34} {q.mean_fill:>5.0%} {q.empty_share:>6.0%} {q.full_share:>5.0%} "
-            f"{q.messages:>9} {q.bytes_moved / 2**20:>9.1f} {shm:>16}"
+            f"  {q.name:<34} {fill} {q.messages:>9} {q.bytes_moved / 2**20:>9.1f} {shm:>16}"
         )
     return lines
 

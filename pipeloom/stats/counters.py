@@ -74,6 +74,7 @@ class LoaderCounters:
         self._sampler_cpu0 = 0.0
         self._processes: list[ProcessUse] = []
         self.queue_watch: QueueWatch | None = None
+        self.in_replay = False
 
     # -- lifetime -----------------------------------------------------------------------
     def start(self) -> None:
@@ -111,12 +112,33 @@ class LoaderCounters:
         shutil.rmtree(self._dir, ignore_errors=True)
         self._dir = None
 
+    @contextlib.contextmanager
+    def replaying(self) -> Iterator[None]:
+        """Outputs read meanwhile are a resume's replay, dropped: not counted as outputs.
+
+        (They were: a state of another strategy resumed after 6 of 10 batches showed
+        10 outputs, and their waits, for the 4 the loop received.)
+        """
+        self.in_replay = True
+        try:
+            yield
+        finally:
+            self.in_replay = False
+
     def watch(self, items: Iterator[Any], service: ReadingService) -> Iterator[Any]:
         """``items``, each ``next()`` timed; this process and ``service``'s queues are
         sampled until they end."""
         if self.queue_watch is None:
             self.queue_watch = QueueWatch(service.queues, started=self._perf_started)
+        self.queue_watch.count()  # the last epoch's queues a last time (if it was dropped)
+        self.queue_watch.release()
+        self.queue_watch.count()  # this epoch's, read again when it ends
         return _Watched(items, self)
+
+    def count_queues(self) -> None:
+        """Read what crossed the queues now (autotune: before it stops workers, after starting)."""
+        if self.queue_watch is not None:
+            self.queue_watch.count()
 
     # -- per output -------------------------------------------------------------------------
     def record(self, called: float, returned: float, ready: bool, previous: float | None) -> None:
@@ -244,18 +266,28 @@ class _Watched(Iterator[Any]):
         try:
             item = next(self._items)
         except BaseException:
+            self._count_queues()  # the epoch ended: its last messages too
             self._release()
             raise
+        if self._counters.in_replay:  # the loader's replay of a resume, dropped
+            return item
         returned = time.perf_counter()
         self._counters.record(called, returned, blocked_waits() == blocked, self._returned)
         self._returned = returned
         return item
 
     def close(self) -> None:
+        self._count_queues()
         self._release()
         close = getattr(self._items, "close", None)
         if close is not None:
             close()
+
+    def _count_queues(self) -> None:
+        watch = self._counters.queue_watch
+        if self._sampler is not None and watch is not None:  # once, at the epoch's end
+            watch.count()
+            watch.release()
 
     def _release(self) -> None:
         sampler, self._sampler = self._sampler, None
