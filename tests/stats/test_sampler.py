@@ -85,7 +85,8 @@ def test_a_long_run_keeps_the_last_hour_of_timeline():
     for index in range(windows):
         sampler.started -= WINDOW  # the same clock reading falls in the next window
         sampler.sample_once()
-        at = counters._perf_started + index * WINDOW  # noqa: SLF001 - its clock
+        # the middle of window ``index``: its start can round into the window before
+        at = counters._perf_started + (index + 0.5) * WINDOW  # noqa: SLF001 - its clock
         counters.record(at, at, True, None)
     # was one bucket per half second since the start (~170,000 a day, in every process)
     assert len(sampler.timeline) == kept and min(sampler.timeline) > 100
