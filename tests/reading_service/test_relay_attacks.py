@@ -25,7 +25,7 @@ from pipeloom import DataLoader, item_rng
 from pipeloom.datapipes import FileLister, IterableWrapper
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
-from pipeloom.reading_service.strategies.dispatch import pool
+from pipeloom.reading_service.strategies.dispatch import item_worker, pool
 from tests.own_resources import OwnResources
 from tests.reading_service.test_relayed_chunks import decode, gated, tar_pipeline
 from tests.reading_service.test_strategies import plain
@@ -81,18 +81,15 @@ def test_a_chunk_that_ends_after_the_loader_shut_down_exits_quietly(
     fifo = str(tmp_path / "gate")
     os.mkfifo(fifo)
     stop = pool.stop_processes
+    gate = []
 
     def release_then_stop(workers, *args):  # the queues are closed by now
-        try:  # no reader: the worker never got to the gate (it stopped before)
-            gate = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:
-            pass
-        else:
-            os.write(gate, b"x")
-            os.close(gate)
-        # the gated worker finishes its chunk, then exits (the others idle until stopped:
-        # waiting for each of them took the whole timeout)
-        multiprocessing.connection.wait([w.process.sentinel for w in workers], timeout=10)
+        os.write(gate[0], b"x")
+        os.close(gate[0])
+        # the gated worker finishes its chunk, then exits; the others exit on Stop
+        left = {w.process.sentinel for w in workers}
+        while left and (ready := multiprocessing.connection.wait(list(left), timeout=10)):
+            left -= set(ready)
         stop(workers, *args)
 
     monkeypatch.setattr(pool, "stop_processes", release_then_stop)
@@ -101,8 +98,48 @@ def test_a_chunk_that_ends_after_the_loader_shut_down_exits_quietly(
     service = MultiProcessingReadingService(workers, strategy="chunked", chunk_size=1, timeout=20)
     with DataLoader(pipe, service, seed=0) as loader:
         assert next(iter(loader)) == [(0, 0), (0, 1)]
+        # returns once a worker waits at the gate (released above, after the queues closed;
+        # released at once, a busy worker got there too late and was killed, unchecked)
+        gate.append(os.open(fifo, os.O_WRONLY))
     err = capfd.readouterr().err
     assert "Traceback" not in err, err
+
+
+@pytest.mark.timeout(40)
+def test_a_worker_that_starts_after_its_sibling_stopped_exits_quietly(tmp_path, monkeypatch, capfd):
+    """Its epoch's start reads the relay links (to drop stale relays); when the loader
+    closed after one batch before item worker 1 got there (a busy machine), item worker 0
+    had exited already and worker 1 died with a ``QueueBroken`` traceback on stderr."""
+    fifo = str(tmp_path / "gate")
+    os.mkfifo(fifo)
+    start, stop = item_worker.bootstrap, pool.stop_processes
+    codes = []
+
+    def bootstrap(name, **kwargs):  # in the forked workers: item worker 1 waits for go
+        if name == "item worker 1":
+            with open(fifo, "rb") as gate:
+                gate.read(1)
+        return start(name, **kwargs)
+
+    def start_late_then_stop(workers, *args):  # the queues are closed by now
+        first, late = (w.process for w in workers)
+        first.join(timeout=10)  # it exits on Stop
+        codes.append(first.exitcode)
+        with open(fifo, "wb") as gate:
+            gate.write(b"x")
+        late.join(timeout=10)
+        codes.append(late.exitcode)
+        stop(workers, *args)
+
+    monkeypatch.setattr(item_worker, "bootstrap", bootstrap)
+    monkeypatch.setattr(pool, "stop_processes", start_late_then_stop)
+    pipe = IterableWrapper(range(2)).sharding_filter().flatmap(functools.partial(expand, [2, 3]))
+    service = MultiProcessingReadingService(2, strategy="chunked", chunk_size=1, timeout=20)
+    with DataLoader(pipe.batch(2), service, seed=0) as loader:
+        assert next(iter(loader)) == [(0, 0), (0, 1)]
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+    assert codes == [0, 0]  # both exited on their own
 
 
 def write_shards(root, counts):

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ....datapipes.runtime import key_position
-from ....errors import NotAvailable
+from ....errors import NotAvailable, QueueError
 from ....events import Waiter
 from ....queues import ProcessQueue
 from ...workers.failure import Failure
@@ -150,14 +150,18 @@ class RelayEnds:
 
     def drop_stale(self, gen: int) -> None:
         """Drop relays of epochs before ``gen`` (an abandoned or failed epoch's last
-        chunk's), so none waits in a link; a later epoch's is kept for its chunk."""
+        chunk's), so none waits in a link; a later epoch's is kept for its chunk.
+
+        A link whose worker is gone (it stopped before this one started: the loader
+        closed early on a busy machine; or it died, which the main process reports)
+        cannot block anyone: it is left as it is, for :meth:`receive` to raise on."""
         self.broken = {g for g in self.broken if g >= gen}
         for link, held in zip(self.inbox, self._held):
             kept = [relay for relay in held if relay.gen >= gen]
             while True:
                 try:
                     relay = link.get(block=False)
-                except NotAvailable:
+                except (NotAvailable, QueueError):
                     break
                 if relay.gen >= gen:
                     kept.append(relay)
