@@ -541,13 +541,17 @@ class FailsAt(tud.Dataset):
 
 def first_error(cls: type, mode: str, **kwargs: Any) -> BaseException:
     loader = cls(FailsAt(mode), batch_size=2, num_workers=2, **kwargs)
+    epoch = iter(loader)
     try:
         with pytest.raises(Exception) as caught:
-            list(loader)
-        # Without its frames: torch's iterator, held by them, is then stopped here, not by
-        # the collector during a later test (5 s per worker still sleeping)
+            list(epoch)
         return caught.value.with_traceback(None)
     finally:
+        # torch's iterator is held by the error's frames (a cycle, and the chained error
+        # of a dead worker) until a garbage collection, which stops its workers after
+        # its queues are finalized: 5 s per worker, inside whichever test collects.
+        # Stop them here, as its __del__ would (our iterator has no such method).
+        getattr(epoch, "_shutdown_workers", lambda: None)()
         if hasattr(loader, "shutdown"):
             loader.shutdown()
 
