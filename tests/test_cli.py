@@ -131,6 +131,3 @@ def test_profile_auto_starts_where_workers_and_strategy_say(tmp_path):
     assert trials["replacements"] == 0  # 3 batches: too few to measure, still the start
     config = {"kind": "processes", "workers": 1, "prefetch": 2, "strategy": "classic"}
     assert trials["config"] == {**config, "chunk_size": None}
-    done = run_cli(tmp_path, "profile", "user_pipelines:build", "--auto", "--strategy", "chunked")
-    assert done.returncode == 2
-    assert "--auto tunes threads and classic worker processes" in done.stderr

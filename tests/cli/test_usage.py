@@ -53,6 +53,10 @@ def user_module(tmp_path, monkeypatch):
         (("no_colon",), "expected module:function"),
         (("{m}:missing",), "has no function 'missing'"),
         (("{m}:loader", "--workers", "2"), "already"),
+        (
+            ("{m}:failing", "--auto", "--strategy", "chunked"),
+            "--auto tunes threads and classic worker processes",
+        ),
     ],
 )
 def test_a_wrong_command_line_gets_one_line_and_status_2(user_module, capsys, args, message):
