@@ -202,8 +202,11 @@ def dropped(
     return left, cycles
 
 
-def cycles_left_by(action: Callable[[], None], module_prefix: str = "pipeloom") -> list[str]:
-    """Run ``action`` with gc disabled; describe the cycles of ``module_prefix`` objects it left.
+def cycles_left_by(
+    action: Callable[[], None], module_prefix: str | tuple[str, ...] = "pipeloom"
+) -> list[str]:
+    """Run ``action`` with gc disabled; describe the cycles of ``module_prefix`` objects it left
+    (a tuple: objects of any of those modules).
 
     Each entry is a chain of references inside the garbage (``A -> B -> A``),
     so the attribute that closes the cycle is easy to find. Empty: no cycle.
@@ -219,7 +222,7 @@ def cycles_left_by(action: Callable[[], None], module_prefix: str = "pipeloom") 
             gc.enable()
 
 
-def _garbage_cycles(module_prefix: str) -> list[str]:
+def _garbage_cycles(module_prefix: str | tuple[str, ...]) -> list[str]:
     """Collect now (saving the garbage) and describe the cycles of ``module_prefix`` objects."""
     flags = gc.get_debug()
     gc.set_debug(gc.DEBUG_SAVEALL)

@@ -131,20 +131,3 @@ def test_profile_auto_starts_where_workers_and_strategy_say(tmp_path):
     assert trials["replacements"] == 0  # 3 batches: too few to measure, still the start
     config = {"kind": "processes", "workers": 1, "prefetch": 2, "strategy": "classic"}
     assert trials["config"] == {**config, "chunk_size": None}
-    done = run_cli(tmp_path, "profile", "user_pipelines:build", "--auto", "--strategy", "chunked")
-    assert done.returncode == 2
-    assert "--auto tunes threads and classic worker processes" in done.stderr
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (("profile", "no_colon"), "expected module:function"),
-        (("profile", "user_pipelines:missing"), "has no function 'missing'"),
-        (("profile", "user_pipelines:loader", "--workers", "2"), "already"),
-    ],
-)
-def test_profile_explains_a_wrong_target(tmp_path, args, message):
-    done = run_cli(tmp_path, *args, "--out", str(tmp_path / "out"))
-    assert done.returncode == 2
-    assert message in done.stderr

@@ -11,6 +11,7 @@ import pytest
 from pipeloom.cli import main
 
 USER_MODULE = """
+import pipeloom
 from pipeloom.datapipes import IterableWrapper
 
 def number():
@@ -26,6 +27,9 @@ def fails_at(x):
 
 def failing():
     return IterableWrapper(range(20)).map(fails_at).batch(4)
+
+def loader():
+    return pipeloom.DataLoader(IterableWrapper(range(8)), seed=0)
 """
 
 
@@ -46,6 +50,13 @@ def user_module(tmp_path, monkeypatch):
         (("absent_module_xyz:build",), "cannot import 'absent_module_xyz'"),
         (("{m}:failing", "--batches", "0"), "argument --batches: expected an integer >= 1, got 0"),
         (("{m}:failing", "--workers", "-1"), "argument --workers: expected an integer >= 0"),
+        (("no_colon",), "expected module:function"),
+        (("{m}:missing",), "has no function 'missing'"),
+        (("{m}:loader", "--workers", "2"), "already"),
+        (
+            ("{m}:failing", "--auto", "--strategy", "chunked"),
+            "--auto tunes threads and classic worker processes",
+        ),
     ],
 )
 def test_a_wrong_command_line_gets_one_line_and_status_2(user_module, capsys, args, message):

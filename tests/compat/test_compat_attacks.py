@@ -370,6 +370,7 @@ def economic_after_a_break(context: str) -> list[Any]:
 
 
 CURRICULUM_CHECK = """
+import multiprocessing
 import sys
 import torch.utils.data as tud
 from pipeloom.compat import DataLoader
@@ -379,12 +380,17 @@ from tests.compat.test_compat_attacks import (
 
 if __name__ == "__main__":
     method = sys.argv[1]
+    # torch's reference runs under forkserver, which pickles the dataset to every new
+    # worker exactly as spawn does; with torch and the datasets preloaded in the server,
+    # its 12 workers start in milliseconds instead of each importing torch (40 s)
+    multiprocessing.set_forkserver_preload([Curriculum.__module__])
     # each spawned worker imports torch (seconds on a busy machine): the iterable
     # dataset and the economic check under spawn only
     makes = (Curriculum, CurriculumStream) if method == "spawn" else (Curriculum,)
     for make in makes:
         kwargs = dict(num_workers=2, multiprocessing_context=method)
-        theirs = curriculum_epochs(tud.DataLoader, make(), **kwargs)
+        reference = dict(kwargs, multiprocessing_context="forkserver")
+        theirs = curriculum_epochs(tud.DataLoader, make(), **reference)
         ours = curriculum_epochs(DataLoader, make(), **kwargs)
         assert ours == theirs, (make.__name__, theirs, ours)
     if method == "spawn":
@@ -535,13 +541,17 @@ class FailsAt(tud.Dataset):
 
 def first_error(cls: type, mode: str, **kwargs: Any) -> BaseException:
     loader = cls(FailsAt(mode), batch_size=2, num_workers=2, **kwargs)
+    epoch = iter(loader)
     try:
         with pytest.raises(Exception) as caught:
-            list(loader)
-        # Without its frames: torch's iterator, held by them, is then stopped here, not by
-        # the collector during a later test (5 s per worker still sleeping)
+            list(epoch)
         return caught.value.with_traceback(None)
     finally:
+        # torch's iterator is held by the error's frames (a cycle, and the chained error
+        # of a dead worker) until a garbage collection, which stops its workers after
+        # its queues are finalized: 5 s per worker, inside whichever test collects.
+        # Stop them here, as its __del__ would (our iterator has no such method).
+        getattr(epoch, "_shutdown_workers", lambda: None)()
         if hasattr(loader, "shutdown"):
             loader.shutdown()
 

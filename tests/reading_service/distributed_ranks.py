@@ -1,7 +1,8 @@
-"""Rank programs for test_distributed.py: launched in spawned processes, one per rank.
+"""Rank programs for test_distributed.py: one process per rank.
 
-:func:`launch` starts ``world`` ranks on 127.0.0.1 (gloo), runs the named
-scenarios in each and returns ``{scenario: [result of rank 0, rank 1, ...]}``.
+:func:`launch` starts ``world`` ranks on 127.0.0.1 (gloo; forked from one spawned
+launcher, :func:`fork_ranks`), runs the named scenarios in each and returns
+``{scenario: [result of rank 0, rank 1, ...]}``.
 A scenario's exception becomes its result ``("error", type name, message)``.
 Every rank process dumps its stack and exits after ``limit`` seconds, and
 the launcher kills what is left, so a test never hangs.
@@ -53,19 +54,45 @@ def run_ranks(processes: list[Any], limit: float) -> None:
                 process.join(5)
 
 
+def fork_ranks(target: Callable[..., None], rank_args: list[tuple], limit: float) -> list[Any]:
+    """Run ``target(*args)`` in one process per ``rank_args``; their exit codes, rank by rank.
+
+    The ranks are forked from one spawned launcher, a fresh interpreter that imports
+    torch and ``target``'s module once for all of them, then forks before anything
+    else runs (no process group, no gloo thread, no lock held; only the BLAS pool
+    numpy starts at import, which handles fork, as under any forked DataLoader
+    worker): each rank starts as clean as a spawned one without importing torch
+    itself (seconds per rank on a busy machine). The launcher gives each rank
+    ``limit + 5`` s (``run_ranks``) and is itself killed 10 s after that.
+    """
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    launcher = context.Process(target=_fork_and_join, args=(target, rank_args, limit, send))
+    try:
+        run_ranks([launcher], limit + 10)
+    finally:
+        send.close()
+    try:
+        return receive.recv() if receive.poll() else [launcher.exitcode] * len(rank_args)
+    except EOFError:
+        return [launcher.exitcode] * len(rank_args)
+    finally:
+        receive.close()
+
+
+def _fork_and_join(target: Callable[..., None], rank_args: list[tuple], limit: float, send) -> None:
+    context = multiprocessing.get_context("fork")
+    processes = [context.Process(target=target, args=args) for args in rank_args]
+    run_ranks(processes, limit)
+    send.send([process.exitcode for process in processes])
+
+
 def launch(
     scenarios: list[str], world: int, tmp_path, *, limit: float = 200.0, event: Any = None
 ) -> dict[str, list[Any]]:
-    context = multiprocessing.get_context("spawn")
     port = free_port()
-    processes = [
-        context.Process(
-            target=_rank_main,
-            args=(scenarios, rank, world, port, str(tmp_path), limit, event),
-        )
-        for rank in range(world)
-    ]
-    run_ranks(processes, limit)
+    args = [(scenarios, rank, world, port, str(tmp_path), limit, event) for rank in range(world)]
+    exitcodes = fork_ranks(_rank_main, args, limit)
     results: dict[str, list[Any]] = {name: [] for name in scenarios}
     for rank in range(world):
         path = os.path.join(tmp_path, f"rank{rank}.pkl")
@@ -74,7 +101,7 @@ def launch(
             with open(path, "rb") as file:
                 found = pickle.load(file)
         for name in scenarios:
-            results[name].append(found.get(name, ("missing", processes[rank].exitcode)))
+            results[name].append(found.get(name, ("missing", exitcodes[rank])))
     return results
 
 

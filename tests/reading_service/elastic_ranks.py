@@ -1,11 +1,12 @@
 """Rank programs for test_elastic_ranks.py: save on one number of ranks, resume on another.
 
 :func:`launch` starts ``world`` ranks (gloo, 127.0.0.1) through
-``distributed_ranks.run_ranks``; each runs ``phase`` (``save`` or ``resume``)
-over every case and writes its results to ``out_dir``. ``save`` takes every
-rank's ``loader.state_dict()`` after ``step`` items, gathers them with
-``torch.distributed.all_gather_object`` and joins them with
-``merge_rank_states``; ``resume`` loads the joined state on the new ranks.
+``distributed_ranks.fork_ranks``; each runs its phases (``save`` or
+``resume``) in turn over every case and writes each phase's results to its
+directory. ``save`` takes every rank's ``loader.state_dict()`` after ``step``
+items, gathers them with ``torch.distributed.all_gather_object`` and joins
+them with ``merge_rank_states``; ``resume`` loads the joined state on the new
+ranks.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import datetime
 import faulthandler
 import io
-import multiprocessing
 import os
 import pickle
 import tarfile
@@ -31,7 +31,7 @@ from pipeloom.reading_service import (
     ThreadReadingService,
     merge_rank_states,
 )
-from tests.reading_service.distributed_ranks import free_port, run_ranks
+from tests.reading_service.distributed_ranks import fork_ranks, free_port
 
 SEED = 7
 TARS, MEMBERS = 6, 4
@@ -109,27 +109,34 @@ CASES = [  # (pipeline, service)
 ]
 
 
-def launch(phase: str, world: int, out_dir: str, steps: dict, *, limit: float = 200.0) -> list:
-    """Run ``phase`` on ``world`` ranks; the results of rank 0, 1, ..."""
-    context = multiprocessing.get_context("spawn")
+Phase = tuple[str, str, dict]
+"""(``"save"`` or ``"resume"``, the directory of its states and results, steps per pipeline)."""
+
+
+def launch(phases: list[Phase], world: int, root: str, *, limit: float = 200.0) -> list[list]:
+    """Run ``phases`` one after the other on the same ``world`` ranks (one job, so the
+    ranks start once); for each phase, the results of rank 0, 1, ...
+
+    ``root`` holds the tar shards; a ``resume`` phase reads the states the test wrote
+    from an earlier job's ``save`` into its directory.
+    """
     port = free_port()
-    processes = [
-        context.Process(target=_rank_main, args=(phase, rank, world, port, out_dir, limit, steps))
-        for rank in range(world)
-    ]
-    run_ranks(processes, limit)
+    args = [(phases, rank, world, port, root, limit) for rank in range(world)]
+    exitcodes = fork_ranks(_rank_main, args, limit)
     results = []
-    for rank in range(world):
-        path = os.path.join(out_dir, f"{phase}{rank}.pkl")
-        if not os.path.exists(path):
-            results.append(("missing", processes[rank].exitcode))
-            continue
-        with open(path, "rb") as file:
-            results.append(pickle.load(file))
+    for phase, out_dir, _ in phases:
+        results.append([])
+        for rank in range(world):
+            path = os.path.join(out_dir, f"{phase}{rank}.pkl")
+            if not os.path.exists(path):
+                results[-1].append(("missing", exitcodes[rank]))
+                continue
+            with open(path, "rb") as file:
+                results[-1].append(pickle.load(file))
     return results
 
 
-def _rank_main(phase, rank, world, port, out_dir, limit, steps) -> None:
+def _rank_main(phases: list[Phase], rank, world, port, root, limit) -> None:
     faulthandler.dump_traceback_later(limit, exit=True)
     dist.init_process_group(
         "gloo",
@@ -138,19 +145,20 @@ def _rank_main(phase, rank, world, port, out_dir, limit, steps) -> None:
         world_size=world,
         timeout=datetime.timedelta(seconds=limit / 2),
     )
-    results: dict[Any, Any] = {}
-    for pipeline, name in CASES:
-        for step in steps[pipeline]:
-            key = (pipeline, name, step)
-            try:
-                if phase == "save":
-                    results[key] = _save(pipeline, name, step, out_dir, world)
-                else:
-                    results[key] = _resume(pipeline, name, step, out_dir)
-            except Exception as error:  # noqa: BLE001 - the test inspects it
-                results[key] = ("error", type(error).__name__, str(error))
-    with open(os.path.join(out_dir, f"{phase}{rank}.pkl"), "wb") as file:
-        pickle.dump(results, file)
+    for phase, out_dir, steps in phases:
+        results: dict[Any, Any] = {}
+        for pipeline, name in CASES:
+            for step in steps[pipeline]:
+                key = (pipeline, name, step)
+                try:
+                    if phase == "save":
+                        results[key] = _save(pipeline, name, step, root, world)
+                    else:
+                        results[key] = _resume(pipeline, name, step, root, out_dir)
+                except Exception as error:  # noqa: BLE001 - the test inspects it
+                    results[key] = ("error", type(error).__name__, str(error))
+        with open(os.path.join(out_dir, f"{phase}{rank}.pkl"), "wb") as file:
+            pickle.dump(results, file)
     dist.destroy_process_group()
 
 
@@ -170,9 +178,9 @@ def _save(pipeline: str, name: str, step: int, root: str, world: int):
     return head, job_state, same_ranks
 
 
-def _resume(pipeline: str, name: str, step: int, root: str):
+def _resume(pipeline: str, name: str, step: int, root: str, states: str):
     """(rest of the epoch, the next epoch, a fresh run's next epoch, the rest under pad)."""
-    with open(os.path.join(root, f"state-{pipeline}-{name}-{step}.pkl"), "rb") as file:
+    with open(os.path.join(states, f"state-{pipeline}-{name}-{step}.pkl"), "rb") as file:
         state = pickle.load(file)
     with DataLoader(PIPELINES[pipeline](root), service(name)) as loader:
         loader.load_state_dict(state)

@@ -95,17 +95,8 @@ def test_a_dropped_loader_leaves_no_reference_cycle_of_its_own(name):
         next(iterator)
         del loader, iterator
 
-    cycles = [
-        chain
-        for prefix in (
-            "pipeloom.loader",
-            "pipeloom.reading_service",
-            "pipeloom.queues",
-            "pipeloom.compat",
-        )
-        for chain in cycles_left_by(abandon, module_prefix=prefix)
-    ]
-    assert cycles == []
+    prefixes = ("pipeloom.loader", "pipeloom.reading_service", "pipeloom.queues", "pipeloom.compat")
+    assert cycles_left_by(abandon, module_prefix=prefixes) == []
 
 
 @pytest.mark.timeout(60)

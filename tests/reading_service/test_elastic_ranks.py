@@ -1,10 +1,10 @@
 """A state saved by 2 ranks resumes on 3, and 3 on 2: every sample of the epoch once.
 
-Real gloo jobs (``elastic_ranks.py``): the first job saves, the second
-resumes from the joined state. Steps are chosen so that the rest splits
-evenly over the new ranks (``uneven="shortest"`` then drops nothing); tar
-shards split by file, so there the check is "no sample twice" and, with
-``uneven="pad"``, "every sample at least once".
+Real gloo jobs (``elastic_ranks.py``), three in all: 2 ranks save; 3 ranks
+resume that joined state, then save their own; 2 ranks resume that. Steps are
+chosen so that the rest splits evenly over the new ranks (``uneven="shortest"``
+then drops nothing); tar shards split by file, so there the check is "no sample
+twice" and, with ``uneven="pad"``, "every sample at least once".
 """
 
 from __future__ import annotations
@@ -28,18 +28,41 @@ def _full_epoch(pipeline: str, root: str) -> list:
     return list(DataLoader(elastic_ranks.PIPELINES[pipeline](root), seed=elastic_ranks.SEED))
 
 
-def _elastic(tmp_path, old: int, new: int):
-    root = str(tmp_path)
-    elastic_ranks.write_tars(root)
-    saved = elastic_ranks.launch("save", old, root, STEPS[old])
-    for rank, result in enumerate(saved):
-        assert isinstance(result, dict), f"save, rank {rank}: {result}"
+def _write_states(saved: list, states: str) -> None:
+    """The job state each save took (rank 0's copy), where the next job's resume reads it."""
+    if not isinstance(saved[0], dict):
+        return  # the test says why
     for key, value in saved[0].items():
         if value[0] != "error":
             pipeline, name, step = key
-            with open(os.path.join(root, f"state-{pipeline}-{name}-{step}.pkl"), "wb") as file:
+            with open(os.path.join(states, f"state-{pipeline}-{name}-{step}.pkl"), "wb") as file:
                 pickle.dump(value[1], file)
-    resumed = elastic_ranks.launch("resume", new, root, STEPS[old])
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Three jobs: 2 ranks save; 3 ranks resume that, then save; 2 ranks resume that.
+
+    {old ranks: (what each old rank saved, what each new rank resumed), root}.
+    """
+    root = str(tmp_path_factory.mktemp("elastic"))
+    elastic_ranks.write_tars(root)
+    two, three = (str(tmp_path_factory.mktemp(f"saved-by-{n}")) for n in (2, 3))
+    (saved_by_two,) = elastic_ranks.launch([("save", two, STEPS[2])], 2, root)
+    _write_states(saved_by_two, two)
+    on_three, saved_by_three = elastic_ranks.launch(
+        [("resume", two, STEPS[2]), ("save", three, STEPS[3])], 3, root
+    )
+    _write_states(saved_by_three, three)
+    (on_two,) = elastic_ranks.launch([("resume", three, STEPS[3])], 2, root)
+    return {2: (saved_by_two, on_three), 3: (saved_by_three, on_two)}, root
+
+
+def _elastic(jobs, old: int):
+    runs, root = jobs
+    saved, resumed = runs[old]
+    for rank, result in enumerate(saved):
+        assert isinstance(result, dict), f"save, rank {rank}: {result}"
     for rank, result in enumerate(resumed):
         assert isinstance(result, dict), f"resume, rank {rank}: {result}"
     for key in saved[0]:
@@ -80,11 +103,12 @@ def _check(key, heads, resumed, root) -> None:
         assert following == fresh_following, key
 
 
-@pytest.mark.timeout(400)  # a hang detector; ranks start torch under spawn
-def test_a_state_saved_by_two_ranks_resumes_on_three(tmp_path):
-    _elastic(tmp_path, 2, 3)
+# A hang detector: three jobs in the first test's setup, each rank bounded by its launch's limit
+@pytest.mark.timeout(600)
+def test_a_state_saved_by_two_ranks_resumes_on_three(jobs):
+    _elastic(jobs, 2)
 
 
-@pytest.mark.timeout(400)  # a hang detector; ranks start torch under spawn
-def test_a_state_saved_by_three_ranks_resumes_on_two(tmp_path):
-    _elastic(tmp_path, 3, 2)
+@pytest.mark.timeout(600)
+def test_a_state_saved_by_three_ranks_resumes_on_two(jobs):
+    _elastic(jobs, 3)

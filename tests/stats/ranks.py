@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
-import multiprocessing
 import os
 import pickle
 import socket
@@ -17,20 +16,16 @@ from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.reading_service import DistributedReadingService
 
-from ..reading_service.distributed_ranks import run_ranks
+from ..reading_service.distributed_ranks import fork_ranks
 
 
 def launch(world: int, out_dir: str, *, limit: float = 40.0) -> list[Any]:
-    """Run :func:`_rank_main` in ``world`` spawned ranks; each rank's result (or why not)."""
+    """Run :func:`_rank_main` in ``world`` ranks (``fork_ranks``); each one's result or why not."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    context = multiprocessing.get_context("spawn")
-    processes = [
-        context.Process(target=_rank_main, args=(rank, world, port, out_dir, limit))
-        for rank in range(world)
-    ]
-    run_ranks(processes, limit)
+    args = [(rank, world, port, out_dir, limit) for rank in range(world)]
+    exitcodes = fork_ranks(_rank_main, args, limit)
     results = []
     for rank in range(world):
         path = os.path.join(out_dir, f"rank{rank}.pkl")
@@ -38,7 +33,7 @@ def launch(world: int, out_dir: str, *, limit: float = 40.0) -> list[Any]:
             with open(path, "rb") as file:
                 results.append(pickle.load(file))
         else:
-            results.append(("missing", processes[rank].exitcode))
+            results.append(("missing", exitcodes[rank]))
     return results
 
 
