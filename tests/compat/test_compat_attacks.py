@@ -562,7 +562,11 @@ def test_a_dead_or_stuck_worker_raises_a_runtime_error_as_in_torch(mode, kwargs)
     # Code written for torch catches RuntimeError around the loop (to retry, or log and
     # stop); a dead worker raised WorkerError and a timeout TimeoutError, neither of them
     # RuntimeError.
-    assert isinstance(first_error(tud.DataLoader, mode, **kwargs), RuntimeError)
+    theirs = first_error(tud.DataLoader, mode, **kwargs)
+    # torch's own loader, on a loaded machine, sometimes meets the killed worker's
+    # half-passed file descriptor before its SIGCHLD check (about 1 run in 20)
+    torch_race = mode == "kill" and isinstance(theirs, (EOFError, ConnectionError))
+    assert isinstance(theirs, RuntimeError) or torch_race, repr(theirs)
     ours = first_error(DataLoader, mode, **kwargs)
     assert isinstance(ours, RuntimeError)
     assert "worker process 0" in str(ours) if mode != "stall" else "timeout=0.5" in str(ours)
