@@ -5,6 +5,7 @@ that says what was expected, what was got and how to fix it."""
 from __future__ import annotations
 
 import inspect
+import itertools
 import pathlib
 import threading
 
@@ -227,6 +228,10 @@ def test_a_generator_source_for_worker_threads_says_to_pass_a_reiterable():
     ):
         with pipeloom.DataLoader(pipe, ThreadReadingService(2)) as loader:
             list(loader)
+    # a one-shot iterator that can be copied is copied at its place (an endless source)
+    pipe = IterableWrapper(itertools.count()).sharding_filter().header(6)
+    with pipeloom.DataLoader(pipe, ThreadReadingService(2)) as loader:
+        assert sorted(loader) == list(range(6))
 
 
 def test_a_state_that_cannot_be_pickled_is_refused_naming_the_block_and_field():

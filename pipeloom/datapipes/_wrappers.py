@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
+from types import AsyncGeneratorType, GeneratorType
 from typing import Any
 
 import torch.utils.data
@@ -21,8 +22,8 @@ class IterableWrapper(IterDataPipe):
     """Yield the items of a re-iterable object (a list, a range, a torch ``IterableDataset``).
 
     Each epoch calls ``iter(iterable)`` again. A one-shot iterator (e.g. a
-    generator object) can be read for one epoch only, and cannot be copied to
-    worker threads or spawned processes (a ``TypeError`` says so). A ``set`` or
+    generator object) can be read for one epoch only; a generator cannot be
+    copied to worker threads or spawned processes (a ``TypeError`` says so). A ``set`` or
     ``frozenset`` is read in sorted order: its own order follows the string
     hash seed, which differs between runs, workers and ranks, so positions
     (shards, checkpoints) would point at other items there.
@@ -152,7 +153,9 @@ class IterableWrapper(IterDataPipe):
             ) from None
 
     def __getstate__(self) -> dict[str, Any]:
-        if self._one_shot:  # copied for worker threads, pickled for spawned processes
+        # Copied for worker threads, pickled for spawned processes: a generator cannot be.
+        # (A one-shot iterator that can, such as itertools.count(), is copied at its place.)
+        if isinstance(self.iterable, (GeneratorType, AsyncGeneratorType)):
             raise TypeError(
                 f"IterableWrapper was given a one-shot iterator ({type(self.iterable).__name__}), "
                 f"which cannot be copied to worker threads or spawned processes (and is read "
