@@ -12,7 +12,6 @@ sample once.
 from __future__ import annotations
 
 import collections
-import gc
 import itertools
 import random
 from collections.abc import Callable
@@ -61,7 +60,6 @@ def _sequences(count: int, seed: int = 7) -> list[list[int]]:
 def _epoch(make: Callable[[], IterDataPipe], service: str, epochs: int = 1) -> list[list[Any]]:
     with DataLoader(make(), SERVICES[service](), seed=5) as loader:
         result = [_plain(list(loader)) for _ in range(epochs)]
-    gc.collect()
     return result
 
 
@@ -305,7 +303,6 @@ def _resume_chain(make, services: list[str], steps: list[int], *, reload_at_once
         loader.load_state_dict(state)
         got += _plain(list(loader))
         after = _plain(list(loader))
-    gc.collect()
     return got, after
 
 
