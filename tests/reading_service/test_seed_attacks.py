@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from pipeloom import DataLoader, get_worker_info
-from pipeloom.datapipes import IterableWrapper, IterDataPipe, item_rng, seed_pipeline
+from pipeloom.datapipes import IterableWrapper, item_rng, seed_pipeline
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from tests.reading_service.test_separate import InOwnProcess
 
 
 def global_draws(x):
@@ -28,25 +29,10 @@ def global_draws(x):
     return (x, random.random(), float(np.random.rand()), float(torch.rand(())))
 
 
-class OwnProcess(IterDataPipe):
-    """Passes its source through, in a process of its own (``is_separate_process``)."""
-
-    inputs = ("source",)
-
-    def __init__(self, source: IterDataPipe) -> None:
-        self.source = source
-
-    def is_separate_process(self) -> bool:
-        return True
-
-    def __iter__(self):
-        yield from self.source
-
-
 def side_stream():
     """Batches from worker threads, zipped with a branch that draws in its own process."""
     main = IterableWrapper(range(8)).sharding_filter().batch(2)
-    return main.zip(OwnProcess(IterableWrapper(range(4)).map(global_draws)))
+    return main.zip(InOwnProcess(IterableWrapper(range(4)).map(global_draws)))
 
 
 def side_draws(loader, count=None):
