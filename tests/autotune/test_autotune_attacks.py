@@ -7,9 +7,7 @@ default start method (fork on Linux), each test with a short timeout.
 from __future__ import annotations
 
 import gc
-import io
 import os
-import tarfile
 
 import pytest
 
@@ -18,6 +16,7 @@ from pipeloom.autotune import AutoReadingService, Budget, Config, Tuner
 from pipeloom.datapipes import FileLister, IterableWrapper
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.stats import counters
+from tests.autotune.shards import write_number_shards
 from tests.own_resources import OwnResources, dropped
 
 
@@ -255,13 +254,7 @@ def not_one_mod_4(t):
 
 @pytest.mark.timeout(60)
 def test_a_checkpoint_right_after_a_retune_resumes_under_another_worker_count(tmp_path):
-    for shard in range(4):
-        with tarfile.open(tmp_path / f"s{shard}.tar", "w") as tar:
-            for i in range(shard * 10, shard * 10 + 3 + shard):
-                data = str(i).encode()
-                info = tarfile.TarInfo(f"{i:04d}.num")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+    write_number_shards(tmp_path, [3 + shard for shard in range(4)])
 
     def make():
         return (

@@ -16,6 +16,7 @@ from pipeloom.reading_service import (
     SequentialReadingService,
     ThreadReadingService,
 )
+from tests.autotune.shards import write_number_shards
 
 
 class Scripted(Tuner):
@@ -251,16 +252,7 @@ def member_sample(sample):
 @pytest.mark.timeout(120)
 def test_a_tar_pipeline_moves_from_threads_to_whole_batch_processes(tmp_path):
     """Threads batch in the main process, processes in the workers: the move needs no replay."""
-    import io
-    import tarfile
-
-    for shard in range(4):
-        with tarfile.open(tmp_path / f"s{shard}.tar", "w") as tar:
-            for i in range(shard * 10, shard * 10 + 5 + shard):
-                data = str(i).encode()
-                info = tarfile.TarInfo(f"{i:04d}.num")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+    write_number_shards(tmp_path, [5 + shard for shard in range(4)])
 
     def make():
         return (
