@@ -334,10 +334,11 @@ class DataPipe:
             self._pl_initialized = False
             raise
 
-    def _restart(self) -> None:
-        """Reset framework state, then the block's own (``reset`` hook)."""
+    def _restart(self, epoch_seed: int | None = None) -> None:
+        """Reset framework state, then the block's own (``reset`` hook); ``epoch_seed``: a
+        seed this epoch drew before (replayed), None to derive or draw it again."""
         self._pl_ensure_init()
-        self._pl_epoch_seed = None
+        self._pl_epoch_seed = epoch_seed
         if self._pl_numbering is not None:
             self._pl_numbering.restart()
         self.reset()
@@ -437,10 +438,10 @@ class IterDataPipe(IterFunctional, DataPipe):
             f"by iterating it"
         )
 
-    def _restart(self) -> None:
+    def _restart(self, epoch_seed: int | None = None) -> None:
         self._pl_gen = None
         self._pl_iter_token += 1
-        super()._restart()
+        super()._restart(epoch_seed)
 
     def _iteration(self) -> int:
         """Which restart the block is in (an iterator of an earlier one is stale)."""

@@ -11,7 +11,7 @@ from ._base import IterDataPipe
 from ._context import current_stamp, key_position, restore_stamp, worker_info
 from ._fingerprint import random_blocks
 from ._item_memory import BufferLedger, ItemMemory, item_memory, item_nbytes
-from ._pipeline import upstream_blocks
+from ._pipeline import drawn_epoch_seeds, replay_pipeline_epoch, upstream_blocks
 from ._positions import authority_index
 
 __all__ = ["InMemoryCacheHolder", "item_nbytes"]
@@ -39,7 +39,15 @@ class InMemoryCacheHolder(IterDataPipe):
     makes its first item of each epoch live to learn where its stream starts
     (this is what keeps a resumed epoch right); one that cached nothing, which
     cannot tell an empty shard from one resumed at its end, fills again in the
-    next epoch. In the item workers of the
+    next epoch. With ``allow_random=True`` over a random upstream (or items that
+    drew from ``item_rng()`` upstream), a later pass in the calling process that
+    must read items of the upstream again (the ones before the cached part, or
+    after a resume) restarts the upstream as it ran in the epoch the cache was
+    filled in, with that epoch's seeds, so those items are the ones the cache
+    is missing rather than another epoch's; ``item_rng()`` downstream draws
+    for the current epoch. In workers such a cache steps aside after its first
+    pass and every epoch reads its upstream live: a worker resumed mid-epoch
+    could not tell which epoch's items its cache should hold. In the item workers of the
     ``economic`` and ``chunked`` strategies items move between workers, so the
     cache steps aside there.
 
@@ -66,6 +74,7 @@ class InMemoryCacheHolder(IterDataPipe):
     per_item = True
     one_to_one = True
     per_rank_fields = ("size",)
+    restart_reason = "to read again, in a later epoch, the random items it does not hold"
 
     def __init__(
         self, source: IterDataPipe, size: int | float | None = None, *, allow_random: bool = False
@@ -88,6 +97,7 @@ class InMemoryCacheHolder(IterDataPipe):
         self.source = source
         self.size = size
         self.allow_random = allow_random
+        self._random_upstream = bool(randoms)
         self._limit = None if size is None else int(size * _MIB)
         self.clear()
         self._resets = 0  # passes since the last set_epoch
@@ -104,6 +114,10 @@ class InMemoryCacheHolder(IterDataPipe):
         self._stamper = False  # the authority's seed stamped every cached item
         self._dropped = False  # items before the first cached one were not kept
         self._first_seed: int | None = None
+        self._drew = False  # a cached item drew from item_rng() upstream
+        self._filled_in: tuple[int, int] | None = None  # (epoch, round) of the first pass
+        self._fill_seeds: list[int | None] = []  # the upstream's epoch seeds then
+        self._resumed_fill: tuple[tuple[int, int], list[int | None]] | None = None
 
     @property
     def cached_items(self) -> int:
@@ -120,6 +134,9 @@ class InMemoryCacheHolder(IterDataPipe):
         self._resets += 1
         if in_worker and self._resets > 1:
             self._disabled = True  # restarted within an epoch: an item worker's task
+        if in_worker and (self._random_upstream or self._drew):
+            # a worker resumed mid-epoch cannot know which epoch its cache held: it reads live
+            self._disabled = True
         self._in_worker = in_worker
         if not self._complete:
             self.clear()
@@ -129,14 +146,28 @@ class InMemoryCacheHolder(IterDataPipe):
         self._skip = 0  # outputs to take and drop first (after a resume)
         self._next_entry = 0
         self._stamp: tuple[int | None, int] | None = None
+        self._restamp: tuple[int, int] | None = None  # (seed, epoch) for replayed reads
+
+    @property
+    def restarts_inputs(self) -> bool:
+        """True over a random upstream, which a later pass may restart as the first epoch."""
+        return self._random_upstream
 
     def set_epoch(self, epoch: int) -> None:
         self._resets = 0
 
     def async_next(self) -> Any:
+        item = self._next()
+        restamp = self._restamp
+        if restamp is not None and self._stamper:  # read as in the fill epoch: stamp as now
+            _, _, position, draws = current_stamp()
+            restore_stamp((restamp[0], restamp[1], position, draws))
+        return item
+
+    def _next(self) -> Any:
         phase = self._phase
         if phase is None:
-            phase = self._phase = self._choose()
+            phase = self._phase = self._start_pass()
         if phase == "cached":
             return self._from_memory()
         if phase == "fill":
@@ -146,6 +177,39 @@ class InMemoryCacheHolder(IterDataPipe):
         if phase == "counted":
             return self._counted()
         return self._pass()
+
+    def _start_pass(self) -> str:
+        phase = self._choose()
+        identity = (self._epoch_number(), self._round_number())
+        resumed, self._resumed_fill = self._resumed_fill, None
+        if phase == "fill":
+            self._filled_in, self._fill_seeds = resumed or (identity, [])
+            if resumed is None or resumed[0] == identity:
+                return phase
+        elif phase not in ("counted", "live") or not (self._random_upstream or self._drew):
+            return phase
+        if all(block.restartable for block in upstream_blocks(self.source)):
+            self._replay_fill_epoch()
+            return phase
+        # a stream made once per epoch (by workers) cannot replay the fill epoch: this pass
+        # reads it live, and caches it again (from its start when it can)
+        self._filled_in, self._fill_seeds = identity, []
+        if phase == "fill":
+            return phase
+        self.clear()
+        self._filled_in = identity
+        return "fill"
+
+    def _replay_fill_epoch(self) -> None:
+        """Restart the upstream as in the fill epoch: a random upstream then gives the items
+        this pass must read live (the head, or the rest after a resume) as they were cached."""
+        index = authority_index(self)
+        current = None if index is None else upstream_blocks(self)[index].epoch_seed()
+        assert self._filled_in is not None
+        replay_pipeline_epoch(self.source, self._filled_in, self._fill_seeds)
+        self._skip, self._pulled = self._emitted, 0
+        if current is not None:
+            self._restamp = (current, self._epoch_number())
 
     def _choose(self) -> str:
         if self._disabled:
@@ -184,22 +248,33 @@ class InMemoryCacheHolder(IterDataPipe):
             # A worker may have started mid-stream (resume_at on its sharding point): with
             # nothing cached it cannot tell where its stream starts, so it fills again next pass
             self._complete = bool(self._entries) or not self._in_worker
+            self._record_seeds()
             self._phase = "pass"
             raise
         seed, epoch, position, draws = current_stamp()
+        self._drew = self._drew or draws > 0
         if draws and not self.allow_random:
             raise RuntimeError(
                 f"{self!r}: the item at position {position} drew from item_rng() upstream, so "
                 f"the cache would replay its random augmentation; apply it after "
                 f".in_memory_cache(), or pass allow_random=True to replay it on purpose"
             )
-        if not self._entries and not self._dropped:
+        if not self._entries and (not self._dropped or self._first_seed is None):
             self._first_seed = seed
             self._stamper = self._authority_seed() == seed
         elif seed != self._first_seed:
             self._stamper = False
         self._keep(position, draws, item)
         return item
+
+    def _record_seeds(self) -> None:
+        """Note the upstream's epoch seeds of the fill epoch (kept where known already)."""
+        known = self._fill_seeds
+        drawn = drawn_epoch_seeds(self.source)
+        self._fill_seeds = [
+            known[i] if i < len(known) and known[i] is not None else seed
+            for i, seed in enumerate(drawn)
+        ]
 
     def _keep(self, position: Any, draws: int, item: Any) -> None:  # an item key
         memory = item_memory(item)
@@ -282,19 +357,35 @@ class InMemoryCacheHolder(IterDataPipe):
         return len(self.source)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"emitted": self._emitted, "pulled": self._pulled}
+        state: dict[str, Any] = {"emitted": self._emitted, "pulled": self._pulled}
+        if (self._random_upstream or self._drew) and self._filled_in is not None:
+            if self._phase == "fill":
+                self._record_seeds()
+            state["filled_in"] = list(self._filled_in)
+            state["fill_seeds"] = list(self._fill_seeds)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume a pass: it reads the upstream from where it was; a warm cache stays for later."""
+        """Resume a pass: it reads the upstream from where it was; a warm cache stays for later.
+
+        Over a random upstream the cache is filled again from there, reading the upstream
+        as in the epoch it was first filled in (its order, not this epoch's).
+        """
         self._emitted, self._pulled = int(state["emitted"]), int(state["pulled"])
         self._skip = max(0, self._emitted - self._pulled)
+        if "filled_in" in state:
+            self._complete = False
+            epoch, round_number = state["filled_in"]
+            self._resumed_fill = ((int(epoch), int(round_number)), list(state["fill_seeds"]))
         if self._complete:
             self._phase = "pass"
         else:  # cold: cache from here on; the items before it come live in later passes
+            resumed = self._resumed_fill
             self.clear()
+            self._resumed_fill = resumed
             self._head = self._emitted
             self._dropped = self._emitted > 0
-            self._phase = "fill"
+            self._phase = None if resumed else "fill"
 
     def __repr__(self) -> str:
         size = "None" if self.size is None else f"{self.size} MiB"

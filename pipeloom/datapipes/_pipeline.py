@@ -142,6 +142,23 @@ def set_pipeline_epoch(output: DataPipe, epoch: int) -> None:
         block._enter_epoch(epoch)
 
 
+def replay_pipeline_epoch(output: DataPipe, epoch: tuple[int, int], seeds: Sequence[Any]) -> None:
+    """Restart every block ``output`` depends on as it ran in ``epoch`` (an epoch and a
+    round), with the epoch seeds it drew then (:func:`drawn_epoch_seeds`), so a random
+    block upstream gives that epoch's order again (used by ``in_memory_cache``)."""
+    blocks = upstream_blocks(output)
+    for block in blocks:
+        block._enter_epoch(epoch[0])
+        block._enter_round(epoch[1])
+    for index, block in enumerate(blocks):
+        block._restart(seeds[index] if index < len(seeds) else None)
+
+
+def drawn_epoch_seeds(output: DataPipe) -> list[int | None]:
+    """The epoch seed each block ``output`` depends on has drawn so far (None: not yet)."""
+    return [block._drawn_epoch_seed() for block in upstream_blocks(output)]
+
+
 def set_pipeline_round(output: DataPipe, round_number: int) -> None:
     """Start repetition ``round_number`` of the stream within the epoch (used by ``cycle``).
 
@@ -242,8 +259,9 @@ def refuse_restarting_shared_blocks(blocks: Sequence[DataPipe]) -> None:
             for shared in inside:
                 outside = [r for r in readers.get(id(shared), ()) if id(r) not in allowed]
                 if outside:
+                    reason = getattr(block, "restart_reason", "when it runs out")
                     raise ValueError(
-                        f"{block!r} restarts {source!r} when it runs out, and with it "
+                        f"{block!r} restarts {source!r} ({reason}), and with it "
                         f"{shared!r}, which is also read by {outside[0]!r} outside that "
                         f"input (e.g. the other child of a fork or demux): that branch "
                         f"would read its items again or lose them. Repeat the stream "
