@@ -98,6 +98,7 @@ class InMemoryCacheHolder(IterDataPipe):
         self.size = size
         self.allow_random = allow_random
         self._random_upstream = bool(randoms)
+        self._drew = False  # an item drew from item_rng() upstream
         self._limit = None if size is None else int(size * _MIB)
         self.clear()
         self._resets = 0  # passes since the last set_epoch
@@ -114,7 +115,6 @@ class InMemoryCacheHolder(IterDataPipe):
         self._stamper = False  # the authority's seed stamped every cached item
         self._dropped = False  # items before the first cached one were not kept
         self._first_seed: int | None = None
-        self._drew = False  # a cached item drew from item_rng() upstream
         self._filled_in: tuple[int, int] | None = None  # (epoch, round) of the first pass
         self._fill_seeds: list[int | None] = []  # the upstream's epoch seeds then
         self._resumed_fill: tuple[tuple[int, int], list[int | None]] | None = None
@@ -377,6 +377,7 @@ class InMemoryCacheHolder(IterDataPipe):
             self._complete = False
             epoch, round_number = state["filled_in"]
             self._resumed_fill = ((int(epoch), int(round_number)), list(state["fill_seeds"]))
+            self._drew = not self._random_upstream  # why the state says where it filled
         if self._complete:
             self._phase = "pass"
         else:  # cold: cache from here on; the items before it come live in later passes

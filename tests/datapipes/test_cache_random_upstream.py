@@ -63,18 +63,24 @@ def big_pair(item):
     return big(item[0]), np.full(50_000, item[1], dtype=np.float64)
 
 
+def drawn(size=None):
+    return (
+        IterableWrapper(range(N)).sharding_filter().map(jitter).in_memory_cache(allow_random=True)
+    )
+
+
 @pytest.mark.parametrize("epoch", [0, 1])
-@pytest.mark.parametrize("size", [None, 1])
-def test_a_resume_gives_the_rest_and_the_next_epochs_as_the_uninterrupted_run(epoch, size):
-    with DataLoader(shuffled(size), seed=5) as loader:
+@pytest.mark.parametrize("build, size", [(shuffled, None), (shuffled, 1), (drawn, None)])
+def test_a_resume_gives_the_rest_and_the_next_epochs_as_the_uninterrupted_run(epoch, build, size):
+    with DataLoader(build(size), seed=5) as loader:
         expected = epochs(loader, 3)
-    for stop in (1, 5):
-        with DataLoader(shuffled(size), seed=5) as loader:
+    for stop in (1, 5, N):
+        with DataLoader(build(size), seed=5) as loader:
             epochs(loader, epoch)
             iterator = iter(loader)
             head = [label(next(iterator)) for _ in range(stop)]
             state = loader.state_dict()
-        with DataLoader(shuffled(size), seed=5) as resumed:
+        with DataLoader(build(size), seed=5) as resumed:
             resumed.load_state_dict(state)
             rest = [label(item) for item in resumed]
             assert head + rest == expected[epoch], (epoch, stop)
