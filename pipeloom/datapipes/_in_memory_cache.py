@@ -45,9 +45,10 @@ class InMemoryCacheHolder(IterDataPipe):
     after a resume) restarts the upstream as it ran in the epoch the cache was
     filled in, with that epoch's seeds, so those items are the ones the cache
     is missing rather than another epoch's; ``item_rng()`` downstream draws
-    for the current epoch. In workers such a cache steps aside after its first
-    pass and every epoch reads its upstream live: a worker resumed mid-epoch
-    could not tell which epoch's items its cache should hold. In the item workers of the
+    for the current epoch. In workers, over a random order upstream, the cache
+    steps aside after its first pass and every epoch reads its upstream live:
+    a worker resumed mid-epoch could not tell which epoch's order its cache
+    should hold. In the item workers of the
     ``economic`` and ``chunked`` strategies items move between workers, so the
     cache steps aside there.
 
@@ -134,8 +135,8 @@ class InMemoryCacheHolder(IterDataPipe):
         self._resets += 1
         if in_worker and self._resets > 1:
             self._disabled = True  # restarted within an epoch: an item worker's task
-        if in_worker and (self._random_upstream or self._drew):
-            # a worker resumed mid-epoch cannot know which epoch its cache held: it reads live
+        if in_worker and self._random_upstream:
+            # a worker resumed mid-epoch cannot tell which epoch's order its cache held
             self._disabled = True
         self._in_worker = in_worker
         if not self._complete:

@@ -52,11 +52,28 @@ def test_a_cache_smaller_than_the_stream_replays_the_first_epoch_exactly(seed):
     assert later == [first, first]
 
 
-def test_items_that_drew_upstream_replay_their_draws_for_the_part_read_again():
+SERVICES = {
+    "threads": lambda: ThreadReadingService(2),
+    "persistent-processes": lambda: MultiProcessingReadingService(
+        2, persistent_workers=True, timeout=30
+    ),
+}
+
+
+def pairs(service):
     pipe = IterableWrapper(range(N)).sharding_filter().map(jitter).map(big_pair)
-    with DataLoader(pipe.in_memory_cache(size=1, allow_random=True), seed=3) as loader:
-        first, *later = [[(int(a[0]), int(b[0])) for a, b in loader] for _ in range(3)]
+    # 1 MiB holds one pair: each worker (or the calling process) reads the others again
+    with DataLoader(pipe.in_memory_cache(size=1, allow_random=True), service, seed=3) as loader:
+        return [[(int(a[0]), int(b[0])) for a, b in loader] for _ in range(3)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("service", [None, *SERVICES])
+def test_items_that_drew_upstream_replay_their_draws_for_the_part_read_again(service):
+    first, *later = pairs(SERVICES[service]() if service else None)
     assert later == [first, first]
+    if service:
+        assert [first, *later] == pairs(None)
 
 
 def big_pair(item):
@@ -88,15 +105,8 @@ def test_a_resume_gives_the_rest_and_the_next_epochs_as_the_uninterrupted_run(ep
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(
-    "service",
-    [
-        lambda: ThreadReadingService(2),
-        lambda: MultiProcessingReadingService(2, persistent_workers=True, timeout=30),
-    ],
-    ids=["threads", "persistent-processes"],
-)
-def test_workers_read_live_and_resume_each_item_exactly_once(service):
+@pytest.mark.parametrize("service", list(SERVICES.values()), ids=list(SERVICES))
+def test_workers_read_a_random_order_live_and_resume_each_item_exactly_once(service):
     # A worker resumed mid-epoch cannot tell which epoch its cache held, so over a random
     # upstream the workers' caches step aside: each epoch is the upstream's, live.
     with DataLoader(shuffled(), service(), seed=7) as loader:
