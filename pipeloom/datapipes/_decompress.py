@@ -66,6 +66,11 @@ class _Decompressed(io.RawIOBase):
         self._path, self._kind = path, kind
         self._read = read  # gzip's input, counted: an empty file is no gzip file
 
+    @property
+    def wrapped_stream(self) -> IO[Any]:
+        """The compressed stream under this one (a reader's claim reaches it)."""
+        return self._outer
+
     def readable(self) -> bool:
         return True
 

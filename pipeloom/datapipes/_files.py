@@ -3,12 +3,11 @@
 Also the two shared pieces every storage block builds on:
 
 * ``StreamOpener`` — a shardable block turning paths into ``(path, stream)``.
-  It remembers the streams it handed out until they are closed, closes the
-  rest on ``reset()``/``close()``, and saves the still-open ones in its state
-  so that a resumed pipeline re-opens them ("replay").
+  It closes the streams it handed out on ``reset()``/``close()``, and saves
+  those a reader is in the middle of so that a resume re-opens them ("replay").
 * ``StreamReader`` — a block that reads each ``(path, stream)`` into items
-  (tar members, lines, CSV rows), closes the stream when done, and saves how
-  many items of the current stream it emitted, skipping them after a replay.
+  (tar members, lines, CSV rows), claims the stream while it reads it, closes it
+  when done, and saves how many items of it it emitted (skipped after a replay).
 
 Example:
     >>> import os, tempfile
@@ -38,6 +37,7 @@ from ..errors import StateError
 from ._base import IterDataPipe
 from ._compact import CompactStringList
 from ._context import NO_STAMP, current_stamp, restore_stamp, stamp_output
+from ._handed_streams import Handed, claim, close_streams, is_claimed, prune, release
 from ._pipeline import is_sharding_root
 from ._state_fields import StateFields
 
@@ -239,7 +239,7 @@ class StreamOpener(IterDataPipe):
         self._total, self._index = 1, 0
         self._position = 0  # items pulled from source this epoch
         self._resume_from = 0  # positions before it are skipped unopened (resume)
-        self._handed: list[tuple[int, str, IO[Any]]] = []  # streams given out, maybe open
+        self._handed: Handed = []  # streams given out, maybe open
         self._replay: list[tuple[int, str]] = []  # to re-open first after a resume
         self._guard: weakref.finalize | None = None
 
@@ -287,17 +287,17 @@ class StreamOpener(IterDataPipe):
 
     def _track(self, position: int, path: str, stream: IO[Any]) -> None:
         handed = self._handed
-        handed[:] = [h for h in handed if not h[2].closed]
+        prune(handed)
         handed.append((position, path, stream))
         if self._guard is None:
             # Closes the streams when this block is collected. A finalizer runs
             # before the garbage's own finalizers, even inside a reference
             # cycle, so the files never warn "unclosed file".
-            self._guard = weakref.finalize(self, _close_streams, handed)
+            self._guard = weakref.finalize(self, close_streams, handed)
 
     def close(self) -> None:
         """Close every stream this block handed out that is still open."""
-        _close_streams(self._handed)
+        close_streams(self._handed)
 
     def reset(self) -> None:
         self.close()
@@ -315,8 +315,8 @@ class StreamOpener(IterDataPipe):
         return max(0, -(-(size - self._index) // self._total))
 
     def state_dict(self) -> dict[str, Any]:
-        still_open = [(p, path) for p, path, s in self._handed if not s.closed]
-        return {"position": self._position, "replay": self._replay + still_open}
+        reading = [(p, path) for p, path, s in self._handed if not s.closed and is_claimed(s)]
+        return {"position": self._position, "replay": self._replay + reading}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         position = state_count(self, state, "position")
@@ -344,13 +344,6 @@ class StreamOpener(IterDataPipe):
         state["_handed"] = []
         state["_guard"] = None
         return state
-
-
-def _close_streams(handed: list[tuple[int, str, IO[Any]]]) -> None:
-    streams = [h[2] for h in handed]
-    handed.clear()
-    for stream in streams:
-        stream.close()
 
 
 class FileOpener(StreamOpener):
@@ -432,6 +425,7 @@ class StreamReader(IterDataPipe):
                         f"put it after open_files() / an HTTP or fsspec opener"
                     )
                 self._stream = item[1]
+                claim(item[1])
                 self._count = self._skip
                 self._reader = self._read(str(item[0]), item[1], self._skip)
                 self._skip = 0
@@ -461,6 +455,7 @@ class StreamReader(IterDataPipe):
         if reader is not None:
             reader.close()  # type: ignore[attr-defined]
         if stream is not None:
+            release(stream)
             stream.close()
 
     def reset(self) -> None:
