@@ -21,6 +21,13 @@ class StepGate:
     out indefinitely: they announce themselves in ``waiting`` first, and the
     iterating thread, seeing it before its next step, lets them in.
 
+    Both locks are re-entrant: a signal handler runs in the main thread between
+    any two lines, also while that thread holds ``_turn`` (in its own
+    ``state_dict()``, ``iter()`` or before a step), and a handler that calls
+    ``state_dict()`` there must get through, not wait for itself forever. It
+    runs to its end before the interrupted code goes on, so the counts stay
+    right.
+
     Example:
         >>> gate = StepGate()
         >>> with gate.between():
@@ -35,7 +42,7 @@ class StepGate:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.waiting = 0  # threads waiting in between()
-        self._turn = threading.Condition(threading.Lock())
+        self._turn = threading.Condition(threading.RLock())
 
     @contextlib.contextmanager
     def between(self) -> Iterator[None]:
