@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import CodeType, FrameType
+from typing import Any, TypeVar
 
 from .errors import StateError
 
 __all__ = ["StepGate"]
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 class StepGate:
@@ -39,6 +44,8 @@ class StepGate:
 
     __slots__ = ("lock", "waiting", "_turn")
 
+    _step_codes: set[CodeType] = set()  # the iterators' __next__, see step()
+
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.waiting = 0  # threads waiting in between()
@@ -58,17 +65,37 @@ class StepGate:
                 if not self.waiting:
                     self._turn.notify_all()
 
+    @classmethod
+    def step(cls, method: _Method) -> _Method:
+        """Mark an iterator's ``__next__`` (its ``self._steps`` is the gate) as a step.
+
+        A signal handler can run after the step released the lock and before
+        ``next()`` returns its item; :meth:`inside_a_step` finds the step's
+        frame on the stack there, so the handler's ``state_dict()`` is refused
+        (the item counted as delivered is lost if the handler raises).
+        """
+        cls._step_codes.add(method.__code__)
+        return method
+
     def let_others_in(self) -> None:
         """Before a step: wait until the threads waiting in :meth:`between` are done."""
-        if self.inside_a_step():  # a step inside iter() (replay): they wait for us
+        if self.lock._is_owned():  # type: ignore[attr-defined]  # replay inside iter()
             return
         with self._turn:
             while self.waiting:
                 self._turn.wait()
 
     def inside_a_step(self) -> bool:
-        """True in the thread that holds the loader (e.g. a signal handler during ``next``)."""
-        return bool(self.lock._is_owned())  # type: ignore[attr-defined]
+        """True in the thread that holds the loader or runs its ``next()`` (a signal handler)."""
+        if self.lock._is_owned():  # type: ignore[attr-defined]
+            return True
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code in self._step_codes:
+                if getattr(frame.f_locals.get("self"), "_steps", None) is self:
+                    return True
+            frame = frame.f_back
+        return False
 
     def refuse_inside_a_step(self, what: str) -> None:
         """Raise ``StateError`` when called from inside a step (no exact position exists)."""

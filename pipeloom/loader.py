@@ -444,41 +444,48 @@ class _EpochIterator(Iterator[Any]):
     def delivered(self) -> int:
         return self._record.delivered
 
+    @StepGate.step
     def __next__(self) -> Any:
         if self._steps.waiting:  # another thread asked for the loader between two steps
             self._steps.let_others_in()
-        lock = self._lock
-        lock.acquire()
+        record = self._record
+        before: int | None = None
         try:
-            record = self._record
-            if record.finished:  # e.g. another thread reading this iterator took the last item
-                raise StopIteration
-            if not record.valid:
-                raise self._invalid()
-            if self._thread is not None:  # re-entered from the same thread
-                raise RuntimeError(
-                    f"next() was called on this iterator over epoch {record.epoch} while a "
-                    f"next() on it was still running in the same thread (from a signal handler "
-                    f"or from a block of its own pipeline?); call next() from the training "
-                    f"loop only"
-                )
-            self._thread = threading.get_ident()
-            try:
-                item = next(record.items)
-            except StopIteration:
-                record.valid, record.finished = False, True
-                self._loader._epoch_finished(record)
-                raise
-            except BaseException as error:
+            with self._lock:
+                before = record.delivered
+                if record.finished:  # e.g. another thread reading this iterator took the last item
+                    raise StopIteration
+                if not record.valid:
+                    raise self._invalid()
+                if self._thread is not None:  # re-entered from the same thread
+                    raise RuntimeError(
+                        f"next() was called on this iterator over epoch {record.epoch} while a "
+                        f"next() on it was still running in the same thread (from a signal "
+                        f"handler or from a block of its own pipeline?); call next() from the "
+                        f"training loop only"
+                    )
+                self._thread = threading.get_ident()
+                try:
+                    item = next(record.items)
+                except StopIteration:
+                    record.valid, record.finished = False, True
+                    self._loader._epoch_finished(record)
+                    raise
+                except BaseException as error:
+                    record.valid = False
+                    record.stopped_by = type(error).__name__
+                    raise
+                finally:
+                    self._thread = None
+                record.delivered += 1
+                return item
+        except BaseException as error:
+            if before is not None and record.delivered != before:
+                # a signal handler raised as the lock was released, after the count: the
+                # caller never gets the item
                 record.valid = False
-                record.stopped_by = type(error).__name__
-                raise
-            finally:
-                self._thread = None
-            record.delivered += 1
-            return item
-        finally:
-            lock.release()
+                record.stopped_by = record.stopped_by or type(error).__name__
+            raise
 
     def _invalid(self) -> RuntimeError:
         record = self._record

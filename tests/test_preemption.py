@@ -9,13 +9,16 @@ Whatever it interrupts, ``state_dict()`` there gives an exact state or raises
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from pipeloom import DataLoader
+import pytest
+
+from pipeloom import DataLoader, compat
 from pipeloom.datapipes import IterableWrapper, item_rng
 from pipeloom.errors import StateError
 
@@ -88,7 +91,105 @@ def test_a_handler_that_saves_the_state_anywhere_gets_an_exact_state_or_a_clear_
     assert refused and all("from inside a step of this loader" in why for why in refused)
     assert len(saved) > 10  # between two steps: in iter(), state_dict(), before next()
     for had, state in saved:
-        assert state["delivered"] in (had, had + 1)  # +1: taken as next() returned its item
+        if state["epoch"] == 1:  # taken as the epoch ended: the next one's start
+            assert (had, state["delivered"]) == (len(uninterrupted), 0)
+            continue
+        assert state["delivered"] == had  # never the item next() has yet to return
         resumed = DataLoader(build(), seed=99)
         resumed.load_state_dict(state)
         assert list(resumed) == uninterrupted[state["delivered"] :], (had, state["delivered"])
+
+
+class SignalAsReleased:
+    """A loader's step lock that sends this process SIGUSR1 right after the step that
+    ``armed`` it releases it: the handler runs once ``next()`` has counted its item and
+    before it returns it, where a real signal can land too."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+        self.armed = False
+
+    def acquire(self) -> bool:
+        return self.lock.acquire()
+
+    def release(self) -> None:
+        self.lock.release()
+        if self.armed:
+            self.armed = False
+            signal.raise_signal(signal.SIGUSR1)
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _is_owned(self) -> bool:
+        return self.lock._is_owned()
+
+
+def loaders() -> Iterator[tuple[str, Any, list]]:
+    yield "DataLoader", DataLoader(build(), seed=3), list(DataLoader(build(), seed=3))
+    batches = [b.tolist() for b in compat.DataLoader(list(range(30)), batch_size=4)]
+    yield "compat", compat.DataLoader(list(range(30)), batch_size=4), batches
+
+
+def as_lists(batches) -> list:
+    return [b.tolist() if hasattr(b, "tolist") else b for b in batches]
+
+
+@pytest.fixture
+def on_sigusr1():
+    """Install a SIGUSR1 handler for the test; the previous one afterwards."""
+    previous = signal.getsignal(signal.SIGUSR1)
+    yield lambda handler: signal.signal(signal.SIGUSR1, lambda signum, frame: handler())
+    signal.signal(signal.SIGUSR1, previous)
+
+
+@pytest.mark.parametrize("name", ["DataLoader", "compat"])
+def test_a_handler_that_runs_as_next_returns_its_item_cannot_save_that_item_as_delivered(
+    name, on_sigusr1
+):
+    _, loader, uninterrupted = next(item for item in loaders() if item[0] == name)
+    lock = loader._steps.lock = SignalAsReleased(loader._steps.lock)
+    outcome: list = []
+
+    def save_and_exit() -> None:  # the usual preemption handler
+        try:
+            outcome.append(loader.state_dict())
+        except StateError as error:
+            outcome.append(error)
+        raise SystemExit(0)
+
+    on_sigusr1(save_and_exit)
+    iterator = iter(loader)
+    received = as_lists(next(iterator) for _ in range(2))
+    lock.armed = True
+    with pytest.raises(SystemExit):
+        received.append(next(iterator))  # counted, then the handler exits: never received
+    assert received == uninterrupted[:2]
+    assert isinstance(outcome[0], StateError), "saved a state that counts batch 2, never received"
+    assert "from inside a step of this loader" in str(outcome[0])
+
+
+@pytest.mark.parametrize("name", ["DataLoader", "compat"])
+def test_ctrl_c_as_next_returns_its_item_leaves_no_inexact_state_and_no_silent_gap(
+    name, on_sigusr1
+):
+    _, loader, uninterrupted = next(item for item in loaders() if item[0] == name)
+    lock = loader._steps.lock = SignalAsReleased(loader._steps.lock)
+    on_sigusr1(_raise_keyboard_interrupt)
+    iterator = iter(loader)
+    received = as_lists(next(iterator) for _ in range(2))
+    lock.armed = True
+    with pytest.raises(KeyboardInterrupt):
+        received.append(next(iterator))  # the Jupyter interrupt: batch 2 never arrives
+    assert received == uninterrupted[:2]
+    with pytest.raises(StateError, match="KeyboardInterrupt escaped next"):
+        loader.state_dict()  # not a state that counts batch 2 as delivered
+    with pytest.raises(RuntimeError, match="KeyboardInterrupt"):
+        next(iterator)  # not batch 3, as if batch 2 had been received
+
+
+def _raise_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt
