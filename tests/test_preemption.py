@@ -9,6 +9,7 @@ Whatever it interrupts, ``state_dict()`` there gives an exact state or raises
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -21,6 +22,7 @@ import pytest
 from pipeloom import DataLoader, compat
 from pipeloom.datapipes import IterableWrapper, item_rng
 from pipeloom.errors import StateError
+from pipeloom.reading_service import MultiProcessingReadingService
 
 
 def noisy(x):
@@ -193,3 +195,30 @@ def test_ctrl_c_as_next_returns_its_item_leaves_no_inexact_state_and_no_silent_g
 
 def _raise_keyboard_interrupt() -> None:
     raise KeyboardInterrupt
+
+
+def worker_pid(x):
+    return x, os.getpid()
+
+
+@pytest.mark.parametrize("strategy", ["classic", "economic"])
+def test_the_main_process_signal_handler_does_not_run_in_forked_workers(strategy, on_sigusr1):
+    """SLURM and ``kill -- -PGID`` signal every process of the job: a forked worker
+    inherits the training loop's Python handler, which there would save a stale
+    fork-time copy of the loader (over the real checkpoint) and exit mid-item."""
+
+    def save_and_exit() -> None:
+        raise SystemExit(0)
+
+    on_sigusr1(save_and_exit)
+    service = MultiProcessingReadingService(2, start_method="fork", strategy=strategy)
+    pipe = IterableWrapper(range(60)).sharding_filter().map(worker_pid).batch(2)
+    with DataLoader(pipe, service, seed=0) as loader:
+        iterator = iter(loader)
+        first = [item for _ in range(4) for item in next(iterator)]
+        workers = {pid for _, pid in first} - {os.getpid()}
+        assert workers
+        for pid in workers:  # as the scheduler does; each has items left to make
+            os.kill(pid, signal.SIGUSR1)
+        rest = [item for batch in iterator for item in batch]  # no worker exited
+    assert sorted(x for x, _ in first + rest) == list(range(60))
