@@ -22,7 +22,8 @@ import pytest
 from pipeloom import DataLoader, compat
 from pipeloom.datapipes import IterableWrapper, item_rng
 from pipeloom.errors import StateError
-from pipeloom.reading_service import MultiProcessingReadingService
+from pipeloom.events import Waiter
+from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 
 
 def noisy(x):
@@ -222,3 +223,26 @@ def test_the_main_process_signal_handler_does_not_run_in_forked_workers(strategy
             os.kill(pid, signal.SIGUSR1)
         rest = [item for batch in iterator for item in batch]  # no worker exited
     assert sorted(x for x, _ in first + rest) == list(range(60))
+
+
+def test_ctrl_c_while_next_waits_for_a_worker_shows_one_keyboard_interrupt(monkeypatch):
+    """A terminal's Ctrl-C reaches every process of the group; the workers leave it to
+    the main process, whose traceback is that one KeyboardInterrupt, not one raised
+    "during handling of" pipeloom's internal NotAvailable."""
+    never = threading.Event()
+
+    def slow(x):
+        never.wait(timeout=0.2)  # the main thread waits for this item
+        return x
+
+    def ctrl_c(*_args: object) -> bool:
+        raise KeyboardInterrupt
+
+    pipe = IterableWrapper(range(2)).sharding_filter().map(slow)
+    with DataLoader(pipe, ThreadReadingService(1)) as loader:
+        iterator = iter(loader)
+        monkeypatch.setattr(Waiter, "wait", ctrl_c)  # Ctrl-C lands while next() waits
+        with pytest.raises(KeyboardInterrupt) as interrupt:
+            next(iterator)
+        monkeypatch.undo()
+    assert interrupt.value.__context__ is None, repr(interrupt.value.__context__)
