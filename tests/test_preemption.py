@@ -202,17 +202,18 @@ def worker_pid(x):
     return x, os.getpid()
 
 
-@pytest.mark.parametrize("strategy", ["classic", "economic"])
-def test_the_main_process_signal_handler_does_not_run_in_forked_workers(strategy, on_sigusr1):
+@pytest.mark.parametrize(("strategy", "start"), [("classic", "fork"), ("economic", "spawn")])
+def test_workers_leave_the_signals_the_main_process_handles_to_it(strategy, start, on_sigusr1):
     """SLURM and ``kill -- -PGID`` signal every process of the job: a forked worker
     inherits the training loop's Python handler, which there would save a stale
-    fork-time copy of the loader (over the real checkpoint) and exit mid-item."""
+    fork-time copy of the loader (over the real checkpoint) and exit mid-item; a
+    spawned one would die of the signal's default action."""
 
     def save_and_exit() -> None:
         raise SystemExit(0)
 
     on_sigusr1(save_and_exit)
-    service = MultiProcessingReadingService(2, start_method="fork", strategy=strategy)
+    service = MultiProcessingReadingService(2, start_method=start, strategy=strategy)
     pipe = IterableWrapper(range(60)).sharding_filter().map(worker_pid).batch(2)
     with DataLoader(pipe, service, seed=0) as loader:
         iterator = iter(loader)

@@ -50,6 +50,7 @@ from ...errors import WorkerError
 from ...graph import upstream
 from ...stats.worker_reports import reporting
 from . import atoms
+from .job_signals import leaving_job_signals
 from .start_server import ServedContext, Template, TemplateGone, start_server
 
 __all__ = [
@@ -81,12 +82,6 @@ PRELOAD = "pipeloom.reading_service"
 # ~10 ms of CPU importing it at each start (each epoch without persistent_workers).
 _PREIMPORTED = (numpy.random,)
 _MALLOC_KEEP = 1 << 30  # M_MMAP_THRESHOLD and M_TRIM_THRESHOLD for worker processes
-# What schedulers send every process of a job (SLURM, kill -- -PGID) to say it ends soon.
-_JOB_SIGNALS = tuple(
-    getattr(signal, name)
-    for name in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
-    if hasattr(signal, name)
-)
 
 
 # -- starting ---------------------------------------------------------------------
@@ -214,7 +209,10 @@ class WorkerProcess:
         if process_name is None:
             process_name = f"pipeloom-{name.replace(' ', '-')}"
         self.process = context.Process(
-            target=reporting(target), args=args, name=process_name, daemon=True
+            target=reporting(leaving_job_signals(target)),
+            args=args,
+            name=process_name,
+            daemon=True,
         )
         self.process.start()
         self.pid: int = self.process.pid
@@ -364,31 +362,18 @@ def _kill_and_release(worker: WorkerProcess) -> None:
 def bootstrap(name: str, *, reuse_freed_memory: bool = False) -> str:
     """What a worker process does first; returns its label (``"<name> (pid N)"``).
 
-    Ctrl-C is left to the main process, and so is each job signal (SIGTERM,
-    SIGUSR1, SIGUSR2, SIGHUP) the main process handles in Python: a forked
-    worker inherits that handler, which there would act on a fork-time copy
-    of the training loop (save a stale loader state over the checkpoint, exit
-    in the middle of an item). The worker drops such a signal (a handler, not
-    ``SIG_IGN``, so programs it runs get the default back); the main process
-    stops the workers when it ends, or they see it gone (:func:`parent_watch`).
-    Nothing of the parent's item stamp survives the fork; torch gets one
-    intra-op thread per worker, as in torch's loader (a forked child must not
-    use the OpenMP pool it inherited from a parent that ran parallel torch
-    ops). ``reuse_freed_memory``: see :func:`keep_freed_memory_for_reuse`.
+    Ctrl-C is left to the main process (so are the job signals it handles,
+    see ``job_signals``); nothing of the parent's item stamp survives the
+    fork; torch gets one intra-op thread per worker, as in torch's loader (a
+    forked child must not use the OpenMP pool it inherited from a parent that
+    ran parallel torch ops). ``reuse_freed_memory``: see :func:`keep_freed_memory_for_reuse`.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for signum in _JOB_SIGNALS:
-        if callable(signal.getsignal(signum)):  # the training loop's handler, forked
-            signal.signal(signum, _left_to_the_main_process)
     restore_stamp(NO_STAMP)
     torch.set_num_threads(1)
     if reuse_freed_memory:
         keep_freed_memory_for_reuse()
     return f"{name} (pid {os.getpid()})"
-
-
-def _left_to_the_main_process(signum: int, frame: Any) -> None:
-    """A job signal in a worker: the main process handles it (see :func:`bootstrap`)."""
 
 
 def parent_watch() -> list[int]:
