@@ -42,7 +42,7 @@ class StepGate:
         False
     """
 
-    __slots__ = ("lock", "waiting", "_turn")
+    __slots__ = ("lock", "waiting", "_turn", "deferred")
 
     _step_codes: set[CodeType] = set()  # the iterators' __next__, see step()
 
@@ -50,6 +50,7 @@ class StepGate:
         self.lock = threading.RLock()
         self.waiting = 0  # threads waiting in between()
         self._turn = threading.Condition(threading.RLock())
+        self.deferred: list[Callable[[], object]] = []  # see defer()
 
     @contextlib.contextmanager
     def between(self) -> Iterator[None]:
@@ -64,6 +65,25 @@ class StepGate:
                 self.waiting -= 1
                 if not self.waiting:
                     self._turn.notify_all()
+            if self.deferred:
+                self.run_deferred()
+
+    def defer(self, action: Callable[[], object]) -> None:
+        """Run ``action`` when the step (or :meth:`between`) this thread is in ends.
+
+        For a stop asked from inside one -- a signal handler that interrupted
+        ``next()`` -- which must not wait for the locks the interrupted code
+        holds (a queue's, a worker thread that waits for that queue). The
+        step runs it as it returns or raises (``sys.exit()`` in the handler).
+        """
+        self.deferred.append(action)
+
+    def run_deferred(self) -> None:
+        """Run the deferred actions, once this thread is out of every step."""
+        if self.lock._is_owned():  # type: ignore[attr-defined]  # an outer step goes on
+            return
+        while self.deferred:
+            self.deferred.pop(0)()
 
     @classmethod
     def step(cls, method: _Method) -> _Method:

@@ -247,3 +247,40 @@ def test_ctrl_c_while_next_waits_for_a_worker_shows_one_keyboard_interrupt(monke
             next(iterator)
         monkeypatch.undo()
     assert interrupt.value.__context__ is None, repr(interrupt.value.__context__)
+
+
+def test_a_handler_that_shuts_down_while_next_holds_a_queue_lock_does_not_wait_for_itself():
+    """``loader.shutdown()`` in a SIGTERM handler, landing while the interrupted ``next()``
+    holds a worker queue's lock: closing that queue (and joining the worker thread that
+    waits for it) must not wait for that lock; the workers stop as the step ends."""
+    before = set(threading.enumerate())
+    loader = DataLoader(build(), ThreadReadingService(2))
+    landed: list[bool] = []
+
+    def trace(frame: FrameType, event: str, _arg: Any) -> Any:
+        caller = frame.f_back
+        if (
+            event == "call"
+            and not landed
+            and frame.f_code.co_name == "notify_all"  # the queue's lock is held here
+            and caller is not None
+            and caller.f_code.co_qualname == "ThreadQueue.get"
+        ):
+            landed.append(True)
+            sys.settrace(None)
+            loader.shutdown()  # what the handler does, then sys.exit()
+            raise SystemExit(0)
+        return None
+
+    def training_loop() -> None:
+        iterator = iter(loader)
+        next(iterator)
+        sys.settrace(trace)
+        with pytest.raises(SystemExit):
+            list(iterator)
+
+    finished = threading.Thread(target=training_loop, daemon=True)
+    finished.start()
+    finished.join(timeout=10)
+    assert landed and not finished.is_alive(), "shutdown() from the handler waits for itself"
+    assert set(threading.enumerate()) - before == set()  # its worker threads were joined

@@ -71,6 +71,9 @@ class CompatIterator(Iterator[Any]):
                 self.delivered -= 1
                 self._stopped(error)
             raise
+        finally:
+            if steps.deferred:  # a shutdown() asked from inside this step
+                steps.run_deferred()
 
     def _stopped(self, error: BaseException) -> None:
         self.stopped_by = self.stopped_by or type(error).__name__
