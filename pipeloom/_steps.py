@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import CodeType, FrameType
+from typing import Any, TypeVar
 
 from .errors import StateError
 
 __all__ = ["StepGate"]
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 class StepGate:
@@ -21,6 +26,13 @@ class StepGate:
     out indefinitely: they announce themselves in ``waiting`` first, and the
     iterating thread, seeing it before its next step, lets them in.
 
+    Both locks are re-entrant: a signal handler runs in the main thread between
+    any two lines, also while that thread holds ``_turn`` (in its own
+    ``state_dict()``, ``iter()`` or before a step), and a handler that calls
+    ``state_dict()`` there must get through, not wait for itself forever. It
+    runs to its end before the interrupted code goes on, so the counts stay
+    right.
+
     Example:
         >>> gate = StepGate()
         >>> with gate.between():
@@ -30,12 +42,15 @@ class StepGate:
         False
     """
 
-    __slots__ = ("lock", "waiting", "_turn")
+    __slots__ = ("lock", "waiting", "_turn", "deferred")
+
+    _step_codes: set[CodeType] = set()  # the iterators' __next__, see step()
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.waiting = 0  # threads waiting in between()
-        self._turn = threading.Condition(threading.Lock())
+        self._turn = threading.Condition(threading.RLock())
+        self.deferred: list[Callable[[], object]] = []  # see defer()
 
     @contextlib.contextmanager
     def between(self) -> Iterator[None]:
@@ -50,18 +65,57 @@ class StepGate:
                 self.waiting -= 1
                 if not self.waiting:
                     self._turn.notify_all()
+            if self.deferred:
+                self.run_deferred()
+
+    def defer(self, action: Callable[[], object]) -> None:
+        """Run ``action`` when the step (or :meth:`between`) this thread is in ends.
+
+        For a stop asked from inside one -- a signal handler that interrupted
+        ``next()`` -- which must not wait for the locks the interrupted code
+        holds (a queue's, a worker thread that waits for that queue). The
+        step runs it as it returns or raises (``sys.exit()`` in the handler).
+        """
+        self.deferred.append(action)
+
+    def run_deferred(self) -> None:
+        """Run the deferred actions, once this thread is out of every step."""
+        if self.lock._is_owned():  # type: ignore[attr-defined]  # an outer step goes on
+            return
+        while self.deferred:
+            self.deferred.pop(0)()
+
+    @classmethod
+    def step(cls, method: _Method) -> _Method:
+        """Mark an iterator's ``__next__`` (its ``self._steps`` is the gate) as a step.
+
+        A signal handler can run after the step released the lock and before
+        ``next()`` returns its item; :meth:`inside_a_step` finds the step's
+        frame on the stack there, so the handler's ``state_dict()`` is refused
+        (the item counted as delivered is lost if the handler raises).
+        """
+        cls._step_codes.add(method.__code__)
+        return method
 
     def let_others_in(self) -> None:
         """Before a step: wait until the threads waiting in :meth:`between` are done."""
-        if self.inside_a_step():  # a step inside iter() (replay): they wait for us
+        if self.lock._is_owned():  # type: ignore[attr-defined]  # replay inside iter()
             return
         with self._turn:
             while self.waiting:
                 self._turn.wait()
 
     def inside_a_step(self) -> bool:
-        """True in the thread that holds the loader (e.g. a signal handler during ``next``)."""
-        return bool(self.lock._is_owned())  # type: ignore[attr-defined]
+        """True in the thread that holds the loader or runs its ``next()`` (a signal handler)."""
+        if self.lock._is_owned():  # type: ignore[attr-defined]
+            return True
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code in self._step_codes:
+                if getattr(frame.f_locals.get("self"), "_steps", None) is self:
+                    return True
+            frame = frame.f_back
+        return False
 
     def refuse_inside_a_step(self, what: str) -> None:
         """Raise ``StateError`` when called from inside a step (no exact position exists)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+import functools
 import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -11,6 +11,7 @@ from weakref import WeakMethod
 
 import torch
 
+from ._epoch import Epoch, EpochIterator
 from ._fingerprint import fingerprint_differences, pipeline_fingerprint
 from ._loader_state import STATE_VERSION, UNCHECKED_VERSION, read_state
 from ._owners import claim
@@ -97,7 +98,7 @@ class DataLoader(ShutsDown):
         self._next_epoch = 0
         self._initialized = False
         self._closed = False
-        self._current: _Epoch | None = None  # the running epoch (its iterator holds it too)
+        self._current: Epoch | None = None  # the running epoch (its iterator holds it too)
         self._resume: dict[str, Any] | None = None
         self._resume_delivered = 0
         self._fingerprint = pipeline_fingerprint(pipeline)
@@ -142,8 +143,8 @@ class DataLoader(ShutsDown):
                 raise
             if self._counters is not None:
                 items = self._counters.watch(items, self.reading_service)
-            self._current = _Epoch(epoch, items, delivered)
-            iterator = _EpochIterator(self, self._current, self._steps)
+            self._current = Epoch(epoch, items, delivered)
+            iterator = EpochIterator(self, self._current, self._steps)
             with nullcontext() if self._counters is None else self._counters.replaying():
                 for _ in range(replayed):  # re-read and drop what was delivered before
                     next(iterator, None)
@@ -336,7 +337,10 @@ class DataLoader(ShutsDown):
                 "exact; in the handler set a flag instead, and in the training loop call "
                 "shutdown() and state_dict() before the next step"
             )
-            self._stop(close_items=False)
+            self._closed = True  # the workers stop as the interrupted step ends
+            if self._current is not None:
+                self._current.invalidate(close_items=False)
+            self._steps.defer(functools.partial(self._stop, close_items=True))
             return
         with self._steps.between():
             if self._closed:
@@ -386,108 +390,9 @@ class DataLoader(ShutsDown):
         """Worker processes started meanwhile report their statistics (with stats on)."""
         return nullcontext() if self._counters is None else self._counters.exporting()
 
-    def _epoch_finished(self, record: _Epoch) -> None:
+    def _epoch_finished(self, record: Epoch) -> None:
         if self._current is record:
             self._current = None
 
     def __repr__(self) -> str:
         return f"DataLoader({self.datapipe!r}, {self.reading_service!r}, seed={self.seed})"
-
-
-class _Epoch:
-    """One epoch's running state, held by the loader and by the epoch's iterator.
-
-    The loader keeps this record, not the iterator, so the two never refer to
-    each other: dropping the last reference to a loader (and its iterator)
-    stops the workers by reference counting alone.
-    """
-
-    __slots__ = ("epoch", "items", "valid", "finished", "delivered", "stopped_by")
-
-    def __init__(self, epoch: int, items: Iterator[Any], delivered: int) -> None:
-        self.epoch = epoch
-        self.items = items
-        self.valid = True
-        self.finished = False  # its last item was delivered
-        self.delivered = delivered  # items of the epoch delivered so far (before a resume too)
-        self.stopped_by: str | None = None  # the exception that escaped a step
-
-    def invalidate(self, close_items: bool = True) -> None:
-        """Make it refuse further items; ``close_items``: also stop its work now."""
-        self.valid = False
-        close = getattr(self.items, "close", None)
-        if close is not None and close_items:
-            close()
-
-
-class _EpochIterator(Iterator[Any]):
-    """One epoch's items; invalid once a newer epoch starts.
-
-    Each step -- the next item and the count of delivered items -- holds the
-    loader's step lock, so a checkpoint sees either both or neither.
-    """
-
-    __slots__ = ("_loader", "_record", "_steps", "_lock", "_thread")
-
-    def __init__(self, loader: DataLoader, record: _Epoch, steps: StepGate) -> None:
-        self._loader = loader
-        self._record = record
-        self._steps = steps
-        self._lock = steps.lock
-        self._thread: int | None = None  # the thread inside __next__, if any
-
-    @property
-    def epoch(self) -> int:
-        return self._record.epoch
-
-    @property
-    def delivered(self) -> int:
-        return self._record.delivered
-
-    def __next__(self) -> Any:
-        if self._steps.waiting:  # another thread asked for the loader between two steps
-            self._steps.let_others_in()
-        lock = self._lock
-        lock.acquire()
-        try:
-            record = self._record
-            if record.finished:  # e.g. another thread reading this iterator took the last item
-                raise StopIteration
-            if not record.valid:
-                raise self._invalid()
-            if self._thread is not None:  # re-entered from the same thread
-                raise RuntimeError(
-                    f"next() was called on this iterator over epoch {record.epoch} while a "
-                    f"next() on it was still running in the same thread (from a signal handler "
-                    f"or from a block of its own pipeline?); call next() from the training "
-                    f"loop only"
-                )
-            self._thread = threading.get_ident()
-            try:
-                item = next(record.items)
-            except StopIteration:
-                record.valid, record.finished = False, True
-                self._loader._epoch_finished(record)
-                raise
-            except BaseException as error:
-                record.valid = False
-                record.stopped_by = type(error).__name__
-                raise
-            finally:
-                self._thread = None
-            record.delivered += 1
-            return item
-        finally:
-            lock.release()
-
-    def _invalid(self) -> RuntimeError:
-        record = self._record
-        if record.stopped_by is not None:
-            return RuntimeError(
-                f"this iterator over epoch {record.epoch} stopped when {record.stopped_by} "
-                f"escaped it; start a new epoch with iter(loader), or resume from a checkpoint"
-            )
-        why = "shutdown() stopped the loader"
-        if not self._loader._closed:
-            why = self._loader._taken or "a newer iter(loader) or load_state_dict() replaced it"
-        return RuntimeError(f"this iterator over epoch {record.epoch} is no longer valid: {why}")

@@ -41,25 +41,43 @@ class CompatIterator(Iterator[Any]):
             next(self._items, None)
             self.delivered += 1
 
+    @StepGate.step
     def __next__(self) -> Any:
         steps = self._steps
         if steps.waiting:  # another thread asked for the loader between two batches
             steps.let_others_in()
-        with steps.lock:
-            if self.stopped_by is not None:
-                self._go_on_or_refuse()
-            try:
-                item = next(self._items)
-            except StopIteration:
-                self.finished = True
-                self._loader.settle_draws()
-                raise
-            except BaseException as error:
-                self.stopped_by = self.stopped_by or type(error).__name__
-                self.can_go_on = self._loader.can_go_on_after(error)
-                raise
-            self.delivered += 1
-            return item
+        before: int | None = None
+        try:
+            with steps.lock:
+                before = self.delivered
+                if self.stopped_by is not None:
+                    self._go_on_or_refuse()
+                    before = self.delivered
+                try:
+                    item = next(self._items)
+                except StopIteration:
+                    self.finished = True
+                    self._loader.settle_draws()
+                    raise
+                except BaseException as error:
+                    self._stopped(error)
+                    raise
+                self.delivered += 1
+                return item
+        except BaseException as error:
+            if before is not None and self.delivered != before and self.stopped_by is None:
+                # a signal handler raised as the lock was released, after the count: the
+                # caller never gets this batch, so it counts as the one that failed
+                self.delivered -= 1
+                self._stopped(error)
+            raise
+        finally:
+            if steps.deferred:  # a shutdown() asked from inside this step
+                steps.run_deferred()
+
+    def _stopped(self, error: BaseException) -> None:
+        self.stopped_by = self.stopped_by or type(error).__name__
+        self.can_go_on = self._loader.can_go_on_after(error)
 
     def _go_on_or_refuse(self) -> None:
         """After a failed batch: go on with the next one, as torch's iterator does.

@@ -367,7 +367,7 @@ class DataLoader(ShutsDown):
                 "exact; in the handler set a flag instead, and in the training loop call "
                 "shutdown() and state_dict() before the next step"
             )
-            self._stop_engine()
+            self._steps.defer(self._stop_engine)  # as the interrupted step ends
             return
         with self._steps.between():
             current = self._current() if self._current is not None else None

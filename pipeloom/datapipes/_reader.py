@@ -77,9 +77,12 @@ class BlockingReader:
             try:
                 return fn(*args)
             except NotAvailable:
-                left = None if deadline is None else deadline - time.monotonic()
-                if (left is not None and left <= 0) or not waiter.wait(seen, left):
-                    raise TimeoutError(f"no item from {self.pipe!r} within {timeout} s") from None
+                pass
+            # Wait outside the except clause: Ctrl-C while waiting (or a failing wait)
+            # then shows alone, not "during handling of NotAvailable".
+            left = None if deadline is None else deadline - time.monotonic()
+            if (left is not None and left <= 0) or not waiter.wait(seen, left):
+                raise TimeoutError(f"no item from {self.pipe!r} within {timeout} s")
 
     def _attach(self) -> Waiter:
         if self._waiter is not None:

@@ -50,6 +50,7 @@ from ...errors import WorkerError
 from ...graph import upstream
 from ...stats.worker_reports import reporting
 from . import atoms
+from .job_signals import leaving_job_signals
 from .start_server import ServedContext, Template, TemplateGone, start_server
 
 __all__ = [
@@ -208,7 +209,10 @@ class WorkerProcess:
         if process_name is None:
             process_name = f"pipeloom-{name.replace(' ', '-')}"
         self.process = context.Process(
-            target=reporting(target), args=args, name=process_name, daemon=True
+            target=reporting(leaving_job_signals(target)),
+            args=args,
+            name=process_name,
+            daemon=True,
         )
         self.process.start()
         self.pid: int = self.process.pid
@@ -358,11 +362,11 @@ def _kill_and_release(worker: WorkerProcess) -> None:
 def bootstrap(name: str, *, reuse_freed_memory: bool = False) -> str:
     """What a worker process does first; returns its label (``"<name> (pid N)"``).
 
-    Ctrl-C is left to the main process; nothing of the parent's item stamp
-    survives the fork; torch gets one intra-op thread per worker, as in torch's
-    loader (a forked child must not use the OpenMP pool it inherited from a
-    parent that ran parallel torch ops). ``reuse_freed_memory``: see
-    :func:`keep_freed_memory_for_reuse`.
+    Ctrl-C is left to the main process (so are the job signals it handles,
+    see ``job_signals``); nothing of the parent's item stamp survives the
+    fork; torch gets one intra-op thread per worker, as in torch's loader (a
+    forked child must not use the OpenMP pool it inherited from a parent that
+    ran parallel torch ops). ``reuse_freed_memory``: see :func:`keep_freed_memory_for_reuse`.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     restore_stamp(NO_STAMP)
