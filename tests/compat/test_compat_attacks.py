@@ -551,7 +551,10 @@ def first_error(cls: type, mode: str, **kwargs: Any) -> BaseException:
         # of a dead worker) until a garbage collection, which stops its workers after
         # its queues are finalized: 5 s per worker, inside whichever test collects.
         # Stop them here, as its __del__ would (our iterator has no such method).
-        getattr(epoch, "_shutdown_workers", lambda: None)()
+        try:
+            getattr(epoch, "_shutdown_workers", lambda: None)()
+        except RuntimeError:  # torch's SIGCHLD handler, reporting the dead worker again
+            pass
         if hasattr(loader, "shutdown"):
             loader.shutdown()
 
