@@ -381,6 +381,14 @@ def as_datapipe(source: Any) -> DataPipe:
     """
     if isinstance(source, DataPipe):
         return source
+    if isinstance(source, (str, bytes, bytearray)):
+        text = _short_repr(source)
+        raise TypeError(
+            f"a {type(source).__name__} is not a pipeline source: its items would be its "
+            f"characters ({text}); for files write FileLister({text}), for one item "
+            f"IterableWrapper([{text}]), and to iterate its characters on purpose "
+            f"IterableWrapper({text})"
+        )
     if isinstance(source, torch.utils.data.IterableDataset):
         return IterableWrapper(source)
     if (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch.utils.data
 
+from pipeloom import DataLoader
 from pipeloom.datapipes import (
     IterableWrapper,
     MapToIter,
@@ -138,3 +139,12 @@ def test_iterable_wrapper_reads_a_set_in_sorted_order_and_refuses_an_unsortable_
     assert list(IterableWrapper(frozenset(words))) == sorted(words)
     with pytest.raises(TypeError, match=r"cannot be sorted .*sorted\(items, key=str\)"):
         IterableWrapper({1, "a"})
+
+
+@pytest.mark.parametrize("source", ["/data/train", b"/data/train", bytearray(b"ab")])
+def test_a_string_is_refused_as_a_source_saying_what_to_write(source):
+    # DataLoader("/data/train") read the path's characters as items, without a word
+    with pytest.raises(TypeError, match="its items would be its characters") as caught:
+        DataLoader(source)
+    assert "FileLister(" in str(caught.value) and "IterableWrapper([" in str(caught.value)
+    assert list(IterableWrapper("ab")) == ["a", "b"]  # wrapped explicitly: its characters
