@@ -150,6 +150,11 @@ class InMemoryCacheHolder(IterDataPipe):
         self._restamp: tuple[int, int] | None = None  # (seed, epoch) for replayed reads
 
     @property
+    def _replays(self) -> bool:
+        """Whether its items are random upstream: a later read must replay the fill epoch."""
+        return self._random_upstream or self._drew
+
+    @property
     def restarts_inputs(self) -> bool:
         """True over a random upstream, which a later pass may restart as the first epoch."""
         return self._random_upstream
@@ -187,7 +192,7 @@ class InMemoryCacheHolder(IterDataPipe):
             self._filled_in, self._fill_seeds = resumed or (identity, [])
             if resumed is None or resumed[0] == identity:
                 return phase
-        elif phase not in ("counted", "live") or not (self._random_upstream or self._drew):
+        elif phase not in ("counted", "live") or not self._replays:
             return phase
         if all(block.restartable for block in upstream_blocks(self.source)):
             self._replay_fill_epoch()
@@ -359,7 +364,7 @@ class InMemoryCacheHolder(IterDataPipe):
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"emitted": self._emitted, "pulled": self._pulled}
-        if (self._random_upstream or self._drew) and self._filled_in is not None:
+        if self._replays and self._filled_in is not None:
             if self._phase == "fill":
                 self._record_seeds()
             state["filled_in"] = list(self._filled_in)
@@ -378,7 +383,7 @@ class InMemoryCacheHolder(IterDataPipe):
             self._complete = False
             epoch, round_number = state["filled_in"]
             self._resumed_fill = ((int(epoch), int(round_number)), list(state["fill_seeds"]))
-            self._drew = not self._random_upstream  # why the state says where it filled
+            self._drew = True  # only a cache that replays saves where it filled
         if self._complete:
             self._phase = "pass"
         else:  # cold: cache from here on; the items before it come live in later passes
