@@ -41,8 +41,8 @@ from ..events import ReadinessSource
 from ._attributes import attribute_values, blocks_in, declared_input
 from ._context import _ITEM, derive_seed
 from ._functional import IterFunctional, MapFunctional
-from ._generator_place import start_generator
-from ._nesting import NESTING, nested_call
+from ._generator_place import GeneratorRun
+from ._nesting import NESTING
 from ._numbering import Numbering, install_index_stamps, install_numbering, stamp_position
 from ._numbering import overrides as _overrides
 from ._reader import BlockingIterator, BlockingReader
@@ -368,7 +368,7 @@ class IterDataPipe(IterFunctional, DataPipe):
     ``reset`` to start over) or a plain ``__iter__`` generator.
     """
 
-    _pl_gen: Iterator[Any] | None = None
+    _pl_gen: GeneratorRun | None = None
     _pl_outputs_without_pull: ClassVar[bool] = False  # see _generator_place.py
     _pl_sync_style: ClassVar[bool] = False
     _pl_iter_token: int = 0
@@ -392,10 +392,9 @@ class IterDataPipe(IterFunctional, DataPipe):
                     f"{type(self).__name__} defines neither async_next() nor __iter__(); "
                     f"implement one of them"
                 )
-            gen = self._pl_gen = start_generator(self)
-        before = _ITEM.stamp
-        item = nested_call(next, gen)
-        if _ITEM.stamp is before:  # an output made without a pull: see _generator_place.py
+            gen = self._pl_gen = GeneratorRun(self)
+        item = gen.next_output()
+        if gen.made_without_pull:  # see _generator_place.py
             type(self)._pl_outputs_without_pull = True
         return item
 

@@ -44,21 +44,53 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import StateError
+from ._context import _ITEM, stamp_output
 from ._nesting import nested_call
 
-__all__ = ["check_generator_place", "start_generator"]
+__all__ = ["GeneratorRun", "check_generator_place"]
 
 
-def start_generator(block: Any) -> Iterator[Any]:
-    """Call ``block``'s own ``__iter__``; refuse what is not an iterator."""
-    gen = nested_call(type(block).__iter__, block)
-    if not hasattr(gen, "__next__"):
-        kind = type(block).__name__
-        raise TypeError(
-            f"{kind}.__iter__ must return an iterator, got {type(gen).__name__}; write "
-            f"it as a generator (yield each item) or return iter(...) of the items"
-        )
-    return gen  # type: ignore[no-any-return]
+class GeneratorRun:
+    """A block's own ``__iter__`` generator, run one output at a time.
+
+    Every pull stamps the item it returns, so an output made without one finds
+    the thread's stamp as the previous output left it (``made_without_pull``).
+    Such an output is stamped as output ``j`` of the last input pulled (key
+    ``(p, j)``, ``j`` counting from 1; the first output keeps ``p``), as
+    ``flatmap`` stamps its outputs: its ``item_rng()`` draws differ from the
+    other outputs' also where a block downstream keeps each item's stamp
+    (``shuffle``, ``prefetch``, ``threadpool_map``), and do not depend on the
+    draws made for the outputs before it. A stamp the generator set itself
+    (``set_item_stamp``) is kept.
+    """
+
+    __slots__ = ("_gen", "_input_stamp", "_outputs_of_input", "made_without_pull")
+
+    def __init__(self, block: Any) -> None:
+        self._input_stamp, self._outputs_of_input = _ITEM.stamp, 0
+        self.made_without_pull = False
+        gen = nested_call(type(block).__iter__, block)
+        if not hasattr(gen, "__next__"):
+            kind = type(block).__name__
+            raise TypeError(
+                f"{kind}.__iter__ must return an iterator, got {type(gen).__name__}; write "
+                f"it as a generator (yield each item) or return iter(...) of the items"
+            )
+        self._gen: Iterator[Any] = gen
+
+    def next_output(self) -> Any:
+        """The generator's next output, stamped as above (``StopIteration`` at its end)."""
+        before = _ITEM.stamp
+        item = nested_call(next, self._gen)
+        stamp = _ITEM.stamp
+        if stamp is before:
+            self.made_without_pull = True
+            self._outputs_of_input += 1
+            stamp_output(self._input_stamp, self._outputs_of_input)
+        else:
+            self.made_without_pull = False
+            self._input_stamp, self._outputs_of_input = stamp, 0
+        return item
 
 
 def check_generator_place(index: int, block: Any, state: Any) -> None:
