@@ -61,7 +61,9 @@ class GeneratorRun:
     other outputs' also where a block downstream keeps each item's stamp
     (``shuffle``, ``prefetch``, ``threadpool_map``), and do not depend on the
     draws made for the outputs before it. A stamp the generator set itself
-    (``set_item_stamp``) is kept.
+    with ``set_item_stamp(stamp, output=j)`` is kept. Blocks written with
+    ``async_next`` stamp their outputs themselves (one that waited with
+    ``NotAvailable`` cannot be told from one that made an output without a pull).
     """
 
     __slots__ = ("_gen", "_input_stamp", "_outputs_of_input", "made_without_pull")
