@@ -10,16 +10,25 @@ import torch
 import torch.utils.data
 
 __all__ = [
+    "ITERABLE_STRATEGY",
+    "MAP_STYLE_STRATEGY",
     "STRATEGIES",
     "WORKER_TYPES",
     "check_dataset_args",
     "check_worker_args",
+    "resolve_strategy",
     "service_strategy_kwargs",
     "start_method_of",
 ]
 
 STRATEGIES = ("classic", "economic", "chunked")
 WORKER_TYPES = ("process", "thread")
+
+#: The strategy map-style datasets run under when ``strategy`` is not given: torch's
+#: design (each worker builds whole batches, seeded as torch seeds it).
+MAP_STYLE_STRATEGY = "classic"
+#: Iterable datasets are read by a copy in each worker, as torch does.
+ITERABLE_STRATEGY = "classic"
 
 
 def check_worker_args(
@@ -187,3 +196,26 @@ def service_strategy_kwargs(
     if chunk_size is not None:
         kwargs["chunk_size"] = chunk_size
     return kwargs
+
+
+def resolve_strategy(
+    strategy: str | None, iterable: bool, worker_type: str, num_workers: int
+) -> str:
+    """The strategy to run: ``strategy``, or the default for the dataset's style."""
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES} or None, got {strategy!r}")
+    if iterable:
+        if strategy not in (None, ITERABLE_STRATEGY):
+            raise ValueError(
+                f"strategy={strategy!r} splits the work of a map-style dataset by index, "
+                f"but an IterableDataset is read whole by each worker (torch's design); "
+                f"use strategy='classic' or leave it unset"
+            )
+        return ITERABLE_STRATEGY
+    if strategy not in (None, "classic") and (worker_type == "thread" or num_workers == 0):
+        raise ValueError(
+            f"strategy={strategy!r} is a way to split work across worker processes; "
+            f"with {'num_workers=0' if num_workers == 0 else 'worker_type=thread'} "
+            f"leave strategy unset"
+        )
+    return strategy or MAP_STYLE_STRATEGY

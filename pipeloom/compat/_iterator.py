@@ -94,7 +94,7 @@ class CompatIterator(Iterator[Any]):
                 f"on, start a new epoch with iter(loader) or resume from a checkpoint"
             )
         after = self.delivered + 1  # the failed batch is skipped, not delivered
-        self.plan = EpochPlan(self.plan.entries.tail(after), self.plan.base_seed)
+        self.plan = self.plan.tail(after)
         self.skipped += after
         self.delivered = 0
         self.stopped_by = None

@@ -18,9 +18,11 @@ from .._steps import StepGate
 from ..datapipes import default_collate
 from ..errors import PipeloomError, StateError, WorkerError, WorkerTimeout
 from ._args import (
-    STRATEGIES,
+    ITERABLE_STRATEGY,
+    MAP_STYLE_STRATEGY,
     check_dataset_args,
     check_worker_args,
+    resolve_strategy,
     service_strategy_kwargs,
     start_method_of,
 )
@@ -39,12 +41,6 @@ from ._worker import WorkerSetup
 
 __all__ = ["DataLoader", "MAP_STYLE_STRATEGY", "ITERABLE_STRATEGY", "build_map_pipeline"]
 
-#: The strategy map-style datasets run under when ``strategy`` is not given: torch's
-#: design (each worker builds whole batches, seeded as torch seeds it).
-MAP_STYLE_STRATEGY = "classic"
-#: Iterable datasets are read by a copy in each worker, as torch does.
-ITERABLE_STRATEGY = "classic"
-
 _FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 
 
@@ -61,7 +57,7 @@ class DataLoader(ShutsDown):
             are torch's, global-RNG draws in ``__getitem__`` included),
             ``"economic"`` or ``"chunked"`` (see ``MultiProcessingReadingService``).
             The last two fetch item by item and seed the global RNGs before
-            each item from (seed, epoch, position): draws are the same at any
+            each item from (base seed, epoch, position): draws are the same at any
             worker count, but they are not torch's per-worker streams.
         num_batch_workers, chunk_size: passed to the service's strategy.
         worker_type: ``"process"`` (default) or ``"thread"`` workers.
@@ -130,7 +126,7 @@ class DataLoader(ShutsDown):
                 "which is per process, so worker threads would each read the whole dataset; "
                 "use worker_type='process' or num_workers=0"
             )
-        resolved_strategy = self._resolve_strategy(strategy, iterable, worker_type, num_workers)
+        resolved_strategy = resolve_strategy(strategy, iterable, worker_type, num_workers)
         own_batch_sampler = batch_sampler is None and batch_size is not None
         if not iterable and resolved_strategy in ("economic", "chunked"):
             why_not = why_not_per_item(dataset, own_batch_sampler, in_order)
@@ -194,6 +190,7 @@ class DataLoader(ShutsDown):
         self._engine: pipeloom_loader.DataLoader | None = None
         self._current: weakref.ref[CompatIterator] | None = None
         self._base_seed: int | None = None  # persistent workers keep their first one
+        self._epochs = 0  # epochs begun: item_rng() draws from (base seed, epoch, position)
         self._resume: dict[str, Any] | None = None
         self._settle: Callable[[], None] | None = None  # draws due at the end of the epoch
         self._fingerprint = loader_fingerprint(
@@ -203,28 +200,6 @@ class DataLoader(ShutsDown):
         self._final_state: dict[str, Any] | None = None  # taken by shutdown() mid-epoch
         self._final_error: StateError | None = None
         self._initialized = True
-
-    @staticmethod
-    def _resolve_strategy(
-        strategy: str | None, iterable: bool, worker_type: str, num_workers: int
-    ) -> str:
-        if strategy is not None and strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES} or None, got {strategy!r}")
-        if iterable:
-            if strategy not in (None, ITERABLE_STRATEGY):
-                raise ValueError(
-                    f"strategy={strategy!r} splits the work of a map-style dataset by index, "
-                    f"but an IterableDataset is read whole by each worker (torch's design); "
-                    f"use strategy='classic' or leave it unset"
-                )
-            return ITERABLE_STRATEGY
-        if strategy not in (None, "classic") and (worker_type == "thread" or num_workers == 0):
-            raise ValueError(
-                f"strategy={strategy!r} is a way to split work across worker processes; "
-                f"with {'num_workers=0' if num_workers == 0 else 'worker_type=thread'} "
-                f"leave strategy unset"
-            )
-        return strategy or MAP_STYLE_STRATEGY
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FROZEN and self.__dict__.get("_initialized", False):
@@ -244,10 +219,9 @@ class DataLoader(ShutsDown):
             if self._engine is not None and self._copies_dataset_once():
                 # torch sends the dataset to new workers at every epoch: changes made to it
                 # between epochs (a curriculum) must reach them, as under fork.
-                epoch = self._engine.next_epoch
                 self._stop_engine()
-                self._ensure_engine().set_epoch(epoch)
             engine = self._ensure_engine()
+            engine.set_epoch(plan.engine_epoch)  # item_rng() follows the plan's seeds
             iterator = CompatIterator(self, iter(engine), plan, delivered, self._steps)
             self._current = weakref.ref(iterator)
             return iterator
@@ -317,7 +291,7 @@ class DataLoader(ShutsDown):
             for generator, saved in zip(generators, checked.generators):
                 generator.set_state(saved)
             checked.restore_rngs()
-            self._base_seed = checked.workers_base_seed
+            self._base_seed, self._epochs = checked.workers_base_seed, checked.epochs
             self._resume = checked.epoch
             self._final_state = self._final_error = None
             self._close_current()
@@ -337,16 +311,15 @@ class DataLoader(ShutsDown):
         # generator, from torch's.
         saves_global = self.generator is None or self.num_workers == 0
         if current is not None and not current.finished:
-            epoch = {
-                "entries": None if self._iterable else current.plan.entries.to_state(),
-                "base_seed": current.plan.base_seed,
-                "delivered": current.delivered + (current.stopped_by is not None),
-            }  # after a failed batch: the batches after it, as next() goes on
+            # after a failed batch: the batches after it, as next() goes on
+            delivered = current.delivered + (current.stopped_by is not None)
+            epoch = current.plan.to_state(delivered, iterable=self._iterable)
         return {
             "version": STATE_VERSION,
             "kind": "iterable" if self._iterable else "map",
             "epoch": epoch,
             "workers_base_seed": self._base_seed,
+            "epochs": self._epochs,
             "generators": [g.get_state() for g in self._generators()],
             "global_rng": torch.get_rng_state() if saves_global else None,
             "python_rngs": python_rngs() if self.num_workers == 0 else None,
@@ -403,14 +376,14 @@ class DataLoader(ShutsDown):
         self.settle_draws()
         resume, self._resume = self._resume, None
         if resume is not None:  # checked by read_state
-            entries, delivered = resume["entries"], resume["delivered"]
-            if entries is not None:
-                entries, delivered = entries.tail(delivered), 0
-            return EpochPlan(entries or PlanEntries(objects=[]), resume["base_seed"]), delivered
+            plan, delivered = resume["plan"], resume["delivered"]
+            # an iterable dataset resumes by re-reading the batches delivered
+            return (plan, delivered) if self._iterable else (plan.tail(delivered), 0)
         index_sampler = self.batch_sampler if self._auto_collation else self.sampler
+        epoch, self._epochs = self._epochs, self._epochs + 1
         if self._iterable:
             self._draw_base_seed()
-            return EpochPlan(PlanEntries(objects=[]), self._base_seed), 0  # type: ignore[arg-type]
+            return EpochPlan(PlanEntries(objects=[]), self._base_seed, epoch=epoch), 0  # type: ignore[arg-type]
         if is_known_sampler(index_sampler):
             # torch's samplers draw nothing at iter(): base seed, then the whole epoch, as
             # arrays (same calls on the same generators, without a Python list per index).
@@ -423,7 +396,7 @@ class DataLoader(ShutsDown):
                 iterator = iter(index_sampler)  # _MultiProcessingDataLoaderIter._reset(first_iter)
             entries = PlanEntries.from_outputs(list(iterator))
         assert entries is not None and self._base_seed is not None
-        return EpochPlan(entries, self._base_seed), 0
+        return EpochPlan(entries, self._base_seed, epoch=epoch), 0
 
     def _publish(self, plan: EpochPlan) -> None:
         self._setup.base_seed = plan.base_seed
@@ -456,7 +429,9 @@ class DataLoader(ShutsDown):
         if invalidate is not None:
             invalidate()
         self._publish(plan)
-        return iter(self._ensure_engine())
+        engine = self._ensure_engine()
+        engine.set_epoch(plan.engine_epoch)
+        return iter(engine)
 
     def settle_draws(self) -> None:
         """Make the draws torch's sampler makes after the epoch's last index (see ``_sampling``)."""

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..datapipes import IterDataPipe, StateFields
+from ..datapipes.runtime import derive_seed
 from ._rng import WorkerStreams
 
 __all__ = ["EpochPlan", "PlanBoard", "PlanEntries", "PlanSource"]
@@ -100,6 +101,12 @@ class PlanEntries(Sequence[Any]):
         offsets = self._offsets[start:]
         return PlanEntries(flat=self._flat[offsets[0] :], offsets=offsets - offsets[0])
 
+    def indices_before(self, start: int) -> int:
+        """How many indices the entries before ``start`` hold (a batch holds several)."""
+        if self._objects is not None:
+            return sum(len(b) if isinstance(b, list) else 1 for b in self._objects[:start])
+        return start if self._offsets is None else int(self._offsets[start])
+
     def to_state(self) -> dict[str, Any]:
         """A ``torch.save``-able dict (tensors, not numpy arrays, for ``weights_only``)."""
         if self._objects is not None:
@@ -138,14 +145,61 @@ def _int64(values: list[int]) -> np.ndarray:
 class EpochPlan:
     """What the main process decided for one epoch.
 
+    The engine runs the plan as its epoch :attr:`engine_epoch`, mixed from
+    ``base_seed`` and ``epoch``, and its items keep their positions in the
+    whole epoch, so ``item_rng()`` (and economic's per-item seeding of the
+    global RNGs) follows torch's seeding rule -- a new base seed per
+    iterator, from ``generator`` or torch's global RNG -- and a resumed or
+    continued epoch draws what the uninterrupted one would.
+
     Attributes:
-        entries: the sampler's outputs, in order.
+        entries: the sampler's outputs, in order, from entry ``first`` of the epoch on.
         base_seed: torch's ``_base_seed`` for the epoch; worker ``i`` is seeded
             with ``base_seed + i``, as in torch.
+        first: how many of the epoch's entries came before ``entries`` (delivered
+            before a resume, or before a failed batch and the failed one).
+        first_index: how many indices those entries held (positions of a
+            pipeline that fetches index by index).
+        epoch: how many epochs the loader began before this one.
+
+    Example:
+        >>> plan = EpochPlan(PlanEntries.from_outputs([[4, 1], [0], [3, 2]]), base_seed=7)
+        >>> rest = plan.tail(2)
+        >>> rest.entries[0], rest.first, rest.first_index
+        ([3, 2], 2, 3)
     """
 
     entries: PlanEntries
     base_seed: int
+    first: int = 0
+    first_index: int = 0
+    epoch: int = 0
+
+    @property
+    def engine_epoch(self) -> int:
+        """The epoch number the engine runs this plan as (63 bits)."""
+        return derive_seed(self.base_seed, self.epoch)
+
+    def tail(self, start: int) -> EpochPlan:
+        """The plan from its entry ``start`` on; positions go on counting from the epoch's start."""
+        return EpochPlan(
+            self.entries.tail(start),
+            self.base_seed,
+            self.first + start,
+            self.first_index + self.entries.indices_before(start),
+            self.epoch,
+        )
+
+    def to_state(self, delivered: int, *, iterable: bool) -> dict[str, Any]:
+        """The interrupted epoch, for a checkpoint (``delivered`` batches of ``entries`` given)."""
+        return {
+            "entries": None if iterable else self.entries.to_state(),
+            "base_seed": self.base_seed,
+            "delivered": delivered,
+            "first": self.first,
+            "first_index": self.first_index,
+            "plan_epoch": self.epoch,
+        }
 
 
 class PlanBoard:
@@ -189,7 +243,10 @@ class PlanBoard:
         if not self._shared:
             return False
         payload = pickle.dumps(
-            (plan.entries._objects, plan.entries._flat, plan.entries._offsets, plan.base_seed),
+            (
+                (plan.entries._objects, plan.entries._flat, plan.entries._offsets),
+                (plan.base_seed, plan.first, plan.first_index, plan.epoch),
+            ),
             protocol=5,
         )
         needed = _HEADER.size + len(payload)
@@ -216,10 +273,8 @@ class PlanBoard:
                 raise RuntimeError("no epoch plan was published before the workers started")
             view = self._buffer.numpy()
             (size,) = _HEADER.unpack(view[: _HEADER.size].tobytes())
-            objects, flat, offsets, base_seed = pickle.loads(
-                view[_HEADER.size : _HEADER.size + size].tobytes()
-            )
-            return EpochPlan(PlanEntries(objects, flat, offsets), base_seed)
+            entries, numbers = pickle.loads(view[_HEADER.size : _HEADER.size + size].tobytes())
+            return EpochPlan(PlanEntries(*entries), *numbers)
         if self._plan is None:
             raise RuntimeError(
                 "the epoch plan was not published or did not reach this process; a compat "
@@ -258,7 +313,8 @@ class PlanSource(IterDataPipe):
         self.index = 0
         self.group_size = 1
         self._entries: PlanEntries | None = None
-        self._next = 0
+        self._first = 0  # the epoch position of the plan's first entry
+        self._next = 0  # the epoch position of the next entry
         self._streams = WorkerStreams()
 
     def is_shardable(self) -> bool:
@@ -275,7 +331,7 @@ class PlanSource(IterDataPipe):
 
     def reset(self) -> None:
         self._entries = None
-        self._next = self._first_from(0)
+        self._next = 0  # made this shard's first, from the plan's first entry on, in _load()
         self._streams.restore()
 
     def _first_from(self, position: int) -> int:
@@ -286,17 +342,20 @@ class PlanSource(IterDataPipe):
         return position if ahead == 0 else (group + ahead) * self.group_size
 
     def _load(self) -> PlanEntries:
-        entries = self.board.read().entries
-        self._entries = entries.flattened() if self.flatten_entries else entries
-        return self._entries
+        plan = self.board.read()
+        entries = plan.entries.flattened() if self.flatten_entries else plan.entries
+        self._first = plan.first_index if self.flatten_entries else plan.first
+        self._next = self._first_from(max(self._next, self._first))
+        self._entries = entries
+        return entries
 
     def async_next(self) -> Any:
         entries = self._entries if self._entries is not None else self._load()
         position = self._next
-        if position >= len(entries):
+        if position - self._first >= len(entries):
             self._streams.save()
             raise StopIteration
-        entry = entries[position]
+        entry = entries[position - self._first]
         self._next = self._first_from(position + 1)
         self._stamp_item(position)
         return entry

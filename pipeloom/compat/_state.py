@@ -31,7 +31,7 @@ import torch
 from .._fingerprint import describe, field_differences
 from ..datapipes import StateFields
 from ..errors import StateError
-from ._plan import PlanEntries
+from ._plan import EpochPlan, PlanEntries
 
 __all__ = [
     "STATE_VERSION",
@@ -51,8 +51,9 @@ _OWNER = "compat DataLoader state"
 class CompatState:
     """A checked state, ready to apply."""
 
-    epoch: dict[str, Any] | None  # entries (PlanEntries or None), base_seed, delivered
+    epoch: dict[str, Any] | None  # the interrupted epoch: its plan, and batches delivered
     workers_base_seed: int | None
+    epochs: int  # epochs the loader began
     generators: list[torch.Tensor]
     global_rng: torch.Tensor | None
     python_rngs: dict[str, Any] | None
@@ -163,6 +164,7 @@ def read_state(
     return CompatState(
         epoch=_read_epoch(fields, state.get("epoch", "(absent)"), kind),
         workers_base_seed=fields.optional_int("workers_base_seed", minimum=None),
+        epochs=fields.optional_int("epochs", default=None) or 0,  # absent from older states
         generators=saved,
         global_rng=global_rng,
         python_rngs=_read_python_rngs(fields, state.get("python_rngs")),
@@ -203,11 +205,15 @@ def _read_epoch(fields: StateFields, epoch: Any, kind: str) -> dict[str, Any] | 
     inner = StateFields(f"{_OWNER} (its epoch)", epoch)
     entries = None if kind == "iterable" else _read_entries(inner, epoch.get("entries"))
     delivered = inner.int("delivered", maximum=None if entries is None else len(entries))
-    return {
-        "entries": entries,
-        "base_seed": inner.int("base_seed", minimum=None),
-        "delivered": delivered,
-    }
+    plan = EpochPlan(
+        PlanEntries(objects=[]) if entries is None else entries,
+        inner.int("base_seed", minimum=None),
+        # absent from older states: their draws restarted at the plan's first entry
+        first=inner.optional_int("first", default=None) or 0,
+        first_index=inner.optional_int("first_index", default=None) or 0,
+        epoch=inner.optional_int("plan_epoch", default=None) or 0,
+    )
+    return {"plan": plan, "delivered": delivered}
 
 
 def _read_entries(fields: StateFields, entries: Any) -> PlanEntries:
