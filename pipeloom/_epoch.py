@@ -84,7 +84,7 @@ class EpochIterator(Iterator[Any]):
                         f"handler or from a block of its own pipeline?); call next() from the "
                         f"training loop only"
                     )
-                self._thread = threading.get_ident()
+                self._steps.stepper = self._thread = threading.get_ident()
                 try:
                     item = next(record.items)
                 except StopIteration:

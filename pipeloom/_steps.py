@@ -42,7 +42,7 @@ class StepGate:
         False
     """
 
-    __slots__ = ("lock", "waiting", "_turn", "deferred")
+    __slots__ = ("lock", "waiting", "_turn", "deferred", "stepper")
 
     _step_codes: set[CodeType] = set()  # the iterators' __next__, see step()
 
@@ -51,6 +51,7 @@ class StepGate:
         self.waiting = 0  # threads waiting in between()
         self._turn = threading.Condition(threading.RLock())
         self.deferred: list[Callable[[], object]] = []  # see defer()
+        self.stepper = 0  # the id of the thread in the step in progress (set by the iterators)
 
     @contextlib.contextmanager
     def between(self) -> Iterator[None]:

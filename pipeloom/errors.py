@@ -20,6 +20,7 @@ from __future__ import annotations
 
 __all__ = [
     "DistributedError",
+    "LoaderShutDown",
     "NotAvailable",
     "PipeloomError",
     "PlanError",
@@ -56,6 +57,15 @@ class WorkerTimeout(PipeloomError, TimeoutError, RuntimeError):
 
 class StateError(PipeloomError):
     """A pipeline state could not be saved or restored."""
+
+
+class LoaderShutDown(PipeloomError, RuntimeError):
+    """``shutdown()`` was called from another thread while this thread's ``next()`` waited.
+
+    Raised by that ``next()``, at once, instead of waiting on for an item that
+    may never come (a stuck worker). A ``RuntimeError``, as other uses of a
+    shut-down loader raise.
+    """
 
 
 class PlanError(PipeloomError, ValueError):

@@ -15,6 +15,7 @@ from ._epoch import Epoch, EpochIterator
 from ._fingerprint import fingerprint_differences, pipeline_fingerprint
 from ._loader_state import STATE_VERSION, UNCHECKED_VERSION, read_state
 from ._owners import claim
+from ._remote_shutdown import stop_the_step
 from ._shutdown import ShutsDown, Steps
 from ._steps import StepGate
 from ._validate import check_bool, check_int
@@ -331,26 +332,37 @@ class DataLoader(ShutsDown):
             return
         if self._steps.inside_a_step():
             # Called from inside a step (a signal handler): stop, but no exact position.
-            self._final_error = StateError(
+            return self._stop_when_the_step_ends(
                 "shutdown() was called from inside a step of this loader (a signal handler "
                 "that interrupted next(loader)?), so the position where it stopped is not "
                 "exact; in the handler set a flag instead, and in the training loop call "
                 "shutdown() and state_dict() before the next step"
             )
-            self._closed = True  # the workers stop as the interrupted step ends
-            if self._current is not None:
-                self._current.invalidate(close_items=False)
-            self._steps.defer(functools.partial(self._stop, close_items=True))
-            return
+        stopped = stop_the_step(self._steps, self._waited_for, self._take_state)
+        if not stopped.ended:  # next() in another thread runs on
+            return self._stop_when_the_step_ends(stopped.why)
+        self._final_state, self._final_error = stopped.state, stopped.error
         with self._steps.between():
             if self._closed:
                 return
-            if keep_position and self._current is not None:
+            interrupted = self._final_state is not None or self._final_error is not None
+            if keep_position and self._current is not None and not interrupted:
                 try:
                     self._final_state = self._take_state()
                 except StateError as error:
                     self._final_error = error
             self._stop(close_items=True)
+
+    def _stop_when_the_step_ends(self, why: str) -> None:
+        self._final_error = StateError(why)
+        self._closed = True
+        if self._current is not None:
+            self._current.invalidate(close_items=False)
+        self._steps.defer(functools.partial(self._stop, close_items=True))
+
+    def _waited_for(self) -> str | None:
+        record = self._current
+        return None if record is None else f"item {record.delivered} of epoch {record.epoch}"
 
     def _stop(self, *, close_items: bool) -> None:
         self._closed = True  # each part is stopped even if stopping another raised

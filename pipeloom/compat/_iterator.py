@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -37,18 +38,22 @@ class CompatIterator(Iterator[Any]):
         self.stopped_by: str | None = None  # the exception that escaped a step
         self.skipped = 0  # batches before this plan: delivered ones, and failed ones
         self.can_go_on = False
+        self.closed_why: str | None = None  # why next() refuses: see close()
         for _ in range(skip):  # an iterable dataset resumes by re-reading: drop what was seen
             next(self._items, None)
             self.delivered += 1
 
     @StepGate.step
     def __next__(self) -> Any:
+        if self.closed_why is not None:
+            raise RuntimeError(f"this iterator is no longer valid: {self.closed_why}")
         steps = self._steps
         if steps.waiting:  # another thread asked for the loader between two batches
             steps.let_others_in()
         before: int | None = None
         try:
             with steps.lock:
+                steps.stepper = threading.get_ident()  # a shutdown() elsewhere can wake it
                 before = self.delivered
                 if self.stopped_by is not None:
                     self._go_on_or_refuse()
@@ -108,8 +113,11 @@ class CompatIterator(Iterator[Any]):
     def __len__(self) -> int:
         return len(self._loader)
 
-    def close(self) -> None:
-        """Abandon the epoch: stop its work (the workers stay if persistent)."""
+    def close(self, why: str) -> None:
+        """Abandon the epoch, saying ``why`` to a later ``next()``: stop its work (the
+        workers stay if persistent)."""
+        if not self.finished:
+            self.closed_why = why
         invalidate = getattr(self._items, "invalidate", None)
         if invalidate is not None and not self.finished:
             invalidate()

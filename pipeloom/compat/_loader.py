@@ -13,6 +13,7 @@ from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, Seque
 from torch.utils.data.dataloader import _InfiniteConstantSampler
 
 from .. import loader as pipeloom_loader
+from .._remote_shutdown import stop_the_step
 from .._shutdown import ShutsDown, Steps
 from .._steps import StepGate
 from ..datapipes import default_collate
@@ -342,19 +343,34 @@ class DataLoader(ShutsDown):
             )
             self._steps.defer(self._stop_engine)  # as the interrupted step ends
             return
+        stopped = stop_the_step(self._steps, self._waited_for, self._take_state)
+        if not stopped.ended:  # next() in another thread runs on: stop as it returns
+            self._final_error = StateError(stopped.why)
+            if (current := self._current() if self._current is not None else None) is not None:
+                current.closed_why = "shutdown() stopped the loader"
+            self._steps.defer(self._stop_engine)
+            return
+        self._final_state, self._final_error = stopped.state, stopped.error
         with self._steps.between():
             current = self._current() if self._current is not None else None
-            if current is not None and not current.finished:
+            interrupted = self._final_state is not None or self._final_error is not None
+            if current is not None and not current.finished and not interrupted:
                 try:
                     self._final_state = self._take_state()
                 except StateError as error:
                     self._final_error = error
             self._release()
 
+    def _waited_for(self) -> str | None:
+        current = self._current() if self._current is not None else None
+        if current is None or current.finished:
+            return None
+        return f"batch {current.skipped + current.delivered} of the epoch"
+
     def _release(self) -> None:
         """Close the epoch, stop the workers (even if closing raised); also when dropped."""
         with Steps() as steps:
-            steps.run(self._close_current)
+            steps.run(self._close_current, "shutdown() stopped the loader")
             steps.run(self._stop_engine)
 
     def __repr__(self) -> str:
@@ -365,10 +381,12 @@ class DataLoader(ShutsDown):
         )
 
     # -- internals ------------------------------------------------------------------
-    def _close_current(self) -> None:
+    def _close_current(
+        self, why: str = "a newer iter(loader) or load_state_dict() replaced it"
+    ) -> None:
         current = self._current() if self._current is not None else None
         if current is not None:
-            current.close()
+            current.close(why)
         self._current = None
 
     def _next_plan(self) -> tuple[EpochPlan, int]:

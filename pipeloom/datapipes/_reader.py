@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import NotAvailable
 from ..events import ReadinessSource, Waiter
+from ._interrupts import raise_if_interrupted, waiting
 
 if TYPE_CHECKING:
     from ._base import IterDataPipe
@@ -52,8 +53,9 @@ class BlockingReader:
         7
     """
 
-    def __init__(self, pipe: Any) -> None:
+    def __init__(self, pipe: Any, *, between_items: bool = False) -> None:
         self.pipe = pipe
+        self.between_items = between_items  # a wait here is between two items of a loader
         self._waiter: Waiter | None = None
         self._sources: list[ReadinessSource] = []
 
@@ -72,17 +74,19 @@ class BlockingReader:
             pass
         waiter = self._attach()
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            seen = waiter.generation
-            try:
-                return fn(*args)
-            except NotAvailable:
-                pass
-            # Wait outside the except clause: Ctrl-C while waiting (or a failing wait)
-            # then shows alone, not "during handling of NotAvailable".
-            left = None if deadline is None else deadline - time.monotonic()
-            if (left is not None and left <= 0) or not waiter.wait(seen, left):
-                raise TimeoutError(f"no item from {self.pipe!r} within {timeout} s")
+        with waiting(waiter):  # a shutdown() from another thread can wake it
+            while True:
+                seen = waiter.generation
+                try:
+                    return fn(*args)
+                except NotAvailable:
+                    pass
+                # Wait outside the except clause: Ctrl-C while waiting (or a failing wait)
+                # then shows alone, not "during handling of NotAvailable".
+                raise_if_interrupted(self.between_items)
+                left = None if deadline is None else deadline - time.monotonic()
+                if (left is not None and left <= 0) or not waiter.wait(seen, left):
+                    raise TimeoutError(f"no item from {self.pipe!r} within {timeout} s")
 
     def _attach(self) -> Waiter:
         if self._waiter is not None:

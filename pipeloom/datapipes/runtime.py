@@ -49,6 +49,7 @@ from ._context import (
 )
 from ._global_rngs import GlobalDrawCheck, global_rng_states, same_rng_states
 from ._held import HoldsItems, load_held
+from ._interrupts import cancel_interrupt, interrupt_waits
 from ._pipeline import check_declared_inputs, upstream_blocks
 from ._reader import waited_sources
 from ._rest_of_epoch import RestOfEpoch
@@ -65,6 +66,7 @@ __all__ = [
     "ItemStamp",
     "Key",
     "block_seed",
+    "cancel_interrupt",
     "check_declared_inputs",
     "current_draws",
     "current_key",
@@ -73,6 +75,7 @@ __all__ = [
     "global_rng_states",
     "derive_seed",
     "forget_lazy_init",
+    "interrupt_waits",
     "key_position",
     "load_held",
     "read_only_data",

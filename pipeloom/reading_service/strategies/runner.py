@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...datapipes import BlockingReader, IterDataPipe
-from ...errors import WorkerTimeout
+from ...errors import LoaderShutDown, WorkerTimeout
 from ...graph import Plan
 
 __all__ = ["Runner", "drain"]
@@ -59,10 +59,13 @@ def drain(
     """Yield a pipeline's items, waiting on its readiness events.
 
     ``on_close(finished)`` runs when the generator ends: ``finished`` is True
-    after the last item, False when the consumer stopped early or it raised.
+    after the last item, False when the consumer stopped early or it raised;
+    not when a ``shutdown()`` from another thread stopped the wait
+    (``LoaderShutDown``): that thread stops the workers, and this one's
+    ``next()`` raises at once instead of waiting for a stuck worker to stop.
     """
-    reader = BlockingReader(pipeline)
-    finished = False
+    reader = BlockingReader(pipeline, between_items=True)
+    finished = shut_down = False
     try:
         while True:
             try:
@@ -75,8 +78,11 @@ def drain(
                     f"no item arrived within timeout={timeout} s; raise the timeout or "
                     f"check for a stuck worker"
                 ) from None
+            except LoaderShutDown:
+                shut_down = True
+                raise
             yield item
     finally:
         reader.close()
-        if on_close is not None:
+        if on_close is not None and not shut_down:
             on_close(finished)
