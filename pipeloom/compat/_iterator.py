@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._steps import StepGate
+from ..errors import WorkerError
 from ._plan import EpochPlan
 
 if TYPE_CHECKING:
@@ -83,6 +84,19 @@ class CompatIterator(Iterator[Any]):
     def _stopped(self, error: BaseException) -> None:
         self.stopped_by = self.stopped_by or type(error).__name__
         self.can_go_on = self._loader.can_go_on_after(error)
+        if isinstance(error, WorkerError) and error.original_type is None:
+            self._name_sampler_output(error)
+
+    def _name_sampler_output(self, error: WorkerError) -> None:
+        """A dead worker's item is a position of the plan: say which sampler output it is."""
+        plan, position = self.plan, error.item
+        if position is None or self._loader.is_iterable:
+            return
+        if not 0 <= position - plan.first < len(plan.entries):
+            return
+        entry = plan.entries[position - plan.first]
+        what = f"batch {position}, indices {entry}" if isinstance(entry, list) else f"index {entry}"
+        error.args = (f"{error.args[0]} (here: {what})", *error.args[1:])
 
     def _go_on_or_refuse(self) -> None:
         """After a failed batch: go on with the next one, as torch's iterator does.

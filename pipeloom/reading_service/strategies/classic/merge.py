@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from ....datapipes import IterDataPipe, StateFields
 from ....datapipes.runtime import RestOfEpoch, key_position, restore_stamp
-from ....errors import NotAvailable, StateError
+from ....errors import NotAvailable, StateError, WorkerError
 from ....events import ReadinessSource
 from ...workers.failure import Failure
 from ...workers.messages import END
@@ -153,7 +153,11 @@ class WorkerMerge(IterDataPipe):
                     self._advance_to(position)
                 group //= total  # the owner counts this process's groups only
             owner = group % workers
-            head = self._head(owner)
+            try:
+                head = self._head(owner)
+            except WorkerError as error:  # a death found while waiting for ``position``
+                self._name_lost_work(error, owner, position)
+                raise
             if isinstance(head, Failure):  # raised at its item's position, as in-process
                 if head.item is None or position >= head.item:
                     head.raise_here()
@@ -172,6 +176,23 @@ class WorkerMerge(IterDataPipe):
             else:
                 self._delivered_here += 1
             return head
+
+    def _name_lost_work(self, error: WorkerError, owner: int, position: int) -> None:
+        """Say what the dead worker was making: the output the merge waited for from it
+        (its queue was empty, so it had sent everything before)."""
+        if error.original_type is not None or error.item is not None:
+            return  # an error of the worker's code, which names its own item
+        worker = getattr(self.channels[owner], "worker", None)
+        if worker is None or getattr(worker, "label", None) != error.worker:
+            return  # another worker's death, found on the way
+        size = self.group_size
+        if size == 1:
+            work = f"the item at position {position}, or one after it if it dropped that one"
+        else:
+            first = position // size * size
+            work = f"the batch of the items at positions {first}-{first + size - 1}"
+        error.item = position
+        error.args = (f"{error.args[0]}. It was making {work}", *error.args[1:])
 
     def _raises_in_order(self, failure: Failure) -> bool:
         """Whether ``failure`` waits for its position (else it is raised when read).

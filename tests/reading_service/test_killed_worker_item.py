@@ -1,0 +1,68 @@
+"""A worker killed by the OS (the out-of-memory killer, a crash in a C extension) is
+reported with the item it was making, where the main process knows it.
+
+Classic workers make the positions they own in order and the merge reads
+each worker's queue to the end before it sees the death, so the position the
+merge waited for from the dead worker is the one it was making (or one after
+it, if it dropped that one). The compat loader names the sampler's batch.
+A death found while the merge waits for another worker is reported as before
+(its queue may still hold outputs), so these tests use one worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from pipeloom import DataLoader
+from pipeloom.compat import DataLoader as CompatLoader
+from pipeloom.datapipes import IterableWrapper
+from pipeloom.errors import WorkerError
+from pipeloom.reading_service import MultiProcessingReadingService
+
+
+def dies_at_13(x: int) -> int:
+    if x == 13:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def first_error(loader) -> WorkerError:
+    with loader, pytest.raises(WorkerError) as caught:
+        list(loader)
+    return caught.value
+
+
+@pytest.mark.timeout(60)
+def test_the_item_a_classic_worker_was_making_is_named():
+    pipe = IterableWrapper(range(30)).sharding_filter().map(dies_at_13)
+    error = first_error(DataLoader(pipe, MultiProcessingReadingService(1, timeout=30)))
+    assert "was killed by signal SIGKILL" in str(error)
+    assert "It was making the item at position 13" in str(error)
+    assert error.item == 13
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_building_batches_names_the_batch_it_was_making():
+    pipe = IterableWrapper(range(30)).sharding_filter().map(dies_at_13).batch(4)
+    error = first_error(DataLoader(pipe, MultiProcessingReadingService(1, timeout=30)))
+    assert "It was making the batch of the items at positions 12-15" in str(error)
+    assert error.item == 12
+
+
+@pytest.mark.timeout(60)
+def test_the_compat_loader_names_the_sampler_s_batch():
+    class DiesAt13(torch.utils.data.Dataset):
+        def __len__(self):
+            return 30
+
+        def __getitem__(self, i):
+            return dies_at_13(i)
+
+    loader = CompatLoader(DiesAt13(), batch_size=4, num_workers=1, timeout=30)
+    with pytest.raises(WorkerError, match=r"\(here: batch 3, indices \[12, 13, 14, 15\]\)"):
+        list(loader)
+    loader.shutdown()
