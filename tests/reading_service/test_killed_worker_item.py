@@ -12,6 +12,7 @@ A death found while the merge waits for another worker is reported as before
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 import pytest
@@ -66,3 +67,20 @@ def test_the_compat_loader_names_the_sampler_s_batch():
     with pytest.raises(WorkerError, match=r"\(here: batch 3, indices \[12, 13, 14, 15\]\)"):
         list(loader)
     loader.shutdown()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+def test_economic_and_chunked_name_the_batches_the_dead_worker_was_given(strategy):
+    pipe = IterableWrapper(range(30)).sharding_filter().map(dies_at_13).batch(4)
+    service = MultiProcessingReadingService(1, strategy=strategy, timeout=30)
+    error = first_error(DataLoader(pipe, service))
+    match = re.search(
+        r"It had been given items of the (batches|chunks) in flight of the items "
+        r"at positions ([-\d, ]+)",
+        str(error),
+    )
+    assert match, str(error)
+    ranges = [tuple(map(int, r.split("-"))) for r in match.group(2).split(", ")]
+    assert any(first <= 13 <= last for first, last in ranges)  # the culprit is among them
+    assert error.item == ranges[0][0]

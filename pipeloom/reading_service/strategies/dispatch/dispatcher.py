@@ -116,7 +116,7 @@ class Dispatcher(IterDataPipe):
         self._budget.workers = pool.num_item_workers
 
     def reset(self) -> None:
-        self._units: deque[Unit] = deque()
+        self.in_flight: deque[Unit] = deque()  # batches or chunks sent, not yet delivered
         self._open: Unit | None = None
         self._pending_chunk: list[tuple[int, Any]] = []
         self._assigned: dict[int, list[tuple[int, Any]]] = {}  # worker -> open unit's items
@@ -183,10 +183,10 @@ class Dispatcher(IterDataPipe):
                 restore_stamp((self._stamp[0], self._stamp[1], key, draws))
                 return item
             self._fill()
-            if self._split_closed and not any(unit.chunk for unit in self._units):
+            if self._split_closed and not any(unit.chunk for unit in self.in_flight):
                 self._finish_split()
                 continue
-            if not self._units:
+            if not self.in_flight:
                 if self._source_error is not None:
                     raise self._source_error
                 if self._source_done:
@@ -244,7 +244,7 @@ class Dispatcher(IterDataPipe):
 
     def _take_finished_unit(self) -> None:
         assert self._pool is not None
-        head = self._units[0]
+        head = self.in_flight[0]
         if head.id not in self._results:
             self._receive()
         if head.id in self._partials:  # relayed: the first chunk's batches, each when made
@@ -259,7 +259,7 @@ class Dispatcher(IterDataPipe):
         result = self._results.pop(head.id)
         if isinstance(result, Failure):
             result.raise_here()
-        self._units.popleft()
+        self.in_flight.popleft()
         for worker, amount in head.item_workers:
             self._item_workers.done(worker, amount)
         if head.batch_worker != MAIN:
@@ -378,8 +378,8 @@ class Dispatcher(IterDataPipe):
 
     def _batches_in_flight(self) -> int:
         """Units in flight, the first batch's chunks counted as one batch."""
-        chunks = sum(unit.chunk for unit in self._units)
-        return len(self._units) - chunks + (1 if chunks or self._split else 0)
+        chunks = sum(unit.chunk for unit in self.in_flight)
+        return len(self.in_flight) - chunks + (1 if chunks or self._split else 0)
 
     def _new_unit(self, *, final: bool = False) -> Unit:
         assert self._pool is not None
@@ -393,7 +393,7 @@ class Dispatcher(IterDataPipe):
             self._split_left -= size
         unit = Unit(self._next_id, batch_worker, size, chunk, final)
         self._next_id += 1
-        self._units.append(unit)
+        self.in_flight.append(unit)
         return unit
 
     def _add(self, unit: Unit, key: Any, value: Any) -> None:
@@ -435,7 +435,7 @@ class Dispatcher(IterDataPipe):
         if unit.chunk and (not self._split_left or self._source_done):
             self._split_closed = True  # the first batch's last chunk
         if not unit.positions and not unit.final:  # the source ended at a unit boundary
-            self._units.remove(unit)
+            self.in_flight.remove(unit)
             if unit.batch_worker != MAIN:
                 self._batch_workers.done(unit.batch_worker)
             return
@@ -467,7 +467,7 @@ class Dispatcher(IterDataPipe):
         already sent are dropped by the workers when the next epoch starts)."""
         self._open = None
         self._assigned, self._pending_chunk = {}, []
-        self._units.remove(unit)
+        self.in_flight.remove(unit)
         for worker, amount in unit.item_workers:
             self._item_workers.done(worker, amount)
         if unit.batch_worker != MAIN:

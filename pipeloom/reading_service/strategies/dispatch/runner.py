@@ -28,6 +28,7 @@ from ..main_part import MainPart
 from ..runner import Runner, drain
 from .chain import BatchFeed, TaskFeed
 from .dispatcher import Dispatcher
+from .lost_work import naming_lost_work
 from .pool import DispatchPool
 
 __all__ = ["DispatchRunner"]
@@ -146,7 +147,9 @@ class DispatchRunner(Runner):
         self.dispatcher.attach(source, self._pool, gen=self._gen, seed=stamp_seed, epoch=epoch)
         self._epoch_open = True
         self.main.start_separate_processes(epoch)
-        return drain(self.main.pipeline, on_close=self._on_epoch_closed, timeout=self.timeout)
+        items = drain(self.main.pipeline, on_close=self._on_epoch_closed, timeout=self.timeout)
+        units = "batches" if self.dispatcher.units_are_batches else "chunks"
+        return naming_lost_work(items, self.dispatcher, units)
 
     def _epoch_source(self, epoch: int) -> IterDataPipe:
         """The sharding point (and its upstream) as the main process reads it this epoch."""
