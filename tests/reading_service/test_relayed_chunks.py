@@ -242,7 +242,7 @@ def test_large_chunks_keep_the_prefetch_bound_not_the_chunk_count(workers):
         for batch in loader:
             batches.append(batch)
             dispatcher = service._runner.dispatcher  # noqa: SLF001
-            in_flight.append(len(dispatcher._units))  # noqa: SLF001
+            in_flight.append(len(dispatcher.in_flight))
     assert dispatcher.max_units == 32
     assert max(in_flight[2:]) <= workers + 1, in_flight
     assert plain(batches) == run(expanding(sizes, 16), None, seed=3, epochs=1)[0]
