@@ -123,8 +123,9 @@ class StepGate:
         if self.inside_a_step():
             raise StateError(
                 f"{what} was called from inside a step of this loader on the same thread (a "
-                f"signal handler that interrupted next(loader), or code running in a block): "
-                f"the pipeline is part-way through an item, so there is no exact position. "
+                f"signal handler that interrupted this loader's next(), state_dict(), iter() "
+                f"or load_state_dict(), or code running in a block): the loader is part-way "
+                f"through one of them, so there is no exact position. "
                 f"In a signal handler set a flag instead, and save the state in the training "
                 f"loop before its next step"
             )

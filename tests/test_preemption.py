@@ -284,3 +284,26 @@ def test_a_handler_that_shuts_down_while_next_holds_a_queue_lock_does_not_wait_f
     finished.join(timeout=10)
     assert landed and not finished.is_alive(), "shutdown() from the handler waits for itself"
     assert set(threading.enumerate()) - before == set()  # its worker threads were joined
+
+
+def test_a_state_dict_that_interrupts_the_loader_s_own_state_dict_is_refused_saying_so():
+    """A handler's ``state_dict()`` landing while the main thread is in ``state_dict()``
+    (not in ``next()``): the refusal names every call it may have interrupted."""
+    loader = DataLoader(IterableWrapper(range(5)))
+    it = iter(loader)
+    next(it)
+    refused = []
+    taking = loader.reading_service.state_dict
+
+    def interrupted_by_a_handler():
+        try:
+            loader.state_dict()
+        except StateError as error:
+            refused.append(str(error))
+        return taking()
+
+    loader.reading_service.state_dict = interrupted_by_a_handler
+    assert loader.state_dict()["delivered"] == 1
+    assert len(refused) == 1
+    assert "interrupted this loader's next(), state_dict()" in refused[0]
+    assert "part-way through one of them" in refused[0]
