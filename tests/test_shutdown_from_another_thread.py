@@ -9,6 +9,7 @@ returns once the workers are stopped.
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 
@@ -24,10 +25,12 @@ from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadin
 
 STUCK_AT = [5]  # the item a worker gets stuck on (read by forked workers as they start)
 RELEASE = threading.Event()  # ends a stuck worker *thread* when the test is done
+STUCK = multiprocessing.get_context("fork").Event()  # set by the worker that got stuck
 
 
 def stuck(x: int) -> int:
     if x in STUCK_AT:
+        STUCK.set()
         RELEASE.wait(20)  # a process worker is killed long before
     return x
 
@@ -36,6 +39,7 @@ def stuck(x: int) -> int:
 def _release_stuck_threads():
     STUCK_AT[:] = [5]
     RELEASE.clear()
+    STUCK.clear()
     yield
     RELEASE.set()
 
@@ -52,8 +56,16 @@ SERVICES = {
 }
 
 
-def shut_down_later(loader, delay: float = 0.3) -> threading.Thread:
-    thread = threading.Thread(target=lambda: (time.sleep(delay), loader.shutdown()), daemon=True)
+def shut_down_later(loader) -> threading.Thread:
+    """``loader.shutdown()`` from a watchdog thread once a worker is stuck (and the
+    training loop, which had every item before the stuck one at once, waits for it)."""
+
+    def watchdog():
+        assert STUCK.wait(20), "no worker got stuck"
+        time.sleep(0.2)
+        loader.shutdown()
+
+    thread = threading.Thread(target=watchdog, daemon=True)
     thread.start()
     return thread
 
@@ -116,8 +128,8 @@ def test_a_next_running_code_in_its_own_thread_is_not_waited_for_past_a_bound(mo
     STUCK_AT[:] = [2]
     loader = DataLoader(pipeline(False))  # in-process: the stuck map runs in next()'s thread
     it = iter(loader)
-    watchdog = threading.Thread(target=loader.shutdown)
-    threading.Timer(0.1, watchdog.start).start()
+    watchdog = threading.Thread(target=lambda: (STUCK.wait(10), loader.shutdown()))
+    watchdog.start()
     threading.Timer(0.6, RELEASE.set).start()  # the stuck code returns at last
     assert [next(it), next(it), next(it)] == [0, 1, 2]  # the step in progress ends normally
     watchdog.join(0.1)
