@@ -84,3 +84,34 @@ def test_economic_and_chunked_name_the_batches_the_dead_worker_was_given(strateg
     ranges = [tuple(map(int, r.split("-"))) for r in match.group(2).split(", ")]
     assert any(first <= 13 <= last for first, last in ranges)  # the culprit is among them
     assert error.item == ranges[0][0]
+
+
+def bus_error_at_13(x: int) -> int:
+    if x == 13:
+        os.kill(os.getpid(), signal.SIGBUS)
+    return x
+
+
+def segfaults_at_3(x: int) -> int:
+    if x == 3:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x
+
+
+@pytest.mark.timeout(60)
+def test_a_bus_error_points_at_a_full_dev_shm():
+    pipe = IterableWrapper(range(30)).sharding_filter().map(bus_error_at_13)
+    error = first_error(DataLoader(pipe, MultiProcessingReadingService(1, timeout=30)))
+    assert "was killed by signal SIGBUS" in str(error)
+    assert "shared memory (/dev/shm) was full" in str(error)
+    assert "--shm-size" in str(error)
+
+
+@pytest.mark.timeout(60)
+def test_a_segfault_points_at_a_c_extension_and_faulthandler():
+    pipe = IterableWrapper(range(30)).sharding_filter().map(segfaults_at_3).batch(4)
+    service = MultiProcessingReadingService(1, strategy="economic", timeout=30)
+    error = first_error(DataLoader(pipe, service))
+    assert "was killed by signal SIGSEGV" in str(error)
+    assert "most often in a C extension" in str(error)
+    assert "python -X faulthandler" in str(error)
