@@ -64,9 +64,13 @@ def test_the_compat_loader_names_the_sampler_s_batch():
             return dies_at_13(i)
 
     loader = CompatLoader(DiesAt13(), batch_size=4, num_workers=1, timeout=30)
-    with pytest.raises(WorkerError, match=r"\(here: batch 3, indices \[12, 13, 14, 15\]\)"):
+    with pytest.raises(WorkerError, match=r"\(here: batch 3, indices \[12, 13, 14, 15\]\)") as info:
         list(loader)
     loader.shutdown()
+    # torch's wording first: code that matches on it (to retry, to log) still does
+    assert re.match(
+        r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly: worker", str(info.value)
+    )
 
 
 @pytest.mark.timeout(60)
