@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -86,6 +87,7 @@ class CompatIterator(Iterator[Any]):
         self.can_go_on = self._loader.can_go_on_after(error)
         if isinstance(error, WorkerError) and error.original_type is None:
             self._name_sampler_output(error)
+            _torch_prefix(error)
 
     def _name_sampler_output(self, error: WorkerError) -> None:
         """A dead worker's item is a position of the plan: say which sampler output it is."""
@@ -135,3 +137,14 @@ class CompatIterator(Iterator[Any]):
         invalidate = getattr(self._items, "invalidate", None)
         if invalidate is not None and not self.finished:
             invalidate()
+
+
+def _torch_prefix(error: WorkerError) -> None:
+    """Start a dead worker's message as torch's does (code may match on it)."""
+    pid = re.search(r"\(pid (\d+)\)", error.worker or "")
+    message = str(error.args[0]) if error.args else ""
+    if pid is None or "before finishing its epoch" not in message:
+        return  # not a worker process's death
+    prefix = f"DataLoader worker (pid(s) {pid.group(1)}) exited unexpectedly: "
+    if not message.startswith(prefix):
+        error.args = (prefix + message, *error.args[1:])

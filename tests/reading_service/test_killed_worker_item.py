@@ -64,9 +64,13 @@ def test_the_compat_loader_names_the_sampler_s_batch():
             return dies_at_13(i)
 
     loader = CompatLoader(DiesAt13(), batch_size=4, num_workers=1, timeout=30)
-    with pytest.raises(WorkerError, match=r"\(here: batch 3, indices \[12, 13, 14, 15\]\)"):
+    with pytest.raises(WorkerError, match=r"\(here: batch 3, indices \[12, 13, 14, 15\]\)") as info:
         list(loader)
     loader.shutdown()
+    # torch's wording first: code that matches on it (to retry, to log) still does
+    assert re.match(
+        r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly: worker", str(info.value)
+    )
 
 
 @pytest.mark.timeout(60)
@@ -84,3 +88,34 @@ def test_economic_and_chunked_name_the_batches_the_dead_worker_was_given(strateg
     ranges = [tuple(map(int, r.split("-"))) for r in match.group(2).split(", ")]
     assert any(first <= 13 <= last for first, last in ranges)  # the culprit is among them
     assert error.item == ranges[0][0]
+
+
+def bus_error_at_13(x: int) -> int:
+    if x == 13:
+        os.kill(os.getpid(), signal.SIGBUS)
+    return x
+
+
+def segfaults_at_3(x: int) -> int:
+    if x == 3:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x
+
+
+@pytest.mark.timeout(60)
+def test_a_bus_error_points_at_a_full_dev_shm():
+    pipe = IterableWrapper(range(30)).sharding_filter().map(bus_error_at_13)
+    error = first_error(DataLoader(pipe, MultiProcessingReadingService(1, timeout=30)))
+    assert "was killed by signal SIGBUS" in str(error)
+    assert "shared memory (/dev/shm) was full" in str(error)
+    assert "--shm-size" in str(error)
+
+
+@pytest.mark.timeout(60)
+def test_a_segfault_points_at_a_c_extension_and_faulthandler():
+    pipe = IterableWrapper(range(30)).sharding_filter().map(segfaults_at_3).batch(4)
+    service = MultiProcessingReadingService(1, strategy="economic", timeout=30)
+    error = first_error(DataLoader(pipe, service))
+    assert "was killed by signal SIGSEGV" in str(error)
+    assert "most often in a C extension" in str(error)
+    assert "python -X faulthandler" in str(error)

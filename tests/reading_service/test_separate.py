@@ -87,6 +87,12 @@ def made(x):
     return x, int(item_rng().integers(1000)), os.getpid()
 
 
+def killed_at_13(x: int) -> int:
+    if x == 13:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
 def with_side_stream(batches: int = 4) -> IterDataPipe:
     """Shuffled batches made by the workers, zipped with a shuffled side stream.
 
@@ -227,6 +233,21 @@ def test_an_exception_in_the_separate_process_reraises_with_its_type_and_origin(
     assert f"raised in separate process for InOwnProcess() (pid {pid}), block Mapper(" in str(
         info.value
     )
+    leftovers.assert_none()
+
+
+@pytest.mark.timeout(20)
+def test_a_separate_process_killed_at_an_output_names_that_output(leftovers):
+    side = InOwnProcess(IterableWrapper(range(30)).map(killed_at_13))
+    pipe = IterableWrapper(range(30)).sharding_filter().zip(side)
+    service = MultiProcessingReadingService(1, start_method="fork", timeout=30)
+    with DataLoader(pipe, service, seed=0) as loader, pytest.raises(WorkerError) as info:
+        list(loader)
+    assert "was killed by signal SIGKILL" in str(info.value)
+    assert "It was making output 13 (counted from 0) of InOwnProcess() this epoch" in str(
+        info.value
+    )
+    assert (info.value.block, info.value.item) == ("InOwnProcess()", 13)
     leftovers.assert_none()
 
 

@@ -301,14 +301,14 @@ class ExitWatch:
 
 
 def exit_advice(code: int | None) -> str:
-    """What to check for a worker that ended with ``code`` (signals only; '' otherwise).
+    """What to check for a worker that ended with ``code`` (some signals only; '' otherwise).
 
     A worker that exits with a code (not a signal) ran into an error it
     reported, or its process could not start; memory is not the likely cause.
 
     Example:
-        >>> "out-of-memory killer" in exit_advice(-9), exit_advice(1)
-        (True, '')
+        >>> "out-of-memory killer" in exit_advice(-9), "/dev/shm" in exit_advice(-7), exit_advice(1)
+        (True, True, '')
     """
     if code is None or code >= 0:
         return ""
@@ -317,7 +317,30 @@ def exit_advice(code: int | None) -> str:
             "; it was killed from outside (e.g. by the out-of-memory killer: if so, lower "
             "prefetch_factor or num_workers)"
         )
-    return ""
+    return _CRASH_ADVICE.get(-code, "")
+
+
+_FAULTHANDLER = (
+    "run it with `python -X faulthandler` (or num_workers=0, in the main process) to see where"
+)
+
+#: What a worker that crashed on these signals most likely met.
+_CRASH_ADVICE: dict[int, str] = {
+    signal.SIGSEGV: (
+        "; it crashed (a segmentation fault, most often in a C extension: an image or "
+        f"audio decoder, a native library a block calls): {_FAULTHANDLER}"
+    ),
+    signal.SIGBUS: (
+        "; it crashed on a bus error, most often because shared memory (/dev/shm) was "
+        "full when it put a tensor there: free or enlarge /dev/shm (docker run "
+        "--shm-size=...) or lower prefetch_factor, num_workers or the batch size; else a "
+        f"C extension crashed, or a memory-mapped file shrank while read: {_FAULTHANDLER}"
+    ),
+    signal.SIGABRT: (
+        "; it aborted (a C library or extension called abort(), e.g. on a failed "
+        f"assertion): {_FAULTHANDLER}"
+    ),
+}
 
 
 def describe_exit(code: int) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 from ..._shutdown import Steps, finalize_here
 from ...datapipes import IterDataPipe, StateFields
 from ...datapipes.runtime import block_seed, derive_seed, restore_stamp
-from ...errors import NotAvailable, QueueError
+from ...errors import NotAvailable, QueueError, WorkerError
 from ...events import FdReadiness, ReadinessSource
 from ...queues import ProcessQueue
 from .epoch import produce_epoch
@@ -101,14 +101,7 @@ class SeparateProcessReader(IterDataPipe):
     def async_next(self) -> Any:
         if self._ended or self._queue is None or self._worker is None:
             raise StopIteration
-        try:
-            message = self._queue.get(block=False)
-        except NotAvailable:
-            if self._worker.exit_code() is not None:
-                raise self._worker.died() from None
-            raise
-        except QueueError as error:
-            raise self._worker.died(error) from error
+        message = self._read(self._queue, self._worker)
         if message is END:
             self._ended = True
             raise StopIteration
@@ -118,6 +111,29 @@ class SeparateProcessReader(IterDataPipe):
         restore_stamp(stamp)
         self._delivered += 1
         return item
+
+    def _read(self, queue: ProcessQueue, worker: WorkerProcess) -> Any:
+        try:
+            return queue.get(block=False)
+        except NotAvailable:
+            if worker.exit_code() is None:
+                raise
+        except QueueError as error:
+            raise self._lost_output(worker.died(error)) from error
+        try:  # it died: it may have sent an output after the read above
+            return queue.get(block=False)
+        except (NotAvailable, QueueError):
+            raise self._lost_output(worker.died()) from None
+
+    def _lost_output(self, error: WorkerError) -> WorkerError:
+        """Name the output the dead process was making: every one before it arrived."""
+        error.item = self._delivered
+        error.args = (
+            f"{error.args[0]}. It was making output {self._delivered} (counted from 0) of "
+            f"{self.block_repr} this epoch; the outputs before it had arrived",
+            *error.args[1:],
+        )
+        return error
 
     def reset(self) -> None:
         self._delivered = self._skip = 0
