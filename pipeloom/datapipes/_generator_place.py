@@ -44,8 +44,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import StateError
-from ._context import _ITEM, stamp_output
+from ._context import _ITEM
 from ._nesting import nested_call
+from ._output_stamps import OutputStamps
 
 __all__ = ["GeneratorRun", "check_generator_place"]
 
@@ -61,15 +62,16 @@ class GeneratorRun:
     other outputs' also where a block downstream keeps each item's stamp
     (``shuffle``, ``prefetch``, ``threadpool_map``), and do not depend on the
     draws made for the outputs before it. A stamp the generator set itself
-    with ``set_item_stamp(stamp, output=j)`` is kept. Blocks written with
-    ``async_next`` stamp their outputs themselves (one that waited with
-    ``NotAvailable`` cannot be told from one that made an output without a pull).
+    with ``set_item_stamp(stamp, output=j)`` is kept. User-defined blocks
+    written with ``async_next`` get the same numbering from the wrapper
+    ``_numbering.py`` installs (both use ``_output_stamps.py``).
     """
 
-    __slots__ = ("_gen", "_input_stamp", "_outputs_of_input", "made_without_pull")
+    __slots__ = ("_gen", "made_without_pull", "outputs")
 
     def __init__(self, block: Any) -> None:
-        self._input_stamp, self._outputs_of_input = _ITEM.stamp, 0
+        self.outputs = OutputStamps()  # see _output_stamps.py
+        self.outputs.input_stamp = _ITEM.stamp
         self.made_without_pull = False
         gen = nested_call(type(block).__iter__, block)
         if not hasattr(gen, "__next__"):
@@ -82,16 +84,9 @@ class GeneratorRun:
 
     def next_output(self) -> Any:
         """The generator's next output, stamped as above (``StopIteration`` at its end)."""
-        before = _ITEM.stamp
+        expected = self.outputs.before_call()
         item = nested_call(next, self._gen)
-        stamp = _ITEM.stamp
-        if stamp is before:
-            self.made_without_pull = True
-            self._outputs_of_input += 1
-            stamp_output(self._input_stamp, self._outputs_of_input)
-        else:
-            self.made_without_pull = False
-            self._input_stamp, self._outputs_of_input = stamp, 0
+        self.made_without_pull = self.outputs.after_output(expected)
         return item
 
 

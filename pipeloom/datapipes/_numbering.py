@@ -38,7 +38,9 @@ import functools
 from typing import Any
 
 from .._walk import walk_upstream
+from ..errors import NotAvailable
 from ._context import current_stamp, stamp_output
+from ._output_stamps import OutputStamps
 
 __all__ = ["Numbering", "install_index_stamps", "install_numbering", "overrides", "stamp_position"]
 
@@ -61,7 +63,7 @@ def stamp_position(self: Any, position: int, output: int | None = None) -> None:
 class Numbering:
     """A block's numbering this epoch: its shard, outputs numbered, positions to skip."""
 
-    __slots__ = ("active", "count", "shard", "skip_before")
+    __slots__ = ("active", "count", "outputs", "shard", "skip_before")
 
     def __init__(self) -> None:
         self.shard = (1, 0)  # (total, index) from sharding_settings
@@ -86,6 +88,9 @@ class Numbering:
         self.count = 0
         self.active: bool | None = None  # decided at the first output of the epoch
         self.skip_before = 0  # positions before it were delivered before a resume
+        # a block between source and output written with async_next: the keys of the
+        # several outputs it may make of one input (see _output_stamps.py)
+        self.outputs: OutputStamps | None = None
 
 
 def originates_positions(block: Any) -> bool:
@@ -145,14 +150,33 @@ def overrides(cls: type, name: str, base: type) -> bool:
     return False
 
 
+def _writes_async_next(cls: type) -> bool:
+    """True for a block written with ``async_next`` (not an ``__iter__`` generator)."""
+    from ._base import IterDataPipe
+
+    return overrides(cls, "async_next", IterDataPipe)
+
+
 def _numbered(method: Any) -> Any:
     @functools.wraps(method)
     def async_next(self: Any) -> Any:
         numbering = self._numbering()
         if numbering.active is None:
             numbering.active = originates_positions(self)
+            if not numbering.active and _writes_async_next(type(self)):
+                numbering.outputs = numbering.outputs or OutputStamps()
         if not numbering.active:
-            return method(self)
+            outputs = numbering.outputs
+            if outputs is None:  # an __iter__ generator: GeneratorRun numbers its outputs
+                return method(self)
+            expected = outputs.before_call()
+            try:
+                item = method(self)
+            except NotAvailable:
+                outputs.after_wait(expected)
+                raise
+            outputs.after_output(expected)
+            return item
         total, index = numbering.shard
         while True:
             item = method(self)

@@ -18,6 +18,7 @@ from ._base import DataPipe, IterDataPipe
 from ._context import derive_seed
 from ._generator_place import check_generator_place
 from ._numbering import overrides
+from ._output_stamps import OutputStamps
 
 __all__ = [
     "check_declared_inputs",
@@ -312,6 +313,8 @@ def pipeline_state_dict(output: DataPipe) -> dict:
         numbering = block._numbering()  # a user-defined source's count (stamps_positions)
         if numbering.active:
             entry["numbered"] = numbering.count
+        elif numbering.outputs is not None and numbering.outputs.input_stamp is not None:
+            entry["outputs"] = numbering.outputs.state()  # its last input (_output_stamps.py)
         states.append(entry)
     return {"version": STATE_VERSION, "blocks": states}
 
@@ -377,6 +380,9 @@ def load_pipeline_state_dict(output: DataPipe, state: dict) -> None:
         if numbered is not None:
             count = check_int("numbered", numbered, minimum=0)
             block._restore_numbering(count, replays=entry["state"] in ({}, None))
+        if entry.get("outputs") is not None:
+            block._numbering().outputs = OutputStamps()
+            block._numbering().outputs.load(entry["outputs"])  # type: ignore[union-attr]
         try:
             block.load_state_dict(entry["state"])
         except StateError as error:

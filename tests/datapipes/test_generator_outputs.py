@@ -20,6 +20,7 @@ from pipeloom.datapipes import (
     item_stamp,
     set_item_stamp,
 )
+from pipeloom.errors import NotAvailable
 from pipeloom.testing import check_same_output_everywhere
 
 
@@ -63,7 +64,7 @@ def views(n: int = 12):
 
 def draws_by_input(outputs) -> dict:
     by_input: dict = {}
-    for x, _, draw in outputs:
+    for x, *_, draw in outputs:
         by_input.setdefault(x, []).append(draw)
     return by_input
 
@@ -135,5 +136,89 @@ def test_a_replayed_resume_draws_the_same_values_for_the_rest():
         head = [next(it) for _ in range(7)]
         state = first.state_dict()
     with loader() as second:
+        second.load_state_dict(state)
+        assert head + list(second) == expected
+
+
+class TwoViewsAsync(IterDataPipe):
+    """Two outputs of each input, written with async_next, keeping its place in its state.
+
+    ``wait=True``: it waits once (``NotAvailable``) after each pull, as a block
+    waiting on a thread would, before handing out the first view.
+    """
+
+    inputs = ("source",)
+
+    def __init__(self, source, wait=False):
+        self.source, self.wait = source, wait
+        self._pending: list = []
+        self._waited = False
+
+    def reset(self):
+        self._pending, self._waited = [], False
+
+    def async_next(self):
+        if not self._pending:
+            x = self.source.async_next()
+            self._pending, self._waited = [(x, "a"), (x, "b")], False
+        if self.wait and not self._waited:
+            self._waited = True
+            raise NotAvailable
+        return self._pending.pop(0)
+
+    def state_dict(self):
+        return {"pending": list(self._pending)}
+
+    def load_state_dict(self, state):
+        self._pending = list(state["pending"])
+
+
+def test_the_views_of_a_block_written_with_async_next_draw_different_values():
+    pipe = TwoViewsAsync(IterableWrapper(range(12)).sharding_filter()).shuffle(buffer_size=5)
+    with DataLoader(pipe.map(crop), seed=3) as loader:
+        by_input = draws_by_input(list(loader))
+    assert sorted(by_input) == list(range(12))
+    assert all(len(set(draws)) == 2 for draws in by_input.values()), by_input
+
+
+def test_a_block_that_waits_before_its_first_view_gives_the_same_keys():
+    def keys(wait):
+        pipe = TwoViewsAsync(IterableWrapper(range(3)), wait=wait)
+        return list(pipe.map(lambda v: (v, current_key())))
+
+    expected = [((x, v), k) for x in range(3) for v, k in (("a", x), ("b", (x, 1)))]
+    assert keys(False) == keys(True) == expected
+
+
+def test_a_generator_that_draws_between_its_outputs_gives_each_its_own_key():
+    class DrawingViews(TwoViews):
+        def __iter__(self):
+            for x in self.source:
+                for _ in range(2):
+                    yield (x, int(item_rng().integers(1 << 62)))
+
+    pipe = DrawingViews(IterableWrapper(range(4))).prefetch(3).map(crop)
+    with DataLoader(pipe, seed=2) as loader:
+        outputs = list(loader)
+    draws = [draw for _, own, crops in outputs for draw in (own, crops)]
+    assert len(draws) == 16
+    assert len(set(draws)) == 16, outputs  # the second view's own draw was the first's crop
+
+
+@pytest.mark.timeout(60)
+def test_the_async_views_draw_the_same_values_under_every_service_and_resume():
+    def pipeline():
+        views = TwoViewsAsync(IterableWrapper(range(8)).sharding_filter())
+        return views.map(lambda v: (*v, current_key())).map(crop)
+
+    check_same_output_everywhere(pipeline, seed=5)
+    with DataLoader(pipeline(), seed=1) as whole:
+        expected = list(whole)
+    assert [key for _, _, key, _ in expected[4:6]] == [2, (2, 1)]
+    with DataLoader(pipeline(), seed=1) as first:
+        it = iter(first)
+        head = [next(it) for _ in range(5)]  # stops between the two views of input 2
+        state = first.state_dict()
+    with DataLoader(pipeline(), seed=1) as second:
         second.load_state_dict(state)
         assert head + list(second) == expected
