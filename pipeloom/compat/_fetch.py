@@ -68,8 +68,10 @@ class IterableDatasetSource(IterDataPipe):
     ``worker_init_fn``, as with torch -- and, like ``_IterableDatasetFetcher``,
     groups ``batch_size`` items and collates them (or converts single items
     when ``batch_size`` is None). Worker ``i`` of ``n`` stamps its ``k``-th
-    output with position ``k * n + i``: the merge then interleaves the workers
-    round-robin and skips a finished one, which is torch's output order.
+    output with position ``k * n + i``, before it reads the output's items (so
+    ``item_rng()`` in the dataset's ``__iter__`` draws for that output): the
+    merge then interleaves the workers round-robin and skips a finished one,
+    which is torch's output order.
 
     Example:
         >>> source = IterableDatasetSource(range(5), batch_size=2, collate_fn=list)
@@ -114,6 +116,8 @@ class IterableDatasetSource(IterDataPipe):
             raise StopIteration
         if self._iterator is None:  # here, after worker_init_fn, as torch's fetcher
             self._iterator = iter(self.dataset)
+        position = self._count * self.total + self.index
+        self._stamp_item(position)  # item_rng() in the dataset's __iter__ draws for it
         if self.batch_size is None:
             try:
                 data = next(self._iterator)
@@ -134,9 +138,8 @@ class IterableDatasetSource(IterDataPipe):
                 self._streams.save()
                 raise StopIteration
         output = self.collate_fn(data)
-        position = self._count * self.total + self.index
         self._count += 1
-        self._stamp_item(position)
+        self._stamp_item(position)  # a new stamp: the draws made while reading start over
         return output
 
     def state_dict(self) -> dict[str, Any]:

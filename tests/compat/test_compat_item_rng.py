@@ -135,3 +135,23 @@ def test_a_state_saved_before_the_plan_kept_its_place_still_loads():
     old = build()
     old.load_state_dict(state)
     assert len(epoch(old)) == 3
+
+
+class IterDraws(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        for i in range(6):
+            yield (i, int(item_rng().integers(1 << 30)))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iterable_dataset_can_draw_from_item_rng_in_its_iter(workers):
+    def run() -> list:
+        loader = DataLoader(IterDraws(), batch_size=None, num_workers=workers)
+        return [tuple(map(int, x)) for x in loader]
+
+    torch.manual_seed(2)
+    first = run()
+    torch.manual_seed(2)
+    assert run() == first  # each worker reads the whole dataset, as torch's do
+    assert len({draw for _, draw in first}) == len(first)  # one key per output
