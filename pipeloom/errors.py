@@ -124,6 +124,12 @@ class WorkerError(PipeloomError, RuntimeError):
         self.original_type = original_type
         self.traceback_text = traceback_text
 
+    def add_detail(self, text: str, item: int | None = None) -> None:
+        """Append ``text`` to the message (e.g. what a dead worker was making); set ``item``."""
+        if item is not None:
+            self.item = item
+        self.args = (f"{self.args[0] if self.args else ''}{text}", *self.args[1:])
+
     def __reduce__(self):  # keep the keyword attributes across pickling
         return (
             _rebuild_worker_error,

@@ -98,7 +98,7 @@ class CompatIterator(Iterator[Any]):
             return
         entry = plan.entries[position - plan.first]
         what = f"batch {position}, indices {entry}" if isinstance(entry, list) else f"index {entry}"
-        error.args = (f"{error.args[0]} (here: {what})", *error.args[1:])
+        error.add_detail(f" (here: {what})")
 
     def _go_on_or_refuse(self) -> None:
         """After a failed batch: go on with the next one, as torch's iterator does.

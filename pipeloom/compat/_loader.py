@@ -221,9 +221,7 @@ class DataLoader(ShutsDown):
                 # torch sends the dataset to new workers at every epoch: changes made to it
                 # between epochs (a curriculum) must reach them, as under fork.
                 self._stop_engine()
-            engine = self._ensure_engine()
-            engine.set_epoch(plan.engine_epoch)  # item_rng() follows the plan's seeds
-            iterator = CompatIterator(self, iter(engine), plan, delivered, self._steps)
+            iterator = CompatIterator(self, self._run(plan), plan, delivered, self._steps)
             self._current = weakref.ref(iterator)
             return iterator
 
@@ -299,7 +297,7 @@ class DataLoader(ShutsDown):
 
     def _take_state(self) -> dict[str, Any]:
         self.settle_draws()  # the generators as they will be when this epoch ends
-        current = self._current() if self._current is not None else None
+        current = self._live_current()
         epoch: dict[str, Any] | None = None
         if current is not None and current.stopped_by is not None and not current.can_go_on:
             raise StateError(
@@ -346,13 +344,13 @@ class DataLoader(ShutsDown):
         stopped = stop_the_step(self._steps, self._waited_for, self._take_state)
         if not stopped.ended:  # next() in another thread runs on: stop as it returns
             self._final_error = StateError(stopped.why)
-            if (current := self._current() if self._current is not None else None) is not None:
+            if (current := self._live_current()) is not None:
                 current.closed_why = "shutdown() stopped the loader"
             self._steps.defer(self._stop_engine)
             return
         self._final_state, self._final_error = stopped.state, stopped.error
         with self._steps.between():
-            current = self._current() if self._current is not None else None
+            current = self._live_current()
             interrupted = self._final_state is not None or self._final_error is not None
             if current is not None and not current.finished and not interrupted:
                 try:
@@ -362,7 +360,7 @@ class DataLoader(ShutsDown):
             self._release()
 
     def _waited_for(self) -> str | None:
-        current = self._current() if self._current is not None else None
+        current = self._live_current()
         if current is None or current.finished:
             return None
         return f"batch {current.skipped + current.delivered} of the epoch"
@@ -381,10 +379,14 @@ class DataLoader(ShutsDown):
         )
 
     # -- internals ------------------------------------------------------------------
+    def _live_current(self) -> CompatIterator | None:
+        """The epoch's iterator, while its user holds it."""
+        return self._current() if self._current is not None else None
+
     def _close_current(
         self, why: str = "a newer iter(loader) or load_state_dict() replaced it"
     ) -> None:
-        current = self._current() if self._current is not None else None
+        current = self._live_current()
         if current is not None:
             current.close(why)
         self._current = None
@@ -447,6 +449,10 @@ class DataLoader(ShutsDown):
         if invalidate is not None:
             invalidate()
         self._publish(plan)
+        return self._run(plan)
+
+    def _run(self, plan: EpochPlan) -> Iterator[Any]:
+        """The engine's epoch for the published ``plan``: ``item_rng()`` follows its seeds."""
         engine = self._ensure_engine()
         engine.set_epoch(plan.engine_epoch)
         return iter(engine)

@@ -53,6 +53,7 @@ class OutputStamps:
         Returns True when it was made without a pull (it keeps ``expected``'s key).
         """
         after = _ITEM.stamp
+        # _another_item(after, expected), inlined: this runs once per output
         if self.input_stamp is None or (
             after is not expected
             and (after[2] != expected[2] or after[0] != expected[0] or after[1] != expected[1])
@@ -65,12 +66,8 @@ class OutputStamps:
     def after_wait(self, expected: ItemStamp) -> None:
         """The block raised ``NotAvailable``: an input it pulled meanwhile is numbered from."""
         after = _ITEM.stamp
-        if self.input_stamp is None or (
-            after is not expected
-            and (after[2] != expected[2] or after[0] != expected[0] or after[1] != expected[1])
-        ):
-            if after is not expected:  # it pulled an input before it waited
-                self.input_stamp, self.outputs = after, -1
+        if after is not expected and (self.input_stamp is None or _another_item(after, expected)):
+            self.input_stamp, self.outputs = after, -1  # it pulled an input before it waited
 
     def state(self) -> list[Any] | None:
         """What a checkpoint keeps (None: nothing pulled yet)."""
@@ -84,3 +81,10 @@ class OutputStamps:
         seed, epoch, key, draws = state[0]
         key = tuple(key) if isinstance(key, list) else key
         self.input_stamp, self.outputs = (seed, epoch, key, draws), int(state[1])
+
+
+def _another_item(after: ItemStamp, expected: ItemStamp) -> bool:
+    """Whether the thread's stamp ``after`` is another item's than ``expected`` (a pull)."""
+    return after is not expected and (
+        after[2] != expected[2] or after[0] != expected[0] or after[1] != expected[1]
+    )

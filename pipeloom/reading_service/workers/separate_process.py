@@ -127,11 +127,10 @@ class SeparateProcessReader(IterDataPipe):
 
     def _lost_output(self, error: WorkerError) -> WorkerError:
         """Name the output the dead process was making: every one before it arrived."""
-        error.item = self._delivered
-        error.args = (
-            f"{error.args[0]}. It was making output {self._delivered} (counted from 0) of "
+        error.add_detail(
+            f". It was making output {self._delivered} (counted from 0) of "
             f"{self.block_repr} this epoch; the outputs before it had arrived",
-            *error.args[1:],
+            item=self._delivered,
         )
         return error
 

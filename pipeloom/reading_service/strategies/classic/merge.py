@@ -191,8 +191,7 @@ class WorkerMerge(IterDataPipe):
         else:
             first = position // size * size
             work = f"the batch of the items at positions {first}-{first + size - 1}"
-        error.item = position
-        error.args = (f"{error.args[0]}. It was making {work}", *error.args[1:])
+        error.add_detail(f". It was making {work}", item=position)
 
     def _raises_in_order(self, failure: Failure) -> bool:
         """Whether ``failure`` waits for its position (else it is raised when read).

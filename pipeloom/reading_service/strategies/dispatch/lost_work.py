@@ -54,9 +54,8 @@ def _name(error: WorkerError, units: Sequence[Unit], units_name: str) -> None:
         return
     ranges = [f"{min(unit.positions)}-{max(unit.positions)}" for unit in held[:4]]
     more = f" and {len(held) - 4} more" if len(held) > 4 else ""
-    error.item = min(held[0].positions)
-    error.args = (
-        f"{error.args[0]}. It had been given items of the {units_name} in flight of the "
-        f"items at positions {', '.join(ranges)}{more}",
-        *error.args[1:],
+    error.add_detail(
+        f". It had been given items of the {units_name} in flight of the items at positions "
+        f"{', '.join(ranges)}{more}",
+        item=min(held[0].positions),
     )
