@@ -5,16 +5,42 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._steps import StepGate
-from ..errors import WorkerError
+from ..datapipes.runtime import current_position
+from ..errors import StateError, WorkerError
 from ._plan import EpochPlan
 
 if TYPE_CHECKING:
     from ._loader import DataLoader
 
-__all__ = ["CompatIterator"]
+__all__ = ["CompatIterator", "EpochRest"]
+
+
+@dataclass(frozen=True)
+class EpochRest:
+    """Where an unfinished epoch stopped: what a checkpoint keeps of it."""
+
+    plan: EpochPlan  # the epoch from its first batch not delivered
+    delivered: int  # batches of ``plan`` delivered (an IterableDataset re-reads them)
+    iterable: bool
+    workers: int
+    refusal: str | None  # why the position is not exact (then it cannot be saved)
+
+    def to_state(self) -> dict[str, Any]:
+        """The ``"epoch"`` entry of the loader's state.
+
+        Raises:
+            StateError: the position is not exact.
+        """
+        if self.refusal is not None:
+            raise StateError(self.refusal)
+        state = self.plan.to_state(self.delivered, iterable=self.iterable)
+        if self.iterable:  # its batches depend on how many workers read it
+            state["workers"] = self.workers
+        return state
 
 
 class CompatIterator(Iterator[Any]):
@@ -41,6 +67,14 @@ class CompatIterator(Iterator[Any]):
         self.skipped = 0  # batches before this plan: delivered ones, and failed ones
         self.can_go_on = False
         self.closed_why: str | None = None  # why next() refuses: see close()
+        # Batches counted by their positions, when counting them in order is not enough:
+        # an IterableDataset's re-read epoch, batches in arrival order (in_order=False),
+        # or a plan that leaves some out.
+        self._by_position = loader.is_iterable or bool(plan.skip) or not loader.delivers_in_order
+        self._in_order = loader.delivers_in_order
+        self.done_below = plan.first  # positions under it were delivered (or do not exist)
+        self.done = set(plan.skip)  # and these, at or above it
+        self._failed_unknown = False  # a failed batch whose position no worker gave
         for _ in range(skip):  # an iterable dataset resumes by re-reading: drop what was seen
             next(self._items, None)
             self.delivered += 1
@@ -62,6 +96,8 @@ class CompatIterator(Iterator[Any]):
                     before = self.delivered
                 try:
                     item = next(self._items)
+                    while self._by_position and self._seen_before(current_position()):
+                        item = next(self._items)  # an IterableDataset's output delivered before
                 except StopIteration:
                     self.finished = True
                     self._loader.settle_draws()
@@ -82,9 +118,55 @@ class CompatIterator(Iterator[Any]):
             if steps.deferred:  # a shutdown() asked from inside this step
                 steps.run_deferred()
 
+    def _seen_before(self, position: int | None) -> bool:
+        """Whether the batch at ``position`` was delivered before; if not, count it delivered."""
+        if position is None or position < self.done_below or position in self.done:
+            return position is not None
+        if self._in_order:  # every position under it came first, or does not exist
+            self.done_below = position + 1
+            if self.done:
+                self.done = {p for p in self.done if p > position}
+            return False
+        done = self.done
+        done.add(position)
+        while self.done_below in done:
+            done.discard(self.done_below)
+            self.done_below += 1
+        return False
+
+    def rest(self) -> EpochRest | None:
+        """Where this epoch stopped, for a checkpoint (None once it finished)."""
+        if self.finished:
+            return None
+        refusal = None
+        if self.stopped_by is not None and not self.can_go_on:
+            refusal = (
+                f"no exact position to save: {self.stopped_by} escaped next(loader) while "
+                f"batch {self.delivered} was being made, so the random generators may be "
+                f"part-way through it. Save checkpoints between steps, and resume from the "
+                f"last one"
+            )
+        if self._by_position:
+            plan, delivered = self.plan.without(self.done_below, self.done), 0
+        else:  # after a failed batch: the batches after it, as next() goes on
+            plan, delivered = self.plan, self.delivered + (self.stopped_by is not None)
+        loader = self._loader
+        return EpochRest(plan, delivered, loader.is_iterable, loader.num_workers, refusal)
+
+    def __del__(self) -> None:
+        # dropped mid-epoch (a ``break`` out of the loop): the loader keeps where it stopped
+        if getattr(self, "closed_why", "") is None and not self.finished:
+            self._loader.keep_abandoned(self.rest())
+
     def _stopped(self, error: BaseException) -> None:
         self.stopped_by = self.stopped_by or type(error).__name__
         self.can_go_on = self._loader.can_go_on_after(error)
+        if self.can_go_on and self._by_position:  # the failed batch is not delivered again
+            failed = _failed_position(error)
+            self._failed_unknown = failed is None
+            self.can_go_on = failed is not None
+            if failed is not None:
+                self._seen_before(failed)
         if isinstance(error, WorkerError) and error.original_type is None:
             self._name_sampler_output(error)
             _torch_prefix(error)
@@ -115,7 +197,10 @@ class CompatIterator(Iterator[Any]):
                 f"on, start a new epoch with iter(loader) or resume from a checkpoint"
             )
         after = self.delivered + 1  # the failed batch is skipped, not delivered
-        self.plan = self.plan.tail(after)
+        if self._by_position:
+            self.plan = self.plan.without(self.done_below, self.done)
+        else:
+            self.plan = self.plan.tail(after)
         self.skipped += after
         self.delivered = 0
         self.stopped_by = None
@@ -124,6 +209,8 @@ class CompatIterator(Iterator[Any]):
     def _can_go_on_why(self) -> str:
         if self._loader.is_iterable:
             return "an IterableDataset's iterator cannot be resumed past the error"
+        if self._failed_unknown:
+            return "no worker said which batch failed, and batches come in arrival order"
         return "the error was not raised by the dataset or collate_fn"
 
     def __len__(self) -> int:
@@ -137,6 +224,13 @@ class CompatIterator(Iterator[Any]):
         invalidate = getattr(self._items, "invalidate", None)
         if invalidate is not None and not self.finished:
             invalidate()
+
+
+def _failed_position(error: BaseException) -> int | None:
+    """The plan position of the batch whose failure ``error`` is, when a worker said it."""
+    origin = error if isinstance(error, WorkerError) else error.__cause__
+    item = origin.item if isinstance(origin, WorkerError) else None
+    return item if isinstance(item, int) else None
 
 
 def _torch_prefix(error: WorkerError) -> None:

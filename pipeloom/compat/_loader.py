@@ -28,16 +28,10 @@ from ._args import (
     start_method_of,
 )
 from ._engine import build_map_pipeline, build_pipeline, build_service, why_not_per_item
-from ._iterator import CompatIterator
+from ._iterator import CompatIterator, EpochRest
 from ._plan import EpochPlan, PlanBoard, PlanEntries
 from ._sampling import draw_base_seed, draw_epoch, is_known_sampler
-from ._state import (
-    STATE_VERSION,
-    loader_fingerprint,
-    python_rngs,
-    read_state,
-    sampler_generators,
-)
+from ._state import STATE_VERSION, loader_fingerprint, python_rngs, read_state, sampler_generators
 from ._worker import WorkerSetup
 
 __all__ = ["DataLoader", "MAP_STYLE_STRATEGY", "ITERABLE_STRATEGY", "build_map_pipeline"]
@@ -200,6 +194,7 @@ class DataLoader(ShutsDown):
         self._steps = StepGate()  # a checkpoint falls between two batches, from any thread
         self._final_state: dict[str, Any] | None = None  # taken by shutdown() mid-epoch
         self._final_error: StateError | None = None
+        self._abandoned: EpochRest | None = None  # the rest of an epoch whose iterator was dropped
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -285,6 +280,7 @@ class DataLoader(ShutsDown):
                 generators=len(generators),
                 fingerprint=self._fingerprint,
                 strict=strict,
+                resumer=(self.num_workers, self.delivers_in_order, self.strategy != "classic"),
             )
             self._settle = None  # the saved generator states come after those draws
             for generator, saved in zip(generators, checked.generators):
@@ -297,22 +293,11 @@ class DataLoader(ShutsDown):
 
     def _take_state(self) -> dict[str, Any]:
         self.settle_draws()  # the generators as they will be when this epoch ends
-        current = self._live_current()
-        epoch: dict[str, Any] | None = None
-        if current is not None and current.stopped_by is not None and not current.can_go_on:
-            raise StateError(
-                f"no exact position to save: {current.stopped_by} escaped next(loader) while "
-                f"batch {current.delivered} was being made, so the random generators may be "
-                f"part-way through it. Save checkpoints between steps, and resume from the "
-                f"last one"
-            )
+        rest = self._rest()
+        epoch = None if rest is None else rest.to_state()
         # __getitem__ draws from this process's RNGs in-process; the sampler, without a
         # generator, from torch's.
         saves_global = self.generator is None or self.num_workers == 0
-        if current is not None and not current.finished:
-            # after a failed batch: the batches after it, as next() goes on
-            delivered = current.delivered + (current.stopped_by is not None)
-            epoch = current.plan.to_state(delivered, iterable=self._iterable)
         return {
             "version": STATE_VERSION,
             "kind": "iterable" if self._iterable else "map",
@@ -350,9 +335,8 @@ class DataLoader(ShutsDown):
             return
         self._final_state, self._final_error = stopped.state, stopped.error
         with self._steps.between():
-            current = self._live_current()
             interrupted = self._final_state is not None or self._final_error is not None
-            if current is not None and not current.finished and not interrupted:
+            if not interrupted and self._rest() is not None:
                 try:
                     self._final_state = self._take_state()
                 except StateError as error:
@@ -383,13 +367,22 @@ class DataLoader(ShutsDown):
         """The epoch's iterator, while its user holds it."""
         return self._current() if self._current is not None else None
 
+    def _rest(self) -> EpochRest | None:
+        """Where the unfinished epoch stopped, its iterator held or dropped (None: none)."""
+        current = self._live_current()
+        return current.rest() if current is not None else self._abandoned
+
+    def keep_abandoned(self, rest: EpochRest | None) -> None:
+        """The epoch's iterator was dropped unfinished: a checkpoint saves ``rest``."""
+        self._abandoned = rest
+
     def _close_current(
         self, why: str = "a newer iter(loader) or load_state_dict() replaced it"
     ) -> None:
         current = self._live_current()
         if current is not None:
             current.close(why)
-        self._current = None
+        self._current = self._abandoned = None
 
     def _next_plan(self) -> tuple[EpochPlan, int]:
         """Draw the epoch as torch's iterator does: ``iter(sampler)``, base seed, indices."""
@@ -427,6 +420,11 @@ class DataLoader(ShutsDown):
     def is_iterable(self) -> bool:
         """True over an ``IterableDataset``."""
         return self._iterable
+
+    @property
+    def delivers_in_order(self) -> bool:
+        """False when batches come in arrival order (``in_order=False`` with workers)."""
+        return bool(self.in_order) or self.num_workers == 0
 
     def can_go_on_after(self, error: BaseException) -> bool:
         """Whether an epoch can go on after ``error`` escaped ``next()``, as torch's does.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pickle
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -161,6 +161,9 @@ class EpochPlan:
         first_index: how many indices those entries held (positions of a
             pipeline that fetches index by index).
         epoch: how many epochs the loader began before this one.
+        skip: positions (from ``first`` on) of entries already delivered or
+            failed out of order (``in_order=False``): left out, the others keep
+            their positions.
 
     Example:
         >>> plan = EpochPlan(PlanEntries.from_outputs([[4, 1], [0], [3, 2]]), base_seed=7)
@@ -174,6 +177,7 @@ class EpochPlan:
     first: int = 0
     first_index: int = 0
     epoch: int = 0
+    skip: frozenset[int] = frozenset()
 
     @property
     def engine_epoch(self) -> int:
@@ -182,17 +186,35 @@ class EpochPlan:
 
     def tail(self, start: int) -> EpochPlan:
         """The plan from its entry ``start`` on; positions go on counting from the epoch's start."""
+        first = self.first + start
         return EpochPlan(
             self.entries.tail(start),
             self.base_seed,
-            self.first + start,
+            first,
             self.first_index + self.entries.indices_before(start),
             self.epoch,
+            frozenset(p for p in self.skip if p >= first),
         )
+
+    def without(self, below: int, done: set[int] | frozenset[int]) -> EpochPlan:
+        """The plan less the entries at positions under ``below`` and in ``done``.
+
+        For batches delivered out of order: the rest keep their positions.
+
+        >>> plan = EpochPlan(PlanEntries.from_outputs([0, 1, 2, 3]), base_seed=7)
+        >>> rest = plan.without(1, {2})
+        >>> rest.first, sorted(rest.skip), rest.entries[0]
+        (1, [2], 1)
+        """
+        skip = set(done) | self.skip
+        first = max(below, self.first)
+        while first in skip:
+            first += 1
+        return replace(self.tail(first - self.first), skip=frozenset(p for p in skip if p > first))
 
     def to_state(self, delivered: int, *, iterable: bool) -> dict[str, Any]:
         """The interrupted epoch, for a checkpoint (``delivered`` batches of ``entries`` given)."""
-        return {
+        state: dict[str, Any] = {
             "entries": None if iterable else self.entries.to_state(),
             "base_seed": self.base_seed,
             "delivered": delivered,
@@ -200,6 +222,9 @@ class EpochPlan:
             "first_index": self.first_index,
             "plan_epoch": self.epoch,
         }
+        if self.skip:
+            state["skip"] = sorted(self.skip)
+        return state
 
 
 class PlanBoard:
@@ -245,7 +270,7 @@ class PlanBoard:
         payload = pickle.dumps(
             (
                 (plan.entries._objects, plan.entries._flat, plan.entries._offsets),
-                (plan.base_seed, plan.first, plan.first_index, plan.epoch),
+                (plan.base_seed, plan.first, plan.first_index, plan.epoch, plan.skip),
             ),
             protocol=5,
         )
@@ -315,6 +340,7 @@ class PlanSource(IterDataPipe):
         self._entries: PlanEntries | None = None
         self._first = 0  # the epoch position of the plan's first entry
         self._next = 0  # the epoch position of the next entry
+        self._skip: frozenset[int] = frozenset()  # positions the plan leaves out
         self._streams = WorkerStreams()
 
     def is_shardable(self) -> bool:
@@ -345,6 +371,13 @@ class PlanSource(IterDataPipe):
         plan = self.board.read()
         entries = plan.entries.flattened() if self.flatten_entries else plan.entries
         self._first = plan.first_index if self.flatten_entries else plan.first
+        if plan.skip and self.flatten_entries:
+            raise RuntimeError(
+                "this epoch leaves out batches delivered out of order (in_order=False), "
+                "which a loader that fetches item by item cannot do; resume it with "
+                "strategy='classic'"
+            )
+        self._skip = plan.skip
         self._next = self._first_from(max(self._next, self._first))
         self._entries = entries
         return entries
@@ -352,6 +385,8 @@ class PlanSource(IterDataPipe):
     def async_next(self) -> Any:
         entries = self._entries if self._entries is not None else self._load()
         position = self._next
+        while position in self._skip:
+            position = self._first_from(position + 1)
         if position - self._first >= len(entries):
             self._streams.save()
             raise StopIteration

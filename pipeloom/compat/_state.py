@@ -3,7 +3,10 @@
 A state (version 2)::
 
     {"version": 2, "kind": "map" | "iterable",
-     "epoch": None | {"entries": ..., "base_seed": int, "delivered": int},
+     "epoch": None | {"entries": ..., "base_seed": int, "delivered": int,
+                      "first": int, "first_index": int, "plan_epoch": int,
+                      "skip": [int, ...],   # optional: batches delivered out of order
+                      "workers": int},      # an IterableDataset's: its worker count
      "workers_base_seed": None | int,
      "generators": [ByteTensor, ...],      # generator / samplers' generators
      "global_rng": None | ByteTensor,       # torch's global RNG (see below)
@@ -124,9 +127,18 @@ def sampler_generators(generator: Any, sampler: Any, batch_sampler: Any) -> list
 
 
 def read_state(
-    state: Any, *, kind: str, generators: int, fingerprint: dict[str, str], strict: bool
+    state: Any,
+    *,
+    kind: str,
+    generators: int,
+    fingerprint: dict[str, str],
+    strict: bool,
+    resumer: tuple[int, bool, bool] = (0, True, False),
 ) -> CompatState:
     """Check every field of ``state`` (and, with ``strict``, its fingerprint).
+
+    ``resumer``: the loading loader's ``num_workers``, whether it delivers
+    batches in order, and whether it fetches item by item (economic, chunked).
 
     Raises:
         StateError: naming the field that is wrong, or what differs from this loader.
@@ -161,8 +173,11 @@ def read_state(
     global_rng = state.get("global_rng", "(absent)")
     if global_rng is not None and not _is_rng_state(global_rng):
         fields.fail("global_rng", "None or torch's RNG state (a uint8 tensor)", global_rng)
+    epoch = _read_epoch(fields, state.get("epoch", "(absent)"), kind)
+    if epoch is not None:
+        _check_resumer(epoch, kind, *resumer)
     return CompatState(
-        epoch=_read_epoch(fields, state.get("epoch", "(absent)"), kind),
+        epoch=epoch,
         workers_base_seed=fields.optional_int("workers_base_seed", minimum=None),
         epochs=fields.optional_int("epochs", default=None) or 0,  # absent from older states
         generators=saved,
@@ -205,15 +220,58 @@ def _read_epoch(fields: StateFields, epoch: Any, kind: str) -> dict[str, Any] | 
     inner = StateFields(f"{_OWNER} (its epoch)", epoch)
     entries = None if kind == "iterable" else _read_entries(inner, epoch.get("entries"))
     delivered = inner.int("delivered", maximum=None if entries is None else len(entries))
+    first = inner.optional_int("first", default=None) or 0
     plan = EpochPlan(
         PlanEntries(objects=[]) if entries is None else entries,
         inner.int("base_seed", minimum=None),
         # absent from older states: their draws restarted at the plan's first entry
-        first=inner.optional_int("first", default=None) or 0,
+        first=first,
         first_index=inner.optional_int("first_index", default=None) or 0,
         epoch=inner.optional_int("plan_epoch", default=None) or 0,
+        skip=_read_skip(inner, epoch.get("skip", []), first, entries),
     )
-    return {"plan": plan, "delivered": delivered}
+    workers = inner.optional_int("workers", default=None)  # absent: map-style, older states
+    return {"plan": plan, "delivered": delivered, "workers": workers}
+
+
+def _read_skip(
+    fields: StateFields, skip: Any, first: int, entries: PlanEntries | None
+) -> frozenset[int]:
+    """The positions a plan leaves out: ints after ``first``, within its entries."""
+    end = None if entries is None else first + len(entries)
+    if not isinstance(skip, list) or not all(
+        type(p) is int and p > first and (end is None or p < end) for p in skip
+    ):
+        fields.fail("skip", f"a list of positions after first={first}, within the plan", skip)
+    return frozenset(skip)
+
+
+def _check_resumer(
+    epoch: dict[str, Any], kind: str, workers: int, in_order: bool, per_item: bool
+) -> None:
+    """Refuse to resume an epoch where this loader would deliver other batches."""
+    saved = epoch["workers"]
+    if kind == "iterable" and saved is not None and saved != workers:
+        raise StateError(
+            f"this state was saved in the middle of an epoch by a loader with "
+            f"num_workers={saved}, over an IterableDataset: each worker reads its own copy "
+            f"of the dataset, so the epoch's batches depend on the worker count, and the rest "
+            f"of that epoch cannot be found with num_workers={workers}. Resume with "
+            f"num_workers={saved}, or save checkpoints between epochs (an epoch can then "
+            f"start with any worker count)"
+        )
+    if kind == "iterable" and not in_order and epoch["delivered"]:
+        raise StateError(
+            "this state, from an older pipeloom, counts the batches of an IterableDataset "
+            "delivered in order, but this loader delivers them in arrival order "
+            "(in_order=False); resume it with in_order=True"
+        )
+    if epoch["plan"].skip and per_item:
+        raise StateError(
+            "this state was saved by a loader that delivered batches in arrival order "
+            "(in_order=False), so the rest of its epoch has gaps, which a loader that "
+            "fetches item by item cannot leave; resume it with strategy='classic'"
+        )
 
 
 def _read_entries(fields: StateFields, entries: Any) -> PlanEntries:

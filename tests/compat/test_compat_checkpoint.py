@@ -91,3 +91,35 @@ def test_a_state_from_another_kind_of_loader_is_refused():
         DataLoader(Items(3)).load_state_dict(state)
     with pytest.raises(StateError, match=r"expected a compat DataLoader state of version 2 \(or 1"):
         DataLoader(Items(3)).load_state_dict({"version": 99})
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("then", ["state_dict", "shutdown", "iter"])
+def test_a_checkpoint_after_a_break_keeps_the_rest_of_that_epoch(num_workers, then):
+    def build():
+        return DataLoader(
+            Items(11),
+            batch_size=2,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(3),
+            num_workers=num_workers,
+        )
+
+    expected = epochs(build(), 2)
+    loader = build()
+    seen = []
+    for batch in loader:  # the loop's iterator is dropped at the break
+        seen.append(batch)
+        if len(seen) == 2:
+            break
+    if then == "iter":  # a new epoch replaces the abandoned one, as in torch
+        assert same(list(loader), expected[1])
+        assert loader.state_dict()["epoch"] is None
+        return
+    if then == "shutdown":
+        loader.shutdown()
+    state = roundtrip(loader.state_dict())
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert same(seen + list(resumed), expected[0])
+    assert same(list(resumed), expected[1])
