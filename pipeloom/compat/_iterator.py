@@ -122,13 +122,13 @@ class CompatIterator(Iterator[Any]):
         """Whether the batch at ``position`` was delivered before; if not, count it delivered."""
         if position is None or position < self.done_below or position in self.done:
             return position is not None
+        done = self.done
         if self._in_order:  # every position under it came first, or does not exist
             self.done_below = position + 1
-            if self.done:
-                self.done = {p for p in self.done if p > position}
-            return False
-        done = self.done
-        done.add(position)
+            if done:
+                done.difference_update([p for p in done if p <= position])
+        else:
+            done.add(position)
         while self.done_below in done:
             done.discard(self.done_below)
             self.done_below += 1
@@ -162,7 +162,8 @@ class CompatIterator(Iterator[Any]):
         self.stopped_by = self.stopped_by or type(error).__name__
         self.can_go_on = self._loader.can_go_on_after(error)
         if self.can_go_on and self._by_position:  # the failed batch is not delivered again
-            failed = _failed_position(error)
+            # in order, the failed batch is the next one; in arrival order, its worker says
+            failed = self.done_below if self._in_order else _failed_position(error)
             self._failed_unknown = failed is None
             self.can_go_on = failed is not None
             if failed is not None:

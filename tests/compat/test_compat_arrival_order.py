@@ -97,10 +97,15 @@ _RELEASED = threading.Event()  # worker threads share the module, not the datase
 class BatchZeroLast(tud.Dataset):
     """Batch 0 waits until the test released it: batch 1 comes first, for certain."""
 
+    def __init__(self, bad: frozenset[int] = frozenset()) -> None:
+        self.bad = bad
+
     def __len__(self) -> int:
         return N
 
     def __getitem__(self, index: int) -> int:
+        if index in self.bad:
+            raise ValueError(f"bad sample {index}")
         if index == 0:
             assert _RELEASED.wait(10)
         return index
@@ -120,9 +125,12 @@ def test_a_checkpoint_with_a_gap_refuses_a_loader_that_fetches_item_by_item():
     economic = DataLoader(BatchZeroLast(), batch_size=BATCH, num_workers=2, strategy="economic")
     with pytest.raises(StateError, match="strategy='classic'"):
         economic.load_state_dict(state)
-    classic = DataLoader(BatchZeroLast(), batch_size=BATCH, num_workers=2)
-    classic.load_state_dict(state)
-    once_each([4, 5, 6, 7] + [i for batch in classic for i in batch.tolist()], set(range(N)))
+    for workers in (2, 0):  # in order now, a failed batch included
+        resumed = DataLoader(BatchZeroLast(frozenset({21})), batch_size=BATCH, num_workers=workers)
+        resumed.load_state_dict(state)
+        rest, failures = read(iter(resumed))
+        assert failures == 1
+        once_each([4, 5, 6, 7] + rest, set(range(N)) - {20, 21, 22, 23})
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
