@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -141,10 +140,9 @@ class CompatIterator(Iterator[Any]):
 
 def _torch_prefix(error: WorkerError) -> None:
     """Start a dead worker's message as torch's does (code may match on it)."""
-    pid = re.search(r"\(pid (\d+)\)", error.worker or "")
-    message = str(error.args[0]) if error.args else ""
-    if pid is None or "before finishing its epoch" not in message:
+    if error.dead_pid is None:
         return  # not a worker process's death
-    prefix = f"DataLoader worker (pid(s) {pid.group(1)}) exited unexpectedly: "
+    prefix = f"DataLoader worker (pid(s) {error.dead_pid}) exited unexpectedly: "
+    message = str(error.args[0]) if error.args else ""
     if not message.startswith(prefix):
         error.args = (prefix + message, *error.args[1:])

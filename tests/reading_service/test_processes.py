@@ -84,7 +84,7 @@ def test_a_killed_worker_raises_naming_it_and_the_signal():
     pipe = IterableWrapper(range(50)).sharding_filter().map(pipelines.kill_self_at)
     with DataLoader(pipe, MultiProcessingReadingService(2, timeout=30), seed=0) as loader:
         with pytest.raises(
-            WorkerError, match=r"worker process 1 \(pid \d+\) was killed by signal SIGKILL"
+            WorkerError, match=r"worker process 1 \(pid \d+\) was killed by signal 9 \(SIGKILL\)"
         ):
             list(loader)
 

@@ -43,6 +43,7 @@ import cloudpickle
 import numpy.random  # noqa: F401 - see _PREIMPORTED
 import torch
 
+from ..._exit_status import signal_text
 from ..._shutdown import Steps
 from ...datapipes import DataPipe
 from ...datapipes.runtime import NO_STAMP, forget_lazy_init, restore_stamp
@@ -258,9 +259,11 @@ class WorkerProcess:
         code = self.exit_code() if self.released else self.process.exitcode
         how = "closed its queue" if code is None else describe_exit(code)
         error = WorkerError(
-            f"{self.label} {how} before finishing its epoch{exit_advice(code)}",
+            f"{self.label} {how} before finishing its epoch{exit_advice(code, self.pid)}",
             worker=self.label,
             block=self.block,
+            dead_pid=self.pid,
+            exit_code=code,
         )
         error.__cause__ = cause
         return error
@@ -300,22 +303,25 @@ class ExitWatch:
         return bool(self._poll.poll(math.ceil(max(wait, 0.0) * 1000)))
 
 
-def exit_advice(code: int | None) -> str:
-    """What to check for a worker that ended with ``code`` (some signals only; '' otherwise).
+def exit_advice(code: int | None, pid: int | None = None) -> str:
+    """What to check for worker ``pid`` that ended with ``code`` (some signals; '' otherwise).
 
     A worker that exits with a code (not a signal) ran into an error it
     reported, or its process could not start; memory is not the likely cause.
 
     Example:
-        >>> "out-of-memory killer" in exit_advice(-9), "/dev/shm" in exit_advice(-7), exit_advice(1)
+        >>> "journalctl -k" in exit_advice(-9, 42), "/dev/shm" in exit_advice(-7), exit_advice(1)
         (True, True, '')
     """
     if code is None or code >= 0:
         return ""
     if code == -signal.SIGKILL:
+        killed = "Killed process <pid>" if pid is None else f"Killed process {pid}"
         return (
-            "; it was killed from outside (e.g. by the out-of-memory killer: if so, lower "
-            "prefetch_factor or num_workers)"
+            f"; it was killed from outside, most often by the out-of-memory killer: the kernel "
+            f"log confirms it (`dmesg` or `journalctl -k` shows '{killed}'; for a container, "
+            f"look on the host, where the pid differs); if so, lower the batch size, "
+            f"num_workers or prefetch_factor"
         )
     return _CRASH_ADVICE.get(-code, "")
 
@@ -344,17 +350,14 @@ _CRASH_ADVICE: dict[int, str] = {
 
 
 def describe_exit(code: int) -> str:
-    """``"was killed by signal SIGKILL"`` or ``"exited with code 1"``.
+    """``"was killed by signal 9 (SIGKILL)"`` or ``"exited with code 1"``.
 
     Example:
         >>> describe_exit(-9), describe_exit(3)
-        ('was killed by signal SIGKILL', 'exited with code 3')
+        ('was killed by signal 9 (SIGKILL)', 'exited with code 3')
     """
     if code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
+        return f"was killed by {signal_text(-code)}"
     return f"exited with code {code}"
 
 
