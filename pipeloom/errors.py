@@ -63,7 +63,8 @@ class LoaderShutDown(PipeloomError, RuntimeError):
     """``shutdown()`` was called from another thread while this thread's ``next()`` waited.
 
     Raised by that ``next()``, at once, instead of waiting on for an item that
-    may never come (a stuck worker). A ``RuntimeError``, as other uses of a
+    may never come (a stuck worker); also by an ``iter()`` that waited while
+    re-reading the items a loaded state had delivered. A ``RuntimeError``, as other uses of a
     shut-down loader raise.
     """
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,6 @@ class CompatIterator(Iterator[Any]):
         loader: DataLoader,
         items: Iterator[Any],
         plan: EpochPlan,
-        skip: int,
         steps: StepGate,
     ) -> None:
         self._loader = loader  # the loader refers to its iterator weakly: no cycle
@@ -40,7 +38,15 @@ class CompatIterator(Iterator[Any]):
         self.skipped = 0  # batches before this plan: delivered ones, and failed ones
         self.can_go_on = False
         self.closed_why: str | None = None  # why next() refuses: see close()
-        for _ in range(skip):  # an iterable dataset resumes by re-reading: drop what was seen
+
+    def replay(self, skip: int) -> None:
+        """An iterable dataset resumes by re-reading: drop the ``skip`` batches seen.
+
+        Inside ``iter()``, which holds the loader, once the loader knows this
+        iterator: a ``shutdown()`` from another thread wakes a wait here too,
+        naming the batch (``_waited_for``), and the state then resumes there.
+        """
+        for _ in range(skip):
             next(self._items, None)
             self.delivered += 1
 
@@ -54,7 +60,7 @@ class CompatIterator(Iterator[Any]):
         before: int | None = None
         try:
             with steps.lock:
-                steps.stepper = threading.get_ident()  # a shutdown() elsewhere can wake it
+                steps.enter()  # a shutdown() elsewhere can wake it
                 before = self.delivered
                 if self.stopped_by is not None:
                     self._go_on_or_refuse()
