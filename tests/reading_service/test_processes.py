@@ -132,8 +132,11 @@ def test_unpicklable_pipeline_under_spawn_names_the_block():
 def test_timeout_raises_instead_of_waiting_forever():
     pipe = IterableWrapper(range(4)).sharding_filter().map(_wait_forever)
     with DataLoader(pipe, MultiProcessingReadingService(1, timeout=0.5), seed=0) as loader:
-        with pytest.raises(TimeoutError, match="timeout=0.5"):
+        with pytest.raises(TimeoutError, match="timeout=0.5") as raised:
             list(loader)
+    # what a stuck worker may be doing, and how to find where it waits
+    assert "a worker is stuck (on a network read, a lock" in str(raised.value)
+    assert "run the pipeline in the main process (num_workers=0" in str(raised.value)
 
 
 def _wait_forever(x):
