@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +83,7 @@ class EpochIterator(Iterator[Any]):
                         f"handler or from a block of its own pipeline?); call next() from the "
                         f"training loop only"
                     )
-                self._steps.stepper = self._thread = threading.get_ident()
+                self._thread = self._steps.enter()
                 try:
                     item = next(record.items)
                 except StopIteration:

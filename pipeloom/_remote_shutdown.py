@@ -3,8 +3,10 @@
 The training loop's ``next()`` holds the loader's step (see ``_steps.py``)
 while it waits; a stuck worker never wakes it, so a ``shutdown()`` from a
 watchdog thread that waited for the step to end would wait forever. Instead
-it wakes that wait (``pipeloom.datapipes.runtime.interrupt_waits``): the
-waiting thread keeps the position -- a wait for the loader's next item is
+it wakes that wait (``pipeloom.datapipes.runtime.interrupt_waits``), in
+whichever thread holds the loader (``StepGate.waking``: the training loop's
+``next()``, a ``state_dict()`` from a third thread, a replay inside
+``iter()``): the waiting thread keeps the position -- a wait for the loader's next item is
 between two items, so the checkpoint is exact -- and its ``next()`` raises
 ``LoaderShutDown`` at once; the shutting-down thread then stops the workers.
 A ``next()`` running code of a block in its own thread cannot be woken: after
@@ -19,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._steps import StepGate
-from .datapipes.runtime import cancel_interrupt, interrupt_waits
 from .errors import LoaderShutDown, StateError
 
 __all__ = ["STEP_END_WAIT_S", "StepStopped", "stop_the_step"]
@@ -81,12 +82,10 @@ def stop_the_step(
             f"{place}; the loader is shut down ({resume})"
         )
 
-    stepper = steps.stepper
-    interrupt_waits(stepper, on_interrupt)
-    outcome.ended = steps.lock.acquire(timeout=STEP_END_WAIT_S)
+    with steps.waking(on_interrupt):  # the thread holding the loader, whichever it is
+        outcome.ended = steps.lock.acquire(timeout=STEP_END_WAIT_S)
     if outcome.ended:
         steps.lock.release()
-    cancel_interrupt(stepper)  # not taken: the step ended without a wait, or never will
     if not outcome.ended:
         outcome.why = (
             f"shutdown() was called from another thread while "

@@ -9,11 +9,13 @@ from collections.abc import Callable, Iterator
 from types import CodeType, FrameType
 from typing import Any, TypeVar
 
+from .datapipes.runtime import cancel_interrupt, interrupt_waits
 from .errors import StateError
 
 __all__ = ["StepGate"]
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
+OnInterrupt = Callable[[bool], "BaseException | None"]  # see interrupt_waits
 
 
 class StepGate:
@@ -33,6 +35,10 @@ class StepGate:
     runs to its end before the interrupted code goes on, so the counts stay
     right.
 
+    The thread holding ``lock`` (in a step or in :meth:`between`) records
+    itself in ``stepper`` (:meth:`enter`), so a ``shutdown()`` from another
+    thread wakes whichever thread holds the loader now (:meth:`waking`).
+
     Example:
         >>> gate = StepGate()
         >>> with gate.between():
@@ -42,7 +48,7 @@ class StepGate:
         False
     """
 
-    __slots__ = ("lock", "waiting", "_turn", "deferred", "stepper")
+    __slots__ = ("lock", "waiting", "_turn", "deferred", "stepper", "_waking", "_woken", "_wake")
 
     _step_codes: set[CodeType] = set()  # the iterators' __next__, see step()
 
@@ -51,7 +57,47 @@ class StepGate:
         self.waiting = 0  # threads waiting in between()
         self._turn = threading.Condition(threading.RLock())
         self.deferred: list[Callable[[], object]] = []  # see defer()
-        self.stepper = 0  # the id of the thread in the step in progress (set by the iterators)
+        self.stepper = 0  # the id of the thread holding the loader (or that last held it)
+        self._waking: OnInterrupt | None = None  # see waking()
+        self._woken: set[int] = set()  # the threads it was sent to
+        self._wake = threading.RLock()  # guards _waking and _woken (RLock: signal handlers)
+
+    def enter(self) -> int:
+        """Record this thread, which just took ``lock``, as the one holding the loader.
+
+        Called by each step and by :meth:`between`; while a :meth:`waking` is in
+        progress the thread's waits wake at once. Returns the thread's id.
+        """
+        self.stepper = thread = threading.get_ident()
+        if self._waking is not None:  # read after stepper is set: see waking()
+            with self._wake:
+                if self._waking is not None:
+                    self._woken.add(thread)
+                    interrupt_waits(thread, self._waking)
+        return thread
+
+    @contextlib.contextmanager
+    def waking(self, on_interrupt: OnInterrupt) -> Iterator[None]:
+        """While the block runs, wake the waits of the thread holding the loader.
+
+        That is the thread holding it now, and any thread that takes it
+        meanwhile (the training loop's ``next()`` as a woken ``state_dict()``
+        lets go): their waits raise what ``on_interrupt`` returns (see
+        ``pipeloom.datapipes.runtime.interrupt_waits``). A thread that took
+        the loader but has not recorded itself yet reads the request in
+        :meth:`enter`. Requests no wait took are withdrawn at the end.
+        """
+        with self._wake:
+            self._waking = on_interrupt
+            self._woken.add(self.stepper)
+            interrupt_waits(self.stepper, on_interrupt)
+        try:
+            yield
+        finally:
+            with self._wake:
+                self._waking, woken, self._woken = None, self._woken, set()
+            for thread in woken:
+                cancel_interrupt(thread)
 
     @contextlib.contextmanager
     def between(self) -> Iterator[None]:
@@ -60,6 +106,7 @@ class StepGate:
             self.waiting += 1
         try:
             with self.lock:
+                self.enter()
                 yield
         finally:
             with self._turn:

@@ -63,7 +63,8 @@ class LoaderShutDown(PipeloomError, RuntimeError):
     """``shutdown()`` was called from another thread while this thread's ``next()`` waited.
 
     Raised by that ``next()``, at once, instead of waiting on for an item that
-    may never come (a stuck worker). A ``RuntimeError``, as other uses of a
+    may never come (a stuck worker); also by an ``iter()`` that waited while
+    re-reading the items a loaded state had delivered. A ``RuntimeError``, as other uses of a
     shut-down loader raise.
     """
 
@@ -103,6 +104,12 @@ class WorkerError(PipeloomError, RuntimeError):
             truncated ``repr``), when known.
         original_type: the class name of the original exception.
         traceback_text: the formatted traceback from the worker.
+        dead_pid: the pid of the worker process that died (or closed its queue)
+            before finishing its epoch; None when the worker did not die (a block
+            raised there) or is not a process of its own.
+        exit_code: how that process ended, as ``multiprocessing`` gives it: ``-9``
+            for ``SIGKILL`` (minus the signal's number), ``1`` for an exit with
+            code 1; None when it did not die or was still exiting.
     """
 
     def __init__(
@@ -115,8 +122,12 @@ class WorkerError(PipeloomError, RuntimeError):
         original_type: str | None = None,
         traceback_text: str | None = None,
         item_repr: str | None = None,
+        dead_pid: int | None = None,
+        exit_code: int | None = None,
     ) -> None:
         super().__init__(message)
+        self.dead_pid = dead_pid
+        self.exit_code = exit_code
         self.item_repr = item_repr
         self.worker = worker
         self.block = block
@@ -141,12 +152,22 @@ class WorkerError(PipeloomError, RuntimeError):
                 self.original_type,
                 self.traceback_text,
                 self.item_repr,
+                self.dead_pid,
+                self.exit_code,
             ),
         )
 
 
 def _rebuild_worker_error(
-    message, worker, block, item, original_type, traceback_text, item_repr=None
+    message,
+    worker,
+    block,
+    item,
+    original_type,
+    traceback_text,
+    item_repr=None,
+    dead_pid=None,
+    exit_code=None,
 ):
     return WorkerError(
         message,
@@ -156,4 +177,6 @@ def _rebuild_worker_error(
         original_type=original_type,
         traceback_text=traceback_text,
         item_repr=item_repr,
+        dead_pid=dead_pid,
+        exit_code=exit_code,
     )

@@ -18,9 +18,12 @@ import torch
 
 import pipeloom._remote_shutdown
 from pipeloom import DataLoader
+from pipeloom._remote_shutdown import stop_the_step
+from pipeloom._steps import StepGate
 from pipeloom.compat import DataLoader as CompatLoader
-from pipeloom.datapipes import IterableWrapper
+from pipeloom.datapipes import BlockingReader, IterableWrapper, IterDataPipe, NotAvailable
 from pipeloom.errors import LoaderShutDown, StateError
+from pipeloom.events import Signal
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 
 STUCK_AT = [5]  # the item a worker gets stuck on (read by forked workers as they start)
@@ -149,3 +152,97 @@ def test_a_shutdown_with_no_next_in_progress_is_unchanged():
     thread.start()
     thread.join(10)
     assert loader.state_dict()["delivered"] == 2
+
+
+class Never(IterDataPipe):
+    """A source whose next item never comes; ``asked`` is set once a reader asked."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self.signal = Signal()
+
+    def readiness_sources(self):
+        return [self.signal]
+
+    def async_next(self):
+        self.asked.set()
+        raise NotAvailable
+
+
+def wait_for_an_item(gate: StepGate, source: Never, raised: list) -> threading.Thread:
+    """A thread that holds the loader between two steps (a ``state_dict()``, a replay
+    inside ``iter()``) and waits there for an item that never comes."""
+
+    def hold_and_wait():
+        with gate.between():
+            try:
+                BlockingReader(source, between_items=True).next(timeout=3)
+            except (LoaderShutDown, TimeoutError) as error:
+                raised.append(error)
+
+    thread = threading.Thread(target=hold_and_wait, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.timeout(30)
+def test_the_wake_up_reaches_a_third_thread_holding_the_loader(monkeypatch):
+    # It went to the thread that stepped last (the training loop, here this
+    # one), and shutdown() waited out its bound for the holder instead.
+    monkeypatch.setattr(pipeloom._remote_shutdown, "STEP_END_WAIT_S", 1.0)
+    gate, source, raised = StepGate(), Never(), []
+    gate.stepper = threading.get_ident()  # this thread stepped last
+    holder = wait_for_an_item(gate, source, raised)
+    assert source.asked.wait(10)
+    stopped = stop_the_step(gate, lambda: "item 3 of epoch 0", lambda: {"delivered": 3})
+    holder.join(10)
+    assert stopped.ended, "shutdown() waited out its bound: the holder was not woken"
+    assert stopped.state == {"delivered": 3}  # taken by the woken thread, between two items
+    assert [type(error) for error in raised] == [LoaderShutDown]
+
+
+def test_a_thread_taking_the_loader_while_a_shutdown_waits_is_woken_at_once():
+    # e.g. next() in the training loop takes the loader as the woken holder lets go,
+    # before shutdown() gets it: its wait for a stuck worker must wake as well
+    gate = StepGate()
+    with gate.waking(lambda between_items: LoaderShutDown("stopped")), gate.between():
+        with pytest.raises(LoaderShutDown, match="stopped"):
+            BlockingReader(Never(), between_items=True).next(timeout=3)
+    with gate.between():  # once the shutdown is through, a wait is a wait again
+        with pytest.raises(TimeoutError):
+            BlockingReader(Never(), between_items=True).next(timeout=0.05)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return map(stuck, range(10))
+
+
+@pytest.mark.timeout(60)
+def test_the_compat_loader_wakes_a_replay_inside_iter():
+    # An IterableDataset resumes by re-reading what was delivered, inside iter(),
+    # which holds the loader: shutdown() used to wake the thread that stepped last
+    # (none here) and to ignore a wait before iter() returned its iterator.
+    STUCK_AT[:] = []
+    with CompatLoader(Stream(), batch_size=1, num_workers=1, timeout=30) as first:
+        it = iter(first)
+        head = [int(next(it)) for _ in range(7)]
+        state = first.state_dict()
+    STUCK_AT[:] = [5]
+    loader = CompatLoader(Stream(), batch_size=1, num_workers=1, timeout=30)
+    loader.load_state_dict(state)
+
+    def watchdog():
+        assert STUCK.wait(20), "no worker got stuck"
+        loader.shutdown()
+
+    thread = threading.Thread(target=watchdog, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    with pytest.raises(LoaderShutDown, match=r"waited for batch 5 of the epoch"):
+        iter(loader)
+    assert time.monotonic() - started < 10  # not the 20 s the stuck item takes
+    thread.join(20)
+    assert not thread.is_alive(), "shutdown() hung"
+    assert head == list(range(7))
+    assert loader.state_dict()["epoch"]["delivered"] == 5  # resumes at the batch it waited for

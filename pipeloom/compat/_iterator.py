@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -54,7 +52,6 @@ class CompatIterator(Iterator[Any]):
         loader: DataLoader,
         items: Iterator[Any],
         plan: EpochPlan,
-        skip: int,
         steps: StepGate,
     ) -> None:
         self._loader = loader  # the loader refers to its iterator weakly: no cycle
@@ -75,7 +72,17 @@ class CompatIterator(Iterator[Any]):
         self.done_below = plan.first  # positions under it were delivered (or do not exist)
         self.done = set(plan.skip)  # and these, at or above it
         self._failed_unknown = False  # a failed batch whose position no worker gave
-        for _ in range(skip):  # an iterable dataset resumes by re-reading: drop what was seen
+
+    def replay(self, skip: int) -> None:
+        """An iterable dataset resumes by re-reading: drop the ``skip`` batches seen.
+
+        For states of older pipeloom, which counted them (newer ones name their
+        positions, left out as they come). Inside ``iter()``, which holds the
+        loader, once the loader knows this iterator: a ``shutdown()`` from
+        another thread wakes a wait here too, naming the batch
+        (``_waited_for``), and the state then resumes there.
+        """
+        for _ in range(skip):
             next(self._items, None)
             self.delivered += 1
 
@@ -89,7 +96,7 @@ class CompatIterator(Iterator[Any]):
         before: int | None = None
         try:
             with steps.lock:
-                steps.stepper = threading.get_ident()  # a shutdown() elsewhere can wake it
+                steps.enter()  # a shutdown() elsewhere can wake it
                 before = self.delivered
                 if self.stopped_by is not None:
                     self._go_on_or_refuse()
@@ -236,10 +243,9 @@ def _failed_position(error: BaseException) -> int | None:
 
 def _torch_prefix(error: WorkerError) -> None:
     """Start a dead worker's message as torch's does (code may match on it)."""
-    pid = re.search(r"\(pid (\d+)\)", error.worker or "")
-    message = str(error.args[0]) if error.args else ""
-    if pid is None or "before finishing its epoch" not in message:
+    if error.dead_pid is None:
         return  # not a worker process's death
-    prefix = f"DataLoader worker (pid(s) {pid.group(1)}) exited unexpectedly: "
+    prefix = f"DataLoader worker (pid(s) {error.dead_pid}) exited unexpectedly: "
+    message = str(error.args[0]) if error.args else ""
     if not message.startswith(prefix):
         error.args = (prefix + message, *error.args[1:])

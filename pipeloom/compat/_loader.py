@@ -216,8 +216,9 @@ class DataLoader(ShutsDown):
                 # torch sends the dataset to new workers at every epoch: changes made to it
                 # between epochs (a curriculum) must reach them, as under fork.
                 self._stop_engine()
-            iterator = CompatIterator(self, self._run(plan), plan, delivered, self._steps)
-            self._current = weakref.ref(iterator)
+            iterator = CompatIterator(self, self._run(plan), plan, self._steps)
+            self._current = weakref.ref(iterator)  # first: a shutdown() names the batch replayed
+            iterator.replay(delivered)
             return iterator
 
     def __len__(self) -> int:

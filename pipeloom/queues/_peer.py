@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import weakref
 
+from pipeloom._exit_status import signal_text
 from pipeloom.events import Waiter
 
 __all__ = ["FdSetReadiness", "describe_exit", "open_pidfd", "wait_readable"]
@@ -54,7 +54,7 @@ def _exit_status(pid: int):
 
 
 def describe_exit(role: str, pid: int | None) -> str:
-    """E.g. ``"producer process 1234 exited with signal SIGKILL"``."""
+    """E.g. ``"producer process 1234 was killed by signal 9 (SIGKILL)"``."""
     if pid is None:
         return f"the {role} process exited or closed its end without closing the queue"
     info = _exit_status(pid)
@@ -72,11 +72,7 @@ def describe_exit(role: str, pid: int | None) -> str:
         return f"{role} process {pid} exited without closing the queue"
     if info.si_code == os.CLD_EXITED:
         return f"{role} process {pid} exited with code {info.si_status} without closing the queue"
-    try:
-        name = signal.Signals(info.si_status).name
-    except ValueError:
-        name = str(info.si_status)
-    return f"{role} process {pid} exited with signal {name}"
+    return f"{role} process {pid} was killed by {signal_text(info.si_status)}"
 
 
 class FdSetReadiness:

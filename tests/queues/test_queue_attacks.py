@@ -489,7 +489,7 @@ def test_producer_blocked_on_a_full_socket_sees_the_consumer_die_though_a_siblin
     q.close()
     assert not stuck, "put() never noticed that its consumer was killed"
     assert outcome[-1][0] is QueueBroken
-    assert f"consumer process {consumer.pid} exited with signal SIGKILL" in outcome[-1][1]
+    assert f"consumer process {consumer.pid} was killed by signal 9 (SIGKILL)" in outcome[-1][1]
 
 
 def _fill_the_socket_then_put(q: ProcessQueue, full: threading.Event, outcome: list) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import pickle
 import re
 import signal
 
@@ -42,9 +43,16 @@ def first_error(loader) -> WorkerError:
 def test_the_item_a_classic_worker_was_making_is_named():
     pipe = IterableWrapper(range(30)).sharding_filter().map(dies_at_13)
     error = first_error(DataLoader(pipe, MultiProcessingReadingService(1, timeout=30)))
-    assert "was killed by signal SIGKILL" in str(error)
+    assert "was killed by signal 9 (SIGKILL)" in str(error)
     assert "It was making the item at position 13" in str(error)
     assert error.item == 13
+    # how to confirm an out-of-memory kill, and what to lower
+    assert f"journalctl -k` shows 'Killed process {error.dead_pid}'" in str(error)
+    assert "lower the batch size, num_workers or prefetch_factor" in str(error)
+    assert f"(pid {error.dead_pid})" in error.worker
+    assert error.exit_code == -signal.SIGKILL
+    copy = pickle.loads(pickle.dumps(error))  # e.g. from a rank, or a worker of a worker
+    assert (copy.dead_pid, copy.exit_code, copy.item) == (error.dead_pid, -signal.SIGKILL, 13)
 
 
 @pytest.mark.timeout(60)
@@ -69,9 +77,9 @@ def test_the_compat_loader_names_the_sampler_s_batch():
         list(loader)
     loader.shutdown()
     # torch's wording first: code that matches on it (to retry, to log) still does
-    assert re.match(
-        r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly: worker", str(info.value)
-    )
+    pid = info.value.dead_pid
+    assert str(info.value).startswith(f"DataLoader worker (pid(s) {pid}) exited unexpectedly: ")
+    assert info.value.exit_code == -signal.SIGKILL
 
 
 @pytest.mark.timeout(60)
@@ -89,6 +97,8 @@ def test_economic_and_chunked_name_the_batches_the_dead_worker_was_given(strateg
     ranges = [tuple(map(int, r.split("-"))) for r in match.group(2).split(", ")]
     assert any(first <= 13 <= last for first, last in ranges)  # the culprit is among them
     assert error.item == ranges[0][0]
+    assert "killed by signal 9 (SIGKILL)" in str(error)
+    assert error.exit_code == -signal.SIGKILL and f"(pid {error.dead_pid})" in error.worker
 
 
 def bus_error_at_13(x: int) -> int:
@@ -109,7 +119,7 @@ def segfaults_at_3(x: int) -> int:
 def test_a_bus_error_points_at_a_full_dev_shm():
     pipe = IterableWrapper(range(30)).sharding_filter().map(bus_error_at_13)
     error = first_error(DataLoader(pipe, MultiProcessingReadingService(1, timeout=30)))
-    assert "was killed by signal SIGBUS" in str(error)
+    assert "was killed by signal 7 (SIGBUS)" in str(error)
     assert "shared memory (/dev/shm) was full" in str(error)
     assert "--shm-size" in str(error)
 
@@ -119,6 +129,6 @@ def test_a_segfault_points_at_a_c_extension_and_faulthandler():
     pipe = IterableWrapper(range(30)).sharding_filter().map(segfaults_at_3).batch(4)
     service = MultiProcessingReadingService(1, strategy="economic", timeout=30)
     error = first_error(DataLoader(pipe, service))
-    assert "was killed by signal SIGSEGV" in str(error)
+    assert "was killed by signal 11 (SIGSEGV)" in str(error)
     assert "most often in a C extension" in str(error)
     assert "python -X faulthandler" in str(error)

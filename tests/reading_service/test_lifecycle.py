@@ -255,7 +255,7 @@ def test_a_worker_killed_while_the_main_waits_raises_naming_it(victim, leftovers
     killer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
     killer.start()
     try:
-        expected = rf"worker process {victim} \(pid {pid}\) was killed by signal SIGKILL"
+        expected = rf"worker process {victim} \(pid {pid}\) was killed by signal 9 \(SIGKILL\)"
         with pytest.raises(WorkerError, match=expected):
             list(iterator)
     finally:

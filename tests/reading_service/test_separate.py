@@ -243,7 +243,7 @@ def test_a_separate_process_killed_at_an_output_names_that_output(leftovers):
     service = MultiProcessingReadingService(1, start_method="fork", timeout=30)
     with DataLoader(pipe, service, seed=0) as loader, pytest.raises(WorkerError) as info:
         list(loader)
-    assert "was killed by signal SIGKILL" in str(info.value)
+    assert "was killed by signal 9 (SIGKILL)" in str(info.value)
     assert "It was making output 13 (counted from 0) of InOwnProcess() this epoch" in str(
         info.value
     )
@@ -267,7 +267,8 @@ def test_the_separate_process_killed_while_the_main_waits_raises_naming_it(lefto
     killer.start()
     try:
         expected = (
-            rf"separate process for InOwnProcess\(\) \(pid {pid}\) was killed by signal SIGKILL"
+            rf"separate process for InOwnProcess\(\) \(pid {pid}\) was killed by "
+            rf"signal 9 \(SIGKILL\)"
         )
         with pytest.raises(WorkerError, match=expected) as info:
             list(iterator)

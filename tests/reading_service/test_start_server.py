@@ -117,7 +117,7 @@ def test_a_killed_spawned_worker_raises():
     pipe = IterableWrapper(range(20)).sharding_filter().map(pipelines.kill_self_at)
     with DataLoader(pipe, _spawn(2), seed=0) as loader:
         with pytest.raises(
-            WorkerError, match=r"worker process \d \(pid \d+\) was killed by signal SIGKILL"
+            WorkerError, match=r"worker process \d \(pid \d+\) was killed by signal 9 \(SIGKILL\)"
         ):
             list(loader)
 

@@ -101,6 +101,9 @@ def test_a_worker_exiting_with_a_code_is_not_blamed_on_memory(strategy):
         with pytest.raises(WorkerError, match=r"exited with code 3 before finishing") as info:
             list(loader)
     assert "memory" not in str(info.value) and "prefetch_factor" not in str(info.value)
+    # what ends a worker without an error reported
+    assert "it reported no error: code it ran ended the process (os._exit()" in str(info.value)
+    assert info.value.exit_code == 3
 
 
 def fails_on_sample_7(sample):

@@ -75,8 +75,11 @@ def drain(
                 return
             except TimeoutError:
                 raise WorkerTimeout(
-                    f"no item arrived within timeout={timeout} s; raise the timeout or "
-                    f"check for a stuck worker"
+                    f"nothing arrived from the workers within timeout={timeout} s: a worker is "
+                    f"stuck (on a network read, a lock, a deadlock in a library) or its next "
+                    f"output takes longer than that. Raise timeout=, or find where it waits: "
+                    f"run the pipeline in the main process (num_workers=0, or no reading "
+                    f"service), where Ctrl-C shows the line"
                 ) from None
             except LoaderShutDown:
                 shut_down = True

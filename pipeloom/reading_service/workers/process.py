@@ -13,7 +13,7 @@ In the main process:
   under ``fork``, its cloudpickle under ``spawn``/``forkserver`` (a block that
   cannot travel is named in the error).
 * :class:`WorkerProcess`: one started process; its label, its exit described
-  (:func:`describe_exit`), its death turned into a ``WorkerError``.
+  (``exits.py``), its death turned into a ``WorkerError``.
 * :func:`stop_processes`: one grace period (:data:`STOP_GRACE`) for all to
   exit, then the rest are killed.
 
@@ -50,6 +50,7 @@ from ...errors import WorkerError
 from ...graph import upstream
 from ...stats.worker_reports import reporting
 from . import atoms
+from .exits import describe_exit, exit_advice
 from .job_signals import leaving_job_signals
 from .start_server import ServedContext, Template, TemplateGone, start_server
 
@@ -61,8 +62,6 @@ __all__ = [
     "Payload",
     "WorkerProcess",
     "bootstrap",
-    "describe_exit",
-    "exit_advice",
     "parent_watch",
     "stop_processes",
     "worker_context",
@@ -258,9 +257,11 @@ class WorkerProcess:
         code = self.exit_code() if self.released else self.process.exitcode
         how = "closed its queue" if code is None else describe_exit(code)
         error = WorkerError(
-            f"{self.label} {how} before finishing its epoch{exit_advice(code)}",
+            f"{self.label} {how} before finishing its epoch{exit_advice(code, self.pid)}",
             worker=self.label,
             block=self.block,
+            dead_pid=self.pid,
+            exit_code=code,
         )
         error.__cause__ = cause
         return error
@@ -298,64 +299,6 @@ class ExitWatch:
             self._poll.register(worker.sentinel, select.POLLIN)
             self._registered += 1
         return bool(self._poll.poll(math.ceil(max(wait, 0.0) * 1000)))
-
-
-def exit_advice(code: int | None) -> str:
-    """What to check for a worker that ended with ``code`` (some signals only; '' otherwise).
-
-    A worker that exits with a code (not a signal) ran into an error it
-    reported, or its process could not start; memory is not the likely cause.
-
-    Example:
-        >>> "out-of-memory killer" in exit_advice(-9), "/dev/shm" in exit_advice(-7), exit_advice(1)
-        (True, True, '')
-    """
-    if code is None or code >= 0:
-        return ""
-    if code == -signal.SIGKILL:
-        return (
-            "; it was killed from outside (e.g. by the out-of-memory killer: if so, lower "
-            "prefetch_factor or num_workers)"
-        )
-    return _CRASH_ADVICE.get(-code, "")
-
-
-_FAULTHANDLER = (
-    "run it with `python -X faulthandler` (or num_workers=0, in the main process) to see where"
-)
-
-#: What a worker that crashed on these signals most likely met.
-_CRASH_ADVICE: dict[int, str] = {
-    signal.SIGSEGV: (
-        "; it crashed (a segmentation fault, most often in a C extension: an image or "
-        f"audio decoder, a native library a block calls): {_FAULTHANDLER}"
-    ),
-    signal.SIGBUS: (
-        "; it crashed on a bus error, most often because shared memory (/dev/shm) was "
-        "full when it put a tensor there: free or enlarge /dev/shm (docker run "
-        "--shm-size=...) or lower prefetch_factor, num_workers or the batch size; else a "
-        f"C extension crashed, or a memory-mapped file shrank while read: {_FAULTHANDLER}"
-    ),
-    signal.SIGABRT: (
-        "; it aborted (a C library or extension called abort(), e.g. on a failed "
-        f"assertion): {_FAULTHANDLER}"
-    ),
-}
-
-
-def describe_exit(code: int) -> str:
-    """``"was killed by signal SIGKILL"`` or ``"exited with code 1"``.
-
-    Example:
-        >>> describe_exit(-9), describe_exit(3)
-        ('was killed by signal SIGKILL', 'exited with code 3')
-    """
-    if code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def stop_processes(workers: Sequence[WorkerProcess], grace: float = STOP_GRACE) -> None:
