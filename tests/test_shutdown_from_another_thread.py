@@ -219,10 +219,9 @@ class Stream(torch.utils.data.IterableDataset):
 
 
 @pytest.mark.timeout(60)
-def test_the_compat_loader_wakes_a_replay_inside_iter():
-    # An IterableDataset resumes by re-reading what was delivered, inside iter(),
-    # which holds the loader: shutdown() used to wake the thread that stepped last
-    # (none here) and to ignore a wait before iter() returned its iterator.
+def test_the_compat_loader_wakes_a_replay_of_an_iterable_dataset():
+    # An IterableDataset resumes by re-reading what was delivered, inside the first
+    # next(), which holds the loader: the wait there is woken too.
     STUCK_AT[:] = []
     with CompatLoader(Stream(), batch_size=1, num_workers=1, timeout=30) as first:
         it = iter(first)
@@ -239,10 +238,11 @@ def test_the_compat_loader_wakes_a_replay_inside_iter():
     thread = threading.Thread(target=watchdog, daemon=True)
     thread.start()
     started = time.monotonic()
-    with pytest.raises(LoaderShutDown, match=r"waited for batch 5 of the epoch"):
-        iter(loader)
+    resumed = iter(loader)  # the batches delivered are left out as they come again
+    with pytest.raises(LoaderShutDown, match=r"waited for batch 7 of the epoch"):
+        next(resumed)
     assert time.monotonic() - started < 10  # not the 20 s the stuck item takes
     thread.join(20)
     assert not thread.is_alive(), "shutdown() hung"
     assert head == list(range(7))
-    assert loader.state_dict()["epoch"]["delivered"] == 5  # resumes at the batch it waited for
+    assert loader.state_dict()["epoch"]["first"] == 7  # resumes at the batch it waited for

@@ -141,6 +141,10 @@ class CompatIterator(Iterator[Any]):
             self.done_below += 1
         return False
 
+    def next_batch(self) -> int:
+        """The epoch position of the first batch not delivered yet."""
+        return self.done_below if self._by_position else self.plan.first + self.delivered
+
     def rest(self) -> EpochRest | None:
         """Where this epoch stopped, for a checkpoint (None once it finished)."""
         if self.finished:

@@ -348,7 +348,7 @@ class DataLoader(ShutsDown):
         current = self._live_current()
         if current is None or current.finished:
             return None
-        return f"batch {current.skipped + current.delivered} of the epoch"
+        return f"batch {current.next_batch()} of the epoch"
 
     def _release(self) -> None:
         """Close the epoch, stop the workers (even if closing raised); also when dropped."""
