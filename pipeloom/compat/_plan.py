@@ -51,10 +51,16 @@ class PlanEntries(Sequence[Any]):
         objects: list[Any] | None = None,
         flat: np.ndarray | None = None,
         offsets: np.ndarray | None = None,
+        recipe: Any = None,
+        start: int = 0,
     ) -> None:
         self._objects = objects
         self._flat = flat
         self._offsets = offsets
+        # How to draw the whole epoch again (an EpochRecipe, for torch's own samplers),
+        # and how many of its entries come before these: a checkpoint keeps only that.
+        self._recipe = recipe
+        self._start = start
 
     @classmethod
     def from_outputs(cls, outputs: list[Any]) -> PlanEntries:
@@ -96,10 +102,13 @@ class PlanEntries(Sequence[Any]):
         if self._objects is not None:
             return PlanEntries(objects=self._objects[start:])
         assert self._flat is not None
+        recipe, after = self._recipe, self._start + start
         if self._offsets is None:
-            return PlanEntries(flat=self._flat[start:])
+            return PlanEntries(flat=self._flat[start:], recipe=recipe, start=after)
         offsets = self._offsets[start:]
-        return PlanEntries(flat=self._flat[offsets[0] :], offsets=offsets - offsets[0])
+        return PlanEntries(
+            flat=self._flat[offsets[0] :], offsets=offsets - offsets[0], recipe=recipe, start=after
+        )
 
     def indices_before(self, start: int) -> int:
         """How many indices the entries before ``start`` hold (a batch holds several)."""
@@ -108,7 +117,13 @@ class PlanEntries(Sequence[Any]):
         return start if self._offsets is None else int(self._offsets[start])
 
     def to_state(self) -> dict[str, Any]:
-        """A ``torch.save``-able dict (tensors, not numpy arrays, for ``weights_only``)."""
+        """A ``torch.save``-able dict (tensors, not numpy arrays, for ``weights_only``).
+
+        Entries drawn from a recipe keep the recipe and how many entries of
+        its epoch come first, not the indices.
+        """
+        if self._recipe is not None:
+            return {"recipe": self._recipe.to_state(), "start": self._start}
         if self._objects is not None:
             return {"objects": list(self._objects)}
         assert self._flat is not None

@@ -31,7 +31,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from ._plan import PlanEntries
 
-__all__ = ["DrawnEpoch", "draw_base_seed", "draw_epoch", "is_known_sampler"]
+__all__ = ["DrawnEpoch", "EpochRecipe", "draw_base_seed", "draw_epoch", "is_known_sampler"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,76 @@ class DrawnEpoch:
 
     entries: PlanEntries
     settle: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class EpochRecipe:
+    """How to draw a known sampler's epoch again: a few numbers and a generator's state.
+
+    A checkpoint keeps this instead of the epoch's indices (about 5 KiB
+    instead of 8 bytes per index: 76 MiB at 10 million items); drawing again
+    gives the very same entries.
+
+    Example:
+        >>> shuffled = RandomSampler(range(5), generator=torch.Generator().manual_seed(0))
+        >>> entries = draw_epoch(shuffled).entries
+        >>> again = EpochRecipe.from_state(entries.to_state()["recipe"]).draw()
+        >>> [again[i] for i in range(5)] == [entries[i] for i in range(5)]
+        True
+    """
+
+    n: int  # the dataset's length
+    num_samples: int
+    replacement: bool
+    generator_state: torch.Tensor | None  # before the draws; None: sequential
+    batch_size: int | None  # None: one index per entry
+    drop_last: bool
+
+    def draw(self) -> PlanEntries:
+        """The epoch's entries, as :func:`draw_epoch` drew them."""
+        if self.generator_state is None:
+            flat = np.arange(self.n, dtype=np.int64)
+        else:
+            generator = torch.Generator()
+            generator.set_state(self.generator_state)
+            flat = _draws(generator, self.n, self.num_samples, self.replacement).numpy()
+        if self.batch_size is None:
+            return PlanEntries(flat=flat, recipe=self)
+        return _batched(flat, self.batch_size, self.drop_last, recipe=self)
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "num_samples": self.num_samples,
+            "replacement": self.replacement,
+            "generator_state": self.generator_state,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> EpochRecipe:
+        """:meth:`to_state`'s value back (``ValueError`` when a field is damaged)."""
+        if not isinstance(state, dict):
+            raise ValueError("expected a dict")
+        numbers = [state.get(name) for name in ("n", "num_samples")]
+        batch_size, generator_state = state.get("batch_size"), state.get("generator_state")
+        flags = [state.get(name) for name in ("replacement", "drop_last")]
+        if not all(type(x) is int and x >= 0 for x in numbers) or not all(
+            type(x) is bool for x in flags
+        ):
+            raise ValueError("n and num_samples must be ints >= 0, replacement and drop_last bools")
+        if batch_size is not None and not (type(batch_size) is int and batch_size > 0):
+            raise ValueError("batch_size must be None or an int > 0")
+        if generator_state is not None:
+            if not isinstance(generator_state, torch.Tensor):
+                raise ValueError("generator_state must be None or a uint8 tensor")
+            try:
+                torch.Generator().set_state(generator_state)
+            except (RuntimeError, TypeError) as error:
+                raise ValueError(f"generator_state is not a generator's state: {error}") from None
+        n, num_samples = int(numbers[0]), int(numbers[1])  # type: ignore[arg-type]
+        return cls(n, num_samples, bool(flags[0]), generator_state, batch_size, bool(flags[1]))
 
 
 def draw_base_seed(generator: torch.Generator | None) -> int:
@@ -79,30 +149,32 @@ def draw_epoch(index_sampler: Any) -> DrawnEpoch:
         )
     batching = type(index_sampler) is BatchSampler
     sampler = index_sampler.sampler if batching else index_sampler
-    settle = None
-    if type(sampler) is SequentialSampler:
-        flat = np.arange(len(sampler.data_source), dtype=np.int64)
-    else:
-        drawn, settle = _draw_random(sampler)
-        flat = drawn.numpy()
-    if not batching:
-        return DrawnEpoch(PlanEntries(flat=flat), settle)
-    return DrawnEpoch(_batched(flat, index_sampler.batch_size, index_sampler.drop_last), settle)
-
-
-def _draw_random(sampler: RandomSampler) -> tuple[torch.Tensor, Callable[[], None] | None]:
-    """``RandomSampler.__iter__`` run to the end: its draws as one tensor, and what follows them."""
+    batch_size = index_sampler.batch_size if batching else None
+    drop_last = bool(index_sampler.drop_last) if batching else False
     n = len(sampler.data_source)
-    count = sampler.num_samples
-    generator = sampler.generator
-    private = generator is None
+    if type(sampler) is SequentialSampler:
+        recipe = EpochRecipe(n, n, False, None, batch_size, drop_last)
+        return DrawnEpoch(recipe.draw())
+    generator, private = sampler.generator, sampler.generator is None
     if generator is None:  # as torch: one int64 from the global RNG seeds a fresh generator
         seed = int(torch.empty((), dtype=torch.int64).random_().item())
         generator = torch.Generator()
         generator.manual_seed(seed)
+    count, replacement = sampler.num_samples, bool(sampler.replacement)
+    recipe = EpochRecipe(n, count, replacement, generator.get_state(), batch_size, drop_last)
+    flat = _draws(generator, n, count, replacement).numpy()
+    settle = None
+    if not replacement and count % n == 0 and not private:
+        settle = _DiscardedPermutation(n, generator)  # torch draws one more, keeps none of it
+    if batch_size is None:
+        return DrawnEpoch(PlanEntries(flat=flat, recipe=recipe), settle)
+    return DrawnEpoch(_batched(flat, batch_size, drop_last, recipe=recipe), settle)
+
+
+def _draws(generator: torch.Generator, n: int, count: int, replacement: bool) -> torch.Tensor:
+    """``RandomSampler.__iter__`` run to the end: its draws from ``generator``, as one tensor."""
     parts: list[torch.Tensor] = []
-    settle: Callable[[], None] | None = None
-    if sampler.replacement:
+    if replacement:
         for _ in range(count // 32):
             parts.append(torch.randint(high=n, size=(32,), dtype=torch.int64, generator=generator))
         parts.append(
@@ -113,12 +185,10 @@ def _draw_random(sampler: RandomSampler) -> tuple[torch.Tensor, Callable[[], Non
             parts.append(torch.randperm(n, generator=generator))
         if count % n:
             parts.append(torch.randperm(n, generator=generator)[: count % n])
-        elif not private:  # torch draws a last permutation and keeps none of it
-            settle = _DiscardedPermutation(n, generator)
     drawn = [part for part in parts if part.numel()]  # a copy only when there are several
     if len(drawn) == 1:
-        return drawn[0], settle
-    return (torch.cat(drawn) if drawn else torch.empty(0, dtype=torch.int64)), settle
+        return drawn[0]
+    return torch.cat(drawn) if drawn else torch.empty(0, dtype=torch.int64)
 
 
 class _DiscardedPermutation:
@@ -131,8 +201,10 @@ class _DiscardedPermutation:
         torch.randperm(self.n, generator=self.generator)
 
 
-def _batched(flat: np.ndarray, batch_size: int, drop_last: bool) -> PlanEntries:
+def _batched(
+    flat: np.ndarray, batch_size: int, drop_last: bool, recipe: EpochRecipe
+) -> PlanEntries:
     """``BatchSampler``'s cut of ``flat``: runs of ``batch_size``, the last one short or dropped."""
     count = len(flat) // batch_size if drop_last else -(-len(flat) // batch_size)
     offsets = np.minimum(np.arange(count + 1, dtype=np.int64) * batch_size, len(flat))
-    return PlanEntries(flat=flat[: offsets[-1]], offsets=offsets)
+    return PlanEntries(flat=flat[: offsets[-1]], offsets=offsets, recipe=recipe)

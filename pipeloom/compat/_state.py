@@ -35,6 +35,7 @@ from .._fingerprint import describe, field_differences
 from ..datapipes import StateFields
 from ..errors import StateError
 from ._plan import EpochPlan, PlanEntries
+from ._sampling import EpochRecipe
 
 __all__ = [
     "STATE_VERSION",
@@ -276,9 +277,21 @@ def _check_resumer(
 
 def _read_entries(fields: StateFields, entries: Any) -> PlanEntries:
     """``PlanEntries.to_state()`` back, its arrays checked."""
-    expected = "{'objects': list} or {'flat': 1-D int64 tensor[, 'offsets': ...]}"
+    expected = (
+        "{'objects': list}, {'flat': 1-D int64 tensor[, 'offsets': ...]} or "
+        "{'recipe': {...}, 'start': int}"
+    )
     if not isinstance(entries, dict):
         fields.fail("entries", expected, entries)
+    if "recipe" in entries:
+        try:
+            drawn = EpochRecipe.from_state(entries["recipe"]).draw()
+        except ValueError as error:
+            fields.fail("entries", f"{expected} ({error})", entries)
+        start = entries.get("start")
+        if type(start) is not int or not 0 <= start <= len(drawn):
+            fields.fail("entries", f"a 'start' from 0 to {len(drawn)}", start)
+        return drawn.tail(start)
     if "objects" in entries:
         if not isinstance(entries["objects"], (list, tuple)):
             fields.fail("entries", expected, entries)

@@ -184,12 +184,33 @@ def test_damaged_fields_raise_a_state_error_naming_them(path, value, match):
 
 
 def test_damaged_batch_offsets_are_refused():
-    loader = DataLoader(Items(40), batch_size=4, shuffle=True)
-    iterator = iter(loader)  # the epoch lasts as long as its iterator
+    order = list(range(40))[::-1]  # a sampler pipeloom does not know: its indices are saved
+    loader = DataLoader(Items(40), batch_size=4, sampler=order)
+    iterator = iter(loader)
     next(iterator)
     state = loader.state_dict()
     state["epoch"]["entries"]["offsets"] = torch.tensor([0, 8, 4, 40])
     with pytest.raises(StateError, match="batch offsets from 0 to len"):
+        DataLoader(Items(40), batch_size=4, sampler=order).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"n": -1},
+        {"generator_state": torch.zeros(3, dtype=torch.uint8)},
+        {"batch_size": 0},
+        {"replacement": 1},
+    ],
+    ids=str,
+)
+def test_a_damaged_sampler_recipe_is_refused(damage):
+    loader = DataLoader(Items(40), batch_size=4, shuffle=True)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    state["epoch"]["entries"]["recipe"].update(damage)
+    with pytest.raises(StateError, match="'recipe'"):
         DataLoader(Items(40), batch_size=4, shuffle=True).load_state_dict(state)
 
 
