@@ -245,4 +245,4 @@ def test_the_compat_loader_wakes_a_replay_of_an_iterable_dataset():
     thread.join(20)
     assert not thread.is_alive(), "shutdown() hung"
     assert head == list(range(7))
-    assert loader.state_dict()["epoch"]["first"] == 7  # resumes at the batch it waited for
+    assert loader.state_dict()["epoch"]["outputs"] == [7]  # resumes at the batch it waited for

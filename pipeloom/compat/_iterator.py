@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .._steps import StepGate
@@ -71,6 +71,10 @@ class CompatIterator(Iterator[Any]):
         self._in_order = loader.delivers_in_order
         self.done_below = plan.first  # positions under it were delivered (or do not exist)
         self.done = set(plan.skip)  # and these, at or above it
+        # An IterableDataset's: how many outputs of each worker were delivered (each
+        # worker's come in its own order; worker i of n makes positions i, n + i, ...).
+        self._readers = max(1, loader.num_workers) if loader.is_iterable else 0
+        self._outputs = list(plan.outputs or [0] * self._readers)
         self._failed_unknown = False  # a failed batch whose position no worker gave
 
     def replay(self, skip: int) -> None:
@@ -84,6 +88,7 @@ class CompatIterator(Iterator[Any]):
         """
         for _ in range(skip):
             next(self._items, None)
+            self._seen_before(current_position())
             self.delivered += 1
 
     @StepGate.step
@@ -127,8 +132,16 @@ class CompatIterator(Iterator[Any]):
 
     def _seen_before(self, position: int | None) -> bool:
         """Whether the batch at ``position`` was delivered before; if not, count it delivered."""
-        if position is None or position < self.done_below or position in self.done:
-            return position is not None
+        if position is None:
+            return False
+        if self._readers:  # an IterableDataset's output
+            worker, k = position % self._readers, position // self._readers
+            if k < self._outputs[worker]:
+                return True
+            self._outputs[worker] = k + 1
+            return False
+        if position < self.done_below or position in self.done:
+            return True
         done = self.done
         if self._in_order:  # every position under it came first, or does not exist
             self.done_below = position + 1
@@ -143,6 +156,8 @@ class CompatIterator(Iterator[Any]):
 
     def next_batch(self) -> int:
         """The epoch position of the first batch not delivered yet."""
+        if self._readers:
+            return sum(self._outputs)
         return self.done_below if self._by_position else self.plan.first + self.delivered
 
     def rest(self) -> EpochRest | None:
@@ -157,7 +172,9 @@ class CompatIterator(Iterator[Any]):
                 f"part-way through it. Save checkpoints between steps, and resume from the "
                 f"last one"
             )
-        if self._by_position:
+        if self._readers:
+            plan, delivered = replace(self.plan, outputs=tuple(self._outputs)), 0
+        elif self._by_position:
             plan, delivered = self.plan.without(self.done_below, self.done), 0
         else:  # after a failed batch: the batches after it, as next() goes on
             plan, delivered = self.plan, self.delivered + (self.stopped_by is not None)

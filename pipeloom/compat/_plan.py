@@ -179,6 +179,8 @@ class EpochPlan:
         skip: positions (from ``first`` on) of entries already delivered or
             failed out of order (``in_order=False``): left out, the others keep
             their positions.
+        outputs: an ``IterableDataset``'s outputs delivered per worker (its
+            epoch is read again and those are left out).
 
     Example:
         >>> plan = EpochPlan(PlanEntries.from_outputs([[4, 1], [0], [3, 2]]), base_seed=7)
@@ -193,6 +195,7 @@ class EpochPlan:
     first_index: int = 0
     epoch: int = 0
     skip: frozenset[int] = frozenset()
+    outputs: tuple[int, ...] = ()
 
     @property
     def engine_epoch(self) -> int:
@@ -239,6 +242,8 @@ class EpochPlan:
         }
         if self.skip:
             state["skip"] = sorted(self.skip)
+        if self.outputs:
+            state["outputs"] = list(self.outputs)
         return state
 
 

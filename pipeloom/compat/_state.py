@@ -6,7 +6,8 @@ A state (version 2)::
      "epoch": None | {"entries": ..., "base_seed": int, "delivered": int,
                       "first": int, "first_index": int, "plan_epoch": int,
                       "skip": [int, ...],   # optional: batches delivered out of order
-                      "workers": int},      # an IterableDataset's: its worker count
+                      "workers": int,       # an IterableDataset's: its worker count,
+                      "outputs": [int, ...]},  # and its outputs delivered per worker
      "workers_base_seed": None | int,
      "generators": [ByteTensor, ...],      # generator / samplers' generators
      "global_rng": None | ByteTensor,       # torch's global RNG (see below)
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import random
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -232,6 +233,13 @@ def _read_epoch(fields: StateFields, epoch: Any, kind: str) -> dict[str, Any] | 
         skip=_read_skip(inner, epoch.get("skip", []), first, entries),
     )
     workers = inner.optional_int("workers", default=None)  # absent: map-style, older states
+    outputs = epoch.get("outputs", [])
+    readers = 1 if workers is None else max(1, workers)
+    if not isinstance(outputs, list) or not all(type(k) is int and k >= 0 for k in outputs):
+        inner.fail("outputs", "a list of output counts (ints >= 0), one per worker", outputs)
+    if outputs and len(outputs) != readers:
+        inner.fail("outputs", f"{readers} counts (one per worker)", outputs)
+    plan = replace(plan, outputs=tuple(outputs))
     return {"plan": plan, "delivered": delivered, "workers": workers}
 
 

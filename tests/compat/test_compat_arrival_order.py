@@ -195,3 +195,27 @@ def test_an_iterable_dataset_in_arrival_order_resumes_exactly_once():
     between_epochs = DataLoader(Range(0, 40), batch_size=BATCH, num_workers=3)
     between_epochs.load_state_dict(loader(True).state_dict())  # no epoch: any count
     assert sorted(torch.cat(list(between_epochs)).tolist()) == list(range(40))
+
+
+class Uneven(tud.IterableDataset):
+    """Worker 0 has 4 items, worker 1 has 200: the epoch's positions have gaps."""
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        return iter(range(4) if info.id == 0 else range(1000, 1200))
+
+
+def test_an_iterable_dataset_counts_its_outputs_per_worker():
+    def loader(in_order: bool) -> DataLoader:
+        return DataLoader(Uneven(), batch_size=2, num_workers=2, in_order=in_order)
+
+    first = loader(in_order=False)
+    iterator = iter(first)
+    seen = [i for _ in range(60) for i in next(iterator).tolist()]
+    state = first.state_dict()
+    first.shutdown()
+    assert state["epoch"]["outputs"] == [2, 58]  # not the 58 positions after the gap
+    resumed = loader(in_order=True)
+    resumed.load_state_dict(state)
+    rest = [i for batch in resumed for i in batch.tolist()]
+    once_each(seen + rest, set(range(4)) | set(range(1000, 1200)))
