@@ -18,7 +18,7 @@ import torch.utils.data
 
 import pipeloom.compat
 from pipeloom import DataLoader
-from pipeloom.datapipes import FileLister
+from pipeloom.datapipes import FileLister, IterableWrapper
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from tests.own_resources import OwnResources, cycles_left_by, dropped, memfds, open_fds
 from tests.reading_service import pipelines
@@ -97,6 +97,20 @@ def test_a_dropped_loader_leaves_no_reference_cycle_of_its_own(name):
         del loader, iterator
 
     prefixes = ("pipeloom.loader", "pipeloom.reading_service", "pipeloom.queues", "pipeloom.compat")
+    assert cycles_left_by(abandon, module_prefix=prefixes) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["iter-again", "dropped"])
+def test_a_prefetch_over_an_abandoned_epoch_leaves_no_reference_cycle(how):
+    # The prefetch thread reads the worker threads' queues; closing them at the
+    # epoch's end raises QueueClosed there, which the prefetch kept (unread) with
+    # its traceback: the thread's frames, and through them the prefetch's state.
+    def abandon() -> None:
+        pipe = IterableWrapper(range(40)).sharding_filter().prefetch(4).map(pipelines.draw)
+        _stop_early(DataLoader(pipe, ThreadReadingService(2), seed=1), how)
+
+    prefixes = ("pipeloom.datapipes", "pipeloom.reading_service", "pipeloom.queues")
     assert cycles_left_by(abandon, module_prefix=prefixes) == []
 
 
