@@ -167,6 +167,9 @@ class _Worker:
             thread.join()
         self.thread = None
         self.running = False
+        # An error nobody will read (e.g. the QueueClosed of an abandoned epoch) holds
+        # the thread's frames, which hold this worker: a cycle only a collection frees.
+        self.error = None
 
     def pause(self) -> None:
         """Park the thread between two items and wait until it is parked."""

@@ -30,7 +30,7 @@ import inspect
 import sys
 from collections.abc import Iterable
 
-from ._base import DataPipe
+from ._base import DataPipe, IterDataPipe
 from ._context import (
     NO_STAMP,
     ItemStamp,
@@ -74,8 +74,10 @@ __all__ = [
     "current_stamp",
     "global_rng_states",
     "derive_seed",
+    "end_iteration",
     "forget_lazy_init",
     "interrupt_waits",
+    "iteration_marks",
     "key_position",
     "load_held",
     "read_only_data",
@@ -103,6 +105,27 @@ def restart_blocks(blocks: Iterable[DataPipe]) -> None:
     """
     for block in blocks:
         block._restart()
+
+
+def iteration_marks(pipeline: DataPipe) -> list[tuple[IterDataPipe, int]]:
+    """Each iterable block of ``pipeline`` with the restart it is in now, consumers first."""
+    blocks = upstream_blocks(pipeline)
+    return [(block, block._iteration()) for block in blocks if isinstance(block, IterDataPipe)]
+
+
+def end_iteration(marks: list[tuple[IterDataPipe, int]]) -> None:
+    """Restart each block still in the iteration ``marks`` recorded (consumers first).
+
+    A service shut down mid-epoch (``shutdown()``, or its loader dropped) so
+    gives back at once what its blocks hold: open streams, buffered items,
+    helper threads; not at a next epoch's restart, nor when the garbage
+    collector frees the pipeline (a block's generator keeps the block in a
+    reference cycle). A block restarted since, by a newer epoch or by a newer
+    loader over the same blocks, is left alone.
+    """
+    for block, iteration in marks:
+        if block._iteration() == iteration:
+            block._restart()
 
 
 def forget_lazy_init(pipeline: DataPipe) -> None:

@@ -18,8 +18,9 @@ import torch.utils.data
 
 import pipeloom.compat
 from pipeloom import DataLoader
+from pipeloom.datapipes import FileLister, IterableWrapper
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
-from tests.own_resources import OwnResources, cycles_left_by, dropped, memfds
+from tests.own_resources import OwnResources, cycles_left_by, dropped, memfds, open_fds
 from tests.reading_service import pipelines
 from tests.reading_service.test_separate import with_side_stream
 
@@ -100,6 +101,20 @@ def test_a_dropped_loader_leaves_no_reference_cycle_of_its_own(name):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["iter-again", "dropped"])
+def test_a_prefetch_over_an_abandoned_epoch_leaves_no_reference_cycle(how):
+    # The prefetch thread reads the worker threads' queues; closing them at the
+    # epoch's end raises QueueClosed there, which the prefetch kept (unread) with
+    # its traceback: the thread's frames, and through them the prefetch's state.
+    def abandon() -> None:
+        pipe = IterableWrapper(range(40)).sharding_filter().prefetch(4).map(pipelines.draw)
+        _stop_early(DataLoader(pipe, ThreadReadingService(2), seed=1), how)
+
+    prefixes = ("pipeloom.datapipes", "pipeloom.reading_service", "pipeloom.queues")
+    assert cycles_left_by(abandon, module_prefix=prefixes) == []
+
+
+@pytest.mark.timeout(60)
 def test_classic_shutdown_gives_back_every_fd_without_a_collection():
     gc.collect()
     before = OwnResources()
@@ -116,6 +131,40 @@ def test_classic_shutdown_gives_back_every_fd_without_a_collection():
     finally:
         gc.enable()
     assert not left, f"after shutdown(): {left}"
+
+
+def _stop_early(loader, how: str) -> None:
+    iterator = iter(loader)
+    next(iterator)
+    if how == "shutdown":
+        loader.shutdown()
+    elif how == "iter-again":
+        next(iter(loader))  # the older epoch's iterator stays alive, stopped
+        loader.shutdown()
+    # "dropped": no shutdown(); the caller drops the loader and this iterator
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["shutdown", "iter-again", "dropped"])
+@pytest.mark.parametrize("threads", [0, 2], ids=["in-process", "threads"])
+def test_an_epoch_stopped_early_closes_its_files_without_the_garbage_collector(
+    tmp_path, threads, how
+):
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.txt").write_text("line\n" * 50)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(5):  # a long job builds a loader per epoch, or per evaluation
+            pipe = FileLister(str(tmp_path), "*.txt").sharding_filter().open_files("r")
+            service = ThreadReadingService(threads) if threads else None
+            _stop_early(DataLoader(pipe.readlines(), service, seed=0), how)
+            # A block's generator keeps the pipeline in a reference cycle: only closing
+            # the streams when the epoch stops gives the files back before a collection.
+            still_open = [t for t in open_fds().values() if t.startswith(str(tmp_path))]
+            assert still_open == [], f"{how}: files open after the epoch stopped: {still_open}"
+    finally:
+        gc.enable()
 
 
 SOAK = textwrap.dedent(

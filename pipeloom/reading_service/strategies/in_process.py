@@ -12,7 +12,7 @@ from ...datapipes import (
     reset_pipeline,
     set_pipeline_epoch,
 )
-from ...datapipes.runtime import RestOfEpoch, load_held
+from ...datapipes.runtime import RestOfEpoch, end_iteration, iteration_marks, load_held
 from ...errors import StateError, StateOfAnotherService
 from ...graph import Plan
 from ..planning.cut import PlanError, cut_for_workers
@@ -32,6 +32,7 @@ class InProcessRunner(Runner):
     def __init__(self, pipeline: IterDataPipe, plan: Plan) -> None:
         super().__init__(pipeline, plan)
         self._unplanned_point: tuple[Any, int] | None = None  # found by sharding_point()
+        self._marks: list[tuple[IterDataPipe, int]] = []  # the last epoch's (see shutdown)
         if plan.outer != (1, 0):
             assert plan.sharding_point is not None
             keep_shard(plan.sharding_point, group_size=plan.group_size, outer=plan.outer)
@@ -53,7 +54,18 @@ class InProcessRunner(Runner):
                     f"service; the in-process service resumes only in-process states"
                 )
             load_pipeline_state_dict(pipeline, state.get("pipeline", {}))
+        self._marks = iteration_marks(pipeline)
         return drain(pipeline)
+
+    def shutdown(self) -> None:
+        """Restart the blocks still in the last epoch: a stream it left open closes now.
+
+        Not at the next epoch, nor when the garbage collector frees the pipeline
+        (a block's generator keeps it in a reference cycle): a loader built per
+        epoch and shut down (or dropped) mid-epoch would hold a file each.
+        """
+        marks, self._marks = self._marks, []
+        end_iteration(marks)
 
     def sharding_point(self) -> tuple[Any, int]:
         """The sharding point and its group size, also for one rank (a plan without outer

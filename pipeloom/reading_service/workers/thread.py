@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...datapipes import DataPipe, IterDataPipe
+from ...datapipes import DataPipe, IterDataPipe, reset_pipeline
 from ...datapipes.runtime import GlobalDrawCheck
 from ...events import ReadinessSource
 from ...queues import ThreadQueue
@@ -135,7 +135,11 @@ def _run(
     if watch_draws:
         put = _first_output_watched(put)
     try:
-        produce_epoch(pipe, put, epoch=epoch, worker_label=label, resume=resume)
+        if not produce_epoch(pipe, put, epoch=epoch, worker_label=label, resume=resume):
+            # The consumer left mid-epoch: close the copy's streams now. It is this
+            # thread's alone, and a reference cycle (a block's generator) would keep
+            # them open until a garbage collection, or the next epoch.
+            reset_pipeline(pipe)
     finally:
         if baton is not None:
             baton.give(seat)  # also when the pipeline raised a BaseException while held
