@@ -1,0 +1,69 @@
+"""Blocks after the sharding point that hold items or draw randomness, resumed on other rank counts.
+
+Each old rank stops at a step, the rest of the epoch is read on the new ranks
+(simulated in one process, as in ``test_elastic.py``), and every sample of the
+epoch must come out exactly once: ``in_batch_shuffle`` keeps no state.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeloom.datapipes import IterableWrapper
+from pipeloom.testing import collect
+from tests.reading_service.test_elastic import _elastic, _epoch
+
+
+def _source():
+    return IterableWrapper(range(29)).sharding_filter()
+
+
+PIPELINES = {
+    "in_batch_shuffle": lambda: _source().batch(3).in_batch_shuffle(),
+}
+
+
+def _samples(outputs) -> list:
+    flat: list = []
+    for output in outputs:
+        if isinstance(output, list) and output and isinstance(output[0], (list, tuple)):
+            flat.extend(tuple(x) for x in output)  # a batch of token lists or pairs
+        elif isinstance(output, list):
+            flat.extend(output)
+        else:
+            flat.append(output)
+    return sorted(flat, key=repr)
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kind=st.sampled_from(["in-process", "threads"]),
+    name=st.sampled_from(sorted(PIPELINES)),
+    old=st.integers(1, 3),
+    new=st.integers(1, 3),
+    step=st.integers(0, 8),
+)
+def test_every_sample_once_when_resumed_on_another_number_of_ranks(kind, name, old, new, step):
+    build = PIPELINES[name]
+    full = _samples(_epoch("in-process", build, 1, 0)[0])
+    head, tail = _elastic(kind, build, old, new, step)
+    assert _samples(head + [x for outputs in tail for x in outputs]) == full
+
+
+def test_in_batch_shuffle_orders_a_batch_by_its_stamp_not_by_the_batches_before_it():
+    batches = [list(range(8 * i, 8 * i + 8)) for i in range(6)]
+    every = collect(IterableWrapper(batches).in_batch_shuffle(seed=5))
+    halves = collect(
+        IterableWrapper(batches).filter(lambda b: b[0] % 16 == 0).in_batch_shuffle(seed=5)
+    )
+    assert halves == every[::2] and every != batches
+
+
+def test_in_batch_shuffle_holds_nothing_between_batches():
+    block = IterableWrapper(range(8)).batch(4).in_batch_shuffle(seed=1)
+    fresh = block.state_dict()
+    next(iter(block))
+    assert block.state_dict() == fresh == {}
