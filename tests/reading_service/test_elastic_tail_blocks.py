@@ -2,10 +2,14 @@
 
 Each old rank stops at a step, the rest of the epoch is read on the new ranks
 (simulated in one process, as in ``test_elastic.py``), and every sample of the
-epoch must come out exactly once: ``in_batch_shuffle`` keeps no state.
+epoch must come out exactly once: ``in_batch_shuffle`` and ``map_batches``
+between batches keep no state; inside a batch ``map_batches`` hands the
+results it holds to one new rank (``HoldsItems``).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,7 +17,17 @@ from hypothesis import strategies as st
 
 from pipeloom.datapipes import IterableWrapper
 from pipeloom.testing import collect
-from tests.reading_service.test_elastic import _elastic, _epoch
+from tests.reading_service.test_elastic import _elastic, _epoch, _service
+
+
+def value(x):
+    while isinstance(x, (list, tuple)):
+        x = x[0]
+    return x
+
+
+def sort_run(run):
+    return sorted(run, key=value)
 
 
 def _source():
@@ -22,6 +36,7 @@ def _source():
 
 PIPELINES = {
     "in_batch_shuffle": lambda: _source().batch(3).in_batch_shuffle(),
+    "map_batches": lambda: _source().map_batches(sort_run, 3),
 }
 
 
@@ -53,6 +68,28 @@ def test_every_sample_once_when_resumed_on_another_number_of_ranks(kind, name, o
     assert _samples(head + [x for outputs in tail for x in outputs]) == full
 
 
+@pytest.mark.parametrize("name", ["map_batches"])
+def test_a_checkpoint_in_the_rest_holding_other_ranks_items_resumes_on_the_same_ranks(name):
+    from pipeloom.reading_service.distributed.elastic import held_states, rest_of_epoch
+
+    build = PIPELINES[name]
+    ranks = []
+    for rank in range(3):
+        inner: list = []
+        _, picture = _epoch("in-process", build, 3, rank, stop=4, inner=inner)
+        ranks.append({"elastic": picture, "padding": False, "inner": inner[0]})
+    state = {"kind": "rest", "rest": rest_of_epoch(ranks), "held": held_states(ranks, 1, 0)}
+    service = _service("in-process", build, 1, 0)
+    try:
+        outputs = service.start_epoch(0, state)
+        head = list(itertools.islice(outputs, 1))  # other ranks' items still held
+        saved = service.state_dict()
+        tail = list(outputs)
+    finally:
+        service.shutdown()
+    assert head + _epoch("in-process", build, 1, 0, saved)[0] == head + tail
+
+
 def test_in_batch_shuffle_orders_a_batch_by_its_stamp_not_by_the_batches_before_it():
     batches = [list(range(8 * i, 8 * i + 8)) for i in range(6)]
     every = collect(IterableWrapper(batches).in_batch_shuffle(seed=5))
@@ -62,8 +99,12 @@ def test_in_batch_shuffle_orders_a_batch_by_its_stamp_not_by_the_batches_before_
     assert halves == every[::2] and every != batches
 
 
-def test_in_batch_shuffle_holds_nothing_between_batches():
-    block = IterableWrapper(range(8)).batch(4).in_batch_shuffle(seed=1)
-    fresh = block.state_dict()
-    next(iter(block))
-    assert block.state_dict() == fresh == {}
+def test_in_batch_shuffle_and_map_batches_hold_nothing_between_batches():
+    shuffled = IterableWrapper(range(8)).batch(4).in_batch_shuffle(seed=1)
+    mapped = IterableWrapper(range(8)).map_batches(sort_run, 4)
+    for block, outputs in ((shuffled, 1), (mapped, 4)):
+        fresh = block.state_dict()
+        it = iter(block)
+        for _ in range(outputs):
+            next(it)
+        assert block.state_dict() == fresh, block
