@@ -3,8 +3,8 @@
 Each old rank stops at a step, the rest of the epoch is read on the new ranks
 (simulated in one process, as in ``test_elastic.py``), and every sample of the
 epoch must come out exactly once: ``in_batch_shuffle`` and ``map_batches``
-between batches keep no state; inside a batch ``map_batches`` hands the
-results it holds to one new rank (``HoldsItems``).
+between batches keep no state, the others hand what they hold to one new
+rank (``HoldsItems``). ``groupby`` keeps refusing, and says why.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeloom.datapipes import IterableWrapper
+from pipeloom.errors import StateError
 from pipeloom.testing import collect
 from tests.reading_service.test_elastic import _elastic, _epoch, _service
 
@@ -30,6 +31,14 @@ def sort_run(run):
     return sorted(run, key=value)
 
 
+def tokens(x):
+    return [x] * (1 + x % 3)
+
+
+def twice(x):
+    return [(x, "a"), (x, "b")]
+
+
 def _source():
     return IterableWrapper(range(29)).sharding_filter()
 
@@ -37,6 +46,10 @@ def _source():
 PIPELINES = {
     "in_batch_shuffle": lambda: _source().batch(3).in_batch_shuffle(),
     "map_batches": lambda: _source().map_batches(sort_run, 3),
+    "prefetch": lambda: _source().prefetch(3),
+    "bucketbatch": lambda: _source().bucketbatch(2, batch_num=2, sort_key=sort_run),
+    "max_token_bucketize": lambda: _source().map(tokens).max_token_bucketize(6, buffer_size=4),
+    "shuffled_flatmap": lambda: _source().shuffled_flatmap(twice, buffer_size=3),
 }
 
 
@@ -53,7 +66,7 @@ def _samples(outputs) -> list:
 
 
 @pytest.mark.timeout(120)
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     kind=st.sampled_from(["in-process", "threads"]),
     name=st.sampled_from(sorted(PIPELINES)),
@@ -68,7 +81,7 @@ def test_every_sample_once_when_resumed_on_another_number_of_ranks(kind, name, o
     assert _samples(head + [x for outputs in tail for x in outputs]) == full
 
 
-@pytest.mark.parametrize("name", ["map_batches"])
+@pytest.mark.parametrize("name", sorted(set(PIPELINES) - {"in_batch_shuffle"}))
 def test_a_checkpoint_in_the_rest_holding_other_ranks_items_resumes_on_the_same_ranks(name):
     from pipeloom.reading_service.distributed.elastic import held_states, rest_of_epoch
 
@@ -108,3 +121,11 @@ def test_in_batch_shuffle_and_map_batches_hold_nothing_between_batches():
         for _ in range(outputs):
             next(it)
         assert block.state_dict() == fresh, block
+
+
+def test_groupby_after_the_sharding_point_refuses_and_says_why_and_what_to_do():
+    def grouped():
+        return _source().groupby(lambda x: x % 3, group_size=2, buffer_size=6)
+
+    with pytest.raises(StateError, match=r"Grouper.*split it.*move it before sharding_filter"):
+        _elastic("in-process", grouped, 2, 3, 2)
