@@ -39,6 +39,10 @@ def twice(x):
     return [(x, "a"), (x, "b")]
 
 
+def square(x):
+    return x * x
+
+
 def _source():
     return IterableWrapper(range(29)).sharding_filter()
 
@@ -50,6 +54,7 @@ PIPELINES = {
     "bucketbatch": lambda: _source().bucketbatch(2, batch_num=2, sort_key=sort_run),
     "max_token_bucketize": lambda: _source().map(tokens).max_token_bucketize(6, buffer_size=4),
     "shuffled_flatmap": lambda: _source().shuffled_flatmap(twice, buffer_size=3),
+    "threadpool_map": lambda: _source().threadpool_map(square, max_workers=2, scheduled_tasks=4),
 }
 
 
@@ -79,6 +84,16 @@ def test_every_sample_once_when_resumed_on_another_number_of_ranks(kind, name, o
     full = _samples(_epoch("in-process", build, 1, 0)[0])
     head, tail = _elastic(kind, build, old, new, step)
     assert _samples(head + [x for outputs in tail for x in outputs]) == full
+
+
+@pytest.mark.parametrize("kind", ["in-process", "threads"])
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_each_block_resumes_two_ranks_on_three_and_three_on_two(name, kind):
+    build = PIPELINES[name]
+    full = _samples(_epoch("in-process", build, 1, 0)[0])
+    for old, new, step in [(2, 3, 4), (3, 2, 3)]:
+        head, tail = _elastic(kind, build, old, new, step)
+        assert _samples(head + [x for outputs in tail for x in outputs]) == full, (old, new)
 
 
 @pytest.mark.parametrize("name", sorted(set(PIPELINES) - {"in_batch_shuffle"}))
