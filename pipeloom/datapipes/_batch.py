@@ -8,7 +8,7 @@ from typing import Any
 from .._validate import check_bool, check_int
 from ..errors import NotAvailable
 from ._base import IterDataPipe, MapDataPipe
-from ._context import current_stamp, restore_stamp, stamp_output
+from ._context import NO_STAMP, current_stamp, restore_stamp, stamp_output
 from ._map import fn_name
 from ._runs import RunReader
 from ._state_fields import StateFields
@@ -101,7 +101,8 @@ class Batcher(IterDataPipe):
         batch = fields.list("batch")
         if len(batch) >= self.batch_size:
             fields.fail("batch", f"a partial batch of fewer than {self.batch_size} items", batch)
-        self._first_stamp = fields.stamp("first_stamp", default=(None, 0, None, 0))
+        # a partial batch needs its first item's stamp (the batch's key): no default then
+        self._first_stamp = fields.stamp("first_stamp") if batch else NO_STAMP
         self._batch = batch
 
     def __repr__(self) -> str:
@@ -257,8 +258,10 @@ class Unbatcher(IterDataPipe):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)
         self._buffer, self._index = fields.list("pending"), 0
-        self._stamp = fields.stamp("stamp", default=(None, 0, None, 0))
-        self._offset = fields.int("output", default=0)
+        # pending items need their batch's stamp and index (their keys): no defaults then
+        pending = bool(self._buffer)
+        self._stamp = fields.stamp("stamp") if pending else NO_STAMP
+        self._offset = fields.int("output") if pending else 0
 
     def __repr__(self) -> str:
         return f"Unbatcher(unbatch_level={self.unbatch_level})"

@@ -10,13 +10,14 @@ from .._validate import check_bool, check_int
 from ._base import IterDataPipe
 from ._batch import batch_count, check_batch_args
 from ._context import current_stamp, restore_stamp
+from ._held import HoldsItems
 from ._map import fn_name
 from ._state_fields import StateFields
 
 __all__ = ["BucketBatcher"]
 
 
-class BucketBatcher(IterDataPipe):
+class BucketBatcher(IterDataPipe, HoldsItems):
     """Batch items from sorted buckets, shuffled per pool (functional name: ``bucketbatch``).
 
     The stream is read one *pool* of ``batch_size * batch_num * bucket_num``
@@ -27,6 +28,8 @@ class BucketBatcher(IterDataPipe):
     and, with ``sort_key``, the order of the pool's batches is shuffled. So
     similar items share a batch while the batch order stays random. Randomness
     comes from ``epoch_seed()``: the same seed and epoch give the same batches.
+    On a resume on another number of ranks one new rank takes the partial
+    pools and unsent batches of the old ranks handed to it (``HoldsItems``).
 
     Args:
         source: the upstream block.
@@ -164,6 +167,24 @@ class BucketBatcher(IterDataPipe):
             fields.fail("ready", "a list of (batch list, stamp) pairs", state["ready"])
         self._rng = fields.rng("rng")
         self._pool, self._ready = pool, ready
+
+    def load_held_states(self, states: list[dict[str, Any]]) -> None:
+        """Every rank's unsent batches and partial pool; full pools of them are batched now."""
+        pool: list[Any] = []
+        stamps: list[tuple] = []
+        ready: list[tuple[list[Any], tuple]] = []
+        for state in states:
+            self.load_state_dict(state)  # checks the fields
+            pool += self._pool
+            stamps += self._stamps
+            ready += self._ready
+        self.reset()
+        self._rng = next((StateFields(self, s).rng("rng") for s in states if s["rng"]), None)
+        size = self.batch_size * self.batch_num * self.bucket_num
+        while len(pool) >= size:  # batched as a pool read in one go would be
+            ready[:0] = self._make_batches(pool[:size], stamps[:size])
+            pool, stamps = pool[size:], stamps[size:]
+        self._pool, self._stamps, self._ready = pool, stamps, ready
 
     def __repr__(self) -> str:
         sort_key = None if self.sort_key is None else fn_name(self.sort_key)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._base import IterDataPipe
-from ._context import current_stamp, stamp_output
+from ._context import NO_STAMP, current_stamp, stamp_output
 from ._state_fields import StateFields
 
 __all__ = ["Expander"]
@@ -73,8 +73,10 @@ class Expander(IterDataPipe):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)
         self._pending, self._next = fields.list("pending"), 0
-        self._stamp = fields.stamp("stamp", default=(None, 0, None, 0))
-        self._offset = fields.int("output", default=0)
+        # pending outputs need their input's stamp and index (their keys): no defaults then
+        pending = bool(self._pending)
+        self._stamp = fields.stamp("stamp") if pending else NO_STAMP
+        self._offset = fields.int("output") if pending else 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

@@ -89,7 +89,7 @@ class FlatMapper(IterDataPipe):
         if "remaining" in state or "stamp" in state:  # in the middle of an item's elements
             remaining = fields.list("remaining")
             self._stamp = fields.stamp("stamp")
-            self._output = fields.int("output", default=0)
+            self._output = fields.int("output")
             self._elements = iter(remaining)
         else:
             self._elements = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
@@ -50,6 +50,12 @@ class Grouper(IterDataPipe):
     """
 
     inputs = ("source",)
+    # Why a checkpoint holding groups does not resume on another number of ranks
+    # (reading_service/distributed/elastic.py): moving them would split groups.
+    elastic_refusal: ClassVar[str] = (
+        "holds unfinished groups: on other ranks a group's held items and its items still "
+        "to be read could reach different ranks, which would split it"
+    )
 
     def __init__(
         self,

@@ -6,13 +6,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ._base import IterDataPipe
-from ._context import current_stamp, restore_stamp
+from ._context import NO_STAMP, current_stamp, restore_stamp
+from ._held import HoldsItems
 from ._map import Col, check_callable, fn_name, parse_input_col
+from ._state_fields import StateFields
 
 __all__ = ["BatchMapper"]
 
 
-class BatchMapper(IterDataPipe):
+class BatchMapper(IterDataPipe, HoldsItems):
     """Call ``fn`` on each run of ``batch_size`` items and yield its results one by one.
 
     Functional: ``map_batches``. For vectorised functions (a tokenizer that
@@ -20,6 +22,9 @@ class BatchMapper(IterDataPipe):
     ``item[input_col]``; with several columns, a list of lists) and returns
     an iterable, whose length may differ from the batch's. The last batch
     may be shorter. The results of a batch carry the stamp of its first item.
+    Between two batches the block holds nothing; inside one it holds the
+    results not yet passed on, which a resume on another number of ranks
+    hands to one new rank (``HoldsItems``).
 
     Args:
         source: the upstream block.
@@ -57,13 +62,19 @@ class BatchMapper(IterDataPipe):
 
     def reset(self) -> None:
         self._batch: list[Any] = []
-        self._first_stamp: tuple = (None, 0, None, 0)
+        self._first_stamp: tuple = NO_STAMP
         self._results: list[Any] = []
         self._next = 0
         self._ended = False
+        # other ranks' batches (elastic resume), first: (called, results or inputs, stamp)
+        self._held: list[tuple[bool, list[Any], tuple]] = []
 
     def async_next(self) -> Any:
         while self._next >= len(self._results):
+            if self._held:
+                called, items, self._first_stamp = self._held.pop(0)
+                self._results, self._next = items if called else self._call(items), 0
+                continue
             if self._ended:
                 raise StopIteration
             self._fill()  # NotAvailable keeps the partial batch
@@ -104,18 +115,45 @@ class BatchMapper(IterDataPipe):
             ) from None
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        results = self._results[self._next :]
+        holding = self._batch or results
+        state = {
             "batch": list(self._batch),
-            "first_stamp": self._first_stamp,
-            "results": self._results[self._next :],
+            # between batches the stamp is not needed: the state is an epoch start's
+            "first_stamp": self._first_stamp if holding else NO_STAMP,
+            "results": results,
             "ended": self._ended,
         }
+        if self._held:
+            state["held"] = [[called, list(items), stamp] for called, items, stamp in self._held]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._batch = list(state["batch"])
-        self._first_stamp = tuple(state["first_stamp"])
-        self._results, self._next = list(state["results"]), 0
-        self._ended = bool(state["ended"])
+        fields = StateFields(self, state)
+        batch, results = fields.list("batch"), fields.list("results")
+        first_stamp, ended = fields.stamp("first_stamp"), fields.bool("ended")
+        held = []
+        for entry in fields.list("held", default=[]):
+            triple = isinstance(entry, (list, tuple)) and len(entry) == 3
+            if not triple or type(entry[1]) is not list:
+                fields.fail("held", "a list of [called, items list, stamp] triples", entry)
+            held.append((bool(entry[0]), list(entry[1]), fields.check_stamp("held", entry[2])))
+        self.reset()
+        self._batch, self._first_stamp, self._ended = batch, first_stamp, ended
+        self._results, self._held = results, held
+
+    def load_held_states(self, states: list[dict[str, Any]]) -> None:
+        """Each rank's results not yet passed on, and its partial batch (called on alone)."""
+        held: list[tuple[bool, list[Any], tuple]] = []
+        for state in states:
+            self.load_state_dict(state)  # checks the fields
+            held.extend(self._held)
+            if self._results:
+                held.append((True, self._results, self._first_stamp))
+            if self._batch:
+                held.append((False, self._batch, self._first_stamp))
+        self.reset()
+        self._held = held
 
     def __repr__(self) -> str:
         col = "" if self.input_col is None else f", input_col={self.input_col!r}"

@@ -9,7 +9,9 @@ from typing import Any
 from .._validate import check_bool
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
+from ._held import HoldsItems
 from ._map import check_callable, fn_name
+from ._state_fields import StateFields
 
 __all__ = ["MaxTokenBucketizer"]
 
@@ -26,7 +28,7 @@ class _Sized:
         return self.length < other.length
 
 
-class MaxTokenBucketizer(IterDataPipe):
+class MaxTokenBucketizer(IterDataPipe, HoldsItems):
     """Batches within a token budget, from a min-heap (functional: ``max_token_bucketize``).
 
     torchdata 0.9's block, with its arguments and output: items whose
@@ -38,6 +40,10 @@ class MaxTokenBucketizer(IterDataPipe):
     longest). At the end the heap is drained the same way. Batches therefore
     grow in length within a buffer; shuffle before and after to vary them. For
     length buckets with a fixed number of buckets, see ``bucket_by_length``.
+    On a resume on another number of ranks one new rank takes the heaps and
+    current batches of the old ranks handed to it (``HoldsItems``): their
+    items go back into its heap, which pops one item per new item until the
+    end.
 
     Args:
         source: the items.
@@ -120,7 +126,7 @@ class MaxTokenBucketizer(IterDataPipe):
                 length = self._length(item)
                 if self.min_len <= length <= self.max_len:
                     heapq.heappush(self._heap, _Sized(length, item, current_stamp()))
-                    if len(self._heap) == self.buffer_size:
+                    if len(self._heap) >= self.buffer_size:  # more: several ranks' heaps
                         self._pop()
             elif self._heap:
                 self._pop()
@@ -179,6 +185,23 @@ class MaxTokenBucketizer(IterDataPipe):
         ready = state["ready"]
         self._ready = None if ready is None else (list(ready[0]), tuple(ready[1]))
         self._source_done = bool(state["source_done"])
+
+    def load_held_states(self, states: list[dict[str, Any]]) -> None:
+        """Every rank's heap, and its current (or finished, unsent) batch, in one heap."""
+        heap: list[_Sized] = []
+        for state in states:
+            fields = StateFields(self, state)
+            for entry in fields.list("heap"):
+                length, item, stamp = entry
+                heap.append(_Sized(int(length), item, fields.check_stamp("heap", stamp)))
+            batches = [(fields.list("batch"), fields.stamp("batch_stamp"))]
+            if state.get("ready") is not None:
+                batches += fields.stamped_items("ready", value=[state["ready"]])
+            for items, stamp in batches:
+                heap.extend(_Sized(self._length(item), item, stamp) for item in items)
+        heapq.heapify(heap)
+        self.reset()
+        self._heap = heap
 
     def __repr__(self) -> str:
         return (

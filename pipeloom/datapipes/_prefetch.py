@@ -13,12 +13,13 @@ from ..errors import NotAvailable
 from ..events import ReadinessSource, Signal, Waiter
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
+from ._held import HoldsItems
 from ._state_fields import StateFields
 
 __all__ = ["Prefetcher"]
 
 
-class Prefetcher(IterDataPipe):
+class Prefetcher(IterDataPipe, HoldsItems):
     """Pull up to ``buffer_size`` items ahead in a daemon thread (functional: ``prefetch``).
 
     The thread starts at the first ``async_next`` of an epoch, waits on the
@@ -28,6 +29,9 @@ class Prefetcher(IterDataPipe):
     and garbage collection stop and join the thread. The state holds the
     buffered items themselves, saved while the thread is paused, so the
     upstream's state matches the buffer; the thread restarts on the next item.
+    On a resume on another number of ranks one new rank takes the buffered
+    items of the old ranks handed to it (``HoldsItems``); it reads ahead again
+    once fewer than ``buffer_size`` are left.
 
     Example:
         >>> from pipeloom.datapipes import IterableWrapper
@@ -111,6 +115,13 @@ class Prefetcher(IterDataPipe):
         worker = self._start_paused()
         worker.items.extend(items)
         worker.ended = ended
+
+    def load_held_states(self, states: list[dict[str, Any]]) -> None:
+        """Every rank's buffered items, passed on before this rank reads ahead."""
+        items: list[tuple[Any, tuple]] = []
+        for state in states:
+            items.extend(StateFields(self, state).stamped_items("items"))
+        self.load_state_dict({"items": items, "ended": False})
 
     def _start_paused(self) -> _Worker:
         worker = self._worker = _Worker(self.source, self.buffer_size, self._signal, repr(self))

@@ -8,6 +8,7 @@ from typing import Any
 
 from ._base import IterDataPipe
 from ._context import current_stamp, stamp_output
+from ._held import HoldsItems
 from ._map import Col, fn_name, make_reader, raise_with_note
 from ._state_fields import StateFields
 
@@ -19,14 +20,17 @@ def _identity(item: Any) -> Any:
 __all__ = ["ShuffledFlatMapper"]
 
 
-class ShuffledFlatMapper(IterDataPipe):
+class ShuffledFlatMapper(IterDataPipe, HoldsItems):
     """Expand items like ``flatmap``; yield each next element from a random pending item.
 
     Functional: ``shuffled_flatmap``. Up to ``buffer_size`` items' expansions
     wait in a buffer; each output is the next element of one of them, chosen
     at random (from the block's epoch seed, so runs repeat), and a new item is
     expanded when one runs out. Each element keeps its order within its
-    item's expansion and carries that item's stamp.
+    item's expansion and carries that item's stamp. On a resume on another
+    number of ranks one new rank takes the pending expansions of the old ranks
+    handed to it (``HoldsItems``) and expands new items once fewer than
+    ``buffer_size`` are left.
 
     Args:
         source: the upstream block.
@@ -124,6 +128,15 @@ class ShuffledFlatMapper(IterDataPipe):
             version, internal, gauss = state["rng"]
             self._rng.setstate((version, tuple(internal), gauss))
         self._ended = bool(state["ended"])
+
+    def load_held_states(self, states: list[dict[str, Any]]) -> None:
+        """Every rank's pending expansions; past ``buffer_size`` they drain before new items."""
+        pending: list[Any] = []
+        for state in states:
+            StateFields(self, state).list("pending")
+            pending.extend(state["pending"])
+        rng = next((s["rng"] for s in states if s.get("rng") is not None), None)
+        self.load_state_dict({"pending": pending, "rng": rng, "ended": False})
 
     def __repr__(self) -> str:
         name = None if self.fn is None else fn_name(self.fn)

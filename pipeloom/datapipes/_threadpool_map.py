@@ -12,7 +12,9 @@ from ..errors import NotAvailable
 from ..events import ReadinessSource, Signal
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
+from ._held import HoldsItems
 from ._map import Col, fn_name, make_map_function, raise_with_note
+from ._state_fields import StateFields
 
 __all__ = ["ThreadPoolMapper"]
 
@@ -22,7 +24,7 @@ def _call(apply: Callable[[Any], Any], item: Any, stamp: tuple) -> Any:
     return apply(item)
 
 
-class ThreadPoolMapper(IterDataPipe):
+class ThreadPoolMapper(IterDataPipe, HoldsItems):
     """Apply ``fn`` like ``map``, up to ``scheduled_tasks`` items ahead in threads.
 
     Functional: ``threadpool_map``. For functions that wait (network, disk)
@@ -30,7 +32,9 @@ class ThreadPoolMapper(IterDataPipe):
     blocks: when the next result is not ready it raises ``NotAvailable`` and
     its signal fires as soon as a call finishes. ``item_rng()`` inside ``fn``
     draws for the item being processed, in whichever thread runs it. A
-    checkpoint saves the items in flight; a resumed pipeline runs them again.
+    checkpoint saves the items in flight; a resumed pipeline runs them again
+    (on another number of ranks, one new rank runs the old ranks' items
+    handed to it before it reads more: ``HoldsItems``).
 
     Args:
         source: the upstream block.
@@ -141,13 +145,20 @@ class ThreadPoolMapper(IterDataPipe):
         return len(self.source)
 
     def state_dict(self) -> dict[str, Any]:
-        in_flight = [(item, stamp) for _, stamp, item in self._tasks]
-        return {"in_flight": self._replay + in_flight, "ended": self._ended}
+        in_flight = [(item, stamp) for _, stamp, item in self._tasks]  # submitted first
+        return {"in_flight": in_flight + self._replay, "ended": self._ended}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.reset()
         self._replay = [(item, tuple(stamp)) for item, stamp in state["in_flight"]]
         self._ended = bool(state["ended"])
+
+    def load_held_states(self, states: list[dict[str, Any]]) -> None:
+        """Every rank's items in flight, run again before this rank reads more."""
+        in_flight: list[tuple[Any, tuple]] = []
+        for state in states:
+            in_flight.extend(StateFields(self, state).stamped_items("in_flight"))
+        self.load_state_dict({"in_flight": in_flight, "ended": False})
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

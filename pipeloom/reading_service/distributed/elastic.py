@@ -155,6 +155,9 @@ def _after_the_point(output: IterDataPipe, start: Any, epoch: int) -> tuple[str 
         if isinstance(block, HoldsItems):
             held.append(index[id(block)])
             continue
+        why = getattr(block, "elastic_refusal", None)  # a block that knows why it cannot
+        if isinstance(why, str):
+            return f"{block!r} comes after the sharding point and {why}; {_WORKAROUND}", held
         return (
             f"{block!r} comes after the sharding point and is not at rest (its state differs "
             f"from an epoch's start) without declaring the items it holds (HoldsItems), so "
