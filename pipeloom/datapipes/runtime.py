@@ -75,6 +75,7 @@ __all__ = [
     "global_rng_states",
     "derive_seed",
     "end_iteration",
+    "release_pipeline",
     "forget_lazy_init",
     "interrupt_waits",
     "iteration_marks",
@@ -125,7 +126,20 @@ def end_iteration(marks: list[tuple[IterDataPipe, int]]) -> None:
     """
     for block, iteration in marks:
         if block._iteration() == iteration:
-            block._restart()
+            _restart_to_release(block)
+
+
+def release_pipeline(pipeline: DataPipe) -> None:
+    """Restart every block of ``pipeline`` (a worker's own copy) to give back what it holds."""
+    for block in upstream_blocks(pipeline):
+        _restart_to_release(block)
+
+
+def _restart_to_release(block: DataPipe) -> None:
+    try:
+        block._restart()
+    except Exception:  # noqa: BLE001 - a block that cannot start over (a one-shot source)
+        pass  # says so when a next epoch asks it to, not when the loader lets go of it
 
 
 def forget_lazy_init(pipeline: DataPipe) -> None:

@@ -9,6 +9,7 @@ reference cycle that kept the loader alive (``tests/own_resources.py``).
 from __future__ import annotations
 
 import gc
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -210,3 +211,20 @@ def test_forked_workers_never_act_on_their_parents_abandoned_loaders(cycles):
     )
     assert result.stdout.strip() == "done", result.stderr[-3000:]
     assert result.stderr == ""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("threads", [0, 2], ids=["in-process", "threads"])
+def test_letting_go_of_a_one_shot_source_mid_epoch_raises_nothing(threads):
+    # Closing what an abandoned epoch holds restarts its blocks; a one-shot iterator
+    # cannot start over, which only a next epoch over it should be told.
+    def loader(pipe):
+        return DataLoader(pipe, ThreadReadingService(threads)) if threads else DataLoader(pipe)
+
+    stopped = loader(IterableWrapper(itertools.count()).sharding_filter())
+    iterator = iter(stopped)
+    assert [next(iterator), next(iterator)] == [0, 1]
+    stopped.shutdown()
+    endless = loader(IterableWrapper(itertools.count()).sharding_filter().header(6))
+    assert sorted(endless) == list(range(6))
+    endless.shutdown()

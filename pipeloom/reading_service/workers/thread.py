@@ -11,8 +11,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...datapipes import DataPipe, IterDataPipe, reset_pipeline
-from ...datapipes.runtime import GlobalDrawCheck
+from ...datapipes import DataPipe, IterDataPipe
+from ...datapipes.runtime import GlobalDrawCheck, release_pipeline
 from ...events import ReadinessSource
 from ...queues import ThreadQueue
 from .baton import GilBaton
@@ -139,7 +139,7 @@ def _run(
             # The consumer left mid-epoch: close the copy's streams now. It is this
             # thread's alone, and a reference cycle (a block's generator) would keep
             # them open until a garbage collection, or the next epoch.
-            reset_pipeline(pipe)
+            release_pipeline(pipe)
     finally:
         if baton is not None:
             baton.give(seat)  # also when the pipeline raised a BaseException while held
