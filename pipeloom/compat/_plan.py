@@ -391,12 +391,8 @@ class PlanSource(IterDataPipe):
         plan = self.board.read()
         entries = plan.entries.flattened() if self.flatten_entries else plan.entries
         self._first = plan.first_index if self.flatten_entries else plan.first
-        if plan.skip and self.flatten_entries:
-            raise RuntimeError(
-                "this epoch leaves out batches delivered out of order (in_order=False), "
-                "which a loader that fetches item by item cannot do; resume it with "
-                "strategy='classic'"
-            )
+        # positions of batches; a loader that fetches item by item refuses such a state
+        assert not (plan.skip and self.flatten_entries), "skip needs batch entries"
         self._skip = plan.skip
         self._next = self._first_from(max(self._next, self._first))
         self._entries = entries
