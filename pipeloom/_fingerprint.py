@@ -30,10 +30,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from .datapipes import DataPipe
+from .datapipes import DataPipe, StreamReader
 from .graph import traverse
 
-__all__ = ["describe", "field_differences", "fingerprint_differences", "pipeline_fingerprint"]
+__all__ = [
+    "data_differences",
+    "data_fingerprint",
+    "describe",
+    "field_differences",
+    "fingerprint_differences",
+    "pipeline_fingerprint",
+]
 
 _PARTIAL = "functools.partial("
 _SHORT = 200  # longer strings are described by their length
@@ -61,6 +68,49 @@ def pipeline_fingerprint(pipeline: DataPipe, *, across_ranks: bool = False) -> d
             fields[name] = describe(value, partial_arguments=not across_ranks)
         blocks.append([type(block).__qualname__, fields])
     return {"blocks": blocks}
+
+
+def data_fingerprint(pipeline: DataPipe, *, contents: bool | None = None) -> list[list[Any]]:
+    """``[[f"block #{i} {type}", description], ...]`` of the data the sources read.
+
+    For each block that defines ``describe_data(contents=...)`` (a file
+    lister: its listing; with ``contents``, each file's size and time, asked
+    when a reader resumes in the middle of files; ``contents=None``: when the
+    pipeline has such a reader). Unlike the arguments, this is learned from
+    the data, so it is taken when the state is.
+    """
+    nodes = traverse(pipeline).nodes
+    if contents is None:
+        contents = any(isinstance(block, StreamReader) for block in nodes)
+    described = []
+    for index, block in enumerate(nodes):
+        describe_data = getattr(block, "describe_data", None)
+        if callable(describe_data):
+            label = f"block #{index} {type(block).__qualname__}"
+            described.append([label, describe_data(contents=contents)])
+    return described
+
+
+def data_differences(saved: Any, pipeline: DataPipe) -> list[str]:
+    """What changed in ``pipeline``'s data since ``saved`` (``data_fingerprint``'s).
+
+    A state saved before the data was recorded (``saved`` None) has nothing to compare.
+    """
+    if saved is None:
+        return []
+    if not isinstance(saved, (list, tuple)) or not all(
+        isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[1], dict)
+        for entry in saved
+    ):
+        return ["the state's record of the data is damaged (expected [[block, {...}], ...])"]
+    was = {str(label): description for label, description in saved}
+    lines = []
+    for index, block in enumerate(traverse(pipeline).nodes):
+        label = f"block #{index} {type(block).__qualname__}"
+        changed_data = getattr(block, "changed_data", None)
+        if label in was and callable(changed_data):
+            lines += [f"{label}: {line}" for line in changed_data(was[label])]
+    return lines
 
 
 def describe(value: Any, *, partial_arguments: bool = True) -> str:

@@ -12,7 +12,12 @@ from weakref import WeakMethod
 import torch
 
 from ._epoch import Epoch, EpochIterator
-from ._fingerprint import fingerprint_differences, pipeline_fingerprint
+from ._fingerprint import (
+    data_differences,
+    data_fingerprint,
+    fingerprint_differences,
+    pipeline_fingerprint,
+)
 from ._loader_state import STATE_VERSION, UNCHECKED_VERSION, read_state
 from ._owners import claim
 from ._remote_shutdown import stop_the_step
@@ -281,7 +286,11 @@ class DataLoader(ShutsDown):
             "epoch": epoch,
             "delivered": delivered,
             "service": service_state,
-            "fingerprint": {"blocks": [[k, dict(f)] for k, f in self._fingerprint["blocks"]]},
+            "fingerprint": {
+                "blocks": [[k, dict(f)] for k, f in self._fingerprint["blocks"]],
+                # e.g. the files listed: checked on load when a position points into them
+                "data": [] if service_state is None else data_fingerprint(self.datapipe),
+            },
         }
         if (tuned := tuned_in(self.reading_service)) is not None:  # a resumed job starts tuned
             state["autotune"] = tuned.tuning_state()
@@ -298,7 +307,8 @@ class DataLoader(ShutsDown):
                 stacklevel=3,
             )
             return
-        differences = fingerprint_differences(state.get("fingerprint"), self._fingerprint)
+        saved = state.get("fingerprint")
+        differences = fingerprint_differences(saved, self._fingerprint)
         if differences:
             raise StateError(
                 "this state was saved from a different pipeline or dataset, so its positions "
@@ -307,6 +317,21 @@ class DataLoader(ShutsDown):
                 + "\nBuild the loader as it was built when the state was saved; if the change "
                 "is intended (e.g. the same files under a new root), load it with "
                 "load_state_dict(state, strict=False)"
+            )
+        if state.get("service") is None:  # between epochs: no position points into the data
+            return
+        data = saved.get("data") if isinstance(saved, dict) else None
+        changed = data_differences(data, self.datapipe)
+        if changed:
+            raise StateError(
+                "the files changed since this state was saved, so its positions would point "
+                "at other files or other samples, and the resumed epoch would skip, repeat "
+                "or mix samples:\n  "
+                + "\n  ".join(changed)
+                + f"\nRestore the files as they were when the state was saved; or start epoch "
+                f"{state['epoch']} over without this state (DataLoader(..., seed={state['seed']}), "
+                f"then loader.set_epoch({state['epoch']})); load_state_dict(state, strict=False) "
+                f"resumes at the saved positions in the files as they are now"
             )
 
     # -- lifecycle ----------------------------------------------------------------
@@ -394,6 +419,9 @@ class DataLoader(ShutsDown):
                 self._counters.start()
                 if (tuned := tuned_in(self.reading_service)) is not None:
                     tuned.on_queues_change = WeakMethod(self._counters.count_queues)
+            # Sources list their files here, once, so that workers started later share
+            # the listing (every epoch, and the one a checkpoint records).
+            data_fingerprint(self.datapipe, contents=False)
             with self._exporting_stats():
                 self.reading_service.initialize(self.datapipe)
             self._initialized = True

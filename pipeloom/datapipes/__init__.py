@@ -38,7 +38,7 @@ from ._decompress import Bz2FileLoader, CompressionType, Decompressor, XzFileLoa
 from ._demux import Demultiplexer
 from ._device import PinMemory, ToDevice
 from ._enumerate import Enumerator
-from ._files import FileLister, FileOpener, StreamOpener, StreamReader
+from ._files import FileOpener, StreamOpener, StreamReader
 from ._filter import Filter
 from ._fingerprint import Fingerprint, UnfingerprintableError, fingerprint
 from ._flatmap import FlatMapper
@@ -55,6 +55,7 @@ from ._in_memory_cache import InMemoryCacheHolder
 from ._json import JsonParser
 from ._key_zip import IterKeyZipper, MapKeyZipper
 from ._list_files import FSSpecRootLister, RootLister
+from ._listers import FileLister
 from ._map import MapMapper, Mapper
 from ._map_batches import BatchMapper
 from ._map_cache import MapInMemoryCacheHolder

@@ -1,4 +1,4 @@
-"""Local files: list them (``FileLister``) and open them (``FileOpener`` / ``open_files``).
+"""Local files: open them (``FileOpener``, ``open_files``); ``_listers`` lists them.
 
 Also the two shared pieces every storage block builds on:
 
@@ -11,6 +11,7 @@ Also the two shared pieces every storage block builds on:
 
 Example:
     >>> import os, tempfile
+    >>> from pipeloom.datapipes import FileLister
     >>> root = tempfile.mkdtemp()
     >>> for name in ("b.txt", "a.txt", "c.csv"):
     ...     with open(os.path.join(root, name), "w") as f:
@@ -24,200 +25,23 @@ Example:
 
 from __future__ import annotations
 
-import fnmatch
 import io
 import os
-import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import IO, Any
 
 from .._validate import check_index, check_int
 from ..errors import StateError
 from ._base import IterDataPipe
-from ._compact import CompactStringList
 from ._context import NO_STAMP, current_stamp, restore_stamp, stamp_output
 from ._handed_streams import Handed, claim, close_streams, is_claimed, prune, release
 from ._pipeline import is_sharding_root
-from ._state_fields import StateFields
+from ._state_fields import StateFields, state_count, state_field
 
-__all__ = ["FileLister", "FileOpener", "StreamOpener", "StreamReader"]
+__all__ = ["FileOpener", "StreamOpener", "StreamReader"]
 
 _MODES = {"r": "r", "rt": "r", "t": "r", "rb": "rb", "b": "rb"}
-
-
-def _as_masks(masks: str | Sequence[str]) -> tuple[str, ...]:
-    if isinstance(masks, str):
-        return (masks,) if masks else ()
-    if isinstance(masks, Sequence) and all(isinstance(m, str) for m in masks):
-        return tuple(m for m in masks if m)
-    raise TypeError(f"masks must be a str or a list of str like ['*.tar'], got {masks!r}")
-
-
-def _matches(name: str, masks: tuple[str, ...]) -> bool:
-    return not masks or any(fnmatch.fnmatch(name, mask) for mask in masks)
-
-
-def state_field(block: object, state: Any, name: str) -> Any:
-    """``state[name]``, or a StateError naming the block and the field."""
-    if not isinstance(state, dict) or name not in state:
-        raise StateError(
-            f"{block!r}: the state must be a dict with the field {name!r}, got {state!r:.100}; "
-            f"load a state saved from the same pipeline"
-        )
-    return state[name]
-
-
-def state_count(block: object, state: Any, name: str) -> int:
-    """``state[name]`` checked to be an int >= 0, or a StateError naming the block and field."""
-    value = state_field(block, state, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise StateError(
-            f"{block!r}: state field {name!r} must be an int >= 0, got {value!r:.100}; "
-            f"the state is damaged or from another pipeline"
-        )
-    return value
-
-
-class Lister(IterDataPipe):
-    """Base of listing sources: lists once (lazily), keeps the listing compact.
-
-    Subclasses implement ``_list() -> list[str]``. The listing is taken at
-    first use and reused every epoch, stored in a :class:`CompactStringList`
-    so forked workers reading it do not copy it.
-    """
-
-    def __init__(self, masks: str | Sequence[str]) -> None:
-        self.masks = _as_masks(masks)
-        self._paths: CompactStringList | None = None
-        self._position = 0
-
-    def _list(self) -> list[str]:
-        raise NotImplementedError
-
-    def _where(self) -> str:
-        raise NotImplementedError
-
-    def listing(self) -> CompactStringList:
-        """The paths of one epoch (listed on first call)."""
-        if self._paths is None:
-            self._paths = CompactStringList(self._list())
-            if not len(self._paths):
-                warnings.warn(
-                    f"{self!r}: no file under {self._where()} matches masks "
-                    f"{list(self.masks) or '(none)'}; the epoch is empty. Check the "
-                    f"root and the masks (e.g. masks='*.tar')",
-                    UserWarning,
-                    stacklevel=3,
-                )
-        return self._paths
-
-    def reset(self) -> None:
-        self._position = 0
-
-    def async_next(self) -> str:
-        paths = self.listing()
-        position = self._position
-        if position >= len(paths):
-            raise StopIteration
-        self._position = position + 1
-        self._stamp_item(position)
-        return paths[position]
-
-    def __len__(self) -> int:
-        return len(self.listing())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"position": self._position}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._position = state_count(self, state, "position")
-
-
-class FileLister(Lister):
-    """Yield the paths of files under ``root`` whose name matches ``masks``, sorted.
-
-    Args:
-        root: a directory or file path, or a list of them.
-        masks: glob pattern(s) matched against the file name, e.g. ``"*.tar"``;
-            empty matches everything.
-        recursive: also list subdirectories.
-        abspath: yield absolute paths.
-        non_deterministic: keep the file system's order instead of sorting.
-
-    Raises:
-        FileNotFoundError: at first use, naming a root that does not exist.
-
-    Example:
-        >>> import os, tempfile
-        >>> root = tempfile.mkdtemp()
-        >>> os.makedirs(os.path.join(root, "sub"))
-        >>> for name in ("x.tar", "sub/y.tar", "sub/z.txt"):
-        ...     open(os.path.join(root, name), "w").close()
-        >>> [os.path.relpath(p, root) for p in FileLister(root, "*.tar", recursive=True)]
-        ['sub/y.tar', 'x.tar']
-    """
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] = ".",
-        masks: str | Sequence[str] = "",
-        *,
-        recursive: bool = False,
-        abspath: bool = False,
-        non_deterministic: bool = False,
-    ) -> None:
-        roots = [root] if isinstance(root, (str, os.PathLike)) else root
-        if (
-            not isinstance(roots, Sequence)
-            or not roots
-            or not all(isinstance(r, (str, os.PathLike)) for r in roots)
-        ):
-            raise TypeError(
-                f"root must be a path or a non-empty list of paths, got {root!r}; "
-                f"for a stream of roots (e.g. an IterDataPipe) use roots.list_files(masks)"
-            )
-        super().__init__(masks)
-        self.roots = tuple(os.fspath(r) for r in roots)
-        self.recursive = bool(recursive)
-        self.abspath = bool(abspath)
-        self.non_deterministic = bool(non_deterministic)
-
-    def _where(self) -> str:
-        return ", ".join(repr(r) for r in self.roots)
-
-    def _list(self) -> list[str]:
-        found: list[str] = []
-        for root in self.roots:
-            if not os.path.exists(root):
-                raise FileNotFoundError(
-                    f"FileLister: root {root!r} does not exist (cwd {os.getcwd()!r}); "
-                    f"pass an existing directory or file"
-                )
-            if os.path.isfile(root):
-                if _matches(os.path.basename(root), self.masks):
-                    found.append(os.path.abspath(root) if self.abspath else root)
-                continue
-            base = os.path.abspath(root) if self.abspath else root
-            for directory, dirs, files in os.walk(base, onerror=_raise_walk_error):
-                if not self.non_deterministic:
-                    dirs.sort()
-                found.extend(os.path.join(directory, n) for n in files if _matches(n, self.masks))
-                if not self.recursive:
-                    dirs.clear()
-        return found if self.non_deterministic else sorted(found)
-
-    def __repr__(self) -> str:
-        root = self.roots[0] if len(self.roots) == 1 else list(self.roots)
-        return (
-            f"FileLister(root={root!r}, masks={list(self.masks)!r}, "
-            f"recursive={self.recursive}, abspath={self.abspath}, "
-            f"non_deterministic={self.non_deterministic})"
-        )
-
-
-def _raise_walk_error(error: OSError) -> None:
-    raise error
 
 
 class StreamOpener(IterDataPipe):

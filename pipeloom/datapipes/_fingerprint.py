@@ -182,7 +182,7 @@ class _Digester:
                 continue
             self.tag(name)
             self.value(getattr(block, name), name)
-        from ._files import Lister
+        from ._listers import Lister
 
         if isinstance(block, Lister):  # the identity of the files it lists
             for path in block.listing():

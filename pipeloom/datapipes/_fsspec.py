@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from ._base import IterDataPipe
-from ._files import _MODES, Lister, StreamOpener, _matches
+from ._files import _MODES, StreamOpener
+from ._listers import Lister, _matches
 
 __all__ = ["FSSpecFileLister", "FSSpecFileOpener"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ._base import IterDataPipe
 from ._expand import Expander
-from ._files import FileLister
+from ._listers import FileLister
 
 __all__ = ["FSSpecRootLister", "RootLister"]
 

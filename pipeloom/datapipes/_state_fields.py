@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import StateError
 
-__all__ = ["StateFields"]
+__all__ = ["StateFields", "state_count", "state_field"]
 
 _MISSING: Any = object()
 
@@ -207,3 +207,24 @@ def _show(value: Any, limit: int = 60) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{text} ({type(value).__name__})"
+
+
+def state_field(block: object, state: Any, name: str) -> Any:
+    """``state[name]``, or a StateError naming the block and the field."""
+    if not isinstance(state, dict) or name not in state:
+        raise StateError(
+            f"{block!r}: the state must be a dict with the field {name!r}, got {state!r:.100}; "
+            f"load a state saved from the same pipeline"
+        )
+    return state[name]
+
+
+def state_count(block: object, state: Any, name: str) -> int:
+    """``state[name]`` checked to be an int >= 0, or a StateError naming the block and field."""
+    value = state_field(block, state, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise StateError(
+            f"{block!r}: state field {name!r} must be an int >= 0, got {value!r:.100}; "
+            f"the state is damaged or from another pipeline"
+        )
+    return value

@@ -31,7 +31,6 @@ from ._decompress import Bz2FileLoader, Decompressor, XzFileLoader
 from ._demux import demux
 from ._device import PinMemory
 from ._enumerate import Enumerator
-from ._files import FileLister as _PathLister
 from ._filter import Filter
 from ._flatmap import FlatMapper
 from ._fork import fork
@@ -44,6 +43,7 @@ from ._header import Header
 from ._json import JsonParser
 from ._key_zip import IterKeyZipper, MapKeyZipper
 from ._list_files import FSSpecRootLister, RootLister
+from ._listers import FileLister as _PathLister
 from ._map import Mapper
 from ._map_batches import BatchMapper
 from ._mux import Multiplexer

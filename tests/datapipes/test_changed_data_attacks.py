@@ -1,0 +1,226 @@
+"""The files under a loader change between a checkpoint and its resume, as they do on a real job.
+
+A job checkpoints in the middle of a shard; the dataset directory is
+re-synced, a shard rewritten, a file added; the job resumes days later. A
+checkpoint holds positions ("file 0 of the listing, member 2 of it"), so the
+resume must either continue exactly or refuse, saying what changed. It used
+to go on silently:
+
+* a file added that sorts before the current one, or one deleted or renamed,
+  shifted the listing: the resumed epoch read its first samples again
+  (in-process) or the new file's samples at the old offset (processes), or
+  skipped a file's samples;
+* the current shard rewritten, appended to or cut: the reader skipped the
+  saved number of members of the *new* content and went on with it.
+
+The state now records the listing (its length and a CRC-32 of the paths) and,
+where a reader resumes inside files, each file's size and modification time;
+``load_state_dict`` compares them. Also: the listing is taken once per loader
+in the main process, so worker processes started every epoch no longer list
+again (a file added after epoch 1 appeared in epoch 2 under processes only).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import zipfile
+
+import pytest
+
+from pipeloom import DataLoader
+from pipeloom.datapipes import FileLister
+from pipeloom.errors import StateError
+from pipeloom.reading_service import MultiProcessingReadingService
+
+
+def _processes(workers: int) -> MultiProcessingReadingService:
+    return MultiProcessingReadingService(workers, start_method="fork", timeout=30)
+
+
+def _tar(path, tag: str, members: int = 4) -> None:
+    with tarfile.open(path, "w") as tar:
+        for i in range(members):
+            payload = f"{tag}{i}".encode()
+            info = tarfile.TarInfo(f"s{i}.txt")
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+
+
+def _lines(path, tag: str, members: int = 4) -> None:
+    path.write_text("".join(f"{tag}{i}\n" for i in range(members)))
+
+
+def _zip(path, tag: str, members: int = 4) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        for i in range(members):
+            archive.writestr(f"s{i}.txt", f"{tag}{i}")
+
+
+FORMATS = {
+    "tar": (
+        "tar",
+        _tar,
+        lambda files: files.open_files("rb").load_from_tar().map(lambda x: x[1].decode()),
+    ),
+    "lines": ("txt", _lines, lambda files: files.open_files("r").readlines().map(lambda x: x[1])),
+    "zip": (
+        "zip",
+        _zip,
+        lambda files: files.open_files("rb").load_from_zip().map(lambda x: x[1].read().decode()),
+    ),
+}
+
+
+def _build(root, kind: str = "tar"):
+    extension, _, read = FORMATS[kind]
+    return read(FileLister(str(root), f"*.{extension}").sharding_filter())
+
+
+def _checkpoint(root, kind: str = "tar", service=None, taken: int = 2):
+    """Two files b and c; the state after ``taken`` items (inside b)."""
+    extension, write, _ = FORMATS[kind]
+    write(root / f"b.{extension}", "B")
+    write(root / f"c.{extension}", "C")
+    with DataLoader(_build(root, kind), service, seed=0) as loader:
+        iterator = iter(loader)
+        seen = [next(iterator) for _ in range(taken)]
+        return seen, loader.state_dict()
+
+
+def _resume(root, state, kind: str = "tar", service=None, **load):
+    with DataLoader(_build(root, kind), service, seed=0) as loader:
+        loader.load_state_dict(state, **load)
+        return list(loader)
+
+
+def _later(path) -> None:
+    """The file was rewritten later than it was first written (days later, on a real job)."""
+    status = os.stat(path)
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns + 10**9))
+
+
+def _rewrite_same_size(root):
+    _tar(root / "b.tar", "X")
+    _later(root / "b.tar")
+
+
+def _append(root):
+    _tar(root / "b.tar", "B", members=6)
+
+
+def _truncate(root):
+    with open(root / "b.tar", "r+b") as file:
+        file.truncate(os.path.getsize(root / "b.tar") - 1024)  # the end-of-archive blocks
+
+
+def _replace(root):
+    os.remove(root / "b.tar")
+    _tar(root / "b.tar.partial", "Y", members=3)
+    os.rename(root / "b.tar.partial", root / "b.tar")  # as rsync does
+
+
+CONTENT = {
+    "rewritten, same size": _rewrite_same_size,
+    "appended to": _append,
+    "truncated": _truncate,
+    "replaced by another size": _replace,
+}
+LISTING = {
+    "deleted": lambda root: os.remove(root / "b.tar"),
+    "a file added before it": lambda root: _tar(root / "a.tar", "A"),
+    "renamed": lambda root: os.rename(root / "b.tar", root / "b2.tar"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FORMATS))
+def test_an_unchanged_directory_resumes_exactly_mid_file(tmp_path, kind):
+    seen, state = _checkpoint(tmp_path, kind)
+    expected = [f"{letter}{i}" for letter in "BC" for i in range(4)]
+    assert seen + _resume(tmp_path, state, kind) == expected
+
+
+@pytest.mark.parametrize("change", sorted(CONTENT))
+def test_a_shard_changed_under_a_mid_shard_checkpoint_is_refused_naming_it(tmp_path, change):
+    _, state = _checkpoint(tmp_path)
+    CONTENT[change](tmp_path)
+    with pytest.raises(StateError) as caught:
+        _resume(tmp_path, state)
+    message = str(caught.value)
+    assert "1 of 2 file(s) were rewritten, appended to or cut" in message, message
+    assert repr(str(tmp_path / "b.tar")) in message
+    assert "loader.set_epoch(0)" in message and "strict=False" in message
+
+
+@pytest.mark.parametrize("change", sorted(LISTING))
+def test_a_listing_changed_under_a_mid_shard_checkpoint_is_refused(tmp_path, change):
+    _, state = _checkpoint(tmp_path)
+    LISTING[change](tmp_path)
+    with pytest.raises(
+        StateError, match=r"block #\d FileLister: listed 2 path\(s\), CRC-32 .* now"
+    ):
+        _resume(tmp_path, state)
+
+
+@pytest.mark.parametrize("kind", ["lines", "zip"])
+def test_other_mid_file_readers_refuse_a_rewritten_file(tmp_path, kind):
+    _, state = _checkpoint(tmp_path, kind)
+    extension, write, _ = FORMATS[kind]
+    write(tmp_path / f"b.{extension}", "X")
+    _later(tmp_path / f"b.{extension}")
+    with pytest.raises(StateError, match="1 of 2 file"):
+        _resume(tmp_path, state, kind)
+
+
+def test_processes_refuse_as_in_process_and_resume_exactly_on_another_worker_count(tmp_path):
+    # Under worker processes the resume is by position: a file added before the
+    # current one gave its samples at the old offset ('A2', 'A3', ...), a deleted
+    # one skipped the next file's first samples.
+    seen, state = _checkpoint(tmp_path, service=_processes(2))
+    assert seen + _resume(tmp_path, state, service=_processes(1)) == [
+        f"{letter}{i}" for letter in "BC" for i in range(4)
+    ]
+    _tar(tmp_path / "a.tar", "A")
+    with pytest.raises(StateError, match="listed 2 path"):
+        _resume(tmp_path, state, service=_processes(1))
+    os.remove(tmp_path / "a.tar")
+    _append(tmp_path)
+    with pytest.raises(StateError, match="1 of 2 file"):
+        _resume(tmp_path, state, service=_processes(1))
+
+
+def test_strict_false_resumes_at_the_saved_position_of_the_changed_files(tmp_path):
+    _, state = _checkpoint(tmp_path)
+    _rewrite_same_size(tmp_path)
+    assert _resume(tmp_path, state, strict=False) == ["X2", "X3", "C0", "C1", "C2", "C3"]
+
+
+def test_a_state_between_epochs_loads_over_changed_files(tmp_path):
+    # No position points into the files: the next epoch lists them as they are now.
+    _tar(tmp_path / "b.tar", "B")
+    with DataLoader(_build(tmp_path), seed=0) as loader:
+        list(loader)
+        state = loader.state_dict()
+    assert state["fingerprint"]["data"] == []
+    _tar(tmp_path / "a.tar", "A", members=1)
+    assert _resume(tmp_path, state) == ["A0", "B0", "B1", "B2", "B3"]
+
+
+def test_a_whole_file_pipeline_records_the_listing_without_a_stat_per_file(tmp_path):
+    _tar(tmp_path / "b.tar", "B")
+    pipe = FileLister(str(tmp_path), "*.tar").sharding_filter().open_files("rb")
+    with DataLoader(pipe.map(lambda x: x[1].read()), seed=0) as loader:
+        next(iter(loader))
+        [[label, recorded]] = loader.state_dict()["fingerprint"]["data"]
+    assert label.endswith("FileLister") and list(recorded) == ["listing"]
+
+
+def test_worker_processes_started_every_epoch_keep_the_first_listing(tmp_path):
+    # The listing is kept for every epoch (docs/storage.md): in-process, in threads and in
+    # persistent workers it was; fresh worker processes listed again each epoch.
+    _tar(tmp_path / "b.tar", "B", members=2)
+    with DataLoader(_build(tmp_path), _processes(2), seed=0) as loader:
+        first = list(loader)
+        _tar(tmp_path / "a.tar", "A", members=2)
+        assert list(loader) == first == ["B0", "B1"]
