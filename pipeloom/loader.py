@@ -249,6 +249,9 @@ class DataLoader(ShutsDown):
             seed, epoch, delivered, service = read_state(state)
             if strict:
                 self._check_fingerprint(state)
+            for block in walk_upstream(self.datapipe):  # e.g. an opener re-opening a file
+                if callable(set_strict := getattr(block, "set_strict_resume", None)):
+                    set_strict(strict)
             if "autotune" in state and (tuned := tuned_in(self.reading_service)) is not None:
                 tuned.load_tuning_state(state["autotune"])
             self.seed = self.reading_service.agree_seed(seed)

@@ -101,6 +101,13 @@ class Download(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def version(self) -> str | None:
+        """The server's word for this version of the file (strong ETag, Last-Modified,
+        length), as a resume compares it; None when the server sent none of them."""
+        if self._etag is None and self._modified is None and self._length is None:
+            return None
+        return f"ETag {self._etag}, Last-Modified {self._modified}, {self._length} bytes"
+
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         if not len(view):

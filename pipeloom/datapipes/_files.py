@@ -4,7 +4,8 @@ Also the two shared pieces every storage block builds on:
 
 * ``StreamOpener`` — a shardable block turning paths into ``(path, stream)``.
   It closes the streams it handed out on ``reset()``/``close()``, and saves
-  those a reader is in the middle of so that a resume re-opens them ("replay").
+  those a reader is in the middle of so that a resume re-opens them ("replay"),
+  with their version (``_version``): a resume refuses another version of a file.
 * ``StreamReader`` — a block that reads each ``(path, stream)`` into items
   (tar members, lines, CSV rows), claims the stream while it reads it, closes it
   when done, and saves how many items of it it emitted (skipped after a replay).
@@ -64,11 +65,31 @@ class StreamOpener(IterDataPipe):
         self._position = 0  # items pulled from source this epoch
         self._resume_from = 0  # positions before it are skipped unopened (resume)
         self._handed: Handed = []  # streams given out, maybe open
-        self._replay: list[tuple[int, str]] = []  # to re-open first after a resume
+        # To re-open first after a resume: (position, path) or (position, path, version).
+        self._replay: list[tuple] = []
         self._guard: weakref.finalize | None = None
+        self._strict = True  # refuse to resume inside another version of a file
 
     def _open(self, path: str) -> IO[Any]:
         raise NotImplementedError
+
+    def _version(self, stream: IO[Any]) -> str | None:
+        """What tells this version of the file ``stream`` reads from another (a local
+        file's size and time, a URL's validators); None when nothing can."""
+        return None
+
+    def _reopen(self, path: str, version: str | None) -> IO[Any]:
+        """Open ``path`` again for a resume inside it: refuse another version of the file."""
+        stream = self._open(path)
+        if self._strict and version is not None and (now := self._version(stream)) != version:
+            stream.close()
+            raise StateError(
+                f"{self!r}: {path!r} changed since the checkpoint was saved ({version}; "
+                f"now {now}), so resuming inside it would skip the saved number of items of "
+                f"another version of the file and read the rest of that. Restore the file as "
+                f"it was, or start the epoch over without loading the state"
+            )
+        return stream
 
     def _check(self, path: Any) -> str:
         if isinstance(path, os.PathLike):
@@ -90,8 +111,8 @@ class StreamOpener(IterDataPipe):
 
     def async_next(self) -> tuple[str, IO[Any]]:
         if self._replay:
-            position, path = self._replay[0]
-            stream = self._open(path)
+            position, path, *version = self._replay[0]
+            stream = self._reopen(path, version[0] if version else None)
             del self._replay[0]
         else:
             while True:
@@ -130,6 +151,10 @@ class StreamOpener(IterDataPipe):
         self._replay = []
         self._root: bool | None = None  # decided at the first item of the epoch
 
+    def set_strict_resume(self, strict: bool) -> None:
+        """``False``: resume inside a file that changed (``load_state_dict(strict=False)``)."""
+        self._strict = strict
+
     def resume_at(self, position: int) -> None:
         """Skip the paths before ``position`` without opening them."""
         self._resume_from = position
@@ -139,7 +164,11 @@ class StreamOpener(IterDataPipe):
         return max(0, -(-(size - self._index) // self._total))
 
     def state_dict(self) -> dict[str, Any]:
-        reading = [(p, path) for p, path, s in self._handed if not s.closed and is_claimed(s)]
+        reading = [
+            (p, path) if (version := self._version(s)) is None else (p, path, version)
+            for p, path, s in self._handed
+            if not s.closed and is_claimed(s)
+        ]
         return {"position": self._position, "replay": self._replay + reading}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -147,20 +176,20 @@ class StreamOpener(IterDataPipe):
         replay = state_field(self, state, "replay")
         if not isinstance(replay, (list, tuple)) or not all(
             isinstance(entry, (list, tuple))
-            and len(entry) == 2
+            and len(entry) in (2, 3)
             and isinstance(entry[0], int)
             and not isinstance(entry[0], bool)
             and 0 <= entry[0] < position
-            and isinstance(entry[1], str)
+            and all(isinstance(text, str) for text in entry[1:])
             for entry in replay
         ):
             raise StateError(
-                f"{self!r}: state field 'replay' must be a list of (position, path) pairs "
-                f"with 0 <= position < {position}, got {replay!r:.100}"
+                f"{self!r}: state field 'replay' must be a list of (position, path) or "
+                f"(position, path, version) with 0 <= position < {position}, got {replay!r:.100}"
             )
         self.close()
         self._position = position
-        self._replay = [(p, path) for p, path in replay]
+        self._replay = [tuple(entry) for entry in replay]
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # a copy re-opens what this one has open
@@ -195,6 +224,13 @@ class FileOpener(StreamOpener):
 
     def _open(self, path: str) -> IO[Any]:
         return open(path, self.mode, encoding=self.encoding)  # noqa: SIM115
+
+    def _version(self, stream: IO[Any]) -> str | None:
+        try:
+            status = os.fstat(stream.fileno())  # the file it opened, even if renamed over since
+        except (OSError, ValueError, AttributeError):  # not a file (a subclass's own stream)
+            return None
+        return f"{status.st_size} bytes, modified {status.st_mtime_ns} ns"
 
     def __repr__(self) -> str:
         return f"FileOpener(mode={self.mode!r}, encoding={self.encoding!r})"

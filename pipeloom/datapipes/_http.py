@@ -97,6 +97,10 @@ class HttpReader(StreamOpener):
         policy = RetryPolicy(self.timeout, self.retries, self.backoff, self.deadline)
         return io.BufferedReader(Download(path, dict(self.headers or {}), policy, closing))
 
+    def _version(self, stream: IO[Any]) -> str | None:
+        download = getattr(stream, "raw", None)
+        return download.version() if isinstance(download, Download) else None
+
     def close(self) -> None:
         """Close open responses and interrupt a retry wait in progress."""
         if self._closing is not None:

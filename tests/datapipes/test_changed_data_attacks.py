@@ -15,7 +15,11 @@ to go on silently:
 
 The state now records the listing (its length and a CRC-32 of the paths) and,
 where a reader resumes inside files, each file's size and modification time;
-``load_state_dict`` compares them. Also: the listing is taken once per loader
+``load_state_dict`` compares them. In the calling process the opener's state
+also keeps the version of each stream a reader is inside of (a file's size and
+time, a URL's ETag, Last-Modified and length), checked when the resume
+re-opens it: paths from a list and URLs were resumed inside another version
+of the file. Also: the listing is taken once per loader
 in the main process, so worker processes started every epoch no longer list
 again (a file added after epoch 1 appeared in epoch 2 under processes only).
 """
@@ -30,9 +34,10 @@ import zipfile
 import pytest
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import FileLister
+from pipeloom.datapipes import FileLister, HttpReader, IterableWrapper
 from pipeloom.errors import StateError
 from pipeloom.reading_service import MultiProcessingReadingService
+from tests.datapipes.hostile_http import HostileServer, Route
 
 
 def _processes(workers: int) -> MultiProcessingReadingService:
@@ -224,3 +229,64 @@ def test_worker_processes_started_every_epoch_keep_the_first_listing(tmp_path):
         first = list(loader)
         _tar(tmp_path / "a.tar", "A", members=2)
         assert list(loader) == first == ["B0", "B1"]
+
+
+# -- paths that no lister lists, and URLs: the stream being read is checked when it is re-opened
+
+
+def _paths_pipe(paths):
+    return IterableWrapper(paths).open_files("rb").load_from_tar().map(lambda x: x[1].decode())
+
+
+def test_a_file_read_from_a_list_of_paths_is_checked_when_the_resume_reopens_it(tmp_path):
+    paths = [str(tmp_path / "b.tar"), str(tmp_path / "c.tar")]
+    _tar(paths[0], "B")
+    _tar(paths[1], "C")
+    with DataLoader(_paths_pipe(paths), seed=0) as loader:
+        iterator = iter(loader)
+        seen = [next(iterator) for _ in range(2)]
+        state = loader.state_dict()
+    assert seen + _resume_pipe(_paths_pipe(paths), state) == [
+        f"{letter}{i}" for letter in "BC" for i in range(4)
+    ]
+    _rewrite_same_size(tmp_path)
+    with pytest.raises(StateError, match=r"b\.tar' changed since the checkpoint was saved"):
+        _resume_pipe(_paths_pipe(paths), state)
+
+
+def _resume_pipe(pipe, state):
+    with DataLoader(pipe, seed=0) as loader:
+        loader.load_state_dict(state)
+        return list(loader)
+
+
+def _http_pipe(server):
+    return HttpReader(IterableWrapper([server.url("/b.tar")]), backoff=0.01, timeout=5)
+
+
+@pytest.mark.timeout(30)
+def test_a_url_whose_file_changed_on_the_server_since_the_checkpoint_is_refused():
+    first, second = io.BytesIO(), io.BytesIO()
+    _tar_to(first, "B")
+    _tar_to(second, "X")  # the same size: only the ETag tells them apart
+    assert len(first.getvalue()) == len(second.getvalue())
+    with HostileServer() as server:
+        server.routes["/b.tar"] = Route(versions=[first.getvalue(), second.getvalue()])
+        pipe = _http_pipe(server).load_from_tar().map(lambda x: x[1].decode())
+        with DataLoader(pipe, seed=0) as loader:
+            iterator = iter(loader)
+            seen = [next(iterator) for _ in range(2)]
+            state = loader.state_dict()
+        assert seen == ["B0", "B1"]
+        pipe = _http_pipe(server).load_from_tar().map(lambda x: x[1].decode())
+        with pytest.raises(StateError, match=r"changed since the checkpoint .*ETag \"v0\""):
+            _resume_pipe(pipe, state)
+
+
+def _tar_to(buffer, tag: str) -> None:
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for i in range(4):
+            payload = f"{tag}{i}".encode()
+            info = tarfile.TarInfo(f"s{i}.txt")
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
