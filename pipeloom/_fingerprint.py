@@ -73,11 +73,11 @@ def pipeline_fingerprint(pipeline: DataPipe, *, across_ranks: bool = False) -> d
 def data_fingerprint(pipeline: DataPipe, *, contents: bool | None = None) -> list[list[Any]]:
     """``[[f"block #{i} {type}", description], ...]`` of the data the sources read.
 
-    For each block that defines ``describe_data(contents=...)`` (a file
-    lister: its listing; with ``contents``, each file's size and time, asked
-    when a reader resumes in the middle of files; ``contents=None``: when the
-    pipeline has such a reader). Unlike the arguments, this is learned from
-    the data, so it is taken when the state is.
+    For each block whose ``describe_data(contents=...)`` describes something (a
+    file lister, or a list of paths: the paths; with ``contents``, each file's
+    size and time, asked when a reader resumes in the middle of files;
+    ``contents=None``: when the pipeline has such a reader). Unlike the
+    arguments, this is learned from the data, so it is taken when the state is.
     """
     nodes = traverse(pipeline).nodes
     if contents is None:
@@ -85,9 +85,8 @@ def data_fingerprint(pipeline: DataPipe, *, contents: bool | None = None) -> lis
     described = []
     for index, block in enumerate(nodes):
         describe_data = getattr(block, "describe_data", None)
-        if callable(describe_data):
-            label = f"block #{index} {type(block).__qualname__}"
-            described.append([label, describe_data(contents=contents)])
+        if callable(describe_data) and (found := describe_data(contents=contents)) is not None:
+            described.append([f"block #{index} {type(block).__qualname__}", found])
     return described
 
 

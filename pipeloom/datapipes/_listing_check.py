@@ -34,15 +34,25 @@ Example:
 from __future__ import annotations
 
 import os
+import zlib
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ._compact import CompactStringList
 
-__all__ = ["changed_files", "describe_listing", "file_identities"]
+__all__ = [
+    "changed_files",
+    "changed_strings",
+    "describe_listing",
+    "describe_strings",
+    "file_identities",
+]
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _SHOWN = 3  # changed files named in a message
+_MAX_PATH = 4096
 
 
 def describe_listing(paths: CompactStringList) -> str:
@@ -50,7 +60,40 @@ def describe_listing(paths: CompactStringList) -> str:
     return f"{len(paths)} path(s), CRC-32 {paths.checksum():08x}"
 
 
-def _stats(paths: CompactStringList) -> tuple[np.ndarray, np.ndarray]:
+def describe_strings(items: Any, *, contents: bool) -> dict[str, str] | None:
+    """The record of a source's list of paths or URLs (``IterableWrapper(paths)``):
+    like a listing's, the files' sizes and times too with ``contents`` when they are
+    local files. None for anything else: a list or tuple whose first item is not a
+    local file or a URL (text samples are not hashed at every checkpoint)."""
+    if not isinstance(items, (list, tuple)) or not items or not isinstance(items[0], str):
+        return None
+    local = len(items[0]) < _MAX_PATH and os.path.isfile(items[0])
+    if not (local or "://" in items[0][:_MAX_PATH]):
+        return None
+    if not all(isinstance(item, str) for item in items):
+        return None
+    joined = "\0".join(items).encode("utf-8", "surrogateescape")
+    described = {"listing": f"{len(items)} string(s), CRC-32 {zlib.crc32(joined):08x}"}
+    if contents and local:
+        described["files"] = file_identities(items)
+    return described
+
+
+def changed_strings(items: Any, saved: dict[str, Any]) -> list[str]:
+    """What changed in a source's list of strings since ``saved`` (``describe_strings``')."""
+    now = describe_strings(items, contents=False)
+    listing = None if now is None else now["listing"]
+    if saved.get("listing") != listing:
+        return [
+            f"held {saved.get('listing')} when the state was saved, now {listing} (paths "
+            f"added, removed, renamed or reordered)"
+        ]
+    if "files" in saved:
+        return changed_files(items, saved["files"])
+    return []
+
+
+def _stats(paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     sizes = np.zeros(len(paths), dtype=np.uint64)
     times = np.zeros(len(paths), dtype=np.uint64)
     for index, path in enumerate(paths):
@@ -68,12 +111,12 @@ def _mix(sizes: np.ndarray, times: np.ndarray) -> np.ndarray:
     return (mixed ^ (mixed >> np.uint64(32))).astype(np.uint32)
 
 
-def file_identities(paths: CompactStringList) -> str:
+def file_identities(paths: Sequence[str]) -> str:
     """Each file's size and modification time mixed into 32 bits, as hex (8 per file)."""
     return _mix(*_stats(paths)).astype(">u4").tobytes().hex()
 
 
-def changed_files(paths: CompactStringList, saved: str) -> list[str]:
+def changed_files(paths: Sequence[str], saved: str) -> list[str]:
     """The files of ``paths`` whose identity is not the one in ``saved``; empty when none.
 
     One line saying how many, naming the first few with their size now.

@@ -26,6 +26,7 @@ again (a file added after epoch 1 appeared in epoch 2 under processes only).
 
 from __future__ import annotations
 
+import collections
 import io
 import os
 import tarfile
@@ -238,8 +239,9 @@ def _paths_pipe(paths):
     return IterableWrapper(paths).open_files("rb").load_from_tar().map(lambda x: x[1].decode())
 
 
-def test_a_file_read_from_a_list_of_paths_is_checked_when_the_resume_reopens_it(tmp_path):
-    paths = [str(tmp_path / "b.tar"), str(tmp_path / "c.tar")]
+def test_a_file_from_paths_no_list_holds_is_checked_when_the_resume_reopens_it(tmp_path):
+    # A deque: the loader's state records no listing of it, the opener's state does.
+    paths = collections.deque([str(tmp_path / "b.tar"), str(tmp_path / "c.tar")])
     _tar(paths[0], "B")
     _tar(paths[1], "C")
     with DataLoader(_paths_pipe(paths), seed=0) as loader:
@@ -290,3 +292,20 @@ def _tar_to(buffer, tag: str) -> None:
             info = tarfile.TarInfo(f"s{i}.txt")
             info.size = len(payload)
             tar.addfile(info, io.BytesIO(payload))
+
+
+def test_a_list_of_paths_is_checked_as_a_listing_under_worker_processes(tmp_path):
+    # Under workers the resume goes by position, not through the opener's state: a list
+    # whose paths were reordered (same length) or whose file was rewritten resumed silently.
+    paths = [str(tmp_path / name) for name in ("b.tar", "c.tar", *(f"d{i}.tar" for i in range(7)))]
+    for path in paths:  # more than 8: the pipeline's fingerprint says "list of 9 items"
+        _tar(path, os.path.basename(path)[0].upper())
+    with DataLoader(_paths_pipe(paths), _processes(2), seed=0) as loader:
+        iterator = iter(loader)
+        [next(iterator) for _ in range(2)]
+        state = loader.state_dict()
+    with pytest.raises(StateError, match=r"held 9 string\(s\), .*reordered"):
+        _resume_pipe(_paths_pipe([paths[1], paths[0], *paths[2:]]), state)
+    _rewrite_same_size(tmp_path)
+    with pytest.raises(StateError, match=r"1 of 9 file\(s\) were rewritten.*b\.tar"):
+        _resume_pipe(_paths_pipe(paths), state)
