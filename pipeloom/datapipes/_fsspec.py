@@ -18,14 +18,30 @@ from __future__ import annotations
 
 import io
 import posixpath
+import zlib
 from collections.abc import Sequence
 from typing import IO, Any
+
+import numpy as np
 
 from ._base import IterDataPipe
 from ._files import _MODES, StreamOpener
 from ._listers import Lister, _matches
 
 __all__ = ["FSSpecFileLister", "FSSpecFileOpener"]
+
+# What tells one version of a file from another, by file system: the first one present.
+_VERSION_KEYS = (
+    "ETag",  # s3
+    "etag",  # gcs, azure
+    "generation",  # gcs
+    "mtime",  # local, sftp
+    "LastModified",
+    "last_modified",
+    "updated",
+    "modified",
+    "created",  # memory
+)
 
 
 def _fsspec(block: str) -> Any:
@@ -87,6 +103,28 @@ class FSSpecFileLister(Lister):
             fs.unstrip_protocol(n) for n in names if _matches(posixpath.basename(n), self.masks)
         ]
         return sorted(found)
+
+    def _file_stats(self, paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Each listed file's size and a CRC-32 of its version as the file system
+        reports it (an ETag, a generation, a modification time), from one listing."""
+        fs, path = _fsspec("FSSpecFileLister").core.url_to_fs(self.root, **self.storage_options)
+        if fs.isfile(path):
+            found = {path: fs.info(path)}
+        elif self.recursive:
+            found = fs.find(path, detail=True)
+        else:
+            found = {entry["name"]: entry for entry in fs.ls(path, detail=True)}
+        infos = {fs.unstrip_protocol(name): info for name, info in found.items()}
+        sizes = np.zeros(len(paths), dtype=np.uint64)
+        versions = np.zeros(len(paths), dtype=np.uint64)
+        for index, url in enumerate(paths):
+            info = infos.get(url)
+            if info is None:  # gone: 0, 0
+                continue
+            sizes[index] = int(info.get("size") or 0)
+            version = next((info[k] for k in _VERSION_KEYS if info.get(k) is not None), None)
+            versions[index] = zlib.crc32(repr(version).encode()) | 1  # never 0: "gone"
+        return sizes, versions
 
     def __repr__(self) -> str:
         return (

@@ -15,7 +15,7 @@ from typing import Any
 
 from ._base import IterDataPipe
 from ._compact import CompactStringList
-from ._listing_check import changed_files, describe_listing, file_identities
+from ._listing_check import Stats, changed_files, describe_listing, file_identities, local_stats
 from ._state_fields import state_count
 
 __all__ = ["FileLister", "Lister"]
@@ -67,12 +67,19 @@ class Lister(IterDataPipe):
                 )
         return self._paths
 
+    # Each listed file's size and a version (a time, an ETag) for a checkpoint; None:
+    # not known (then only the listing is recorded).
+    _file_stats: Stats | None = None
+
     def describe_data(self, *, contents: bool = False) -> dict[str, str]:
         """What a loader's checkpoint records of the files (see ``_listing_check``):
-        the listing, and with ``contents`` each local file's size and time."""
+        the listing, and with ``contents`` each file's size and time (or version)."""
         if self._described is None:
             self._described = describe_listing(self.listing())
-        return {"listing": self._described}
+        described = {"listing": self._described}
+        if contents and self._file_stats is not None:  # taken now: files change
+            described["files"] = file_identities(self.listing(), self._file_stats)
+        return described
 
     def changed_data(self, saved: dict[str, Any]) -> list[str]:
         """What changed since ``saved`` (``describe_data``'s), one line each."""
@@ -83,7 +90,7 @@ class Lister(IterDataPipe):
                 f"(files added, removed or renamed)"
             ]
         if "files" in saved:  # one stat per file, compared with the saved ones
-            return changed_files(self.listing(), saved["files"])
+            return changed_files(self.listing(), saved["files"], self._file_stats or local_stats)
         return []
 
     def reset(self) -> None:
@@ -160,11 +167,7 @@ class FileLister(Lister):
     def _where(self) -> str:
         return ", ".join(repr(r) for r in self.roots)
 
-    def describe_data(self, *, contents: bool = False) -> dict[str, str]:
-        described = super().describe_data()
-        if contents:  # taken now: a file may change between two checkpoints
-            described["files"] = file_identities(self.listing())
-        return described
+    _file_stats = staticmethod(local_stats)
 
     def _list(self) -> list[str]:
         found: list[str] = []

@@ -14,7 +14,10 @@ to go on silently:
   saved number of members of the *new* content and went on with it.
 
 The state now records the listing (its length and a CRC-32 of the paths) and,
-where a reader resumes inside files, each file's size and modification time;
+where a reader resumes inside files, each file's size and modification time
+(for a FileLister, an FSSpecFileLister -- its size and version, e.g. an ETag --
+and an IterableWrapper of a list of paths, which a fingerprint described by
+its length only);
 ``load_state_dict`` compares them. In the calling process the opener's state
 also keeps the version of each stream a reader is inside of (a file's size and
 time, a URL's ETag, Last-Modified and length), checked when the resume
@@ -30,12 +33,13 @@ import collections
 import io
 import os
 import tarfile
+import uuid
 import zipfile
 
 import pytest
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import FileLister, HttpReader, IterableWrapper
+from pipeloom.datapipes import FileLister, FSSpecFileLister, HttpReader, IterableWrapper
 from pipeloom.errors import StateError
 from pipeloom.reading_service import MultiProcessingReadingService
 from tests.datapipes.hostile_http import HostileServer, Route
@@ -309,3 +313,32 @@ def test_a_list_of_paths_is_checked_as_a_listing_under_worker_processes(tmp_path
     _rewrite_same_size(tmp_path)
     with pytest.raises(StateError, match=r"1 of 9 file\(s\) were rewritten.*b\.tar"):
         _resume_pipe(_paths_pipe(paths), state)
+
+
+def test_an_fsspec_file_rewritten_under_a_mid_file_checkpoint_is_refused_under_processes():
+    # FSSpecFileLister's state recorded the listing only: a shard rewritten on the
+    # file system (the same size, a new version) was resumed inside, silently.
+    fsspec = pytest.importorskip("fsspec", reason="fsspec is an optional extra")
+    fs = fsspec.filesystem("memory")
+    base = f"/pl-{uuid.uuid4().hex}"
+    for name, tag in (("b", "B"), ("c", "C")):
+        buffer = io.BytesIO()
+        _tar_to(buffer, tag)
+        fs.pipe_file(f"{base}/{name}.tar", buffer.getvalue())
+
+    def build():
+        files = FSSpecFileLister(f"memory://{base}", "*.tar").sharding_filter()
+        return files.open_files_by_fsspec("rb").load_from_tar().map(lambda x: x[1].decode())
+
+    try:
+        with DataLoader(build(), _processes(2), seed=0) as loader:
+            iterator = iter(loader)
+            [next(iterator) for _ in range(2)]
+            state = loader.state_dict()
+        buffer = io.BytesIO()
+        _tar_to(buffer, "X")
+        fs.pipe_file(f"{base}/b.tar", buffer.getvalue())
+        with pytest.raises(StateError, match=r"1 of 2 file\(s\) were rewritten.*b\.tar"):
+            _resume_pipe(build(), state)
+    finally:
+        fs.rm(base, recursive=True)
