@@ -14,17 +14,15 @@ to go on silently:
   saved number of members of the *new* content and went on with it.
 
 The state now records the listing (its length and a CRC-32 of the paths) and,
-where a reader resumes inside files, each file's size and modification time
-(for a FileLister, an FSSpecFileLister -- its size and version, e.g. an ETag --
-and an IterableWrapper of a list of paths, which a fingerprint described by
-its length only);
-``load_state_dict`` compares them. In the calling process the opener's state
-also keeps the version of each stream a reader is inside of (a file's size and
-time, a URL's ETag, Last-Modified and length), checked when the resume
-re-opens it: paths from a list and URLs were resumed inside another version
-of the file. Also: the listing is taken once per loader
-in the main process, so worker processes started every epoch no longer list
-again (a file added after epoch 1 appeared in epoch 2 under processes only).
+where a reader resumes inside files, each file's size and modification time,
+for a FileLister, an FSSpecFileLister (size and version, e.g. an ETag) and an
+IterableWrapper of a list of paths (which the fingerprint described by its
+length only); ``load_state_dict`` compares them. In the calling process the
+opener's state also keeps the version of each stream a reader is inside of (a
+file's size and time, a URL's ETag, Last-Modified and length), checked when
+the resume re-opens it. Also: the listing is taken once per loader in the
+main process, so worker processes started every epoch no longer list again
+(a file added after epoch 1 appeared in epoch 2 under processes only).
 """
 
 from __future__ import annotations
