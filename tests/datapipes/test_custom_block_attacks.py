@@ -5,6 +5,8 @@ in-process, uninterrupted epoch's, or a clear error says what to change."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import pipeloom
@@ -241,3 +243,38 @@ def test_a_sharding_point_with_several_records_per_position_resumes_under_classi
     expected = epochs(records)[0]
     seen, rest = resumed(records, 1, fork_service(2), ThreadReadingService(3))
     assert seen + rest == expected
+
+
+# -- a block that holds a live object from __init__ ------------------------------------------
+
+
+class Locked(IterDataPipe):
+    """Holds a lock made in ``__init__`` (the docs say: make it in ``lazy_init``)."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+        self.lock = threading.Lock()
+
+    def __iter__(self):
+        for x in self.source:
+            with self.lock:
+                yield x
+
+    def state_dict(self):
+        return {}
+
+
+@pytest.mark.parametrize(
+    "service", [lambda: ThreadReadingService(2), lambda: fork_service(2)], ids=["threads", "fork"]
+)
+def test_a_block_holding_a_lock_says_which_attribute_cannot_be_copied(service):
+    # The reading service copies the pipeline for its workers and main process; the copy
+    # failed with a bare "TypeError: cannot pickle '_thread.lock' object" from deepcopy.
+    pipe = Locked(IterableWrapper(range(4)).sharding_filter())
+    assert epochs(lambda: pipe) == [[0, 1, 2, 3]]  # in-process copies nothing
+    with pytest.raises(
+        TypeError, match=r"Locked\(\) cannot be copied.*attribute 'lock'.*lazy_init"
+    ):
+        epochs(lambda: Locked(IterableWrapper(range(4)).sharding_filter()), service())
