@@ -68,7 +68,7 @@ class GeneratorRun:
     ``_numbering.py`` installs (both use ``_output_stamps.py``).
     """
 
-    __slots__ = ("_gen", "made_without_pull", "outputs")
+    __slots__ = ("_gen", "_kind", "made_without_pull", "outputs")
 
     def __init__(self, block: Any) -> None:
         self.outputs = OutputStamps()  # see _output_stamps.py
@@ -83,11 +83,21 @@ class GeneratorRun:
                 f"it as a generator (yield each item) or return iter(...) of the items"
             )
         self._gen: Iterator[Any] = gen
+        self._kind = type(block).__name__
 
     def next_output(self) -> Any:
         """The generator's next output, stamped as above (``StopIteration`` at its end)."""
         expected = self.outputs.before_call()
-        item = nested_call(next, self._gen)
+        try:
+            item = nested_call(next, self._gen)
+        except RuntimeError as error:
+            if isinstance(error.__cause__, StopIteration) and "raised StopIteration" in str(error):
+                raise RuntimeError(
+                    f"{self._kind}.__iter__ raised StopIteration inside its generator, which "
+                    f"Python turns into this RuntimeError (PEP 479) instead of ending it; end "
+                    f"the generator with return (catch the StopIteration of a next() call)"
+                ) from error
+            raise
         self.made_without_pull = self.outputs.after_output(expected)
         return item
 

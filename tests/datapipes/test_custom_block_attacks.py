@@ -278,3 +278,47 @@ def test_a_block_holding_a_lock_says_which_attribute_cannot_be_copied(service):
         TypeError, match=r"Locked\(\) cannot be copied.*attribute 'lock'.*lazy_init"
     ):
         epochs(lambda: Locked(IterableWrapper(range(4)).sharding_filter()), service())
+
+
+# -- easy mistakes: a generator that raises StopIteration, an iterator kept across epochs ---
+
+
+class StopsAtThree(IterDataPipe):
+    """Ends its stream the torchdata way: ``raise StopIteration`` inside the generator."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        for x in self.source:
+            if x == 3:
+                raise StopIteration
+            yield x
+
+
+def test_a_generator_that_raises_stop_iteration_is_told_to_return():
+    # Python turns it into "RuntimeError: generator raised StopIteration", naming no block.
+    with pytest.raises(RuntimeError, match=r"StopsAtThree.__iter__ raised StopIteration.*return"):
+        epochs(lambda: Plus(StopsAtThree(IterableWrapper(range(6)))))
+
+
+class KeepsItsIterator(IterDataPipe):
+    """Makes the iterator of its input once and keeps it across epochs."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+        self.iterator = None
+
+    def __iter__(self):
+        if self.iterator is None:
+            self.iterator = iter(self.source)
+        yield from self.iterator
+
+
+def test_a_block_that_keeps_its_inputs_iterator_across_epochs_is_told_where_to_call_iter():
+    with pytest.raises(RuntimeError, match=r"keeps an iterator of its input across epochs"):
+        epochs(lambda: KeepsItsIterator(IterableWrapper(range(3))), n=2)
