@@ -8,6 +8,8 @@ from __future__ import annotations
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pipeloom
 from pipeloom.datapipes import (
@@ -16,6 +18,8 @@ from pipeloom.datapipes import (
     MapDataPipe,
     MapToIter,
     current_position,
+    item_stamp,
+    set_item_stamp,
 )
 from pipeloom.errors import StateError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
@@ -322,3 +326,87 @@ class KeepsItsIterator(IterDataPipe):
 def test_a_block_that_keeps_its_inputs_iterator_across_epochs_is_told_where_to_call_iter():
     with pytest.raises(RuntimeError, match=r"keeps an iterator of its input across epochs"):
         epochs(lambda: KeepsItsIterator(IterableWrapper(range(3))), n=2)
+
+
+# -- any chain of your blocks resumes exactly, in another service -----------------------------
+
+
+class Twice(IterDataPipe):
+    """The docs' Twice: two outputs of each input, keys ``(p, 0)`` and ``(p, 1)``."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+        self.reset()
+
+    def reset(self):
+        self._item, self._stamp, self._next = None, None, 2
+
+    def async_next(self):
+        if self._next == 2:
+            self._item = self.source.async_next()
+            self._stamp, self._next = item_stamp(), 0
+        output, self._next = self._next, self._next + 1
+        set_item_stamp(self._stamp, output=output)
+        return self._item
+
+    def state_dict(self):
+        return {"item": self._item, "stamp": self._stamp, "next": self._next}
+
+    def load_state_dict(self, state):
+        self._item, self._stamp, self._next = state["item"], state["stamp"], state["next"]
+
+
+class Pairs(IterDataPipe):
+    """The docs' Pairs: groups items two by two, keeping half a pair across calls."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+        self._first = None
+
+    def reset(self):
+        self._first = None
+
+    def async_next(self):
+        if self._first is None:
+            self._first = (self.source.async_next(),)
+        second = self.source.async_next()
+        (first,), self._first = self._first, None
+        return (first, second)
+
+    def state_dict(self):
+        return {"first": self._first}
+
+    def load_state_dict(self, state):
+        self._first = state["first"]
+
+
+STAGES = {"plus": Plus, "jitter": Jitter, "twice": Twice, "pairs": Pairs}
+
+
+def tagged(x):
+    return x if isinstance(x, int) else 0
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(
+    size=st.integers(0, 9),
+    stages=st.lists(st.sampled_from(sorted(STAGES)), max_size=3),
+    after=st.integers(0, 10),
+    records=st.booleans(),
+)
+def test_a_chain_of_your_blocks_resumes_in_threads_as_the_uninterrupted_epoch(
+    size, stages, after, records
+):
+    def make():
+        pipe = Records(IterableWrapper(range(size))) if records else Numbers(size)
+        for name in stages:
+            pipe = STAGES[name](pipe.map(tagged) if name == "plus" else pipe)
+        return pipe.map(noisy)
+
+    expected = epochs(make)[0]
+    seen, rest = resumed(make, min(after, len(expected)), None, ThreadReadingService(2))
+    assert seen + rest == expected
