@@ -249,6 +249,22 @@ def test_a_sharding_point_with_several_records_per_position_resumes_under_classi
     assert seen + rest == expected
 
 
+def test_a_sharding_point_with_several_records_per_position_resumes_by_replay_under_economic():
+    # What the refusal offers: replay does not ask the dispatcher for its position.
+    expected = epochs(records)[0]
+    with pipeloom.DataLoader(
+        records(), fork_service(2, strategy="economic"), seed=0, resume_by_replay=True
+    ) as loader:
+        iterator = iter(loader)
+        seen = [next(iterator)]
+        state = loader.state_dict()
+    with pipeloom.DataLoader(
+        records(), fork_service(2, strategy="economic"), seed=0, resume_by_replay=True
+    ) as loader:
+        loader.load_state_dict(state)
+        assert seen + list(loader) == expected
+
+
 # -- a block that holds a live object from __init__ ------------------------------------------
 
 

@@ -60,5 +60,6 @@ def refuse_keyed_resume(refuse: Any, source: Any) -> None:
             f"which read it in the main process, resume only at a position, so a "
             f"checkpoint between two of its items would skip or repeat the rest of that "
             f"position's items. Checkpoint this pipeline with strategy='classic' or "
-            f"ThreadReadingService, which resume inside a position"
+            f"ThreadReadingService, which resume inside a position, or build the "
+            f"DataLoader with resume_by_replay=True"
         )
