@@ -378,7 +378,8 @@ class IterDataPipe(IterFunctional, DataPipe):
         has_async = _overrides(cls, "async_next", IterDataPipe)
         has_sync = _overrides(cls, "__iter__", IterDataPipe)
         cls._pl_sync_style = has_sync and not has_async
-        route_iter(cls, IterDataPipe.__iter__)  # a nested iter() reads it through async_next
+        if cls._pl_sync_style:  # a nested iter() reads it through async_next
+            route_iter(cls, IterDataPipe.__iter__)
         cls._pl_numbers_outputs = install_numbering(cls)  # user-defined: see _numbering.py
 
     def async_next(self) -> Any:

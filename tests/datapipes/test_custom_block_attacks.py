@@ -160,6 +160,19 @@ def test_a_generator_block_over_your_generator_source_stamps_each_item():
     assert len({draw for _, draw in out}) == 6
 
 
+class PlusTwice(Plus):
+    """A subclass whose generator reads its parent class's generator."""
+
+    def __iter__(self):
+        for x in super().__iter__():
+            yield x * 2
+
+
+def test_a_subclass_generator_calling_super_iter_still_runs_its_parents_generator():
+    out = epochs(lambda: PlusTwice(Numbers(4)).map(with_position))[0]
+    assert out == [(200, 0), (202, 1), (204, 2), (206, 3)]
+
+
 def test_a_per_item_generator_block_over_your_shardable_source_draws_the_same_everywhere():
     def make():
         return Jitter(Numbers(9)).batch(2)
