@@ -147,6 +147,26 @@ def test_a_sharding_filter_after_your_map_style_source_keeps_its_draws_in_worker
     assert seen + rest == expected[0]
 
 
+def read_with_draw(path_and_file):
+    _, file = path_and_file
+    return file.read(), float(pipeloom.item_rng().random())
+
+
+def test_open_files_after_the_workers_merge_keeps_the_sharding_points_draws(tmp_path):
+    # open_files() is shardable too; after a shuffle it runs after the merge, where it
+    # numbered the files again instead of keeping sharding_filter()'s positions.
+    paths = []
+    for i in range(6):
+        (tmp_path / f"{i}.txt").write_text(str(i))
+        paths.append(str(tmp_path / f"{i}.txt"))
+
+    def make():
+        pipe = IterableWrapper(paths).sharding_filter().shuffle().open_files()
+        return pipe.map(read_with_draw).batch(2)
+
+    assert epochs(make, ThreadReadingService(2)) == epochs(make)
+
+
 # -- a generator block reading another generator block of yours ------------------------------
 
 
