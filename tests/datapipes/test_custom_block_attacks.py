@@ -459,3 +459,18 @@ def test_a_chain_of_your_blocks_resumes_in_threads_as_the_uninterrupted_epoch(
     expected = epochs(make)[0]
     seen, rest = resumed(make, min(after, len(expected)), None, ThreadReadingService(2))
     assert seen + rest == expected
+
+
+class ForgetsTheSecondRecord(Records):
+    """Copies the template but misses stamp_position on one path (record 1 of a file)."""
+
+    def stamp_position(self, position, output=None):
+        if output != 1:
+            super().stamp_position(position, output=output)
+
+
+def test_a_stamps_positions_block_that_forgets_to_stamp_an_item_is_told_so():
+    # The item kept the previous record's key: the same item_rng() draws, and under
+    # workers it was merged before the records of the position it was given.
+    with pytest.raises(ValueError, match=r"returned an item without calling self.stamp_position"):
+        epochs(lambda: ForgetsTheSecondRecord(IterableWrapper(range(3))).map(noisy))
