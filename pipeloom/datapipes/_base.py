@@ -41,7 +41,7 @@ from ..events import ReadinessSource
 from ._attributes import attribute_values, blocks_in, declared_input
 from ._context import _ITEM, derive_seed
 from ._functional import IterFunctional, MapFunctional
-from ._generator_place import GeneratorRun
+from ._generator_place import GeneratorRun, route_iter
 from ._nesting import NESTING
 from ._numbering import Numbering, install_index_stamps, install_numbering, stamp_position
 from ._numbering import overrides as _overrides
@@ -378,6 +378,8 @@ class IterDataPipe(IterFunctional, DataPipe):
         has_async = _overrides(cls, "async_next", IterDataPipe)
         has_sync = _overrides(cls, "__iter__", IterDataPipe)
         cls._pl_sync_style = has_sync and not has_async
+        if cls._pl_sync_style:  # a nested iter() reads it through async_next
+            route_iter(cls, IterDataPipe.__iter__)
         cls._pl_numbers_outputs = install_numbering(cls)  # user-defined: see _numbering.py
 
     def async_next(self) -> Any:

@@ -40,15 +40,16 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import StateError
 from ._context import _ITEM
-from ._nesting import nested_call
+from ._nesting import NESTING, nested_call
 from ._output_stamps import OutputStamps
 
-__all__ = ["GeneratorRun", "check_generator_place"]
+__all__ = ["GeneratorRun", "check_generator_place", "route_iter"]
 
 
 class GeneratorRun:
@@ -67,13 +68,14 @@ class GeneratorRun:
     ``_numbering.py`` installs (both use ``_output_stamps.py``).
     """
 
-    __slots__ = ("_gen", "made_without_pull", "outputs")
+    __slots__ = ("_gen", "_kind", "made_without_pull", "outputs")
 
     def __init__(self, block: Any) -> None:
         self.outputs = OutputStamps()  # see _output_stamps.py
         self.outputs.input_stamp = _ITEM.stamp
         self.made_without_pull = False
-        gen = nested_call(type(block).__iter__, block)
+        method = type(block).__iter__
+        gen = nested_call(getattr(method, "runs_generator", method), block)  # see route_iter
         if not hasattr(gen, "__next__"):
             kind = type(block).__name__
             raise TypeError(
@@ -81,11 +83,21 @@ class GeneratorRun:
                 f"it as a generator (yield each item) or return iter(...) of the items"
             )
         self._gen: Iterator[Any] = gen
+        self._kind = type(block).__name__
 
     def next_output(self) -> Any:
         """The generator's next output, stamped as above (``StopIteration`` at its end)."""
         expected = self.outputs.before_call()
-        item = nested_call(next, self._gen)
+        try:
+            item = nested_call(next, self._gen)
+        except RuntimeError as error:
+            if isinstance(error.__cause__, StopIteration) and "raised StopIteration" in str(error):
+                raise RuntimeError(
+                    f"{self._kind}.__iter__ raised StopIteration inside its generator, which "
+                    f"Python turns into this RuntimeError (PEP 479) instead of ending it; end "
+                    f"the generator with return (catch the StopIteration of a next() call)"
+                ) from error
+            raise
         self.made_without_pull = self.outputs.after_output(expected)
         return item
 
@@ -106,3 +118,29 @@ def check_generator_place(index: int, block: Any, state: Any) -> None:
         f"docs/write_your_own_block.md, Checkpoints), or build the DataLoader with "
         f"resume_by_replay=True"
     )
+
+
+def route_iter(cls: type, protocol_iter: Callable[[Any], Iterator[Any]]) -> None:
+    """Make ``iter(block)`` of a generator block defined outside pipeloom go through the
+    async protocol (``protocol_iter``); the class's own ``__iter__``, which
+    :class:`GeneratorRun` runs, stays the new method's ``runs_generator``.
+
+    Without it, a block reading another user-defined generator block (``for x in
+    self.source``) ran that block's generator directly, past everything the protocol
+    does per output: positions were not stamped (``item_rng()`` downstream raised, or
+    drew from a stale item's key), outputs not numbered, and a checkpoint could not tell
+    where that block was. A top-level ``iter(block)`` (``list(block)`` outside a
+    loader) and a subclass's ``super().__iter__()`` still run the generator itself.
+    """
+    own = cls.__dict__.get("__iter__")
+    if own is None or cls.__module__.startswith("pipeloom.") or "async_next" in cls.__dict__:
+        return
+
+    @functools.wraps(own)
+    def __iter__(self: Any) -> Iterator[Any]:
+        if NESTING.depth and getattr(type(self).__iter__, "runs_generator", None) is own:
+            return protocol_iter(self)
+        return own(self)  # a top-level iter(), or a subclass's super().__iter__()
+
+    __iter__.runs_generator = own  # type: ignore[attr-defined]
+    cls.__iter__ = __iter__  # type: ignore[attr-defined]

@@ -135,7 +135,10 @@ class BlockingIterator(Iterator[Any]):
             raise RuntimeError(
                 f"this iterator over {pipe!r} is no longer valid: the pipeline was "
                 f"restarted by a newer iter() or reset. A block runs one iteration at a "
-                f"time; use .fork(2) to consume the same stream twice"
+                f"time; use .fork(2) to consume the same stream twice. A block of yours "
+                f"that keeps an iterator of its input across epochs (made in __init__ or "
+                f"kept in an attribute) gets this at its next epoch: call iter() inside "
+                f"its __iter__"
             )
         try:
             return pipe.async_next()

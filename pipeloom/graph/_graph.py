@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy as _copy
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .._walk import not_a_block, walk_upstream
 from ..datapipes import DataPipe
@@ -176,7 +176,32 @@ def copy(
     shared = list(share)
     memo.update((id(data), data) for data in shared)  # read-only data: the copy refers to it
     memo[id(memo)] = [*replace, *shared]  # keep the originals alive while the ids are in use
-    return _copy.deepcopy(output, memo)
+    try:
+        return _copy.deepcopy(output, memo)
+    except TypeError as error:  # a live object (lock, socket, open file) in a block
+        raise _uncopyable(output, replace, error) from error
+
+
+def _uncopyable(output: DataPipe, replace: Mapping[DataPipe, DataPipe], error: Exception) -> Any:
+    """The error naming the block and the attribute that ``copy`` could not copy."""
+    for block in upstream(output):
+        if block in replace:
+            continue
+        state = block.__getstate__()
+        for name, value in state.items() if isinstance(state, dict) else ():
+            if isinstance(value, DataPipe):
+                continue  # an input: checked as a block of its own
+            try:
+                _copy.deepcopy(value)
+            except TypeError as cause:
+                return TypeError(
+                    f"{block!r} cannot be copied, and a reading service gives each worker "
+                    f"(and the main process) its own copy of the pipeline: its attribute "
+                    f"{name!r} holds a {type(value).__name__} ({cause}). Create such an "
+                    f"object in lazy_init(), which runs again where each copy runs, or "
+                    f"leave it out of __getstate__()"
+                )
+    return error
 
 
 def remove(output: DataPipe, block: DataPipe) -> DataPipe:

@@ -30,6 +30,10 @@ class BatchMerge(IterDataPipe):
 
     inputs = ()
     restartable = False  # its stream is produced once per epoch
+    #: It stands in for the sharding point, which ran in the workers: a shardable block
+    #: after the merge (a redundant ``sharding_filter()``) keeps the workers' positions
+    #: instead of numbering the merged stream again, as it does in-process.
+    stands_in_for_sharding_point = True
 
     def __init__(self, *, run_size: int) -> None:
         self.run_size = run_size

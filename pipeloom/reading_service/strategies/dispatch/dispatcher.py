@@ -37,7 +37,7 @@ from .chain import WorkerChain
 from .least_loaded import LeastLoaded
 from .packing import unpack
 from .relay import RelayOrders
-from .units import Unit, WorkerPool
+from .units import Unit, WorkerPool, refuse_keyed_resume
 
 __all__ = ["Dispatcher", "WorkerPool"]
 
@@ -127,9 +127,7 @@ class Dispatcher(IterDataPipe):
         self._next_id = 0
         self._source_done = False
         self._count = 0  # items read from the source (the position when it stamps none)
-        # Where a resume starts: the position after the last finished unit, or the
-        # position of the last output delivered and how many outputs it had.
-        self._resume_position = 0
+        self._resume_position = 0  # after the last finished unit, or the last output's
         self._skip_at_resume = 0
         self._last_position = -1
         self._delivered_here = 0
@@ -138,8 +136,8 @@ class Dispatcher(IterDataPipe):
         self._skip_position = 0
         self._fill_error: Exception | None = None  # met by _fill_ahead, raised by _fill
         self._source_error: Exception | None = None  # raised once the units before it are out
-        # The first batch in chunks: items yet to read into chunks, whether all its chunks
-        # went out, the items of those taken, and the position after them.
+        self._keyed = False  # the source made several items of one position (units.py)
+        # The first batch in chunks: items to read, all sent, items taken, the position after.
         self._split_left = self.unit_size if self.first_unit_chunk else 0
         self._split_closed = False
         self._split: list[Output] = []
@@ -371,6 +369,7 @@ class Dispatcher(IterDataPipe):
             key = current_stamp()[2]  # p, or (p, j, ...) from a point that keys its outputs
             if key is None:
                 key = self._count
+            self._keyed |= key.__class__ is tuple
             self._count += 1
             self._add(unit, key, value)
             if len(unit.positions) == unit.size:
@@ -489,6 +488,7 @@ class Dispatcher(IterDataPipe):
 
     def state_dict(self) -> dict[str, Any]:
         position, skip = self.resume_from
+        refuse_keyed_resume(self._keyed and (position or skip), self._source)
         return {"position": position, "delivered_here": skip}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -1,0 +1,476 @@
+"""A user who extends pipeloom with blocks of their own, written as the docs show
+(docs/write_your_own_block.md, docs/custom_format.md), run under every reading service,
+checkpointed and resumed: the items, their order and their ``item_rng()`` draws are the
+in-process, uninterrupted epoch's, or a clear error says what to change."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pipeloom
+from pipeloom.datapipes import (
+    IterableWrapper,
+    IterDataPipe,
+    MapDataPipe,
+    MapToIter,
+    current_position,
+    item_stamp,
+    set_item_stamp,
+)
+from pipeloom.errors import StateError
+from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+
+
+def noisy(x):
+    return x, float(pipeloom.item_rng().random())
+
+
+def with_position(x):
+    return x, current_position()
+
+
+def fork_service(n, **kwargs):
+    return MultiProcessingReadingService(n, start_method="fork", timeout=20, **kwargs)
+
+
+def epochs(make, service=None, n=1):
+    with pipeloom.DataLoader(make(), service, seed=0) as loader:
+        return [list(loader) for _ in range(n)]
+
+
+def resumed(make, after, saved=None, loaded=None):
+    """The items before a checkpoint taken after ``after`` items and the items after it."""
+    with pipeloom.DataLoader(make(), saved, seed=0) as loader:
+        iterator = iter(loader)
+        seen = [next(iterator) for _ in range(after)]
+        state = loader.state_dict()
+    with pipeloom.DataLoader(make(), loaded, seed=1) as loader:
+        loader.load_state_dict(state)
+        return seen, list(loader)
+
+
+# -- blocks as the docs write them ----------------------------------------------------------
+
+
+class Squares(MapDataPipe):
+    """The docs' map-style source: an index built in ``lazy_init``."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def lazy_init(self):
+        self.table = [i * i for i in range(self.n)]
+
+    def __getitem__(self, index):
+        return self.table[index]
+
+    def __len__(self):
+        return self.n
+
+    def state_dict(self):
+        return {}
+
+
+class Numbers(IterDataPipe):
+    """The docs' shardable source: a generator that keeps every ``total``-th number."""
+
+    def __init__(self, size):
+        self.size, self.total, self.index = size, 1, 0
+
+    def is_shardable(self):
+        return True
+
+    def sharding_settings(self, total, index):
+        self.total, self.index = total, index
+
+    def __iter__(self):
+        yield from range(self.index, self.size, self.total)
+
+    def state_dict(self):
+        return {}
+
+
+class Jitter(IterDataPipe):
+    """A per-item generator block that draws from ``item_rng()`` for each input."""
+
+    inputs = ("source",)
+    per_item = True
+    one_to_one = True
+
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        for x in self.source:
+            yield x, float(pipeloom.item_rng().random())
+
+    def state_dict(self):
+        return {}
+
+
+class Plus(IterDataPipe):
+    """A generator transform, one output per input (its ``{}`` state is right)."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        for x in self.source:
+            yield x + 100
+
+    def state_dict(self):
+        return {}
+
+
+# -- a redundant sharding_filter() after a map-style source of your own ----------------------
+
+
+@pytest.mark.filterwarnings("ignore:.*is downstream of another sharding point")
+def test_a_sharding_filter_after_your_map_style_source_keeps_its_draws_in_workers():
+    # MapToIter is the sharding point; the sharding_filter after the shuffle passes every
+    # item through (a warning says so). In-process it kept the source's index stamps; after
+    # the workers' merge it numbered the merged stream again, so every map(fn) after it drew
+    # other item_rng() values under threads and processes.
+    def make():
+        return MapToIter(Squares(8)).shuffle().sharding_filter().map(noisy).batch(3)
+
+    expected = epochs(make, n=2)
+    assert epochs(make, ThreadReadingService(2), n=2) == expected
+    assert epochs(make, fork_service(2), n=1) == expected[:1]
+    seen, rest = resumed(make, 1, ThreadReadingService(2), fork_service(3))
+    assert seen + rest == expected[0]
+
+
+def read_with_draw(path_and_file):
+    _, file = path_and_file
+    return file.read(), float(pipeloom.item_rng().random())
+
+
+def test_open_files_after_the_workers_merge_keeps_the_sharding_points_draws(tmp_path):
+    # open_files() is shardable too; after a shuffle it runs after the merge, where it
+    # numbered the files again instead of keeping sharding_filter()'s positions.
+    paths = []
+    for i in range(6):
+        (tmp_path / f"{i}.txt").write_text(str(i))
+        paths.append(str(tmp_path / f"{i}.txt"))
+
+    def make():
+        pipe = IterableWrapper(paths).sharding_filter().shuffle().open_files()
+        return pipe.map(read_with_draw).batch(2)
+
+    assert epochs(make, ThreadReadingService(2)) == epochs(make)
+
+
+# -- a generator block reading another generator block of yours ------------------------------
+
+
+def test_a_generator_block_over_your_generator_source_stamps_each_item():
+    # Plus read Numbers with `for x in self.source`, which ran Numbers' generator itself,
+    # past the protocol: its items were not stamped, so item_rng() after them raised
+    # "called outside a pipeline" (or drew from a stale item's key in a thread that had run
+    # a pipeline before).
+    out = epochs(lambda: Plus(Numbers(6)).map(with_position).map(noisy))[0]
+    assert [item for item, _ in out] == [(100 + k, k) for k in range(6)]
+    assert len({draw for _, draw in out}) == 6
+
+
+class PlusTwice(Plus):
+    """A subclass whose generator reads its parent class's generator."""
+
+    def __iter__(self):
+        for x in super().__iter__():
+            yield x * 2
+
+
+def test_a_subclass_generator_calling_super_iter_still_runs_its_parents_generator():
+    out = epochs(lambda: PlusTwice(Numbers(4)).map(with_position))[0]
+    assert out == [(200, 0), (202, 1), (204, 2), (206, 3)]
+
+
+def test_a_per_item_generator_block_over_your_shardable_source_draws_the_same_everywhere():
+    def make():
+        return Jitter(Numbers(9)).batch(2)
+
+    expected = epochs(make, n=2)
+    assert len({draw for batch in expected[0] for _, draw in batch}) == 9
+    assert epochs(make, ThreadReadingService(2), n=2) == expected
+    assert epochs(make, fork_service(2), n=1) == expected[:1]
+
+
+def test_a_generator_block_over_your_generator_source_resumes_without_repeating():
+    # Numbers' place was never counted (its generator ran outside the protocol), so a
+    # checkpoint was refused, blaming Plus for outputs it made "without pulling an input".
+    def make():
+        return Plus(Numbers(6))
+
+    seen, rest = resumed(make, 2)
+    assert (seen, rest) == ([100, 101], [102, 103, 104, 105])
+
+
+# -- a sharding point of yours that makes several items of one position ----------------------
+
+
+class Records(IterDataPipe):
+    """docs/custom_format.md's RecordReader in small: input ``n`` has ``n % 3 + 1`` records."""
+
+    inputs = ("source",)
+    stamps_positions = True
+
+    def __init__(self, source):
+        self.source, self.total, self.index = source, 1, 0
+        self.reset()
+
+    def is_shardable(self):
+        return True
+
+    def sharding_settings(self, total, index):
+        self.total, self.index = total, index
+
+    def reset(self):
+        self.files, self.current, self.record, self.resume_from = 0, None, 0, 0
+
+    def resume_at(self, position):
+        self.resume_from = position
+
+    def async_next(self):
+        while True:
+            if self.current is None:
+                n = self.source.async_next()
+                self.files += 1
+                position = self.files - 1
+                if position % self.total != self.index or position < self.resume_from:
+                    continue
+                self.current, self.record = n, 0
+            if self.record == self.current % 3 + 1:
+                self.current = None
+                continue
+            self.record += 1
+            self.stamp_position(self.files - 1, output=self.record - 1)
+            return self.current, self.record - 1
+
+    def state_dict(self):
+        return {"files": self.files, "current": self.current, "record": self.record}
+
+    def load_state_dict(self, state):
+        self.files, self.current, self.record = state["files"], state["current"], state["record"]
+
+
+def records():
+    return Records(IterableWrapper(range(5))).map(noisy).batch(2)
+
+
+@pytest.mark.parametrize("strategy", ["economic", "chunked"])
+def test_a_checkpoint_inside_a_positions_records_is_refused_where_it_would_lose_one(strategy):
+    # economic and chunked read the sharding point in the main process and resumed after
+    # the batch [(0, 0), (1, 0)] at position 2: record (1, 1) was silently lost.
+    with pipeloom.DataLoader(records(), fork_service(2, strategy=strategy), seed=0) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        with pytest.raises(StateError, match=r"Records\(\) stamps several items of one position"):
+            loader.state_dict()
+
+
+def test_a_sharding_point_with_several_records_per_position_resumes_under_classic():
+    expected = epochs(records)[0]
+    seen, rest = resumed(records, 1, fork_service(2), ThreadReadingService(3))
+    assert seen + rest == expected
+
+
+def test_a_sharding_point_with_several_records_per_position_resumes_by_replay_under_economic():
+    # What the refusal offers: replay does not ask the dispatcher for its position.
+    expected = epochs(records)[0]
+    with pipeloom.DataLoader(
+        records(), fork_service(2, strategy="economic"), seed=0, resume_by_replay=True
+    ) as loader:
+        iterator = iter(loader)
+        seen = [next(iterator)]
+        state = loader.state_dict()
+    with pipeloom.DataLoader(
+        records(), fork_service(2, strategy="economic"), seed=0, resume_by_replay=True
+    ) as loader:
+        loader.load_state_dict(state)
+        assert seen + list(loader) == expected
+
+
+# -- a block that holds a live object from __init__ ------------------------------------------
+
+
+class Locked(IterDataPipe):
+    """Holds a lock made in ``__init__`` (the docs say: make it in ``lazy_init``)."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+        self.lock = threading.Lock()
+
+    def __iter__(self):
+        for x in self.source:
+            with self.lock:
+                yield x
+
+    def state_dict(self):
+        return {}
+
+
+@pytest.mark.parametrize(
+    "service", [lambda: ThreadReadingService(2), lambda: fork_service(2)], ids=["threads", "fork"]
+)
+def test_a_block_holding_a_lock_says_which_attribute_cannot_be_copied(service):
+    # The reading service copies the pipeline for its workers and main process; the copy
+    # failed with a bare "TypeError: cannot pickle '_thread.lock' object" from deepcopy.
+    pipe = Locked(IterableWrapper(range(4)).sharding_filter())
+    assert epochs(lambda: pipe) == [[0, 1, 2, 3]]  # in-process copies nothing
+    with pytest.raises(
+        TypeError, match=r"Locked\(\) cannot be copied.*attribute 'lock'.*lazy_init"
+    ):
+        epochs(lambda: Locked(IterableWrapper(range(4)).sharding_filter()), service())
+
+
+# -- easy mistakes: a generator that raises StopIteration, an iterator kept across epochs ---
+
+
+class StopsAtThree(IterDataPipe):
+    """Ends its stream the torchdata way: ``raise StopIteration`` inside the generator."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        for x in self.source:
+            if x == 3:
+                raise StopIteration
+            yield x
+
+
+def test_a_generator_that_raises_stop_iteration_is_told_to_return():
+    # Python turns it into "RuntimeError: generator raised StopIteration", naming no block.
+    with pytest.raises(RuntimeError, match=r"StopsAtThree.__iter__ raised StopIteration.*return"):
+        epochs(lambda: Plus(StopsAtThree(IterableWrapper(range(6)))))
+
+
+class KeepsItsIterator(IterDataPipe):
+    """Makes the iterator of its input once and keeps it across epochs."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+        self.iterator = None
+
+    def __iter__(self):
+        if self.iterator is None:
+            self.iterator = iter(self.source)
+        yield from self.iterator
+
+
+def test_a_block_that_keeps_its_inputs_iterator_across_epochs_is_told_where_to_call_iter():
+    with pytest.raises(RuntimeError, match=r"keeps an iterator of its input across epochs"):
+        epochs(lambda: KeepsItsIterator(IterableWrapper(range(3))), n=2)
+
+
+# -- any chain of your blocks resumes exactly, in another service -----------------------------
+
+
+class Twice(IterDataPipe):
+    """The docs' Twice: two outputs of each input, keys ``(p, 0)`` and ``(p, 1)``."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+        self.reset()
+
+    def reset(self):
+        self._item, self._stamp, self._next = None, None, 2
+
+    def async_next(self):
+        if self._next == 2:
+            self._item = self.source.async_next()
+            self._stamp, self._next = item_stamp(), 0
+        output, self._next = self._next, self._next + 1
+        set_item_stamp(self._stamp, output=output)
+        return self._item
+
+    def state_dict(self):
+        return {"item": self._item, "stamp": self._stamp, "next": self._next}
+
+    def load_state_dict(self, state):
+        self._item, self._stamp, self._next = state["item"], state["stamp"], state["next"]
+
+
+class Pairs(IterDataPipe):
+    """The docs' Pairs: groups items two by two, keeping half a pair across calls."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+        self._first = None
+
+    def reset(self):
+        self._first = None
+
+    def async_next(self):
+        if self._first is None:
+            self._first = (self.source.async_next(),)
+        second = self.source.async_next()
+        (first,), self._first = self._first, None
+        return (first, second)
+
+    def state_dict(self):
+        return {"first": self._first}
+
+    def load_state_dict(self, state):
+        self._first = state["first"]
+
+
+STAGES = {"plus": Plus, "jitter": Jitter, "twice": Twice, "pairs": Pairs}
+
+
+def tagged(x):
+    return x if isinstance(x, int) else 0
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(
+    size=st.integers(0, 9),
+    stages=st.lists(st.sampled_from(sorted(STAGES)), max_size=3),
+    after=st.integers(0, 10),
+    records=st.booleans(),
+)
+def test_a_chain_of_your_blocks_resumes_in_threads_as_the_uninterrupted_epoch(
+    size, stages, after, records
+):
+    def make():
+        pipe = Records(IterableWrapper(range(size))) if records else Numbers(size)
+        for name in stages:
+            pipe = STAGES[name](pipe.map(tagged) if name == "plus" else pipe)
+        return pipe.map(noisy)
+
+    expected = epochs(make)[0]
+    seen, rest = resumed(make, min(after, len(expected)), None, ThreadReadingService(2))
+    assert seen + rest == expected
+
+
+class ForgetsTheSecondRecord(Records):
+    """Copies the template but misses stamp_position on one path (record 1 of a file)."""
+
+    def stamp_position(self, position, output=None):
+        if output != 1:
+            super().stamp_position(position, output=output)
+
+
+def test_a_stamps_positions_block_that_forgets_to_stamp_an_item_is_told_so():
+    # The item kept the previous record's key: the same item_rng() draws, and under
+    # workers it was merged before the records of the position it was given.
+    with pytest.raises(ValueError, match=r"returned an item without calling self.stamp_position"):
+        epochs(lambda: ForgetsTheSecondRecord(IterableWrapper(range(3))).map(noisy))
