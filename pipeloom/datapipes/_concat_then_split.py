@@ -94,7 +94,7 @@ class ConcatSplitter(IterDataPipe):
             self._done = True
             raise StopIteration
         restore_stamp(self._stamps[0])
-        return pack_segments(self._take(limit), limit, self.pad_value)
+        return pack_segments(self._take(limit), limit, self.pad_value, "concat_then_split")
 
     def _take(self, limit: int) -> list[tuple[Any, int, int]]:
         segments, taken = [], 0

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -115,6 +115,12 @@ class Multiplexer(IterDataPipe):
             raise ValueError(
                 f"sampling must be 'smooth' (deterministic proportions) or 'random' "
                 f"(a seeded draw per output), got {sampling!r}"
+            )
+        if isinstance(weights, (Mapping, str, bytes)):
+            raise TypeError(
+                f"mux() expects weights to be a sequence of numbers, one per source in the "
+                f"order the sources are given, got {type(weights).__name__} {weights!r}; pass "
+                f"e.g. weights=[0.7, 0.3]"
             )
         self.weights = None if weights is None else tuple(weights)
         self._int_weights = _integer_weights(self.weights, len(self.datapipes))
@@ -326,7 +332,8 @@ def _integer_weights(weights: tuple[Any, ...] | None, count: int) -> list[int]:
     for weight in weights:
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
             raise TypeError(
-                f"mux() weights must be numbers, got {type(weight).__name__} {weight!r}"
+                f"mux() weights must be numbers, got {type(weight).__name__} {weight!r}; pass "
+                f"plain numbers (a tensor's .tolist(), for instance)"
             )
         value = float(weight)
         if not math.isfinite(value) or value < 0:

@@ -120,7 +120,7 @@ class Packer(IterDataPipe, HoldsItems):
         items, stamp = self._ready.pop(0)
         restore_stamp(stamp)
         segments = [(item, 0, item_length(item, "pack")) for item in items]
-        return pack_segments(segments, self.max_length, self.pad_value)
+        return pack_segments(segments, self.max_length, self.pad_value, "pack")
 
     def _place(self, item: Any, stamp: tuple) -> None:
         size, limit = item_length(item, "pack"), self.max_length
@@ -140,8 +140,8 @@ class Packer(IterDataPipe, HoldsItems):
             if free[chosen] == 0:
                 self._close(chosen)
             return
-        if len(free) >= self.buffer_size:  # more after an elastic resume: close until fewer
-            self._close(min(range(len(free)), key=free.__getitem__))
+        while len(free) >= self.buffer_size:  # more than one: a state of a larger buffer
+            self._close_fullest()
         self._bins.append([item])
         free.append(limit - size)
         self._stamps.append(stamp)
@@ -160,6 +160,10 @@ class Packer(IterDataPipe, HoldsItems):
         for start in range(0, whole, limit):
             self._ready.append(([slice_item(item, start, start + limit)], stamp))
         return slice_item(item, whole, size), size - whole
+
+    def _close_fullest(self) -> None:
+        """Close the fullest open bin (the earliest opened on ties)."""
+        self._close(min(range(len(self._free)), key=self._free.__getitem__))
 
     def _close(self, index: int) -> None:
         self._ready.append((self._bins.pop(index), self._stamps.pop(index)))
@@ -188,6 +192,8 @@ class Packer(IterDataPipe, HoldsItems):
             for name in ("bins", "free", "stamps", "ready"):
                 merged[name].extend(state[name])
         self.load_state_dict(merged)
+        while len(self._free) > self.buffer_size:  # several ranks' bins: pass the extra on
+            self._close_fullest()
 
     def __repr__(self) -> str:
         return (

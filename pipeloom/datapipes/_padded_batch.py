@@ -18,7 +18,9 @@ import torch
 from ._collate import default_collate
 from ._sequences import (
     PadValue,
+    check_pad_keys,
     check_pad_value,
+    check_same_keys,
     is_sequence,
     pad_for,
     padding,
@@ -103,6 +105,8 @@ class PadCollate:
     def __call__(self, batch: Sequence[Any]) -> Any:
         if not batch:
             raise ValueError("padded_batch() got an empty batch; there is nothing to pad")
+        check_same_keys(batch, "padded_batch", "batch")
+        check_pad_keys("padded_batch", self.pad_value, batch[0])
         if isinstance(batch[0], Mapping):
             return self._pad_dicts(batch)
         values, lengths = self._pad(list(batch), pad_for(self.pad_value, None), "sequence")

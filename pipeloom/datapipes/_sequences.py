@@ -14,7 +14,7 @@ int64; items of different dtypes give the dtype they promote to, as
 refused rather than stored as another number.
 
 Example:
-    >>> pack_segments([([5, 6], 0, 2), ([7], 0, 1)], 4, 0)
+    >>> pack_segments([([5, 6], 0, 2), ([7], 0, 1)], 4, 0, "pack")
     (tensor([5, 6, 7, 0]), tensor([1, 1, 2, 0]), tensor([0, 1, 0, 0]))
 """
 
@@ -30,7 +30,9 @@ import torch
 
 __all__ = [
     "PadValue",
+    "check_pad_keys",
     "check_pad_value",
+    "check_same_keys",
     "is_sequence",
     "item_length",
     "pack_segments",
@@ -133,6 +135,64 @@ def check_pad_value(owner: str, pad_value: Any) -> None:
             )
 
 
+def check_same_keys(items: Sequence[Any], owner: str, where: str) -> None:
+    """Raise unless ``items`` are all dicts with the first's keys, or all not dicts.
+
+    A row or batch is laid out from its first item's keys: a key only a later
+    item has would be dropped without a word, one it lacks would be a bare
+    ``KeyError``.
+
+    Raises:
+        ValueError: a dict lacks a key of the first item, or has one it lacks.
+        TypeError: dicts and plain sequences are mixed.
+    """
+    first, fix = items[0], "give every item the same keys (add or drop fields in a .map() first)"
+    for item in items[1:]:
+        if isinstance(item, Mapping) != isinstance(first, Mapping):
+            kinds = sorted({type(first).__name__, type(item).__name__})
+            raise TypeError(
+                f"{owner}() got a {where} mixing dicts and plain sequences "
+                f"({' and '.join(kinds)}); give every item one form, e.g. "
+                f".map(lambda x: {{'input_ids': x}}) on the plain ones"
+            )
+        if not isinstance(first, Mapping) or item.keys() == first.keys():
+            continue
+        missing = [key for key in first if key not in item]
+        if missing:
+            raise ValueError(
+                f"{owner}() got a {where} whose items differ: the first has key "
+                f"{missing[0]!r}, another item lacks it; {fix}"
+            )
+        extra = next(key for key in item if key not in first)
+        raise ValueError(
+            f"{owner}() got a {where} whose items differ: another item has key {extra!r}, "
+            f"the first lacks it (it would be dropped); {fix}"
+        )
+
+
+def check_pad_keys(owner: str, pad_value: PadValue, item: Any) -> None:
+    """Raise ValueError if a ``pad_value`` dict names no sequence field of ``item``.
+
+    A misspelt key (``"label"`` for ``"labels"``) would otherwise pad that
+    field with 0 -- a real token id -- without a word.
+    """
+    if not isinstance(pad_value, Mapping):
+        return
+    if not isinstance(item, Mapping):
+        raise ValueError(
+            f"{owner}() got pad_value={dict(pad_value)!r}, a dict of field -> padding, but "
+            f"the items are plain sequences ({type(item).__name__}), not dicts; pass one "
+            f"number, e.g. pad_value=0"
+        )
+    fields = sequence_keys(item)
+    unknown = [key for key in pad_value if key not in fields]
+    if unknown:
+        raise ValueError(
+            f"{owner}() got pad_value for {unknown}, but the items' sequence fields are "
+            f"{fields}; name fields the items have (a misspelt one would be padded with 0)"
+        )
+
+
 def pad_for(pad_value: PadValue, key: str | None) -> float | int:
     """The padding value of field ``key`` (0 when a mapping does not name it)."""
     if isinstance(pad_value, Mapping):
@@ -141,7 +201,7 @@ def pad_for(pad_value: PadValue, key: str | None) -> float | int:
 
 
 def pack_segments(
-    segments: Sequence[tuple[Any, int, int]], length: int, pad_value: PadValue
+    segments: Sequence[tuple[Any, int, int]], length: int, pad_value: PadValue, owner: str
 ) -> Any:
     """Lay ``(item, start, stop)`` segments end to end in one row of ``length``.
 
@@ -159,6 +219,8 @@ def pack_segments(
         positions[offset : offset + size] = torch.arange(size)
         offset += size
     first = segments[0][0]
+    check_same_keys([item for item, _, _ in segments], owner, "row")
+    check_pad_keys(owner, pad_value, first)
     if not isinstance(first, Mapping):
         parts = [(to_tensor(item), a, b) for item, a, b in segments]
         values = _lay_out(parts, length, pad_for(pad_value, None), "sequence")
@@ -190,7 +252,9 @@ def padding(
         ValueError: ``pad`` would be stored as another number (-1 in uint8 as 255,
             0.5 in int64 as 0, 1e6 in float16 as inf); ``what`` names the entries.
     """
-    dtypes = list(dict.fromkeys(tensor.dtype for tensor in tensors))
+    # An entry without values (torch reads ``[]`` as float32) has nothing to keep.
+    filled = [tensor for tensor in tensors if tensor.numel()] or tensors
+    dtypes = list(dict.fromkeys(tensor.dtype for tensor in filled))
     try:
         dtype = functools.reduce(torch.promote_types, dtypes)
     except RuntimeError as error:  # torch promotes no uint16/32/64 with another dtype
