@@ -6,7 +6,7 @@ from typing import Any
 
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
-from ._sequences import PadValue, check_pad_value, item_length, pack_segments
+from ._sequences import PadValue, check_pad_value, item_length, pack_segments, piece_stamp
 
 __all__ = ["ConcatSplitter"]
 
@@ -93,7 +93,7 @@ class ConcatSplitter(IterDataPipe):
             self.reset()
             self._done = True
             raise StopIteration
-        restore_stamp(self._stamps[0])
+        restore_stamp(piece_stamp(self._stamps[0], self._offset))
         return pack_segments(self._take(limit), limit, self.pad_value, "concat_then_split")
 
     def _take(self, limit: int) -> list[tuple[Any, int, int]]:

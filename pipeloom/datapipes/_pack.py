@@ -7,7 +7,14 @@ from typing import Any
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
 from ._held import HoldsItems
-from ._sequences import PadValue, check_pad_value, item_length, pack_segments, slice_item
+from ._sequences import (
+    PadValue,
+    check_pad_value,
+    item_length,
+    pack_segments,
+    piece_stamp,
+    slice_item,
+)
 
 __all__ = ["Packer"]
 
@@ -125,7 +132,7 @@ class Packer(IterDataPipe, HoldsItems):
     def _place(self, item: Any, stamp: tuple) -> None:
         size, limit = item_length(item, "pack"), self.max_length
         if size > limit:
-            item, size = self._cut(item, size, stamp)
+            item, size, stamp = self._cut(item, size, stamp)
         if size == 0:
             return
         if size == limit:
@@ -146,7 +153,13 @@ class Packer(IterDataPipe, HoldsItems):
         free.append(limit - size)
         self._stamps.append(stamp)
 
-    def _cut(self, item: Any, size: int, stamp: tuple) -> tuple[Any, int]:
+    def _cut(self, item: Any, size: int, stamp: tuple) -> tuple[Any, int, tuple]:
+        """Truncate or split ``item``: the part left to pack, its length and its stamp.
+
+        Each piece of a split sequence is an output of its own: the piece
+        starting at token ``t > 0`` has key ``(key, t)``, so ``item_rng()``
+        draws afresh for it, as for ``flatmap``'s outputs.
+        """
         limit = self.max_length
         if self.oversized == "error":
             raise ValueError(
@@ -155,11 +168,12 @@ class Packer(IterDataPipe, HoldsItems):
                 f"sequences out before packing"
             )
         if self.oversized == "truncate":
-            return slice_item(item, 0, limit), limit
+            return slice_item(item, 0, limit), limit, stamp
         whole = size - size % limit
         for start in range(0, whole, limit):
-            self._ready.append(([slice_item(item, start, start + limit)], stamp))
-        return slice_item(item, whole, size), size - whole
+            piece = slice_item(item, start, start + limit)
+            self._ready.append(([piece], piece_stamp(stamp, start)))
+        return slice_item(item, whole, size), size - whole, piece_stamp(stamp, whole)
 
     def _close_fullest(self) -> None:
         """Close the fullest open bin (the earliest opened on ties)."""

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._context import output_stamp
+
 __all__ = [
     "PadValue",
     "check_pad_keys",
@@ -38,6 +40,7 @@ __all__ = [
     "pack_segments",
     "padding",
     "pad_for",
+    "piece_stamp",
     "sequence_keys",
     "slice_item",
     "to_tensor",
@@ -191,6 +194,16 @@ def check_pad_keys(owner: str, pad_value: PadValue, item: Any) -> None:
             f"{owner}() got pad_value for {unknown}, but the items' sequence fields are "
             f"{fields}; name fields the items have (a misspelt one would be padded with 0)"
         )
+
+
+def piece_stamp(stamp: tuple, start: int) -> tuple:
+    """The stamp of the piece of a sequence that starts at token ``start``.
+
+    The piece at 0 keeps the sequence's stamp; a later one is an output of its
+    own, key ``(key, start)``, so ``item_rng()`` draws afresh for each row cut
+    from one long document rather than repeating the same numbers.
+    """
+    return output_stamp(stamp, start) if start else stamp  # type: ignore[arg-type]
 
 
 def pad_for(pad_value: PadValue, key: str | None) -> float | int:

@@ -23,7 +23,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom import DataLoader
+from pipeloom import DataLoader, item_rng
 from pipeloom.datapipes import IterableWrapper, IterDataPipe, PadCollate
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.testing import check_resume_from_every_step, collect
@@ -247,3 +247,27 @@ def test_an_empty_list_leaves_int_tokens_int_when_padded():
 def test_weights_in_a_dict_or_a_tensor_say_how_to_pass_them(weights, match):
     with pytest.raises(TypeError, match=match):
         IterableWrapper([1]).mux(IterableWrapper([2]), weights=weights)
+
+
+# -- per-row randomness: the rows cut from one long document ---------------------------
+
+
+def _with_draw(row: Any) -> tuple[list[int], float]:
+    return row[0].tolist(), float(item_rng().random())
+
+
+_CUTTERS = {
+    "pack": lambda: IterableWrapper([list(range(1, 15)), [20, 21]]).sharding_filter().pack(4),
+    "concat_then_split": lambda: (
+        IterableWrapper([list(range(1, 15)), [20, 21]]).sharding_filter().concat_then_split(4)
+    ),
+}
+
+
+@pytest.mark.parametrize("block", sorted(_CUTTERS))
+def test_rows_cut_from_one_document_draw_their_own_item_rng_numbers(block):
+    rows = collect(_CUTTERS[block]().map(_with_draw))
+    assert [values[0] for values, _ in rows] == [1, 5, 9, 13]
+    draws = [draw for _, draw in rows]
+    assert len(set(draws)) == len(draws), rows  # each row is an output of its own
+    check_resume_from_every_step(lambda: _CUTTERS[block]().map(_with_draw))
