@@ -95,6 +95,7 @@ class Multiplexer(IterDataPipe):
     """
 
     inputs = ("datapipes",)
+    resume_may_change = ("weights",)  # load_state_dict starts the counts afresh
 
     def __init__(
         self,
@@ -282,6 +283,12 @@ class Multiplexer(IterDataPipe):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self._rounds_mode:
+            if "filling" not in state:
+                raise StateError(
+                    f"this state is a weighted mux state (keys {sorted(state)}), but this mux "
+                    f"has no weights: it mixes in rounds; build it with weights (e.g. the "
+                    f"ones it was saved with), or load the state into the pipeline that saved it"
+                )
             self._filling = [tuple(x) for x in state["filling"]]
             self._ready = [tuple(x) for x in state["ready"]]
             self._emitted = int(state["emitted"])

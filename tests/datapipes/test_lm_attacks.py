@@ -13,6 +13,7 @@ with a field dropped or padded with a real token id.
 from __future__ import annotations
 
 import collections
+import itertools
 import pickle
 import random
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 
 from pipeloom import DataLoader, item_rng
 from pipeloom.datapipes import IterableWrapper, IterDataPipe, PadCollate
+from pipeloom.errors import StateError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.testing import check_resume_from_every_step, collect
 from tests.datapipes.sequences import plain
@@ -271,3 +273,29 @@ def test_rows_cut_from_one_document_draw_their_own_item_rng_numbers(block):
     draws = [draw for _, draw in rows]
     assert len(set(draws)) == len(draws), rows  # each row is an output of its own
     check_resume_from_every_step(lambda: _CUTTERS[block]().map(_with_draw))
+
+
+# -- resuming with other weights through the loader, as the doc shows ---------------------
+
+
+def _web_and_code(weights: list[int] | None) -> IterDataPipe:
+    web, code = IterableWrapper(["web"] * 50), IterableWrapper(["code"] * 50)
+    return web.mux(code, weights=weights)
+
+
+def test_the_loader_resumes_a_mix_with_new_weights_and_refuses_a_change_of_kind():
+    with DataLoader(_web_and_code([1, 1]), seed=0) as loader:
+        outputs = iter(loader)
+        assert [next(outputs) for _ in range(6)] == ["web", "code"] * 3
+        state = loader.state_dict()
+    with DataLoader(_web_and_code([3, 1]), seed=0) as resumed:  # more web from now on
+        resumed.load_state_dict(state)
+        assert list(itertools.islice(resumed, 4)) == ["web", "web", "code", "web"]
+    with DataLoader(_web_and_code(None), seed=0) as rounds:  # torchdata's rounds: no counts
+        rounds.load_state_dict(state)  # blocks take their states when the epoch starts
+        with pytest.raises(StateError, match=r"weighted mux state .* build it with weights"):
+            next(iter(rounds))
+    with DataLoader(_web_and_code([3, 1]), seed=0) as other:  # another change: still refused
+        state["fingerprint"]["blocks"][1][1]["iterable"] = "list of 9 items"
+        with pytest.raises(StateError, match=r"IterableWrapper: saved iterable=list of 9 items"):
+            other.load_state_dict(state)
