@@ -30,6 +30,7 @@ from pipeloom.errors import StateError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.testing import check_resume_from_every_step, collect
 from tests.datapipes.sequences import plain
+from tests.reading_service.test_elastic import _elastic
 
 _WEIGHTS = st.sampled_from([0, 1, 2, 3, 0.5, 0.25])
 _STOPS = st.sampled_from(["first", "all", "cycle"])
@@ -299,3 +300,34 @@ def test_the_loader_resumes_a_mix_with_new_weights_and_refuses_a_change_of_kind(
         state["fingerprint"]["blocks"][1][1]["iterable"] = "list of 9 items"
         with pytest.raises(StateError, match=r"IterableWrapper: saved iterable=list of 9 items"):
             other.load_state_dict(state)
+
+
+# -- rows after the sharding point, resumed on another number of ranks ---------------------
+
+
+def _rows_after_the_point(block: str, lengths: list[int]) -> Callable[[], IterDataPipe]:
+    def build() -> IterDataPipe:
+        sharded = IterableWrapper(_documents(1, lengths)).sharding_filter()
+        if block == "concat_then_split":
+            return sharded.concat_then_split(4)
+        return sharded.pack(4, buffer_size=2)
+
+    return build
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(
+    st.sampled_from(["concat_then_split", "pack"]),
+    st.lists(st.sampled_from([0, 1, 3, 4, 5, 9]), min_size=1, max_size=14),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(0, 5),
+)
+def test_rows_after_the_sharding_point_resume_on_another_number_of_ranks(
+    block, lengths, old, new, step
+):
+    build = _rows_after_the_point(block, lengths)
+    head, tail = _elastic("in-process", build, old, new, step)
+    rows = head + [row for outputs in tail for row in outputs]
+    assert sorted(_tokens(rows)) == sorted(t for d in _documents(1, lengths) for t in d)
