@@ -21,11 +21,11 @@ from ._sequences import (
     check_pad_keys,
     check_pad_value,
     check_same_keys,
+    entry_tensor,
     is_sequence,
     pad_for,
     padding,
     sequence_keys,
-    to_tensor,
 )
 
 __all__ = ["PadCollate", "PaddedBatch"]
@@ -154,7 +154,7 @@ class PadCollate:
                     f"padded_batch() pads sequences (tensors, arrays, lists), but a {what} "
                     f"entry is {type(value).__name__} {value!r}"
                 )
-            tensors.append(to_tensor(value))
+            tensors.append(entry_tensor(value, "padded_batch", what))
         trailing = {tuple(t.shape[1:]) for t in tensors}
         if len(trailing) > 1:
             raise ValueError(

@@ -35,6 +35,7 @@ __all__ = [
     "check_pad_keys",
     "check_pad_value",
     "check_same_keys",
+    "entry_tensor",
     "is_sequence",
     "item_length",
     "pack_segments",
@@ -114,6 +115,29 @@ def _slice(value: Any, start: int, stop: int) -> Any:
     if isinstance(part, (torch.Tensor, np.ndarray)):
         return part.copy() if isinstance(part, np.ndarray) else part.clone()
     return part  # a list/tuple slice is already a copy
+
+
+def entry_tensor(value: Any, owner: str, what: str) -> torch.Tensor:
+    """``to_tensor(value)`` for a sequence entry of ``what``, or an error that says what to do.
+
+    Raises:
+        TypeError: ``value`` is no sequence (``what`` is one in another item), or
+            holds what torch cannot read as numbers (strings: text not tokenized).
+    """
+    if not is_sequence(value):
+        raise TypeError(
+            f"{owner}() needs the {what} entries to be sequences (tensors, arrays, lists), "
+            f"but one is {type(value).__name__} {_short(value)}; give every item a sequence "
+            f"there, or the same kind of value in each"
+        )
+    try:
+        return to_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(
+            f"{owner}() needs the {what} entries to hold numbers (token ids), but torch cannot "
+            f"read {_short(value)} as a tensor ({error}); tokenize or convert it in a .map() "
+            f"first"
+        ) from error
 
 
 def to_tensor(value: Any) -> torch.Tensor:
@@ -235,14 +259,14 @@ def pack_segments(
     check_same_keys([item for item, _, _ in segments], owner, "row")
     check_pad_keys(owner, pad_value, first)
     if not isinstance(first, Mapping):
-        parts = [(to_tensor(item), a, b) for item, a, b in segments]
-        values = _lay_out(parts, length, pad_for(pad_value, None), "sequence")
+        parts = [(entry_tensor(item, owner, "sequence"), a, b) for item, a, b in segments]
+        values = _lay_out(parts, length, pad_for(pad_value, None), "sequence", owner)
         return values, segment_ids, positions
     row: dict[str, Any] = {}
     for key, sample in first.items():
         if is_sequence(sample):
-            parts = [(to_tensor(item[key]), a, b) for item, a, b in segments]
-            row[key] = _lay_out(parts, length, pad_for(pad_value, key), repr(key))
+            parts = [(entry_tensor(item[key], owner, repr(key)), a, b) for item, a, b in segments]
+            row[key] = _lay_out(parts, length, pad_for(pad_value, key), repr(key), owner)
         else:
             row[key] = [item[key] for item, _, _ in segments]
     for key in RESERVED:
@@ -295,9 +319,15 @@ def padding(
 
 
 def _lay_out(
-    parts: list[tuple[torch.Tensor, int, int]], length: int, pad: Any, what: str
+    parts: list[tuple[torch.Tensor, int, int]], length: int, pad: Any, what: str, owner: str
 ) -> torch.Tensor:
     first = parts[0][0]
+    if len({tuple(part[0].shape[1:]) for part in parts}) > 1:
+        raise ValueError(
+            f"{owner}() lays sequences end to end along their first dimension, but the {what} "
+            f"entries differ after it: shapes {[tuple(part[0].shape) for part in parts]}; "
+            f"give them one shape past the first dimension in a .map() first"
+        )
     out = padding((length, *first.shape[1:]), pad, [part[0] for part in parts], what)
     offset = 0
     for tensor, start, stop in parts:

@@ -19,6 +19,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -331,3 +332,25 @@ def test_rows_after_the_sharding_point_resume_on_another_number_of_ranks(
     head, tail = _elastic("in-process", build, old, new, step)
     rows = head + [row for outputs in tail for row in outputs]
     assert sorted(_tokens(rows)) == sorted(t for d in _documents(1, lengths) for t in d)
+
+
+@pytest.mark.parametrize("block", sorted(_ROW_BLOCKS))
+@pytest.mark.parametrize(
+    ("items", "error", "match"),
+    [
+        (
+            [["the", "cat"], ["sat"]],
+            TypeError,
+            r"needs the sequence entries to hold numbers .* tokenize",
+        ),
+        (
+            [{"input_ids": [1], "src": [5]}, {"input_ids": [2], "src": "books"}],
+            TypeError,
+            r"'src' entr(y|ies) .*str 'books'",
+        ),
+        ([np.zeros((2, 3)), np.zeros((1, 4))], ValueError, r"entries differ after it: shapes"),
+    ],
+)
+def test_entries_torch_cannot_lay_out_say_which_and_what_to_do(block, items, error, match):
+    with pytest.raises(error, match=match):
+        collect(_ROW_BLOCKS[block](items))
