@@ -13,8 +13,10 @@ from ._sequences import (
     item_length,
     pack_segments,
     piece_stamp,
+    saved_lengths,
     slice_item,
 )
+from ._state_fields import StateFields
 
 __all__ = ["ConcatSplitter"]
 
@@ -129,19 +131,22 @@ class ConcatSplitter(IterDataPipe, HoldsItems):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._pending = list(state["pending"])
-        self._lengths = [item_length(item, "concat_then_split") for item in self._pending]
-        self._stamps = [tuple(stamp) for stamp in state["stamps"]]
-        self._offset = int(state["offset"])
-        self._done = bool(state["done"])
+        fields = StateFields(self, state)
+        pending = fields.list("pending")
+        lengths = saved_lengths(fields, "pending", pending, "concat_then_split")
+        self._stamps = fields.stamps("stamps", length=len(pending))
+        self._offset = fields.int("offset", maximum=lengths[0] - 1 if lengths else 0)
+        self._pending, self._lengths = pending, lengths
+        self._done = fields.bool("done")
 
     def load_held_states(self, states: list[dict[str, Any]]) -> None:
         """Every rank's sequences not yet emitted, in rank order (see ``HoldsItems``)."""
         pending: list[Any] = []
         stamps: list[tuple] = []
         for state in states:
-            items, marks = list(state["pending"]), [tuple(s) for s in state["stamps"]]
-            offset = int(state["offset"])
+            fields = StateFields(self, state)
+            items, offset = fields.list("pending"), fields.int("offset")
+            marks = fields.stamps("stamps", length=len(items))
             if items and offset:  # the rest of a sequence cut at a row's end
                 size = item_length(items[0], "concat_then_split")
                 items[0] = slice_item(items[0], offset, size)

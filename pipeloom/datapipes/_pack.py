@@ -13,8 +13,10 @@ from ._sequences import (
     item_length,
     pack_segments,
     piece_stamp,
+    saved_lengths,
     slice_item,
 )
+from ._state_fields import StateFields
 
 __all__ = ["Packer"]
 
@@ -193,11 +195,27 @@ class Packer(IterDataPipe, HoldsItems):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._bins = [list(items) for items in state["bins"]]
-        self._free = [int(room) for room in state["free"]]
-        self._stamps = [tuple(stamp) for stamp in state["stamps"]]
-        self._ready = [(list(items), tuple(stamp)) for items, stamp in state["ready"]]
-        self._done = bool(state["done"])
+        fields, limit = StateFields(self, state), self.max_length
+        bins = fields.list("bins")
+        for items in bins:
+            if not isinstance(items, (list, tuple)) or not items:
+                fields.fail("bins", "a list of open bins, each a non-empty list of items", items)
+        bins = [list(items) for items in bins]
+        room = [limit - sum(saved_lengths(fields, "bins", items, "pack")) for items in bins]
+        if fields.list("free") != room or not all(0 < r < limit for r in room):
+            fields.fail(
+                "free",
+                f"the room left in each open bin, {room}, each in 1..{limit - 1}",
+                state["free"],
+            )
+        ready = fields.stamped_items("ready")
+        for items, _ in ready:
+            if not isinstance(items, list) or not items:
+                fields.fail("ready", "(items, stamp) pairs of non-empty lists of items", items)
+        self._bins, self._free = bins, room
+        self._stamps = fields.stamps("stamps", length=len(bins))
+        self._ready = [(list(items), stamp) for items, stamp in ready]
+        self._done = fields.bool("done")
 
     def load_held_states(self, states: list[dict[str, Any]]) -> None:
         """Every rank's open bins and closed rows (see ``HoldsItems``)."""

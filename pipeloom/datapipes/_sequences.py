@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ._context import output_stamp
+from ._state_fields import StateFields
 
 __all__ = [
     "PadValue",
@@ -38,6 +39,7 @@ __all__ = [
     "entry_tensor",
     "is_sequence",
     "item_length",
+    "saved_lengths",
     "pack_segments",
     "padding",
     "pad_for",
@@ -98,6 +100,24 @@ def item_length(item: Any, owner: str, length_key: str | None = None) -> int:
             f"holding them, got {type(item).__name__} {_short(item)}"
         )
     return len(item)
+
+
+def saved_lengths(fields: StateFields, name: str, items: list[Any], owner: str) -> list[int]:
+    """The lengths of the sequences a saved state holds in field ``name``, each >= 1.
+
+    Raises:
+        StateError: one is no sequence (or dict of them) or is empty: a block
+            never holds such an item, so the state is damaged.
+    """
+    lengths = []
+    for item in items:
+        try:
+            lengths.append(item_length(item, owner))
+        except (TypeError, ValueError):
+            fields.fail(name, "a list of sequences (or dicts of them), as they came", item)
+        if not lengths[-1]:
+            fields.fail(name, "a list of non-empty sequences (empty ones are dropped)", item)
+    return lengths
 
 
 def slice_item(item: Any, start: int, stop: int) -> Any:

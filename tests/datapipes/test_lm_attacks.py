@@ -13,6 +13,7 @@ with a field dropped or padded with a real token id.
 from __future__ import annotations
 
 import collections
+import copy
 import itertools
 import pickle
 import random
@@ -354,3 +355,76 @@ def test_rows_after_the_sharding_point_resume_on_another_number_of_ranks(
 def test_entries_torch_cannot_lay_out_say_which_and_what_to_do(block, items, error, match):
     with pytest.raises(error, match=match):
         collect(_ROW_BLOCKS[block](items))
+
+
+# -- damaged states: refused, not resumed at the wrong place ---------------------------
+
+# Fields of the user's items (any value is valid) and stamps: corrupted whole.
+_WHOLE = {"bins", "ready", "stamps", "contexts", "sample", "buckets", "filling", "pending"}
+
+
+def _lm_blocks() -> IterDataPipe:
+    docs = IterableWrapper(_documents(1, [3, 1, 9, 4, 0, 5, 2, 7, 3, 6]))
+    code = IterableWrapper(_documents(2, [2, 5, 1, 4]))
+    mixed = docs.mux(code, weights=[2, 1], stop="all")
+    rows = mixed.pack(4, buffer_size=2).map(_values_of)
+    more = IterableWrapper(_documents(3, [5, 2, 7])).concat_then_split(3).map(_values_of)
+    return rows.concat(more).bucket_by_length(len, boundaries=[3], batch_sizes=2, buffer_size=3)
+
+
+def _values_of(row: Any) -> list[int]:
+    return [t for t in row[0].tolist() if t]
+
+
+def _paths(value: Any, path: tuple = ()):
+    if path:
+        yield path
+    if path and path[-1] in _WHOLE:
+        return
+    if isinstance(value, (dict, list)):
+        for key, inner in value.items() if isinstance(value, dict) else enumerate(value):
+            yield from _paths(inner, (*path, key))
+
+
+def _damaged(value: Any) -> list[Any]:
+    if isinstance(value, bool):
+        return ["xyz", 1, None]
+    if isinstance(value, int):
+        return [3.5, True, None, -1, 10_000]
+    return ["xyz", 3.5, {"a": 1}, None, [[1]]]
+
+
+def test_a_damaged_state_of_the_lm_blocks_is_refused_or_resumes_exactly():
+    with DataLoader(_lm_blocks(), seed=0) as loader:
+        epoch = list(loader)
+        loader.set_epoch(0)
+        outputs = iter(loader)
+        head = [next(outputs) for _ in range(len(epoch) // 2)]
+        state = loader.state_dict()
+    blocks = state["service"]["pipeline"]["blocks"]
+    assert {"Multiplexer", "Packer", "ConcatSplitter", "LengthBucketer"} <= {
+        b["type"] for b in blocks
+    }
+    wrong = []
+    for index, block in enumerate(blocks):
+        for path in _paths(block["state"]):
+            parent = block["state"]
+            for key in path[:-1]:
+                parent = parent[key]
+            if isinstance(parent, tuple):
+                continue
+            for bad in _damaged(parent[path[-1]]):
+                damaged = copy.deepcopy(state)
+                target = damaged["service"]["pipeline"]["blocks"][index]["state"]
+                for key in path[:-1]:
+                    target = target[key]
+                target[path[-1]] = bad
+                with DataLoader(_lm_blocks(), seed=0) as resumed:
+                    try:
+                        resumed.load_state_dict(damaged)
+                        rest = list(resumed)
+                    except StateError:
+                        continue
+                if head + rest != epoch:
+                    wrong.append((block["type"], path, bad))
+    assert not wrong, f"resumed silently wrong after damaging: {wrong}"
