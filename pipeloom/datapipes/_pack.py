@@ -51,7 +51,8 @@ class Packer(IterDataPipe, HoldsItems):
     * ``"split"`` (default): cut into full rows of ``max_length`` (emitted at
       once, each one segment whose positions restart at 0), the rest packed as
       a sequence of its own. Nothing is lost; the pieces after the first see no
-      context from before the cut.
+      context from before the cut. Each piece is an output of its own for
+      ``item_rng()``: the piece from token ``t > 0`` has key ``(key, t)``.
     * ``"truncate"``: cut to ``max_length``; the rest is dropped.
     * ``"error"``: a ``ValueError`` naming its length (for data where a cut
       sequence is wrong, e.g. a supervised example: filter long ones first).

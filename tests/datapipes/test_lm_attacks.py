@@ -29,7 +29,11 @@ from hypothesis import strategies as st
 from pipeloom import DataLoader, item_rng
 from pipeloom.datapipes import IterableWrapper, IterDataPipe, PadCollate
 from pipeloom.errors import StateError
-from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from pipeloom.reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ThreadReadingService,
+)
 from pipeloom.testing import check_resume_from_every_step, collect
 from tests.datapipes.sequences import plain
 from tests.reading_service.test_elastic import _elastic
@@ -167,13 +171,15 @@ def _service_pipeline(tail: str) -> IterDataPipe:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("tail", ["pack", "concat_then_split"])
 def test_a_cycled_mix_after_the_workers_resumes_on_another_service_and_worker_count(tail):
+    """Threads <-> processes with another worker count, in-process <-> processes."""
     services = [
         lambda: ThreadReadingService(2),
         lambda: MultiProcessingReadingService(3, start_method="fork", timeout=20),
+        InProcessReadingService,  # its states load into worker services and back
     ]
     with DataLoader(_service_pipeline(tail), seed=4) as loader:
         epoch, following = plain(list(loader)), plain(list(loader))
-    for save, load, step in [(0, 1, 3), (1, 0, 5)]:
+    for save, load, step in [(0, 1, 3), (1, 0, 5), (2, 1, 4), (1, 2, 2)]:
         with DataLoader(_service_pipeline(tail), services[save](), seed=4) as loader:
             outputs = iter(loader)
             head = [plain(next(outputs)) for _ in range(step)]
