@@ -17,6 +17,7 @@ import copy
 import itertools
 import pickle
 import random
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -434,3 +435,34 @@ def test_a_damaged_state_of_the_lm_blocks_is_refused_or_resumes_exactly():
                 if head + rest != epoch:
                     wrong.append((block["type"], path, bad))
     assert not wrong, f"resumed silently wrong after damaging: {wrong}"
+
+
+# -- ranks: a corpus mixed in after the sharding point is read whole by every rank ---------
+
+
+def _initialized(pipeline: IterDataPipe, ranks: int) -> None:
+    from tests.reading_service.thread_ranks import World, rank_service
+
+    service = rank_service(World(ranks, 5.0), 0)
+    try:
+        service.initialize(pipeline)
+    finally:
+        service.shutdown()
+
+
+def test_a_corpus_mixed_in_after_the_sharding_point_warns_that_every_rank_reads_it_whole():
+    def web() -> IterDataPipe:
+        return IterableWrapper(_documents(1, [2] * 8))
+
+    code = IterableWrapper(_documents(2, [3] * 4))
+    after = web().sharding_filter().mux(code, weights=[2, 1], stop="all")
+    with pytest.warns(
+        UserWarning,
+        match=r"IterableWrapper.* joins the stream after the sharding"
+        r" point, so each of the 3 ranks reads all of it.* before sharding_filter",
+    ):
+        _initialized(after, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _initialized(after, 1)  # alone: nothing is read twice
+        _initialized(web().mux(code, weights=[2, 1], stop="all").sharding_filter(), 3)
