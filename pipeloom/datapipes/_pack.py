@@ -150,7 +150,7 @@ class Packer(IterDataPipe, HoldsItems):
             if free[chosen] == 0:
                 self._close(chosen)
             return
-        while len(free) >= self.buffer_size:  # more than one: a state of a larger buffer
+        while len(free) >= self.buffer_size:  # more bins: a larger buffer's state (strict=False)
             self._close_fullest()
         self._bins.append([item])
         free.append(limit - size)
