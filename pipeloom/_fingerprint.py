@@ -55,9 +55,13 @@ def pipeline_fingerprint(pipeline: DataPipe, *, across_ranks: bool = False) -> d
     a sharding point's settings (each rank's and worker's shard) and the
     attributes a block lists in ``per_rank_fields`` (a device, a timeout),
     and the arguments a ``functools.partial`` binds (``partial(move, device=rank)``).
+    Otherwise ``"may_change"`` lists, per block, the attributes a state may be
+    loaded with changed (``resume_may_change``, e.g. ``mux``'s weights), which
+    :func:`fingerprint_differences` does not compare.
     """
-    blocks = []
+    blocks, may_change = [], []
     for block in traverse(pipeline).nodes:
+        may_change.append(list(type(block).resume_may_change))
         fields = {}
         local = _per_rank(block) if across_ranks else ()
         for name, value in sorted(vars(block).items()):
@@ -67,7 +71,9 @@ def pipeline_fingerprint(pipeline: DataPipe, *, across_ranks: bool = False) -> d
                 continue
             fields[name] = describe(value, partial_arguments=not across_ranks)
         blocks.append([type(block).__qualname__, fields])
-    return {"blocks": blocks}
+    if across_ranks or not any(may_change):
+        return {"blocks": blocks}
+    return {"blocks": blocks, "may_change": may_change}  # not compared: see below
 
 
 def data_fingerprint(pipeline: DataPipe, *, contents: bool | None = None) -> list[list[Any]]:
@@ -162,8 +168,13 @@ def fingerprint_differences(saved: Any, now: dict[str, Any]) -> list[str]:
             f"({_chain(old)}); this one has {len(new)} ({_chain(new)})"
         ]
     lines = []
+    adapts = now.get("may_change") or [[]] * len(new)
     for index, ((kind, was), (_, is_now)) in enumerate(zip(old, new)):
-        changed = [f"{name}={a}, now {b}" for name, a, b in _changed(was, is_now)]
+        changed = [
+            f"{name}={a}, now {b}"
+            for name, a, b in _changed(was, is_now)
+            if name not in adapts[index]
+        ]
         if changed:
             lines.append(f"block #{index} {kind}: saved " + "; saved ".join(changed))
     return lines

@@ -96,6 +96,8 @@ class DataPipe:
     restartable: ClassVar[bool] = True
     #: Attributes that may differ between a job's ranks: where or how fast, not which items.
     per_rank_fields: ClassVar[tuple[str, ...]] = ()
+    #: Arguments a checkpoint may be loaded with changed: ``load_state_dict`` adapts to them.
+    resume_may_change: ClassVar[tuple[str, ...]] = ()
 
     # Framework-owned per-instance state, kept out of __init__ so subclasses
     # need not call super().__init__(). Only this module reads or writes it.

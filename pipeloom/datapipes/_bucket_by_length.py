@@ -11,6 +11,7 @@ from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
 from ._held import HoldsItems
 from ._map import check_callable, fn_name
+from ._state_fields import StateFields
 
 __all__ = ["LengthBucketer", "equal_cost_boundaries"]
 
@@ -221,24 +222,63 @@ class LengthBucketer(IterDataPipe, HoldsItems):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        edges = state["boundaries"]
-        self._edges = None if edges is None else [int(b) for b in edges]
-        self._sample = [_entry(e) for e in state["sample"]]
-        self._buckets = [[_entry(e) for e in bucket] for bucket in state["buckets"]]
-        self._ready = [(list(batch), tuple(stamp)) for batch, stamp in state["ready"]]
-        self._done = bool(state["done"])
+        fields = StateFields(self, state)
+        edges = self._saved_edges(fields, state.get("boundaries"))
+        sample = [_entry(fields, "sample", e) for e in fields.list("sample")]
+        count = self.num_buckets if self.boundaries is None else len(self.boundaries) + 1
+        buckets = fields.list("buckets")
+        if len(buckets) != count or not all(isinstance(b, (list, tuple)) for b in buckets):
+            fields.fail("buckets", f"a list of {count} buckets (lists of entries)", buckets)
+        buckets = [[_entry(fields, "buckets", e) for e in bucket] for bucket in buckets]
+        for index, bucket in enumerate(buckets):  # each entry in the bucket its length picks
+            if any(edges is None or bisect.bisect_right(edges, n) != index for _, n, _ in bucket):
+                fields.fail(
+                    "buckets", f"entries in the bucket of their length (edges {edges})", bucket
+                )
+        if (sample and edges is not None) or len(sample) >= self.buffer_size:
+            fields.fail(
+                "sample",
+                f"fewer than buffer_size={self.buffer_size} entries, before "
+                f"the edges are estimated",
+                sample,
+            )
+        if sum(map(len, buckets)) > self.buffer_size:
+            fields.fail("buckets", f"at most buffer_size={self.buffer_size} entries", buckets)
+        ready = fields.stamped_items("ready")
+        if not all(isinstance(batch, list) and batch for batch, _ in ready):
+            fields.fail("ready", "(batch, stamp) pairs of non-empty lists", ready)
+        self._edges, self._sample, self._buckets = edges, sample, buckets
+        self._ready = [(list(batch), stamp) for batch, stamp in ready]
+        self._done = fields.bool("done")
+
+    def _saved_edges(self, fields: StateFields, edges: Any) -> list[int] | None:
+        """The saved boundaries: this block's own, or estimated ones (None: not yet)."""
+        if edges is None and self.boundaries is None:
+            return None
+        valid = isinstance(edges, (list, tuple)) and all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in edges
+        )
+        if not valid or any(b >= c for b, c in zip(edges, edges[1:])):
+            fields.fail("boundaries", "increasing ints >= 1", edges)
+        if self.boundaries is not None and list(edges) != self.boundaries:
+            fields.fail("boundaries", f"this block's boundaries, {self.boundaries}", edges)
+        if self.num_buckets is not None and len(edges) >= self.num_buckets:
+            fields.fail("boundaries", f"fewer than num_buckets={self.num_buckets} edges", edges)
+        return list(edges)
 
     def load_held_states(self, states: list[dict[str, Any]]) -> None:
         """Every rank's sample, buckets and ready batches, bucketed again by this block's edges."""
         self.reset()
-        entries = []
+        entries, saved_edges = [], []
         for state in states:
-            entries += [_entry(e) for e in state["sample"]]
-            entries += [_entry(e) for bucket in state["buckets"] for e in bucket]
-            self._ready += [(list(batch), tuple(stamp)) for batch, stamp in state["ready"]]
+            fields = StateFields(self, state)
+            saved_edges.append(self._saved_edges(fields, state.get("boundaries")))
+            entries += [_entry(fields, "sample", e) for e in fields.list("sample")]
+            for bucket in fields.list("buckets"):
+                entries += [_entry(fields, "buckets", e) for e in bucket]
+            self._ready += [(list(batch), stamp) for batch, stamp in fields.stamped_items("ready")]
         if self._edges is None:  # estimated: the first rank's edges, else a sample as before
-            edges = next((s["boundaries"] for s in states if s["boundaries"] is not None), None)
-            self._edges = None if edges is None else [int(b) for b in edges]
+            self._edges = next((edges for edges in saved_edges if edges is not None), None)
         if self._edges is None:
             self._sample = entries
             if len(self._sample) >= self.buffer_size:
@@ -301,6 +341,11 @@ def _longest(bucket: list[Entry]) -> int:
     return max(length for _, length, _ in bucket)
 
 
-def _entry(entry: Sequence[Any]) -> Entry:
+def _entry(fields: StateFields, name: str, entry: Any) -> Entry:
+    """A saved ``(item, length, stamp)`` entry, checked."""
+    if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+        fields.fail(name, "(item, length, stamp) entries", entry)
     item, length, stamp = entry
-    return item, int(length), tuple(stamp)
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        fields.fail(name, "entries whose length is an int >= 0", entry)
+    return item, length, fields.check_stamp(name, stamp)

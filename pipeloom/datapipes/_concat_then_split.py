@@ -6,12 +6,22 @@ from typing import Any
 
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
-from ._sequences import PadValue, check_pad_value, item_length, pack_segments
+from ._held import HoldsItems
+from ._sequences import (
+    PadValue,
+    check_pad_value,
+    item_length,
+    pack_segments,
+    piece_stamp,
+    saved_lengths,
+    slice_item,
+)
+from ._state_fields import StateFields
 
 __all__ = ["ConcatSplitter"]
 
 
-class ConcatSplitter(IterDataPipe):
+class ConcatSplitter(IterDataPipe, HoldsItems):
     """Concatenate sequences and cut rows of ``max_length`` (functional: ``concat_then_split``).
 
     No padding except in the last row: each row is filled with the next
@@ -25,7 +35,9 @@ class ConcatSplitter(IterDataPipe):
     documents apart.
 
     The state holds the sequences not yet fully emitted, as they came, and how
-    far into the first one the next row starts.
+    far into the first one the next row starts. On a resume on another number
+    of ranks one new rank takes the sequences the old ranks handed to it
+    (``HoldsItems``), each partly emitted one from where its next row starts.
 
     Args:
         source: the sequences (see ``pack`` for the forms accepted).
@@ -93,8 +105,8 @@ class ConcatSplitter(IterDataPipe):
             self.reset()
             self._done = True
             raise StopIteration
-        restore_stamp(self._stamps[0])
-        return pack_segments(self._take(limit), limit, self.pad_value)
+        restore_stamp(piece_stamp(self._stamps[0], self._offset))
+        return pack_segments(self._take(limit), limit, self.pad_value, "concat_then_split")
 
     def _take(self, limit: int) -> list[tuple[Any, int, int]]:
         segments, taken = [], 0
@@ -119,11 +131,29 @@ class ConcatSplitter(IterDataPipe):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._pending = list(state["pending"])
-        self._lengths = [item_length(item, "concat_then_split") for item in self._pending]
-        self._stamps = [tuple(stamp) for stamp in state["stamps"]]
-        self._offset = int(state["offset"])
-        self._done = bool(state["done"])
+        fields = StateFields(self, state)
+        pending = fields.list("pending")
+        lengths = saved_lengths(fields, "pending", pending, "concat_then_split")
+        self._stamps = fields.stamps("stamps", length=len(pending))
+        self._offset = fields.int("offset", maximum=lengths[0] - 1 if lengths else 0)
+        self._pending, self._lengths = pending, lengths
+        self._done = fields.bool("done")
+
+    def load_held_states(self, states: list[dict[str, Any]]) -> None:
+        """Every rank's sequences not yet emitted, in rank order (see ``HoldsItems``)."""
+        pending: list[Any] = []
+        stamps: list[tuple] = []
+        for state in states:
+            fields = StateFields(self, state)
+            items, offset = fields.list("pending"), fields.int("offset")
+            marks = fields.stamps("stamps", length=len(items))
+            if items and offset:  # the rest of a sequence cut at a row's end
+                size = item_length(items[0], "concat_then_split")
+                items[0] = slice_item(items[0], offset, size)
+                marks[0] = piece_stamp(marks[0], offset)
+            pending += items
+            stamps += marks
+        self.load_state_dict({"pending": pending, "stamps": stamps, "offset": 0, "done": False})
 
     def __repr__(self) -> str:
         return f"ConcatSplitter(max_length={self.max_length}, drop_remainder={self.drop_remainder})"

@@ -177,14 +177,41 @@ class MaxTokenBucketizer(IterDataPipe, HoldsItems):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._heap = [_Sized(int(n), item, tuple(s)) for n, item, s in state["heap"]]
-        self._batch = list(state["batch"])
-        self._batch_stamp = tuple(state["batch_stamp"])
-        self._tokens = int(state["tokens"])
-        self._longest = int(state["longest"])
+        fields = StateFields(self, state)
+        heap = []
+        for entry in fields.list("heap"):
+            if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+                fields.fail("heap", "(length, item, stamp) entries", entry)
+            length, item, stamp = entry
+            if not (isinstance(length, int) and self.min_len <= length <= self.max_len):
+                fields.fail("heap", f"entries of lengths in {self.min_len}..{self.max_len}", entry)
+            heap.append(_Sized(length, item, fields.check_stamp("heap", stamp)))
+        if any(heap[i] < heap[(i - 1) // 2] for i in range(1, len(heap))):
+            fields.fail(
+                "heap", "entries in heap order (each no shorter than its parent)", state["heap"]
+            )
+        batch = fields.list("batch")
+        tokens, longest = fields.int("tokens"), fields.int("longest")
+        if batch:  # the running count agrees with the batch (stale once it was sent)
+            lengths = [self._length(item) for item in batch]
+            padded = self.include_padding
+            expected = len(batch) * max(lengths) if padded else sum(lengths)
+            if tokens != expected or tokens > self.max_token_count:
+                fields.fail("tokens", f"the batch's token count, {expected}", tokens)
+            if padded and longest != max(lengths):
+                fields.fail("longest", f"the batch's longest length, {max(lengths)}", longest)
+        if "ready" not in state:
+            fields.list("ready")  # raises: the state has no field 'ready'
         ready = state["ready"]
-        self._ready = None if ready is None else (list(ready[0]), tuple(ready[1]))
-        self._source_done = bool(state["source_done"])
+        if ready is not None:
+            ((items, stamp),) = fields.stamped_items("ready", value=[ready])
+            if not isinstance(items, list) or not items:
+                fields.fail("ready", "None or a (batch, stamp) pair", ready)
+            ready = (items, stamp)
+        self._heap, self._batch, self._tokens, self._longest = heap, batch, tokens, longest
+        self._batch_stamp = fields.stamp("batch_stamp")
+        self._ready = ready
+        self._source_done = fields.bool("source_done")
 
     def load_held_states(self, states: list[dict[str, Any]]) -> None:
         """Every rank's heap, and its current (or finished, unsent) batch, in one heap."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -33,6 +33,7 @@ from ..errors import StateError
 from ._base import IterDataPipe
 from ._context import current_stamp, derive_seed, restore_stamp
 from ._pipeline import reset_pipeline, set_input_round
+from ._state_fields import StateFields
 from ._zip import check_inputs
 
 __all__ = ["Multiplexer"]
@@ -95,6 +96,7 @@ class Multiplexer(IterDataPipe):
     """
 
     inputs = ("datapipes",)
+    resume_may_change = ("weights",)  # load_state_dict starts the counts afresh
 
     def __init__(
         self,
@@ -115,6 +117,12 @@ class Multiplexer(IterDataPipe):
             raise ValueError(
                 f"sampling must be 'smooth' (deterministic proportions) or 'random' "
                 f"(a seeded draw per output), got {sampling!r}"
+            )
+        if isinstance(weights, (Mapping, str, bytes)):
+            raise TypeError(
+                f"mux() expects weights to be a sequence of numbers, one per source in the "
+                f"order the sources are given, got {type(weights).__name__} {weights!r}; pass "
+                f"e.g. weights=[0.7, 0.3]"
             )
         self.weights = None if weights is None else tuple(weights)
         self._int_weights = _integer_weights(self.weights, len(self.datapipes))
@@ -275,37 +283,61 @@ class Multiplexer(IterDataPipe):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        count = len(self.datapipes)
+        keys = sorted(state) if isinstance(state, dict) else type(state).__name__
         if self._rounds_mode:
-            self._filling = [tuple(x) for x in state["filling"]]
-            self._ready = [tuple(x) for x in state["ready"]]
-            self._emitted = int(state["emitted"])
-            self._done = bool(state["done"])
-            self._load_contexts(state)
+            if isinstance(state, dict) and "filling" not in state:
+                raise StateError(
+                    f"this state is a weighted mux state (keys {keys}), but this mux "
+                    f"has no weights: it mixes in rounds; build it with weights (e.g. the "
+                    f"ones it was saved with), or load the state into the pipeline that saved it"
+                )
+            fields = StateFields(self, state)
+            filling, ready = fields.stamped_items("filling"), fields.stamped_items("ready")
+            if len(filling) >= count:
+                fields.fail(
+                    "filling", f"the items of a round being read, fewer than {count}", filling
+                )
+            if len(ready) not in (0, count):
+                fields.fail("ready", f"a complete round of {count} items, or none", ready)
+            self._filling, self._ready = filling, ready
+            self._emitted = fields.int("emitted", maximum=len(ready))
+            self._done = fields.bool("done")
+            self._load_contexts(fields)
             return
-        if "counts" not in state or len(state["counts"]) != len(self.datapipes):
+        counts = state.get("counts") if isinstance(state, dict) else None
+        if not isinstance(counts, (list, tuple)) or len(counts) != count:
             raise StateError(
-                f"this state is not a weighted mux state over {len(self.datapipes)} sources "
-                f"(got keys {sorted(state)}); load it into the pipeline that saved it"
+                f"this state is not a weighted mux state over {count} sources "
+                f"(got keys {keys}); load it into the pipeline that saved it"
             )
-        same_weights = _proportions(state["weights"]) == _proportions(self._int_weights)
-        self._counts = (
-            [int(c) for c in state["counts"]] if same_weights else [0] * len(state["counts"])
-        )
-        self._drawn = int(state["drawn"])
-        self._gone = [bool(g) for g in state["gone"]]
-        self._ran_out = [bool(r) for r in state["ran_out"]]
-        self._rounds = [int(r) for r in state["rounds"]]
-        self._yielded = [bool(y) for y in state["yielded"]]
-        self._done = bool(state["done"])
-        self._load_contexts(state)
+        fields = StateFields(self, state)
+        weights = _saved(fields, "weights", count, "ints >= 0", _is_count)
+        if not any(weights):
+            fields.fail("weights", "weights with at least one positive", weights)
+        counts = _saved(fields, "counts", count, "ints >= 0", _is_count)
+        drawn = fields.int("drawn", minimum=sum(counts))  # every count is of outputs drawn
+        flags = {
+            name: _saved(fields, name, count, "bools", _is_flag)
+            for name in ("gone", "ran_out", "yielded")
+        }
+        rounds = _saved(fields, "rounds", count, "ints >= 0", _is_count)
+        same_weights = _proportions(weights) == _proportions(self._int_weights)
+        self._counts = counts if same_weights else [0] * count
+        self._drawn, self._rounds = drawn, rounds
+        self._gone, self._ran_out, self._yielded = flags["gone"], flags["ran_out"], flags["yielded"]
+        self._done = fields.bool("done")
+        self._load_contexts(fields)
         for dp, round_number in zip(self.datapipes, self._rounds):
             if round_number or self._round_number():
                 set_input_round(self, dp, round_number)
 
-    def _load_contexts(self, state: dict[str, Any]) -> None:
-        contexts = state.get("contexts")  # absent from states saved before it was kept
+    def _load_contexts(self, fields: StateFields) -> None:
         count = len(self.datapipes)
-        self._contexts = [_NO_STAMP] * count if contexts is None else [tuple(c) for c in contexts]
+        if "contexts" not in fields.state:  # absent from states saved before it was kept
+            self._contexts = [_NO_STAMP] * count
+        else:
+            self._contexts = fields.stamps("contexts", length=count)
 
     def __repr__(self) -> str:
         if self._rounds_mode:
@@ -326,7 +358,8 @@ def _integer_weights(weights: tuple[Any, ...] | None, count: int) -> list[int]:
     for weight in weights:
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
             raise TypeError(
-                f"mux() weights must be numbers, got {type(weight).__name__} {weight!r}"
+                f"mux() weights must be numbers, got {type(weight).__name__} {weight!r}; pass "
+                f"plain numbers (a tensor's .tolist(), for instance)"
             )
         value = float(weight)
         if not math.isfinite(value) or value < 0:
@@ -339,6 +372,22 @@ def _integer_weights(weights: tuple[Any, ...] | None, count: int) -> list[int]:
         raise ValueError(f"mux() needs at least one positive weight, got {list(weights)!r}")
     scale = math.lcm(*(f.denominator for f in exact))
     return [int(f * scale) for f in exact]
+
+
+def _saved(fields: StateFields, name: str, count: int, kind: str, valid: Any) -> list[Any]:
+    """Field ``name``: one value per source, each ``valid``."""
+    values = fields.list(name)
+    if len(values) != count or not all(valid(value) for value in values):
+        fields.fail(name, f"a list of {count} {kind} (one per source)", values)
+    return values
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_flag(value: Any) -> bool:
+    return isinstance(value, bool)
 
 
 def _proportions(weights: Sequence[int]) -> list[int]:

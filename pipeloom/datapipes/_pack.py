@@ -7,7 +7,16 @@ from typing import Any
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
 from ._held import HoldsItems
-from ._sequences import PadValue, check_pad_value, item_length, pack_segments, slice_item
+from ._sequences import (
+    PadValue,
+    check_pad_value,
+    item_length,
+    pack_segments,
+    piece_stamp,
+    saved_lengths,
+    slice_item,
+)
+from ._state_fields import StateFields
 
 __all__ = ["Packer"]
 
@@ -42,7 +51,8 @@ class Packer(IterDataPipe, HoldsItems):
     * ``"split"`` (default): cut into full rows of ``max_length`` (emitted at
       once, each one segment whose positions restart at 0), the rest packed as
       a sequence of its own. Nothing is lost; the pieces after the first see no
-      context from before the cut.
+      context from before the cut. Each piece is an output of its own for
+      ``item_rng()``: the piece from token ``t > 0`` has key ``(key, t)``.
     * ``"truncate"``: cut to ``max_length``; the rest is dropped.
     * ``"error"``: a ``ValueError`` naming its length (for data where a cut
       sequence is wrong, e.g. a supervised example: filter long ones first).
@@ -120,12 +130,12 @@ class Packer(IterDataPipe, HoldsItems):
         items, stamp = self._ready.pop(0)
         restore_stamp(stamp)
         segments = [(item, 0, item_length(item, "pack")) for item in items]
-        return pack_segments(segments, self.max_length, self.pad_value)
+        return pack_segments(segments, self.max_length, self.pad_value, "pack")
 
     def _place(self, item: Any, stamp: tuple) -> None:
         size, limit = item_length(item, "pack"), self.max_length
         if size > limit:
-            item, size = self._cut(item, size, stamp)
+            item, size, stamp = self._cut(item, size, stamp)
         if size == 0:
             return
         if size == limit:
@@ -140,13 +150,19 @@ class Packer(IterDataPipe, HoldsItems):
             if free[chosen] == 0:
                 self._close(chosen)
             return
-        if len(free) >= self.buffer_size:  # more after an elastic resume: close until fewer
-            self._close(min(range(len(free)), key=free.__getitem__))
+        while len(free) >= self.buffer_size:  # more bins: a larger buffer's state (strict=False)
+            self._close_fullest()
         self._bins.append([item])
         free.append(limit - size)
         self._stamps.append(stamp)
 
-    def _cut(self, item: Any, size: int, stamp: tuple) -> tuple[Any, int]:
+    def _cut(self, item: Any, size: int, stamp: tuple) -> tuple[Any, int, tuple]:
+        """Truncate or split ``item``: the part left to pack, its length and its stamp.
+
+        Each piece of a split sequence is an output of its own: the piece
+        starting at token ``t > 0`` has key ``(key, t)``, so ``item_rng()``
+        draws afresh for it, as for ``flatmap``'s outputs.
+        """
         limit = self.max_length
         if self.oversized == "error":
             raise ValueError(
@@ -155,11 +171,16 @@ class Packer(IterDataPipe, HoldsItems):
                 f"sequences out before packing"
             )
         if self.oversized == "truncate":
-            return slice_item(item, 0, limit), limit
+            return slice_item(item, 0, limit), limit, stamp
         whole = size - size % limit
         for start in range(0, whole, limit):
-            self._ready.append(([slice_item(item, start, start + limit)], stamp))
-        return slice_item(item, whole, size), size - whole
+            piece = slice_item(item, start, start + limit)
+            self._ready.append(([piece], piece_stamp(stamp, start)))
+        return slice_item(item, whole, size), size - whole, piece_stamp(stamp, whole)
+
+    def _close_fullest(self) -> None:
+        """Close the fullest open bin (the earliest opened on ties)."""
+        self._close(min(range(len(self._free)), key=self._free.__getitem__))
 
     def _close(self, index: int) -> None:
         self._ready.append((self._bins.pop(index), self._stamps.pop(index)))
@@ -175,11 +196,27 @@ class Packer(IterDataPipe, HoldsItems):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._bins = [list(items) for items in state["bins"]]
-        self._free = [int(room) for room in state["free"]]
-        self._stamps = [tuple(stamp) for stamp in state["stamps"]]
-        self._ready = [(list(items), tuple(stamp)) for items, stamp in state["ready"]]
-        self._done = bool(state["done"])
+        fields, limit = StateFields(self, state), self.max_length
+        bins = fields.list("bins")
+        for items in bins:
+            if not isinstance(items, (list, tuple)) or not items:
+                fields.fail("bins", "a list of open bins, each a non-empty list of items", items)
+        bins = [list(items) for items in bins]
+        room = [limit - sum(saved_lengths(fields, "bins", items, "pack")) for items in bins]
+        if fields.list("free") != room or not all(0 < r < limit for r in room):
+            fields.fail(
+                "free",
+                f"the room left in each open bin, {room}, each in 1..{limit - 1}",
+                state["free"],
+            )
+        ready = fields.stamped_items("ready")
+        for items, _ in ready:
+            if not isinstance(items, list) or not items:
+                fields.fail("ready", "(items, stamp) pairs of non-empty lists of items", items)
+        self._bins, self._free = bins, room
+        self._stamps = fields.stamps("stamps", length=len(bins))
+        self._ready = [(list(items), stamp) for items, stamp in ready]
+        self._done = fields.bool("done")
 
     def load_held_states(self, states: list[dict[str, Any]]) -> None:
         """Every rank's open bins and closed rows (see ``HoldsItems``)."""
@@ -188,6 +225,8 @@ class Packer(IterDataPipe, HoldsItems):
             for name in ("bins", "free", "stamps", "ready"):
                 merged[name].extend(state[name])
         self.load_state_dict(merged)
+        while len(self._free) > self.buffer_size:  # several ranks' bins: pass the extra on
+            self._close_fullest()
 
     def __repr__(self) -> str:
         return (

@@ -18,12 +18,14 @@ import torch
 from ._collate import default_collate
 from ._sequences import (
     PadValue,
+    check_pad_keys,
     check_pad_value,
+    check_same_keys,
+    entry_tensor,
     is_sequence,
     pad_for,
     padding,
     sequence_keys,
-    to_tensor,
 )
 
 __all__ = ["PadCollate", "PaddedBatch"]
@@ -103,6 +105,8 @@ class PadCollate:
     def __call__(self, batch: Sequence[Any]) -> Any:
         if not batch:
             raise ValueError("padded_batch() got an empty batch; there is nothing to pad")
+        check_same_keys(batch, "padded_batch", "batch")
+        check_pad_keys("padded_batch", self.pad_value, batch[0])
         if isinstance(batch[0], Mapping):
             return self._pad_dicts(batch)
         values, lengths = self._pad(list(batch), pad_for(self.pad_value, None), "sequence")
@@ -150,7 +154,7 @@ class PadCollate:
                     f"padded_batch() pads sequences (tensors, arrays, lists), but a {what} "
                     f"entry is {type(value).__name__} {value!r}"
                 )
-            tensors.append(to_tensor(value))
+            tensors.append(entry_tensor(value, "padded_batch", what))
         trailing = {tuple(t.shape[1:]) for t in tensors}
         if len(trailing) > 1:
             raise ValueError(

@@ -14,7 +14,7 @@ int64; items of different dtypes give the dtype they promote to, as
 refused rather than stored as another number.
 
 Example:
-    >>> pack_segments([([5, 6], 0, 2), ([7], 0, 1)], 4, 0)
+    >>> pack_segments([([5, 6], 0, 2), ([7], 0, 1)], 4, 0, "pack")
     (tensor([5, 6, 7, 0]), tensor([1, 1, 2, 0]), tensor([0, 1, 0, 0]))
 """
 
@@ -28,14 +28,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._context import output_stamp
+from ._state_fields import StateFields
+
 __all__ = [
     "PadValue",
+    "check_pad_keys",
     "check_pad_value",
+    "check_same_keys",
+    "entry_tensor",
     "is_sequence",
     "item_length",
     "pack_segments",
     "padding",
     "pad_for",
+    "piece_stamp",
+    "saved_lengths",
     "sequence_keys",
     "slice_item",
     "to_tensor",
@@ -94,6 +102,24 @@ def item_length(item: Any, owner: str, length_key: str | None = None) -> int:
     return len(item)
 
 
+def saved_lengths(fields: StateFields, name: str, items: list[Any], owner: str) -> list[int]:
+    """The lengths of the sequences a saved state holds in field ``name``, each >= 1.
+
+    Raises:
+        StateError: one is no sequence (or dict of them) or is empty: a block
+            never holds such an item, so the state is damaged.
+    """
+    lengths = []
+    for item in items:
+        try:
+            lengths.append(item_length(item, owner))
+        except (TypeError, ValueError):
+            fields.fail(name, "a list of sequences (or dicts of them), as they came", item)
+        if not lengths[-1]:
+            fields.fail(name, "a list of non-empty sequences (empty ones are dropped)", item)
+    return lengths
+
+
 def slice_item(item: Any, start: int, stop: int) -> Any:
     """A copy of positions ``[start, stop)`` of an item (metadata kept as is)."""
     if isinstance(item, Mapping):
@@ -109,6 +135,29 @@ def _slice(value: Any, start: int, stop: int) -> Any:
     if isinstance(part, (torch.Tensor, np.ndarray)):
         return part.copy() if isinstance(part, np.ndarray) else part.clone()
     return part  # a list/tuple slice is already a copy
+
+
+def entry_tensor(value: Any, owner: str, what: str) -> torch.Tensor:
+    """``to_tensor(value)`` for a sequence entry of ``what``, or an error that says what to do.
+
+    Raises:
+        TypeError: ``value`` is no sequence (``what`` is one in another item), or
+            holds what torch cannot read as numbers (strings: text not tokenized).
+    """
+    if not is_sequence(value):
+        raise TypeError(
+            f"{owner}() needs the {what} entries to be sequences (tensors, arrays, lists), "
+            f"but one is {type(value).__name__} {_short(value)}; give every item a sequence "
+            f"there, or the same kind of value in each"
+        )
+    try:
+        return to_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(
+            f"{owner}() needs the {what} entries to hold numbers (token ids), but torch cannot "
+            f"read {_short(value)} as a tensor ({error}); tokenize or convert it in a .map() "
+            f"first"
+        ) from error
 
 
 def to_tensor(value: Any) -> torch.Tensor:
@@ -133,6 +182,74 @@ def check_pad_value(owner: str, pad_value: Any) -> None:
             )
 
 
+def check_same_keys(items: Sequence[Any], owner: str, where: str) -> None:
+    """Raise unless ``items`` are all dicts with the first's keys, or all not dicts.
+
+    A row or batch is laid out from its first item's keys: a key only a later
+    item has would be dropped without a word, one it lacks would be a bare
+    ``KeyError``.
+
+    Raises:
+        ValueError: a dict lacks a key of the first item, or has one it lacks.
+        TypeError: dicts and plain sequences are mixed.
+    """
+    first, fix = items[0], "give every item the same keys (add or drop fields in a .map() first)"
+    for item in items[1:]:
+        if isinstance(item, Mapping) != isinstance(first, Mapping):
+            kinds = sorted({type(first).__name__, type(item).__name__})
+            raise TypeError(
+                f"{owner}() got a {where} mixing dicts and plain sequences "
+                f"({' and '.join(kinds)}); give every item one form, e.g. "
+                f".map(lambda x: {{'input_ids': x}}) on the plain ones"
+            )
+        if not isinstance(first, Mapping) or item.keys() == first.keys():
+            continue
+        missing = [key for key in first if key not in item]
+        if missing:
+            raise ValueError(
+                f"{owner}() got a {where} whose items differ: the first has key "
+                f"{missing[0]!r}, another item lacks it; {fix}"
+            )
+        extra = next(key for key in item if key not in first)
+        raise ValueError(
+            f"{owner}() got a {where} whose items differ: another item has key {extra!r}, "
+            f"the first lacks it (it would be dropped); {fix}"
+        )
+
+
+def check_pad_keys(owner: str, pad_value: PadValue, item: Any) -> None:
+    """Raise ValueError if a ``pad_value`` dict names no sequence field of ``item``.
+
+    A misspelt key (``"label"`` for ``"labels"``) would otherwise pad that
+    field with 0 -- a real token id -- without a word.
+    """
+    if not isinstance(pad_value, Mapping):
+        return
+    if not isinstance(item, Mapping):
+        raise ValueError(
+            f"{owner}() got pad_value={dict(pad_value)!r}, a dict of field -> padding, but "
+            f"the items are plain sequences ({type(item).__name__}), not dicts; pass one "
+            f"number, e.g. pad_value=0"
+        )
+    fields = sequence_keys(item)
+    unknown = [key for key in pad_value if key not in fields]
+    if unknown:
+        raise ValueError(
+            f"{owner}() got pad_value for {unknown}, but the items' sequence fields are "
+            f"{fields}; name fields the items have (a misspelt one would be padded with 0)"
+        )
+
+
+def piece_stamp(stamp: tuple, start: int) -> tuple:
+    """The stamp of the piece of a sequence that starts at token ``start``.
+
+    The piece at 0 keeps the sequence's stamp; a later one is an output of its
+    own, key ``(key, start)``, so ``item_rng()`` draws afresh for each row cut
+    from one long document rather than repeating the same numbers.
+    """
+    return output_stamp(stamp, start) if start else stamp  # type: ignore[arg-type]
+
+
 def pad_for(pad_value: PadValue, key: str | None) -> float | int:
     """The padding value of field ``key`` (0 when a mapping does not name it)."""
     if isinstance(pad_value, Mapping):
@@ -141,7 +258,7 @@ def pad_for(pad_value: PadValue, key: str | None) -> float | int:
 
 
 def pack_segments(
-    segments: Sequence[tuple[Any, int, int]], length: int, pad_value: PadValue
+    segments: Sequence[tuple[Any, int, int]], length: int, pad_value: PadValue, owner: str
 ) -> Any:
     """Lay ``(item, start, stop)`` segments end to end in one row of ``length``.
 
@@ -159,15 +276,17 @@ def pack_segments(
         positions[offset : offset + size] = torch.arange(size)
         offset += size
     first = segments[0][0]
+    check_same_keys([item for item, _, _ in segments], owner, "row")
+    check_pad_keys(owner, pad_value, first)
     if not isinstance(first, Mapping):
-        parts = [(to_tensor(item), a, b) for item, a, b in segments]
-        values = _lay_out(parts, length, pad_for(pad_value, None), "sequence")
+        parts = [(entry_tensor(item, owner, "sequence"), a, b) for item, a, b in segments]
+        values = _lay_out(parts, length, pad_for(pad_value, None), "sequence", owner)
         return values, segment_ids, positions
     row: dict[str, Any] = {}
     for key, sample in first.items():
         if is_sequence(sample):
-            parts = [(to_tensor(item[key]), a, b) for item, a, b in segments]
-            row[key] = _lay_out(parts, length, pad_for(pad_value, key), repr(key))
+            parts = [(entry_tensor(item[key], owner, repr(key)), a, b) for item, a, b in segments]
+            row[key] = _lay_out(parts, length, pad_for(pad_value, key), repr(key), owner)
         else:
             row[key] = [item[key] for item, _, _ in segments]
     for key in RESERVED:
@@ -190,7 +309,9 @@ def padding(
         ValueError: ``pad`` would be stored as another number (-1 in uint8 as 255,
             0.5 in int64 as 0, 1e6 in float16 as inf); ``what`` names the entries.
     """
-    dtypes = list(dict.fromkeys(tensor.dtype for tensor in tensors))
+    # An entry without values (torch reads ``[]`` as float32) has nothing to keep.
+    filled = [tensor for tensor in tensors if tensor.numel()] or tensors
+    dtypes = list(dict.fromkeys(tensor.dtype for tensor in filled))
     try:
         dtype = functools.reduce(torch.promote_types, dtypes)
     except RuntimeError as error:  # torch promotes no uint16/32/64 with another dtype
@@ -218,9 +339,15 @@ def padding(
 
 
 def _lay_out(
-    parts: list[tuple[torch.Tensor, int, int]], length: int, pad: Any, what: str
+    parts: list[tuple[torch.Tensor, int, int]], length: int, pad: Any, what: str, owner: str
 ) -> torch.Tensor:
     first = parts[0][0]
+    if len({tuple(part[0].shape[1:]) for part in parts}) > 1:
+        raise ValueError(
+            f"{owner}() lays sequences end to end along their first dimension, but the {what} "
+            f"entries differ after it: shapes {[tuple(part[0].shape) for part in parts]}; "
+            f"give them one shape past the first dimension in a .map() first"
+        )
     out = padding((length, *first.shape[1:]), pad, [part[0] for part in parts], what)
     offset = 0
     for tensor, start, stop in parts:

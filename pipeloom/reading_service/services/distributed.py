@@ -14,6 +14,7 @@ from ...graph import Placement, Plan
 from ..distributed.elastic import held_states, rank_picture, rest_of_epoch
 from ..distributed.job import Job, join_job
 from ..distributed.rank_epoch import Progress, RankEpoch, check_start
+from ..distributed.replicated import warn_replicated_sources
 from .base import ReadingService
 from .in_process import InProcessReadingService
 
@@ -136,9 +137,11 @@ class DistributedReadingService(ReadingService):
 
     def initialize(self, pipeline: IterDataPipe) -> None:
         self._share_out()
-        if self._require_job().world_size > 1:  # alone: nothing to compare with
+        world_size = self._require_job().world_size
+        if world_size > 1:  # alone: nothing to compare with, nothing read twice
             self._description = rank_description(pipeline, self.pipelines_may_differ)
             self._digest = digest(self._description)
+            warn_replicated_sources(pipeline, world_size)
         self.inner.initialize(pipeline)
         self._pipeline = pipeline
 
