@@ -23,6 +23,9 @@ from pipeloom.datapipes import (
 )
 from pipeloom.errors import StateError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from tests.reading_service.random_pipelines import (
+    CustomShardable as Numbers,  # the docs' shardable source
+)
 
 
 def noisy(x):
@@ -70,25 +73,6 @@ class Squares(MapDataPipe):
 
     def __len__(self):
         return self.n
-
-    def state_dict(self):
-        return {}
-
-
-class Numbers(IterDataPipe):
-    """The docs' shardable source: a generator that keeps every ``total``-th number."""
-
-    def __init__(self, size):
-        self.size, self.total, self.index = size, 1, 0
-
-    def is_shardable(self):
-        return True
-
-    def sharding_settings(self, total, index):
-        self.total, self.index = total, index
-
-    def __iter__(self):
-        yield from range(self.index, self.size, self.total)
 
     def state_dict(self):
         return {}
