@@ -43,6 +43,9 @@ class LengthBucketer(IterDataPipe, HoldsItems):
     items of each epoch are read first and the boundaries are estimated from
     their lengths so that each bucket holds about the same number of tokens
     (lhotse's equal-cost buckets): deterministic, and saved in the state.
+    Each bucket keeps its own batch size: when many items share a length, some
+    estimated edges coincide and the buckets between them can hold no length,
+    so the longest bucket still takes ``batch_sizes[-1]``.
 
     Args:
         source: the items.
@@ -127,7 +130,8 @@ class LengthBucketer(IterDataPipe, HoldsItems):
         self.reset()
 
     def reset(self) -> None:
-        self._edges: list[int] | None = self.boundaries  # None until estimated
+        # None until estimated; estimated edges may repeat (an empty bucket between)
+        self._edges: list[int] | None = self.boundaries
         self._sample: list[Entry] = []  # items read to estimate the edges
         count = self.num_buckets if self._edges is None else len(self._edges) + 1
         self._buckets: list[list[Entry]] = [[] for _ in range(count or 0)]
@@ -165,7 +169,7 @@ class LengthBucketer(IterDataPipe, HoldsItems):
 
     def _estimate(self) -> None:
         assert self.num_buckets is not None
-        self._edges = equal_cost_boundaries([n for _, n, _ in self._sample], self.num_buckets)
+        self._edges = equal_cost_edges([n for _, n, _ in self._sample], self.num_buckets)
         sample, self._sample = self._sample, []
         for entry in sample:
             self._add(entry)
@@ -177,7 +181,7 @@ class LengthBucketer(IterDataPipe, HoldsItems):
         bucket = self._buckets[index]
         if self._sizes is not None:
             bucket.append(entry)
-            if len(bucket) >= self._sizes[min(index, len(self._sizes) - 1)]:
+            if len(bucket) >= self._sizes[index]:
                 self._emit(index)
         else:
             budget = self.max_tokens
@@ -258,12 +262,12 @@ class LengthBucketer(IterDataPipe, HoldsItems):
         valid = isinstance(edges, (list, tuple)) and all(
             isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in edges
         )
-        if not valid or any(b >= c for b, c in zip(edges, edges[1:])):
-            fields.fail("boundaries", "increasing ints >= 1", edges)
+        if not valid or any(b > c for b, c in zip(edges, edges[1:])):
+            fields.fail("boundaries", "non-decreasing ints >= 1", edges)
         if self.boundaries is not None and list(edges) != self.boundaries:
             fields.fail("boundaries", f"this block's boundaries, {self.boundaries}", edges)
-        if self.num_buckets is not None and len(edges) >= self.num_buckets:
-            fields.fail("boundaries", f"fewer than num_buckets={self.num_buckets} edges", edges)
+        if self.num_buckets is not None and len(edges) != self.num_buckets - 1:
+            fields.fail("boundaries", f"num_buckets - 1 = {self.num_buckets - 1} edges", edges)
         return list(edges)
 
     def load_held_states(self, states: list[dict[str, Any]]) -> None:
@@ -314,18 +318,28 @@ def equal_cost_boundaries(lengths: Sequence[int], num_buckets: int) -> list[int]
         >>> equal_cost_boundaries([1, 1, 1, 1, 2, 2, 4], 3)
         [2, 3]
     """
+    return sorted(set(equal_cost_edges(lengths, num_buckets)))
+
+
+def equal_cost_edges(lengths: Sequence[int], num_buckets: int) -> list[int]:
+    """The ``num_buckets - 1`` edges of :func:`equal_cost_boundaries`, repeats kept.
+
+    Edge ``i`` closes bucket ``i``, so bucket ``i`` (and its batch size) stays
+    bucket ``i`` when lengths repeat; a bucket between two equal edges holds
+    no length. No edges for no lengths.
+
+    Example:
+        >>> equal_cost_edges([5, 5, 5, 5, 9], 4)  # bucket 1 is [6, 6): empty
+        [6, 6, 10]
+    """
     ordered = sorted(lengths)
     total = sum(ordered)
     edges: list[int] = []
-    if not total:
-        return edges
     running, target = 0, 1
     for length in ordered:
         running += length
         while target < num_buckets and running * num_buckets >= target * total:
-            edge = length + 1
-            if not edges or edge > edges[-1]:
-                edges.append(edge)
+            edges.append(length + 1)
             target += 1
     return edges
 

@@ -137,6 +137,20 @@ def test_num_buckets_estimates_equal_cost_edges_from_the_first_buffer_of_each_ep
     assert all(len({bisect.bisect_right([2, 3], size(x)) for x in b}) == 1 for b in batches)
 
 
+def test_estimated_buckets_keep_their_batch_sizes_when_lengths_repeat():
+    # A sample of one length: the 2 edges coincide ([3, 3]), the middle bucket holds
+    # no length, and the longest bucket keeps the last (smallest) batch size.
+    lengths = [2] * 6 + [50] * 3
+    pipe = IterableWrapper(words(lengths)).bucket_by_length(
+        size, num_buckets=3, batch_sizes=[4, 3, 1], buffer_size=6
+    )
+    reset_pipeline(pipe)
+    first, edges = pipe.async_next(), pipe.state_dict()["boundaries"]
+    batches = [first, *collect(pipe)[1:]]
+    assert [[size(x) for x in b] for b in batches] == [[2] * 4, [50], [50], [50], [2, 2]]
+    assert edges == [3, 3]
+
+
 @settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(st.integers(0, 50), min_size=1, max_size=80), count=st.integers(1, 6))
 def test_equal_cost_boundaries_balance_the_tokens(lengths, count):
@@ -166,6 +180,7 @@ def test_batches_carry_the_stamp_of_their_first_item():
         {"boundaries": [4], "max_tokens": 12, "drop_last": True},
         {"num_buckets": 3, "batch_sizes": [2, 3, 1], "buffer_size": 6},
         {"num_buckets": 2, "max_tokens": 20, "buffer_size": 50},
+        {"num_buckets": 6, "batch_sizes": [2, 1, 3, 2, 5, 1], "buffer_size": 6},  # edges repeat
     ],
 )
 def test_resume_from_every_step(kwargs):
