@@ -227,7 +227,9 @@ class LengthBucketer(IterDataPipe, HoldsItems):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)
-        edges = self._saved_edges(fields, state.get("boundaries"))
+        if "boundaries" not in state:
+            fields.list("boundaries")  # raises: the state has no field 'boundaries'
+        edges = self._saved_edges(fields, state["boundaries"])
         sample = [_entry(fields, "sample", e) for e in fields.list("sample")]
         count = self.num_buckets if self.boundaries is None else len(self.boundaries) + 1
         buckets = fields.list("buckets")
@@ -272,15 +274,16 @@ class LengthBucketer(IterDataPipe, HoldsItems):
 
     def load_held_states(self, states: list[dict[str, Any]]) -> None:
         """Every rank's sample, buckets and ready batches, bucketed again by this block's edges."""
-        self.reset()
-        entries, saved_edges = [], []
+        entries: list[Entry] = []
+        saved_edges: list[list[int] | None] = []
+        ready: list[tuple[list[Any], tuple]] = []
         for state in states:
-            fields = StateFields(self, state)
-            saved_edges.append(self._saved_edges(fields, state.get("boundaries")))
-            entries += [_entry(fields, "sample", e) for e in fields.list("sample")]
-            for bucket in fields.list("buckets"):
-                entries += [_entry(fields, "buckets", e) for e in bucket]
-            self._ready += [(list(batch), stamp) for batch, stamp in fields.stamped_items("ready")]
+            self.load_state_dict(state)  # checks the fields
+            saved_edges.append(self._edges)
+            entries += self._sample + [entry for bucket in self._buckets for entry in bucket]
+            ready += self._ready
+        self.reset()
+        self._ready = ready
         if self._edges is None:  # estimated: the first rank's edges, else a sample as before
             self._edges = next((edges for edges in saved_edges if edges is not None), None)
         if self._edges is None:

@@ -144,9 +144,8 @@ class ConcatSplitter(IterDataPipe, HoldsItems):
         pending: list[Any] = []
         stamps: list[tuple] = []
         for state in states:
-            fields = StateFields(self, state)
-            items, offset = fields.list("pending"), fields.int("offset")
-            marks = fields.stamps("stamps", length=len(items))
+            self.load_state_dict(state)  # checks the fields
+            items, marks, offset = list(self._pending), list(self._stamps), self._offset
             if items and offset:  # the rest of a sequence cut at a row's end
                 size = item_length(items[0], "concat_then_split")
                 items[0] = slice_item(items[0], offset, size)

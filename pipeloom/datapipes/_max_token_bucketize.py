@@ -217,13 +217,11 @@ class MaxTokenBucketizer(IterDataPipe, HoldsItems):
         """Every rank's heap, and its current (or finished, unsent) batch, in one heap."""
         heap: list[_Sized] = []
         for state in states:
-            fields = StateFields(self, state)
-            for entry in fields.list("heap"):
-                length, item, stamp = entry
-                heap.append(_Sized(int(length), item, fields.check_stamp("heap", stamp)))
-            batches = [(fields.list("batch"), fields.stamp("batch_stamp"))]
-            if state.get("ready") is not None:
-                batches += fields.stamped_items("ready", value=[state["ready"]])
+            self.load_state_dict(state)  # checks the fields
+            heap += self._heap
+            batches = [(self._batch, self._batch_stamp)]
+            if self._ready is not None:
+                batches.append(self._ready)
             for items, stamp in batches:
                 heap.extend(_Sized(self._length(item), item, stamp) for item in items)
         heapq.heapify(heap)

@@ -220,11 +220,18 @@ class Packer(IterDataPipe, HoldsItems):
 
     def load_held_states(self, states: list[dict[str, Any]]) -> None:
         """Every rank's open bins and closed rows (see ``HoldsItems``)."""
-        merged: dict[str, Any] = {"bins": [], "free": [], "stamps": [], "ready": [], "done": False}
+        bins: list[list[Any]] = []
+        free: list[int] = []
+        stamps: list[tuple] = []
+        ready: list[tuple[list[Any], tuple]] = []
         for state in states:
-            for name in ("bins", "free", "stamps", "ready"):
-                merged[name].extend(state[name])
-        self.load_state_dict(merged)
+            self.load_state_dict(state)  # checks the fields
+            bins += self._bins
+            free += self._free
+            stamps += self._stamps
+            ready += self._ready
+        self.reset()
+        self._bins, self._free, self._stamps, self._ready = bins, free, stamps, ready
         while len(self._free) > self.buffer_size:  # several ranks' bins: pass the extra on
             self._close_fullest()
 

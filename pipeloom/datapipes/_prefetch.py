@@ -120,7 +120,9 @@ class Prefetcher(IterDataPipe, HoldsItems):
         """Every rank's buffered items, passed on before this rank reads ahead."""
         items: list[tuple[Any, tuple]] = []
         for state in states:
-            items.extend(StateFields(self, state).stamped_items("items"))
+            fields = StateFields(self, state)
+            fields.bool("ended")  # checked, though the rest of the epoch is not ended
+            items.extend(fields.stamped_items("items"))
         self.load_state_dict({"items": items, "ended": False})
 
     def _start_paused(self) -> _Worker:

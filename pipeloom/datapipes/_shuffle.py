@@ -121,8 +121,9 @@ class Shuffler(IterDataPipe, HoldsItems):
         buffer: list[Any] = []
         stamps: list[Any] = []
         for state in states:
-            buffer.extend(state["buffer"])
-            stamps.extend(state["stamps"])
+            self.load_state_dict(state)  # checks the fields
+            buffer.extend(self._buffer)
+            stamps.extend(self._stamps)
         rng = next((s["rng"] for s in states if s.get("rng") is not None), None)
         merged = {"buffer": buffer, "stamps": stamps, "rng": rng, "source_done": False}
         self.load_state_dict({**merged, "merged": len(buffer) > self.buffer_size})

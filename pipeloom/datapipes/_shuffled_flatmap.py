@@ -117,23 +117,30 @@ class ShuffledFlatMapper(IterDataPipe, HoldsItems):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)
-        self._pending = []
-        for entry in state["pending"]:
-            output = (*entry, 0)[2]
+        pending = []
+        for entry in fields.list("pending"):
+            valid = isinstance(entry, (list, tuple)) and len(entry) in (2, 3)
+            if valid:
+                output = (*entry, 0)[2]
+                valid = isinstance(entry[0], (list, tuple)) and _is_count(output)
+            if not valid:
+                fields.fail("pending", "(outputs left, stamp, outputs sent) entries", entry)
             stamp = fields.check_stamp("pending", entry[1])
-            self._pending.append([list(entry[0]), stamp, output, output])
-        self._rng = None
-        if state["rng"] is not None:
-            self._rng = random.Random()
-            version, internal, gauss = state["rng"]
-            self._rng.setstate((version, tuple(internal), gauss))
-        self._ended = bool(state["ended"])
+            pending.append([list(entry[0]), stamp, output, output])
+        if "rng" not in state:
+            fields.list("rng")  # raises: the state has no field 'rng'
+        saved = state["rng"]
+        if isinstance(saved, list) and len(saved) == 3 and isinstance(saved[1], list):
+            saved = (saved[0], tuple(saved[1]), saved[2])  # a state that went through JSON
+        self._rng = StateFields(self, {"rng": saved}).rng("rng")
+        self._ended = fields.bool("ended")
+        self._pending = pending
 
     def load_held_states(self, states: list[dict[str, Any]]) -> None:
         """Every rank's pending expansions; past ``buffer_size`` they drain before new items."""
         pending: list[Any] = []
         for state in states:
-            StateFields(self, state).list("pending")
+            self.load_state_dict(state)  # checks the fields
             pending.extend(state["pending"])
         rng = next((s["rng"] for s in states if s.get("rng") is not None), None)
         self.load_state_dict({"pending": pending, "rng": rng, "ended": False})
@@ -141,3 +148,7 @@ class ShuffledFlatMapper(IterDataPipe, HoldsItems):
     def __repr__(self) -> str:
         name = None if self.fn is None else fn_name(self.fn)
         return f"ShuffledFlatMapper(fn={name}, buffer_size={self.buffer_size}, seed={self.seed!r})"
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -149,15 +149,18 @@ class ThreadPoolMapper(IterDataPipe, HoldsItems):
         return {"in_flight": in_flight + self._replay, "ended": self._ended}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        fields = StateFields(self, state)
+        replay, ended = fields.stamped_items("in_flight"), fields.bool("ended")
         self.reset()
-        self._replay = [(item, tuple(stamp)) for item, stamp in state["in_flight"]]
-        self._ended = bool(state["ended"])
+        self._replay, self._ended = replay, ended
 
     def load_held_states(self, states: list[dict[str, Any]]) -> None:
         """Every rank's items in flight, run again before this rank reads more."""
         in_flight: list[tuple[Any, tuple]] = []
         for state in states:
-            in_flight.extend(StateFields(self, state).stamped_items("in_flight"))
+            fields = StateFields(self, state)
+            fields.bool("ended")  # checked, though the rest of the epoch is not ended
+            in_flight.extend(fields.stamped_items("in_flight"))
         self.load_state_dict({"in_flight": in_flight, "ended": False})
 
     def __getstate__(self) -> dict[str, Any]:
