@@ -6,11 +6,11 @@ Custom blocks add a method with :func:`functional_datapipe`.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from ._functional_batching import BatchingFunctional
+from ._functional_registry import functional_datapipe
 from ._functional_storage import StorageFunctional
 from ._functional_streams import StreamFunctional
 
@@ -19,12 +19,11 @@ if TYPE_CHECKING:
 
     import torch
 
-    from ._base import DataPipe, IterDataPipe, MapDataPipe
+    from ._base import IterDataPipe, MapDataPipe
 
 __all__ = ["IterFunctional", "MapFunctional", "functional_datapipe"]
 
 Col = int | str | Sequence[int | str] | None
-B = TypeVar("B", bound=type)
 
 
 class IterFunctional(StreamFunctional, StorageFunctional, BatchingFunctional):
@@ -438,63 +437,3 @@ def _same(index: Any) -> Any:
 
 def _second(index: Any, value: Any) -> Any:
     return value
-
-
-def functional_datapipe(name: str, *, replace: bool = False) -> Callable[[B], B]:
-    """Register a block class under a functional name: ``dp.<name>(...)``.
-
-    The method calls ``cls(dp, *args, **kwargs)``. Registering a name that
-    exists raises unless ``replace=True``.
-
-    Example:
-        >>> from pipeloom.datapipes import IterDataPipe, IterableWrapper, functional_datapipe
-        >>> @functional_datapipe("times_ten")
-        ... class TimesTen(IterDataPipe):
-        ...     inputs = ("source",)
-        ...     def __init__(self, source):
-        ...         self.source = source
-        ...     def __iter__(self):
-        ...         return (x * 10 for x in self.source)
-        >>> list(IterableWrapper([1, 2]).times_ten())
-        [10, 20]
-    """
-    from ._base import IterDataPipe, MapDataPipe
-
-    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
-        raise ValueError(
-            f"a functional name must be a public Python identifier like 'my_block', got {name!r}"
-        )
-
-    def register(cls: B) -> B:
-        if isinstance(cls, type) and issubclass(cls, IterDataPipe):
-            target: type[DataPipe] = IterDataPipe
-        elif isinstance(cls, type) and issubclass(cls, MapDataPipe):
-            target = MapDataPipe
-        else:
-            raise TypeError(
-                f"@functional_datapipe({name!r}) decorates IterDataPipe or MapDataPipe "
-                f"subclasses, got {cls!r}"
-            )
-        existing = getattr(target, name, None)
-        if existing is not None and not replace:
-            raise ValueError(
-                f"{target.__name__} already has a method {name!r}; pick another name, or "
-                f"pass replace=True to override it"
-            )
-
-        def method(self, *args: Any, **kwargs: Any) -> Any:
-            return cls(self, *args, **kwargs)
-
-        method.__name__ = method.__qualname__ = name
-        method.__doc__ = cls.__doc__
-        try:
-            params = list(inspect.signature(cls).parameters.values())[1:]
-            method.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-                [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *params]
-            )
-        except (TypeError, ValueError):
-            pass
-        setattr(target, name, method)
-        return cls
-
-    return register

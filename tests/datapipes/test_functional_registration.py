@@ -63,6 +63,49 @@ def test_registering_an_existing_name_needs_replace_true():
                 yield from ()
 
 
+def _define_scaled(factor):
+    """A notebook cell defining the block ``Scaled``; run it again for another version."""
+
+    @functional_datapipe("scaled_for_test")
+    class Scaled(IterDataPipe):
+        inputs = ("source",)
+
+        def __init__(self, source):
+            self.source = source
+
+        def __iter__(self):
+            return (x * factor for x in self.source)
+
+    return Scaled
+
+
+def test_defining_the_same_class_again_replaces_it_another_class_is_refused():
+    try:
+        _define_scaled(2)
+        second = _define_scaled(3)  # the cell run again: same module and qualified name
+        assert list(IterableWrapper([1, 2]).scaled_for_test()) == [3, 6]
+        assert type(IterableWrapper([1]).scaled_for_test()) is second
+        with pytest.raises(
+            ValueError, match=r"already has a method 'scaled_for_test' \(registered"
+        ):
+
+            @functional_datapipe("scaled_for_test")
+            class Other(IterDataPipe):  # another class: the name stays taken
+                def __iter__(self):
+                    yield from ()
+
+        assert type(IterableWrapper([1]).scaled_for_test()) is second
+        with pytest.raises(ValueError, match=r"already has a method 'map'; pick another"):
+
+            @functional_datapipe("map")
+            class Map(IterDataPipe):  # a built-in name stays protected too
+                def __iter__(self):
+                    yield from ()
+
+    finally:
+        del IterDataPipe.scaled_for_test
+
+
 @pytest.mark.parametrize("name", ["", "has space", "_private", 3])
 def test_registration_rejects_bad_names(name):
     with pytest.raises(ValueError, match="public Python identifier"):
