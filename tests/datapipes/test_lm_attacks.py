@@ -473,3 +473,25 @@ def test_a_corpus_mixed_in_after_the_sharding_point_warns_that_every_rank_reads_
         warnings.simplefilter("error")
         _initialized(after, 1)  # alone: nothing is read twice
         _initialized(web().mux(code, weights=[2, 1], stop="all").sharding_filter(), 3)
+
+
+def test_a_source_marked_read_by_every_rank_is_not_warned_about():
+    def sharded() -> IterDataPipe:
+        return IterableWrapper(_documents(1, [2] * 8)).sharding_filter()
+
+    constant = IterableWrapper([0] * 8)
+    constant.read_by_every_rank = True  # a side input every rank should read whole
+    ids = IterableWrapper(range(8))
+    side = ids.map(str)
+    side.read_by_every_rank = True  # on a block of the side branch: covers its source
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _initialized(sharded().zip(constant), 3)
+        _initialized(sharded().zip(side), 3)
+    code = IterableWrapper(_documents(2, [3] * 4))
+    with pytest.warns(UserWarning, match=r"joins the stream after the sharding") as caught:
+        _initialized(sharded().zip(constant, code), 3)  # the unmarked one still warns
+        joined = sharded().zip(code)
+        joined.read_by_every_rank = True  # after the join: not a side branch, no silence
+        _initialized(joined, 3)
+    assert [str(w.message).split(" joins")[0] for w in caught] == [repr(code)] * 2
