@@ -43,7 +43,10 @@ class HoldsItems(abc.ABC):
 
         Each state is this block's ``state_dict()`` on another rank, taken at
         the same step; every held item must be passed on exactly once, in any
-        order. The block is fresh (reset) when this is called.
+        order. The block is fresh (reset) when this is called. Check each
+        state as ``load_state_dict`` checks one (e.g. load each in turn and
+        collect its items), so a damaged one raises ``StateError`` naming
+        the block and the field.
         """
 
 
