@@ -384,7 +384,7 @@ def test_a_sharding_point_with_several_records_per_position_resumes_under_classi
 
 
 def test_a_sharding_point_with_several_records_per_position_resumes_by_replay_under_economic():
-    # What the refusal offers: replay does not ask the dispatcher for its position.
+    # Replay, which the refusal offered before they resumed exactly, still works.
     expected = epochs(records)[0]
     with pipeloom.DataLoader(
         records(), fork_service(2, strategy="economic"), seed=0, resume_by_replay=True
