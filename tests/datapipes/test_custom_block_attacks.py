@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import pipeloom
@@ -21,7 +21,6 @@ from pipeloom.datapipes import (
     item_stamp,
     set_item_stamp,
 )
-from pipeloom.errors import StateError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from tests.reading_service.random_pipelines import (
     CustomShardable as Numbers,  # the docs' shardable source
@@ -231,12 +230,15 @@ class Records(IterDataPipe):
                 if position % self.total != self.index or position < self.resume_from:
                     continue
                 self.current, self.record = n, 0
-            if self.record == self.current % 3 + 1:
+            if self.record == self.records_of(self.current):
                 self.current = None
                 continue
             self.record += 1
             self.stamp_position(self.files - 1, output=self.record - 1)
             return self.current, self.record - 1
+
+    def records_of(self, n):
+        return n % 3 + 1
 
     def state_dict(self):
         return {"files": self.files, "current": self.current, "record": self.record}
@@ -249,15 +251,130 @@ def records():
     return Records(IterableWrapper(range(5))).map(noisy).batch(2)
 
 
-@pytest.mark.parametrize("strategy", ["economic", "chunked"])
-def test_a_checkpoint_inside_a_positions_records_is_refused_where_it_would_lose_one(strategy):
-    # economic and chunked read the sharding point in the main process and resumed after
-    # the batch [(0, 0), (1, 0)] at position 2: record (1, 1) was silently lost.
-    with pipeloom.DataLoader(records(), fork_service(2, strategy=strategy), seed=0) as loader:
+class Counted(Records):
+    """Records whose input ``v`` has ``v % 10`` records (none for a multiple of 10)."""
+
+    def records_of(self, n):
+        return n % 10
+
+
+def copies(item):
+    """None, two or four outputs of a record (a flatmap: several outputs of one chunk)."""
+    (_, record), _ = item
+    return [item] * (record % 3 * 2)
+
+
+def several_records(counts, batch, fanned):
+    def make():
+        values = IterableWrapper([10 * i + count for i, count in enumerate(counts)])
+        pipe = Counted(values).map(noisy)
+        return (pipe.flatmap(copies) if fanned else pipe).batch(batch)
+
+    return make
+
+
+def persistent(n, **kwargs):
+    return fork_service(n, persistent_workers=True, **kwargs)
+
+
+# Where the main process reads the records: each way the dispatcher builds batches.
+DISPATCHED = {
+    "economic": lambda n: persistent(n, strategy="economic"),
+    "economic+batch workers": lambda n: persistent(n, strategy="economic", num_batch_workers=1),
+    "chunked": lambda n: persistent(n, strategy="chunked", chunk_size=1),
+}
+ELSEWHERE = {
+    "classic": lambda n: persistent(n),
+    "threads": ThreadReadingService,
+    "in-process": lambda n: None,
+}
+
+
+def states_at_every_step(make, service):
+    """The batches of an epoch under ``service`` and a checkpoint before each and after the last."""
+    with pipeloom.DataLoader(make(), service, seed=0) as loader:
         iterator = iter(loader)
-        next(iterator)
-        with pytest.raises(StateError, match=r"Records\(\) stamps several items of one position"):
-            loader.state_dict()
+        states, seen = [loader.state_dict()], []
+        for item in iterator:
+            seen.append(item)
+            states.append(loader.state_dict())
+    return seen, states
+
+
+def rests(make, service, states):
+    """What one loader (its workers kept) yields after loading each of ``states``."""
+    with pipeloom.DataLoader(make(), service, seed=1) as loader:
+        found = []
+        for state in states:
+            loader.load_state_dict(state)
+            found.append(list(loader))
+    return found
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)
+@example([3, 0, 2, 4], 2, "chunked", "in-process", (2, 3), True)  # outputs batched in main
+@example([1, 4, 0, 3], 3, "economic", "classic", (2, 1), False)
+@example([4, 1, 3], 2, "economic+batch workers", "threads", (1, 2), False)
+@example([2, 3, 4], 3, "chunked", "classic", (3, 2), False)  # the first batch in chunks
+@given(
+    counts=st.lists(st.integers(0, 4), max_size=5),
+    batch=st.integers(1, 3),
+    way=st.sampled_from(sorted(DISPATCHED)),
+    other=st.sampled_from(sorted(ELSEWHERE)),
+    workers=st.sampled_from([(1, 2), (2, 1), (2, 3)]),
+    fanned=st.booleans(),
+)
+def test_a_sharding_point_with_several_records_per_position_resumes_at_every_step(
+    counts, batch, way, other, workers, fanned
+):
+    # economic and chunked resumed only at a position: a batch [(0, 0), (1, 0)] followed by
+    # (1, 1) resumed at position 2 and lost (1, 1), so their checkpoints were refused.
+    if fanned and way != "chunked":
+        way = "chunked"  # economic refuses a flatmap before the batch
+    make = several_records(counts, batch, fanned)
+    expected = epochs(make)[0]
+    ours, theirs = DISPATCHED[way], ELSEWHERE[other]
+    seen, states = states_at_every_step(make, ours(workers[0]))
+    assert seen == expected
+    for resumed_under in (ours(workers[1]), theirs(workers[1])):
+        for step, rest in enumerate(rests(make, resumed_under, states)):
+            assert expected[:step] + rest == expected, (step, resumed_under)
+    _, states = states_at_every_step(make, theirs(workers[0]))  # and back
+    for step, rest in enumerate(rests(make, ours(workers[1]), states)):
+        assert expected[:step] + rest == expected, step
+
+
+def test_a_resumed_epoch_of_several_records_per_position_resumes_again_at_every_step():
+    # The outputs a resume drops count as delivered: a second checkpoint inside the
+    # same position resumes after them, not before.
+    make = several_records([9, 5], 2, True)  # 18 outputs of 9 records, then 8 of 5
+    expected = epochs(make)[0]
+    assert len(expected) == 13
+
+    def service(n):
+        return persistent(n, strategy="chunked", chunk_size=2)  # up to 8 outputs a chunk
+
+    _, states = states_at_every_step(make, service(2))
+    with pipeloom.DataLoader(make(), service(2), seed=1) as loader:
+        loader.load_state_dict(states[4])  # outputs 9 and 10 of the chunk of records 4, 5
+        again = [loader.state_dict()]
+        for _ in loader:
+            again.append(loader.state_dict())
+    for step, rest in enumerate(rests(make, service(1), again), start=4):
+        assert expected[:step] + rest == expected, step
+
+
+def test_a_state_of_the_dispatcher_from_before_taken_still_loads():
+    # Saved before the dispatcher kept how many items of its position were taken ("taken").
+    def make():
+        return IterableWrapper(range(9)).sharding_filter().map(noisy).batch(2)
+
+    expected = epochs(make)[0]
+    _, states = states_at_every_step(make, DISPATCHED["economic"](2))
+    state = states[2]
+    dispatcher = state["service"]["tail"]["blocks"][-1]["state"]
+    assert dispatcher.pop("taken") == 0
+    assert rests(make, DISPATCHED["economic"](2), [state]) == [expected[2:]]
 
 
 def test_a_sharding_point_with_several_records_per_position_resumes_under_classic():
@@ -267,7 +384,7 @@ def test_a_sharding_point_with_several_records_per_position_resumes_under_classi
 
 
 def test_a_sharding_point_with_several_records_per_position_resumes_by_replay_under_economic():
-    # What the refusal offers: replay does not ask the dispatcher for its position.
+    # Replay, which the refusal offered before they resumed exactly, still works.
     expected = epochs(records)[0]
     with pipeloom.DataLoader(
         records(), fork_service(2, strategy="economic"), seed=0, resume_by_replay=True

@@ -21,8 +21,9 @@ from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadin
 from pipeloom.reading_service.services import processes
 from pipeloom.reading_service.strategies.dispatch.chain import BatchFeed, TaskFeed, WorkerChain
 from pipeloom.reading_service.strategies.dispatch.dispatcher import Dispatcher
+from pipeloom.reading_service.strategies.dispatch.relay import Cut
 from pipeloom.reading_service.workers.failure import Failure
-from pipeloom.reading_service.workers.messages import MAIN, BatchResult, BatchSize, Task
+from pipeloom.reading_service.workers.messages import MAIN, BatchResult, BatchSize, Relay, Task
 from tests.reading_service import pipelines
 from tests.reading_service.resuming import resume_case
 
@@ -509,7 +510,7 @@ def test_chunked_hands_out_the_first_batch_in_chunks_and_batches_it_itself(globa
         dispatcher.async_next()
     pool.outbox.append(BatchResult(1, 0, [(0, 0, "a"), (1, 0, "b")]))
     assert dispatcher.async_next() == ["a", "b", "c", "d"]  # batched here
-    assert dispatcher.resume_from == (4, 0)
+    assert dispatcher.resume_from == (4, 0, 0)
     pool.outbox.append(BatchResult(1, 2, [(7, 0, "whole")]))
     assert dispatcher.async_next() == "whole"
     assert [t.entries[0][0] for _, t in pool.tasks[3:]] == [8]  # the last, short batch
@@ -650,6 +651,20 @@ def test_resume_at_any_step_equals_the_uninterrupted_epoch(
         return MultiProcessingReadingService(workers, timeout=30, **args)
 
     resume_case(build, service, stop, compare=plain)
+
+
+def test_a_relayed_chunk_counts_a_positions_outputs_from_where_the_last_chunk_left_off():
+    # A position's outputs may span two chunks (several records of one file): the next
+    # chunk's resume points and the outputs still to drop after a resume go on counting.
+    first = Cut(Relay(0, -1, [], []), skip=3)
+    for j in range(2):
+        first.add(((5, j), 0, j))
+    assert first.items == []
+    second = Cut(first.relay(0, 0, 0), 0)
+    for key in [(5, 2), (5, 3), (6, 0)]:
+        second.add((key, 0, key))
+    assert [key for key, _, _ in second.items] == [(5, 3), (6, 0)]
+    assert second.after == [(5, 4), (6, 1)]
 
 
 @pytest.mark.parametrize("stop", [0, 3, 7])

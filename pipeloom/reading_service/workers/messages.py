@@ -149,13 +149,18 @@ class Task(NamedTuple):
 class Relay(NamedTuple):
     """Item worker -> item worker: the outputs of the chunks up to ``unit`` not in a
     batch yet (packed ``(key, draws, item)``), each one's resume point ``after``;
-    or ``stop``: that chunk failed, so no batch of epoch ``gen`` follows."""
+    or ``stop``: that chunk failed, so no batch of epoch ``gen`` follows. ``last``:
+    the position of the last output so far and how many outputs it made (its items
+    may go on in the next chunk); ``skip``: outputs delivered before a resume that
+    are still to be dropped."""
 
     gen: int
     unit: int
     items: Any
     after: list[tuple[int, int]]
     stop: bool = False
+    last: tuple[int, int] = (-1, 0)
+    skip: int = 0
 
 
 class TaskResult(NamedTuple):

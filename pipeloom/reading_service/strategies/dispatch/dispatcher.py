@@ -37,7 +37,8 @@ from .chain import WorkerChain
 from .least_loaded import LeastLoaded
 from .packing import unpack
 from .relay import RelayOrders
-from .units import Unit, WorkerPool, refuse_keyed_resume
+from .resume_point import ResumePoint
+from .units import Unit, WorkerPool
 
 __all__ = ["Dispatcher", "WorkerPool"]
 
@@ -127,21 +128,15 @@ class Dispatcher(IterDataPipe):
         self._next_id = 0
         self._source_done = False
         self._count = 0  # items read from the source (the position when it stamps none)
-        self._resume_position = 0  # after the last finished unit, or the last output's
-        self._skip_at_resume = 0
-        self._last_position = -1
-        self._delivered_here = 0
-        self._unit_end: int | None = None
-        self._skip = 0  # outputs at self._skip_position delivered before the resume
-        self._skip_position = 0
+        self._point = ResumePoint()  # after the last finished unit, or the last output
         self._fill_error: Exception | None = None  # met by _fill_ahead, raised by _fill
         self._source_error: Exception | None = None  # raised once the units before it are out
-        self._keyed = False  # the source made several items of one position (units.py)
         # The first batch in chunks: items to read, all sent, items taken, the position after.
         self._split_left = self.unit_size if self.first_unit_chunk else 0
         self._split_closed = False
         self._split: list[Output] = []
-        self._split_end = 0
+        self._split_start: tuple[int, int] | None = None
+        self._split_end = (0, 0, 0)
         self._relays = RelayOrders()
         if self._pool is not None:
             self._item_workers = LeastLoaded(self._pool.num_item_workers)
@@ -161,21 +156,14 @@ class Dispatcher(IterDataPipe):
                 if isinstance(batch, Failure):  # after the batches made before it
                     batch.raise_here()
                 key, draws, item, after = batch
-                self._resume_position, self._skip_at_resume = after
+                self._point.relayed(after)
                 restore_stamp((self._stamp[0], self._stamp[1], key, draws))
                 return item
             if self._outputs:
                 key, draws, item = self._outputs.popleft()
-                position = key_position(key)
-                assert position is not None  # the dispatcher numbers unstamped items
-                skipped = bool(self._skip) and position == self._skip_position
-                if skipped:
-                    self._skip -= 1
-                else:
-                    self._count_delivered(position)
-                if not self._outputs and self._unit_end is not None:
-                    self._resume_position, self._skip_at_resume = self._unit_end, 0
-                    self._unit_end = None
+                skipped = self._point.deliver(key)
+                if not self._outputs:
+                    self._point.unit_done()
                 if skipped:
                     continue
                 restore_stamp((self._stamp[0], self._stamp[1], key, draws))
@@ -197,7 +185,7 @@ class Dispatcher(IterDataPipe):
         """Up to ``limit`` outputs at once (``batch`` takes runs): no call per output."""
         items: list[Any] = []
         while len(items) < limit:
-            if self._skip or not self._outputs:  # one by one; ends the run when none is ready
+            if self._point.skipping or not self._outputs:  # one by one; ends when none is ready
                 try:
                     items.append(self.async_next())
                 except (NotAvailable, StopIteration):
@@ -209,36 +197,11 @@ class Dispatcher(IterDataPipe):
             taken = [outputs.popleft() for _ in range(min(limit - len(items), len(outputs)))]
             items += [item for _, _, item in taken]
             key, draws, _ = taken[-1]
-            self._count_run(taken)
-            if not outputs and self._unit_end is not None:
-                self._resume_position, self._skip_at_resume = self._unit_end, 0
-                self._unit_end = None
+            self._point.deliver_run([key for key, _, _ in taken])
+            if not outputs:
+                self._point.unit_done()
             restore_stamp((self._stamp[0], self._stamp[1], key, draws))
         return items
-
-    def _count_run(self, taken: list[tuple[Any, int, Any]]) -> None:
-        """``_count_delivered`` for each of ``taken``, in one step."""
-        last = key_position(taken[-1][0])
-        assert last is not None
-        at_last = 1
-        for key, _, _ in reversed(taken[:-1]):
-            if key_position(key) != last:
-                break
-            at_last += 1
-        if at_last == len(taken) and last == self._last_position:
-            self._delivered_here += at_last
-        else:
-            self._last_position, self._delivered_here = last, at_last
-        if self._unit_end is not None:
-            self._resume_position, self._skip_at_resume = last, self._delivered_here
-
-    def _count_delivered(self, position: int) -> None:
-        if position == self._last_position:
-            self._delivered_here += 1
-        else:
-            self._last_position, self._delivered_here = position, 1
-        if self._unit_end is not None:  # inside a unit: resume at this very output
-            self._resume_position, self._skip_at_resume = position, self._delivered_here
 
     def _take_finished_unit(self) -> None:
         assert self._pool is not None
@@ -266,27 +229,27 @@ class Dispatcher(IterDataPipe):
             self._batches.extend(result)
             self._budget.record(batches=len(result), chunks=1)
             return  # a failure among them raises when it is reached
-        end = max(head.positions) + 1
         if head.chunk:  # its items wait for the rest of the first batch
             self._split.extend(result)
-            self._split_end = end
+            if self._split_start is None:
+                self._split_start = head.start
+            self._split_end = head.end
             return
-        self._deliver(result, end)
+        self._deliver(result, head.start, head.end)
 
-    def _deliver(self, outputs: list[Any], end: int) -> None:
-        """Queue a unit's ``outputs``; once they are all delivered a resume starts at ``end``."""
+    def _deliver(self, outputs: list[Any], start: tuple[int, int], end: tuple) -> None:
+        """Queue the ``outputs`` of the unit from ``start`` (``(position, items of it
+        before)``) to ``end``, the resume point once they are all delivered."""
         self._outputs.extend(outputs)
-        if self._outputs:
-            self._unit_end = end
-        else:
-            self._resume_position, self._skip_at_resume = end, 0
+        self._point.unit(start, end, len(outputs))
 
     def _finish_split(self) -> None:
         """Batch the first batch's items (all its chunks are in) here, as a worker would."""
         chain = self._batch_chain
         assert chain is not None
         entries, self._split, self._split_closed = self._split, [], False
-        if not entries:  # the source ended at the first chunk's start
+        start, self._split_start = self._split_start, None
+        if not entries or start is None:  # the source ended at the first chunk's start
             return
         states = global_rng_states()  # the chain seeds them per batch; keep the caller's
         try:
@@ -296,7 +259,7 @@ class Dispatcher(IterDataPipe):
         if isinstance(outputs, Failure):
             outputs.raise_here()
         else:
-            self._deliver(outputs, self._split_end)
+            self._deliver(outputs, start, self._split_end)
 
     def _receive(self) -> None:
         assert self._pool is not None
@@ -342,7 +305,9 @@ class Dispatcher(IterDataPipe):
                     return
                 unit = self._open = self._new_unit()
             try:
-                run = self._runs.positioned(unit.size - len(unit.positions))
+                run = None
+                if not self._point.dropping:  # else item by item, to drop those taken
+                    run = self._runs.positioned(unit.size - len(unit.positions))
                 if run is None:
                     value = source.async_next()
             except NotAvailable:
@@ -369,8 +334,9 @@ class Dispatcher(IterDataPipe):
             key = current_stamp()[2]  # p, or (p, j, ...) from a point that keys its outputs
             if key is None:
                 key = self._count
-            self._keyed |= key.__class__ is tuple
             self._count += 1
+            if (key.__class__ is tuple or self._point.dropping) and not self._point.read(key):
+                continue  # taken before the resume
             self._add(unit, key, value)
             if len(unit.positions) == unit.size:
                 self._close(unit)
@@ -399,6 +365,8 @@ class Dispatcher(IterDataPipe):
         assert self._pool is not None
         position = key_position(key)
         assert position is not None  # _read_source numbers unstamped items
+        if not unit.positions:
+            unit.start = self._point.before(key)
         unit.positions.append(position)
         if not self.per_item_tasks:
             self._pending_chunk.append((key, value))
@@ -409,6 +377,8 @@ class Dispatcher(IterDataPipe):
 
     def _add_run(self, unit: Unit, positions: range, values: list[Any]) -> None:
         """``_add`` for a run of items: economic gives each least loaded worker a slice."""
+        if not unit.positions:
+            unit.start = (positions[0], 0)
         unit.positions.extend(positions)
         entries = list(zip(positions, values))
         if not self.per_item_tasks:
@@ -431,6 +401,8 @@ class Dispatcher(IterDataPipe):
     def _close(self, unit: Unit) -> None:
         assert self._pool is not None
         self._open = None
+        if unit.positions:  # nothing was read since its last item
+            unit.end = self._point.after(unit.positions[-1])
         if unit.chunk and (not self._split_left or self._source_done):
             self._split_closed = True  # the first batch's last chunk
         if not unit.positions and not unit.final:  # the source ended at a unit boundary
@@ -474,26 +446,24 @@ class Dispatcher(IterDataPipe):
 
     # -- checkpoints -------------------------------------------------------------
     @property
-    def resume_from(self) -> tuple[int, int]:
-        """``(position, outputs at it already delivered)`` where a resumed epoch starts."""
-        return self._resume_position, self._skip_at_resume
+    def resume_from(self) -> tuple[int, int, int]:
+        """``(position, taken, delivered)`` where a resumed epoch starts (``resume_point.py``)."""
+        return self._point.point
 
-    def resume(self, position: int, skip: int) -> None:
+    def resume(self, position: int, taken: int, delivered: int) -> None:
         """Start where :attr:`resume_from` said (after ``reset``, before reading)."""
-        self._resume_position, self._skip_at_resume = position, skip
+        self._point.resume(position, taken, delivered, here=not self.relayed)
         if self.relayed:  # the first chunk's worker drops them
-            self._relays.skip = skip
-            return
-        self._skip, self._skip_position = skip, position
+            self._relays.skip = delivered
 
     def state_dict(self) -> dict[str, Any]:
-        position, skip = self.resume_from
-        refuse_keyed_resume(self._keyed and (position or skip), self._source)
-        return {"position": position, "delivered_here": skip}
+        position, taken, delivered = self._point.point
+        return {"position": position, "taken": taken, "delivered_here": delivered}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)
-        self.resume(fields.int("position"), fields.int("delivered_here"))
+        position, delivered = fields.int("position"), fields.int("delivered_here")
+        self.resume(position, fields.int("taken", default=0), delivered)  # 0: an older state
 
     def __repr__(self) -> str:
         kind = "items" if self.per_item_tasks else "chunks"

@@ -41,7 +41,7 @@ from .chain import WorkerChain
 from .least_loaded import LeastLoaded
 from .packing import pack, unpack
 
-__all__ = ["RelayEnds", "RelayOrders", "WorkerStopped", "run_relayed"]
+__all__ = ["Cut", "RelayEnds", "RelayOrders", "WorkerStopped", "run_relayed"]
 
 
 class RelayOrders:
@@ -173,14 +173,21 @@ class RelayEnds:
             link.reclaim()
 
 
-class _Cut:
+class Cut:
     """The outputs of the epoch not in a batch yet, each with its resume point."""
 
     def __init__(self, relay: Relay, skip: int) -> None:
         self.items: list[Any] = list(relay.items)
         self.after: list[tuple[int, int]] = list(relay.after)
-        self.skip = skip  # outputs of the first position delivered before a resume
-        self._last, self._count = -1, 0
+        # outputs of the resume position delivered before a resume: the first chunk's,
+        # or what earlier chunks left of them (a position's items span chunks)
+        self.skip = skip + relay.skip
+        self._last, self._count = relay.last  # counted across chunks, as the skip is
+
+    def relay(self, gen: int, unit: int, start: int) -> Relay:
+        """The relay of the outputs from ``start`` on to the next chunk's worker."""
+        last = (self._last, self._count)
+        return Relay(gen, unit, self.items[start:], self.after[start:], last=last, skip=self.skip)
 
     def add(self, output: Any) -> None:
         position = key_position(output[0])
@@ -268,7 +275,7 @@ def run_relayed(
         if failure is None and not order.final:
             ends.send_stop(order.succ, gen, unit)
         return None
-    cut = _Cut(relay, order.skip)
+    cut = Cut(relay, order.skip)
     for output in outputs:
         cut.add(output)
     del outputs  # the cut holds them now, and drops each batch's as it builds it
@@ -276,7 +283,7 @@ def run_relayed(
     if order.final:
         full = len(cut.items)
     elif failure is None:  # the next chunk's worker need not wait for these batches
-        ends.send(order.succ, Relay(gen, unit, cut.items[full:], cut.after[full:]))
+        ends.send(order.succ, cut.relay(gen, unit, full))
     batches = cut.build(batch_chain, gen, label, full, batch_size)
     chain.global_rngs_moved()  # the batch part seeds them per batch
     return batches if failure is None else [*batches, failure]
@@ -296,7 +303,7 @@ def _stream_first(
     order = task.relay
     assert order is not None
     gen, unit = task.gen, task.unit
-    cut = _Cut(Relay(gen, -1, [], []), order.skip)
+    cut = Cut(Relay(gen, -1, [], []), order.skip)
     stopped: list[Any] = []
 
     def each(output: Any) -> bool:
@@ -317,5 +324,5 @@ def _stream_first(
     if stopped or failure is not None:
         ends.send_stop(order.succ, gen, unit)
         return stopped or [failure]
-    ends.send(order.succ, Relay(gen, unit, cut.items, cut.after))
+    ends.send(order.succ, cut.relay(gen, unit, 0))
     return []

@@ -131,7 +131,7 @@ class DispatchRunner(Runner):
         self._finish_epoch()
         self.main.start_epoch(epoch, state)
         source = self._epoch_source(epoch)
-        position, _ = self.dispatcher.resume_from
+        position, _, _ = self.dispatcher.resume_from
         if state is not None and position:
             source.resume_at(position)
         point_seed = block_seed(self.point)

@@ -6,11 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ....errors import StateError
 from ....events import ReadinessSource
 from ...workers.messages import BatchSize, Task
 
-__all__ = ["Unit", "WorkerPool", "refuse_keyed_resume"]
+__all__ = ["Unit", "WorkerPool"]
 
 
 class WorkerPool(Protocol):
@@ -43,23 +42,5 @@ class Unit:
     final: bool = False  # relayed: the empty chunk that builds the short last batch
     positions: list[int] = field(default_factory=list)
     item_workers: list[tuple[int, int]] = field(default_factory=list)  # (worker, items)
-
-
-def refuse_keyed_resume(refuse: Any, source: Any) -> None:
-    """Refuse a checkpoint of an epoch whose source made several items of one position.
-
-    The dispatcher resumes at a position of the sharding point it reads, so a
-    batch that ends inside one position's items (records ``(p, 0)`` and
-    ``(p, 1)`` of the file at ``p``, more to come) cannot be resumed after:
-    the rest of that position's items would be skipped or repeated.
-    """
-    if refuse:
-        raise StateError(
-            f"the sharding point {source!r} stamps several items of one position "
-            f"(stamp_position(p, output=j)), and the economic and chunked strategies, "
-            f"which read it in the main process, resume only at a position, so a "
-            f"checkpoint between two of its items would skip or repeat the rest of that "
-            f"position's items. Checkpoint this pipeline with strategy='classic' or "
-            f"ThreadReadingService, which resume inside a position, or build the "
-            f"DataLoader with resume_by_replay=True"
-        )
+    start: tuple[int, int] = (0, 0)  # its first item: position, items of it before
+    end: tuple[int, int, int] = (0, 0, 0)  # the resume point after it (resume_point.py)
