@@ -21,6 +21,7 @@ from pipeloom.datapipes import (
     item_stamp,
     set_item_stamp,
 )
+from pipeloom.errors import StateError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from tests.reading_service.random_pipelines import (
     CustomShardable as Numbers,  # the docs' shardable source
@@ -375,6 +376,28 @@ def test_a_state_of_the_dispatcher_from_before_taken_still_loads():
     dispatcher = state["service"]["tail"]["blocks"][-1]["state"]
     assert dispatcher.pop("taken") == 0
     assert rests(make, DISPATCHED["economic"](2), [state]) == [expected[2:]]
+
+
+def test_a_state_taking_more_items_of_its_position_than_the_data_has_is_refused_on_resume():
+    # The data changed (or the state was edited): dropping on would skip the next position.
+    _, states = states_at_every_step(records, DISPATCHED["economic"](2))
+    dispatchers = [s["service"]["tail"]["blocks"][-1]["state"] for s in states[1:-1]]
+    index = next(i for i, d in enumerate(dispatchers) if d["taken"])
+    dispatchers[index]["taken"] = 99
+    with pytest.raises(StateError, match=r"after 99 of the items made there, but .* made only"):
+        rests(records, DISPATCHED["economic"](2), [states[index + 1]])
+
+
+def plain():
+    return IterableWrapper(range(11)).sharding_filter().map(noisy).batch(3)
+
+
+@pytest.mark.parametrize("make", [records, plain])
+@pytest.mark.parametrize(("saved", "loaded"), [("economic", "chunked"), ("chunked", "economic")])
+def test_a_state_of_economic_resumes_under_chunked_and_back_at_every_step(make, saved, loaded):
+    expected = epochs(make)[0]
+    _, states = states_at_every_step(make, DISPATCHED[saved](2))
+    assert rests(make, DISPATCHED[loaded](3), states) == [expected[i:] for i in range(len(states))]
 
 
 def test_a_sharding_point_with_several_records_per_position_resumes_under_classic():

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from ....datapipes.runtime import key_position
+from ....errors import StateError
 
 __all__ = ["ResumePoint"]
 
@@ -64,7 +65,14 @@ class ResumePoint:
             if position == self._drop_position:
                 self._drop -= 1
                 return False
-            self._drop = 0  # the position had fewer items than the state says: none left
+            raise StateError(
+                f"the state resumes the epoch at position {self._drop_position} after "
+                f"{self._base[1]} of the items made there, but the sharding point made only "
+                f"{self._base[1] - self._drop} there before moving on to position {position}: "
+                "the data changed since the state was saved (or the state was edited), and "
+                "resuming would skip or repeat items. Restore the data as it was, or start "
+                "this epoch over without the state"
+            )
         return True
 
     def before(self, key: Any) -> tuple[int, int]:
