@@ -48,6 +48,7 @@ __all__ = [
     "changed_strings",
     "describe_listing",
     "describe_strings",
+    "ListingMemo",
     "file_identities",
     "local_stats",
 ]
@@ -62,7 +63,25 @@ def describe_listing(paths: CompactStringList) -> str:
     return f"{len(paths)} path(s), CRC-32 {paths.checksum():08x}"
 
 
-def describe_strings(items: Any, *, contents: bool) -> dict[str, str] | None:
+class ListingMemo:
+    """The record of one list of strings, kept while the same list (same object, same
+    length) is asked again: hashing 1M URLs costs ~110 ms, and a loader may save its
+    state at every step. A list changed in place at the same length keeps its old
+    record, which a resume then refuses as changed: never the other way round."""
+
+    __slots__ = ("key", "listing")
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] | None = None
+        self.listing: str | None = None
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:  # a copy holds another list object
+        return ListingMemo, ()
+
+
+def describe_strings(
+    items: Any, *, contents: bool, memo: ListingMemo | None = None
+) -> dict[str, str] | None:
     """The record of a source's list of paths or URLs (``IterableWrapper(paths)``):
     like a listing's, the files' sizes and times too with ``contents`` when they are
     local files. None for anything else: a list or tuple whose first item is not a
@@ -72,10 +91,17 @@ def describe_strings(items: Any, *, contents: bool) -> dict[str, str] | None:
     local = len(items[0]) < _MAX_PATH and os.path.isfile(items[0])
     if not (local or "://" in items[0][:_MAX_PATH]):
         return None
-    if not all(isinstance(item, str) for item in items):
-        return None
-    joined = "\0".join(items).encode("utf-8", "surrogateescape")
-    described = {"listing": f"{len(items)} string(s), CRC-32 {zlib.crc32(joined):08x}"}
+    key = (id(items), len(items))
+    if memo is not None and memo.key == key and memo.listing is not None:
+        listing = memo.listing
+    else:
+        if not all(isinstance(item, str) for item in items):
+            return None
+        joined = "\0".join(items).encode("utf-8", "surrogateescape")
+        listing = f"{len(items)} string(s), CRC-32 {zlib.crc32(joined):08x}"
+        if memo is not None:
+            memo.key, memo.listing = key, listing
+    described = {"listing": listing}
     if contents and local:
         described["files"] = file_identities(items)
     return described

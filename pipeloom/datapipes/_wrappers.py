@@ -11,7 +11,7 @@ import torch.utils.data
 
 from .._validate import check_index, check_int
 from ._base import DataPipe, IterDataPipe, MapDataPipe
-from ._listing_check import changed_strings, describe_strings
+from ._listing_check import ListingMemo, changed_strings, describe_strings
 from ._runs import Head, IteratorHead, SeekHead, SourceHead
 from ._seek import first_kept, is_positioned, read_span
 from ._state_fields import StateFields
@@ -54,12 +54,15 @@ class IterableWrapper(IterDataPipe):
         self._it: Iterator[Any] | None = None
         self._position = 0
         self._started_once = False
+        self._listing_memo = ListingMemo()  # a list of paths hashed once, not per checkpoint
 
     def describe_data(self, *, contents: bool = False) -> dict[str, str] | None:
         """What a loader's checkpoint records of a list of paths or URLs (see
         ``_listing_check``): the strings, and with ``contents`` the local files' sizes
         and times; None for other iterables."""
-        return describe_strings(self.iterable, contents=contents)
+        return describe_strings(
+            self.iterable, contents=contents, memo=getattr(self, "_listing_memo", None)
+        )
 
     def changed_data(self, saved: dict[str, Any]) -> list[str]:
         """What changed since ``saved`` (``describe_data``'s), one line each."""

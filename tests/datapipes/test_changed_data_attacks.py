@@ -33,6 +33,7 @@ import os
 import tarfile
 import uuid
 import zipfile
+import zlib
 
 import pytest
 
@@ -340,3 +341,32 @@ def test_an_fsspec_file_rewritten_under_a_mid_file_checkpoint_is_refused_under_p
             _resume_pipe(build(), state)
     finally:
         fs.rm(base, recursive=True)
+
+
+def test_a_list_of_urls_is_hashed_once_not_at_every_state_dict(monkeypatch):
+    # Hashing 1M URLs costs ~110 ms: a loader saving its state at every step must not pay
+    # it each time. A list that grows is hashed again, and the resume still compares.
+    hashed = []
+    crc32 = zlib.crc32
+
+    def counting(data, *rest):
+        if b"127.0.0.1:9/shard-0.tar" in bytes(data):  # this test's list, hashed whole
+            hashed.append(1)
+        return crc32(data, *rest)
+
+    monkeypatch.setattr(zlib, "crc32", counting)
+    urls = [f"http://127.0.0.1:9/shard-{i}.tar" for i in range(40)]
+    with DataLoader(IterableWrapper(urls).sharding_filter().batch(4)) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        states = [loader.state_dict() for _ in range(5)]
+        assert len(hashed) == 1
+        urls.append("http://127.0.0.1:9/shard-40.tar")  # the list the loader reads grew
+        grown = loader.state_dict()
+        assert len(hashed) == 2
+    assert states[0]["fingerprint"]["data"] == states[-1]["fingerprint"]["data"]
+    assert grown["fingerprint"]["data"] != states[0]["fingerprint"]["data"]
+    with DataLoader(IterableWrapper(urls[:40]).sharding_filter().batch(4)) as loader:
+        loader.load_state_dict(states[0])  # the same 40 URLs: resumes
+        with pytest.raises(StateError, match="41 string"):
+            loader.load_state_dict(grown)
