@@ -196,10 +196,22 @@ class RayPool:
             except ray.exceptions.RayActorError as error:
                 raise actor.lost(error, "while starting (its constructor failed)") from error
         if pending:
-            free = ray.available_resources().get("CPU", 0)
             raise TimeoutError(
                 f"{len(pending)} of {len(actors)} Ray actors did not start within "
-                f"start_timeout={self.options.start_timeout} s; each asks for "
-                f"num_cpus_per_actor={self.options.num_cpus} CPUs and the cluster has {free} "
-                f"free: lower num_actors or num_cpus_per_actor, or add nodes"
+                f"start_timeout={self.options.start_timeout} s; {self._asked(ray)}"
             )
+
+    def _asked(self, ray: Any) -> str:
+        """What each actor asks of the cluster, what it has free, and what to change."""
+        free = ray.available_resources()
+        asked = f"each asks for num_cpus_per_actor={self.options.num_cpus} CPUs"
+        fixes = "lower num_actors or num_cpus_per_actor, or add nodes"
+        resources = self.options.ray_options.get("resources") or {}
+        if resources:
+            asked += f" and ray_options resources {resources}"
+            fixes += " that have those resources (ray start --resources=...)"
+        if "scheduling_strategy" in self.options.ray_options:
+            asked += " placed by ray_options scheduling_strategy"
+            fixes += ", or check that the scheduling strategy can place them"
+        has = {name: free.get(name, 0) for name in ["CPU", *resources]}
+        return f"{asked}, and the cluster has {has} free: {fixes}"

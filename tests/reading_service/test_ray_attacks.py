@@ -1,0 +1,138 @@
+"""RayReadingService attacked from outside: kills after a checkpoint, moves between
+services, placements that cannot be met, arguments Ray would refuse late.
+
+One local cluster (2 CPUs, no dashboard) serves the module; each Ray loader starts
+its own actors, so the module uses one.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import signal
+import tarfile
+import time
+import warnings
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'pipeloom[ray]')")
+
+from pipeloom import DataLoader  # noqa: E402
+from pipeloom.datapipes import FileLister  # noqa: E402
+from pipeloom.reading_service import RayReadingService, ThreadReadingService  # noqa: E402
+from tests.reading_service import pipelines, ray_pipelines  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ray.init(
+            num_cpus=2,
+            object_store_memory=80 * 2**20,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            _temp_dir=str(tmp_path_factory.mktemp("ray")),
+        )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def tar_shards(folder):
+    for shard in range(5):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for i in range(2 + shard % 3):  # shards of 2 to 4 members
+                data = bytes([shard, i]) * 20
+                info = tarfile.TarInfo(f"s{shard}-{i}.bin")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        (folder / f"shard-{shard}.tar").write_bytes(buffer.getvalue())
+
+
+def test_an_actor_killed_right_after_a_checkpoint_and_the_checkpoint_under_threads(
+    cluster, tmp_path
+):
+    tar_shards(tmp_path)
+
+    def pipe():
+        return (
+            FileLister(str(tmp_path), "*.tar")
+            .shuffle()
+            .sharding_filter()
+            .open_files("rb")
+            .load_from_tar()
+            .map(pipelines.member_name)
+            .map(ray_pipelines.drawn_where)
+            .filter(ray_pipelines.not_member_1)
+            .flatmap(ray_pipelines.copies)
+            .batch(3)
+            .unbatch()
+        )
+
+    def without_pid(items):
+        return [(name, draw) for name, draw, _ in items]
+
+    with DataLoader(pipe(), None, seed=3) as loader:
+        expected = without_pid(loader)
+    assert len(expected) == 9 * 400
+    ray_service = RayReadingService(
+        3, num_cpus_per_actor=0.5, max_restarts=1, prefetch_factor=1, timeout=60
+    )
+    with DataLoader(pipe(), ray_service, seed=3) as loader:
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(5)]  # mid-position: a flatmap gives 400
+        saved = pickle.loads(pickle.dumps(loader.state_dict()))
+        # position 0's actor (0), with two tar shards: >= 800 outputs, more than it buffers
+        os.kill(head[-1][2], signal.SIGKILL)
+        rest = list(iterator)
+    assert without_pid(head + rest) == expected  # nothing lost or repeated, same draws
+    assert len({pid for *_, pid in head + rest}) == 4  # three actors, one restarted
+    with DataLoader(pipe(), ThreadReadingService(2), seed=3) as loader:
+        loader.load_state_dict(saved)
+        assert without_pid(head + list(loader)) == expected
+
+
+def test_actors_no_node_can_place_raise_naming_the_resources_they_ask_for(cluster):
+    pipe = FileLister(".", "*.toml").sharding_filter()
+    ray_service = RayReadingService(
+        1,
+        num_cpus_per_actor=0.5,
+        start_timeout=0.5,
+        ray_options={"resources": {"pipeloom_test_box": 1}},
+    )
+    started = time.monotonic()
+    with DataLoader(pipe, ray_service, seed=0) as loader:
+        with pytest.raises(TimeoutError) as info:
+            list(loader)
+    message = str(info.value)
+    assert "did not start within start_timeout=0.5 s" in message
+    assert "ray_options resources {'pipeloom_test_box': 1}" in message
+    assert "'pipeloom_test_box': 0" in message and "ray start --resources" in message
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {"num_cpus_per_actor": float("inf")},
+            "num_cpus_per_actor must be a finite number of CPUs",
+        ),
+        ({"num_cpus_per_actor": -0.5}, "got -0.5; e.g. 1, or 0.5"),
+        ({"ray_options": {"num_cpus": 2}}, "may not set 'num_cpus' .*pass num_cpus_per_actor="),
+        ({"ray_options": {"max_restarts": 5}}, "may not set 'max_restarts' .*pass max_restarts="),
+        ({"ray_options": {"max_task_retries": 1}}, "may not set 'max_task_retries'.*remove it"),
+        ({"ray_options": {"concurrency_groups": {}}}, "may not set 'concurrency_groups'"),
+    ],
+)
+def test_arguments_ray_would_refuse_late_or_never_are_refused_at_once(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RayReadingService(1, **kwargs)
