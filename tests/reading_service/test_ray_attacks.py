@@ -13,6 +13,7 @@ import pickle
 import signal
 import tarfile
 import time
+import types
 import warnings
 
 import pytest
@@ -22,6 +23,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'pipe
 from pipeloom import DataLoader  # noqa: E402
 from pipeloom.datapipes import FileLister  # noqa: E402
 from pipeloom.reading_service import RayReadingService, ThreadReadingService  # noqa: E402
+from pipeloom.reading_service.strategies.ray_actors.handle import Cluster  # noqa: E402
 from tests.reading_service import pipelines, ray_pipelines  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -117,6 +119,48 @@ def test_actors_no_node_can_place_raise_naming_the_resources_they_ask_for(cluste
     assert "ray_options resources {'pipeloom_test_box': 1}" in message
     assert "'pipeloom_test_box': 0" in message and "ray start --resources" in message
     assert time.monotonic() - started < 30
+
+
+def test_a_local_cluster_a_service_started_stops_with_its_last_user_only(monkeypatch):
+    # Two loaders without ray.init(): the first started Ray, and its shutdown() used to
+    # stop it under the second's actors ("TypeError: No owner found for object").
+    ray_state = {"up": False, "job": 0, "calls": []}
+
+    def init(**kwargs):
+        ray_state.update(up=True, job=ray_state["job"] + 1)
+        ray_state["calls"].append("init")
+
+    def shutdown():
+        ray_state["up"] = False
+        ray_state["calls"].append("shutdown")
+
+    def context():
+        return types.SimpleNamespace(get_job_id=lambda: f"job{ray_state['job']}")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: ray_state["up"])
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", shutdown)
+    monkeypatch.setattr(ray, "get_runtime_context", context)
+    first, second = Cluster(None), Cluster(None)
+    first.connect()
+    second.connect()
+    first.release()
+    first.release()  # idempotent
+    assert ray_state["calls"] == ["init"]  # the second's actors still run
+    second.release()
+    assert ray_state["calls"] == ["init", "shutdown"]
+    init()  # a connection the user made is the user's to stop
+    users = Cluster(None)
+    users.connect()
+    users.release()
+    assert ray_state["calls"][-1] == "init" and ray_state["up"]
+    shutdown()
+    ours = Cluster(None)
+    ours.connect()
+    shutdown()
+    init()  # the user restarted Ray meanwhile: not ours to stop any more
+    ours.release()
+    assert ray_state["calls"][-2:] == ["shutdown", "init"] and ray_state["up"]
 
 
 @pytest.mark.parametrize(

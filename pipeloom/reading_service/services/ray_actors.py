@@ -48,7 +48,8 @@ class RayReadingService(PlannedService):
         num_cpus_per_actor: CPUs Ray reserves for each actor (fractions allowed).
         prefetch_factor: runs each actor may hold ahead of the consumer.
         ray_address: the cluster to connect to when Ray is not connected yet
-            (None: ``RAY_ADDRESS``, else a local cluster, stopped at ``shutdown()``).
+            (None: ``RAY_ADDRESS``, else a local cluster, shared by the process's
+            Ray services and stopped at the ``shutdown()`` of the last one using it).
         max_restarts: how many times each actor is restarted after dying.
         worker_init_fn: called as ``worker_init_fn(actor_index)`` in each actor
             process before its first epoch, after its RNGs are seeded.
