@@ -171,6 +171,8 @@ def test_a_local_cluster_a_service_started_stops_with_its_last_user_only(monkeyp
             "num_cpus_per_actor must be a finite number of CPUs",
         ),
         ({"num_cpus_per_actor": -0.5}, "got -0.5; e.g. 1, or 0.5"),
+        ({"timeout": float("inf")}, "timeout must be a finite .*pass None to wait"),
+        ({"start_timeout": float("inf")}, "start_timeout must be a finite .*e.g. 3600"),
         ({"ray_options": {"num_cpus": 2}}, "may not set 'num_cpus' .*pass num_cpus_per_actor="),
         ({"ray_options": {"max_restarts": 5}}, "may not set 'max_restarts' .*pass max_restarts="),
         ({"ray_options": {"max_task_retries": 1}}, "may not set 'max_task_retries'.*remove it"),
