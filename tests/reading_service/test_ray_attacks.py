@@ -7,11 +7,13 @@ its own actors, so the module uses one.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pickle
 import signal
 import tarfile
+import threading
 import time
 import types
 import warnings
@@ -21,7 +23,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'pipeloom[ray]')")
 
 from pipeloom import DataLoader  # noqa: E402
-from pipeloom.datapipes import FileLister  # noqa: E402
+from pipeloom.datapipes import FileLister, IterableWrapper  # noqa: E402
+from pipeloom.errors import WorkerTimeout  # noqa: E402
 from pipeloom.reading_service import RayReadingService, ThreadReadingService  # noqa: E402
 from pipeloom.reading_service.strategies.ray_actors.handle import Cluster  # noqa: E402
 from tests.reading_service import pipelines, ray_pipelines  # noqa: E402
@@ -86,20 +89,41 @@ def test_an_actor_killed_right_after_a_checkpoint_and_the_checkpoint_under_threa
         expected = without_pid(loader)
     assert len(expected) == 9 * 400
     ray_service = RayReadingService(
-        3, num_cpus_per_actor=0.5, max_restarts=1, prefetch_factor=1, timeout=60
+        2, num_cpus_per_actor=0.5, max_restarts=1, prefetch_factor=1, timeout=60
     )
     with DataLoader(pipe(), ray_service, seed=3) as loader:
         iterator = iter(loader)
         head = [next(iterator) for _ in range(5)]  # mid-position: a flatmap gives 400
         saved = pickle.loads(pickle.dumps(loader.state_dict()))
-        # position 0's actor (0), with two tar shards: >= 800 outputs, more than it buffers
+        # position 0's actor (0), with three tar shards: >= 1200 outputs, more than it buffers
         os.kill(head[-1][2], signal.SIGKILL)
         rest = list(iterator)
     assert without_pid(head + rest) == expected  # nothing lost or repeated, same draws
-    assert len({pid for *_, pid in head + rest}) == 4  # three actors, one restarted
+    assert len({pid for *_, pid in head + rest}) == 3  # two actors, one restarted
     with DataLoader(pipe(), ThreadReadingService(2), seed=3) as loader:
         loader.load_state_dict(saved)
         assert without_pid(head + list(loader)) == expected
+
+
+def test_a_timeout_on_an_actor_stuck_in_an_item_raises_after_timeout_not_ten_seconds(cluster):
+    # The abandoned epoch used to join the reader waiting on the stuck actor for
+    # JOIN_TIMEOUT (10 s) before the WorkerTimeout was raised.
+    pipe = (
+        IterableWrapper(range(10))
+        .sharding_filter()
+        .map(
+            functools.partial(pipelines.stuck_at, at=3)  # actor 1 waits a minute there
+        )
+    )
+    ray_service = RayReadingService(2, num_cpus_per_actor=0.5, timeout=1)
+    with DataLoader(pipe, ray_service, seed=0) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        started = time.monotonic()
+        with pytest.raises(WorkerTimeout, match="within timeout=1 s"):
+            list(iterator)
+        assert time.monotonic() - started < 5
+    assert not any("pipeloom-ray-reader" in t.name for t in threading.enumerate())
 
 
 def test_actors_no_node_can_place_raise_naming_the_resources_they_ask_for(cluster):

@@ -112,14 +112,23 @@ class ActorChannel:
         return [self.queue.readiness()]
 
     def cancel(self) -> None:
-        """Stop the epoch: cancel the call, end the reader; idempotent."""
+        """Stop the epoch: cancel the call, close the hand-over; idempotent.
+
+        The reader is not joined: a call stuck in an item (what a ``timeout``
+        reports) ends only at its next output, or when the pool's stop kills
+        the actor. Until then the reader waits on it; whatever it then gets
+        meets the closed hand-over or ``_cancelled`` and ends it.
+        """
         with self._lock:
             self._cancelled = True
             call, self._call = self._call, None
         if call is not None:
             require_ray().cancel(call)
         self.queue.close()
-        self.join()
+
+    def reading(self) -> bool:
+        """True while the reader thread runs."""
+        return self._thread.is_alive()
 
     def join(self) -> None:
         if self._thread is not threading.current_thread():

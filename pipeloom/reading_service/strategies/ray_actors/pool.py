@@ -105,6 +105,7 @@ class RayPool:
         self.cluster = cluster
         self.actors: list[ActorHandle] = []
         self._channels: list[ActorChannel] = []
+        self._cancelled: list[ActorChannel] = []  # readers of abandoned epochs, not joined yet
 
     def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None) -> Sequence[WorkerChannel]:
         if isinstance(resume, RestOfEpoch):
@@ -132,20 +133,29 @@ class RayPool:
         channels, self._channels = self._channels, []
         for channel in channels:
             if abandoned:
-                channel.cancel()
+                channel.cancel()  # its reader may wait on a stuck item: joined at stop()
+                self._cancelled.append(channel)
             else:
                 channel.join()
+        self._cancelled = [channel for channel in self._cancelled if channel.reading()]
 
     def queues(self) -> list[tuple[str, Any]]:
         """None to sample: the actors' outputs travel through Ray's object store."""
         return []
 
     def stop(self) -> None:
-        """Cancel the epoch, end every actor, release the cluster; idempotent."""
+        """Cancel the epoch, end every actor, release the cluster; idempotent.
+
+        The actors die before the readers are joined: that ends a reader
+        waiting on an actor stuck in an item at once.
+        """
         self.finish_epoch(abandoned=True)
         actors, self.actors = self.actors, []
         for actor in actors:
             actor.kill()
+        cancelled, self._cancelled = self._cancelled, []
+        for channel in cancelled:
+            channel.join()
         self.cluster.release()
 
     def _start_actors(self) -> list[ActorHandle]:
