@@ -24,8 +24,9 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'pipe
 
 from pipeloom import DataLoader  # noqa: E402
 from pipeloom.datapipes import FileLister, IterableWrapper  # noqa: E402
-from pipeloom.errors import WorkerTimeout  # noqa: E402
+from pipeloom.errors import WorkerError, WorkerTimeout  # noqa: E402
 from pipeloom.reading_service import RayReadingService, ThreadReadingService  # noqa: E402
+from pipeloom.reading_service.strategies.ray_actors import channel  # noqa: E402
 from pipeloom.reading_service.strategies.ray_actors.handle import Cluster  # noqa: E402
 from tests.reading_service import pipelines, ray_pipelines  # noqa: E402
 
@@ -206,3 +207,19 @@ def test_a_local_cluster_a_service_started_stops_with_its_last_user_only(monkeyp
 def test_arguments_ray_would_refuse_late_or_never_are_refused_at_once(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RayReadingService(1, **kwargs)
+
+
+def test_ray_shut_down_under_a_running_epoch_is_named_not_hidden_by_a_cancel(monkeypatch):
+    # After ray.shutdown() under a running epoch, ray.cancel of the epoch's call raised
+    # "TypeError: No owner found for object", which replaced the reader's error, itself
+    # a bare "AttributeError: 'Worker' object has no attribute 'core_worker'".
+    def no_owner(call):
+        raise TypeError("No owner found for object.")
+
+    monkeypatch.setattr(ray, "cancel", no_owner)
+    channel._cancel(object())  # the call is gone with Ray: nothing to cancel
+    lost = AttributeError("'Worker' object has no attribute 'core_worker'")
+    error = channel._as_worker_error(lost, "ray actor 0", ray_up=False)
+    assert isinstance(error, WorkerError) and error.__cause__ is lost
+    assert str(error).startswith("ray actor 0: reading its outputs failed with AttributeError")
+    assert "Ray was shut down meanwhile: call the loader's shutdown()" in str(error)
