@@ -71,3 +71,17 @@ class LazyPid(IterDataPipe):
 
 def init_marks(worker_id):
     assert pipeloom.get_worker_info().id == worker_id
+
+
+def drawn_where(name):
+    """``(name, an item_rng() draw, the pid that drew it)``."""
+    return name, int(item_rng().integers(1000)), os.getpid()
+
+
+def copies(t):
+    """400 marked copies of ``t``: more than an actor's buffers hold (runs of 64)."""
+    return [(f"{t[0]}#{j}", *t[1:]) for j in range(400)]
+
+
+def not_member_1(t):
+    return not t[0].endswith("-1.bin")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -47,7 +48,8 @@ class RayReadingService(PlannedService):
         num_cpus_per_actor: CPUs Ray reserves for each actor (fractions allowed).
         prefetch_factor: runs each actor may hold ahead of the consumer.
         ray_address: the cluster to connect to when Ray is not connected yet
-            (None: ``RAY_ADDRESS``, else a local cluster, stopped at ``shutdown()``).
+            (None: ``RAY_ADDRESS``, else a local cluster, shared by the process's
+            Ray services and stopped at the ``shutdown()`` of the last one using it).
         max_restarts: how many times each actor is restarted after dying.
         worker_init_fn: called as ``worker_init_fn(actor_index)`` in each actor
             process before its first epoch, after its RNGs are seeded.
@@ -57,10 +59,14 @@ class RayReadingService(PlannedService):
             the loader raises instead of waiting for resources that never free.
         in_order: merge by source position (True) or by arrival (False).
         ray_options: more ``ray.remote`` options for the actors (e.g.
-            ``{"resources": {"preprocessing": 1}}`` or a ``scheduling_strategy``).
+            ``{"resources": {"preprocessing": 1}}`` or a ``scheduling_strategy``); not
+            ``num_cpus``, ``max_restarts``, ``max_task_retries`` or
+            ``concurrency_groups``, which the service sets itself.
 
     Raises:
         ImportError: when Ray is not installed (``pip install 'pipeloom[ray]'``).
+        ValueError: for a bad argument, e.g. ``ray_options`` setting what the
+            service sets itself.
 
     Example:
         >>> import ray  # doctest: +SKIP
@@ -89,22 +95,18 @@ class RayReadingService(PlannedService):
     ) -> None:
         require_ray()
         check_int("num_actors", num_actors, minimum=0, hint="use 0 to load in the calling thread")
-        check_seconds(
-            "num_cpus_per_actor",
-            num_cpus_per_actor,
-            zero_ok=True,
-            hint="it is a number of CPUs, fractions allowed",
-        )
+        _check_cpus(num_cpus_per_actor)
         check_int("prefetch_factor", prefetch_factor, minimum=1, hint="it counts runs per actor")
         check_int("max_restarts", max_restarts, minimum=0)
         check_callable("worker_init_fn", worker_init_fn, allow_none=True)
         check_seconds("timeout", timeout, allow_none=True)
+        _check_finite("timeout", timeout, "pass None to wait as long as the actors live")
         check_seconds("start_timeout", start_timeout)
+        _check_finite("start_timeout", start_timeout, "pass a large number (e.g. 3600) instead")
         check_bool("in_order", in_order)
         if ray_address is not None and not isinstance(ray_address, str):
             raise TypeError(f"ray_address must be a str or None, got {type(ray_address).__name__}")
-        if ray_options is not None and not isinstance(ray_options, dict):
-            raise TypeError(f"ray_options must be a dict or None, got {type(ray_options).__name__}")
+        _check_ray_options(ray_options)
         self.num_actors = num_actors
         self.num_cpus_per_actor = num_cpus_per_actor
         self.prefetch_factor = prefetch_factor
@@ -159,3 +161,46 @@ class RayReadingService(PlannedService):
             f"num_cpus_per_actor={self.num_cpus_per_actor}, "
             f"prefetch_factor={self.prefetch_factor}, max_restarts={self.max_restarts})"
         )
+
+
+_OWN_OPTIONS = {
+    "num_cpus": "num_cpus_per_actor",
+    "max_restarts": "max_restarts",
+    "max_task_retries": None,  # the service replays an epoch itself, from where it stopped
+    "concurrency_groups": None,  # the service's control group answers beside an epoch
+}
+"""The ``ray.remote`` options the service sets itself: the argument to use instead, if any."""
+
+
+def _check_cpus(value: Any) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"num_cpus_per_actor must be a finite number of CPUs >= 0 (fractions allowed), "
+            f"got {value!r}; e.g. 1, or 0.5 to fit two actors on a CPU"
+        )
+
+
+def _check_finite(name: str, value: float | None, fix: str) -> None:
+    """Ray's waits and Python's locks take no infinite timeout: they raise OverflowError."""
+    if value is not None and not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}; {fix}")
+
+
+def _check_ray_options(options: Any) -> None:
+    """Refuse what ``ray.remote`` would refuse only at the first epoch, as a clash of keywords."""
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise TypeError(f"ray_options must be a dict or None, got {type(options).__name__}")
+    for key, argument in _OWN_OPTIONS.items():
+        if key in options:
+            fix = (
+                f"pass {argument}= to RayReadingService instead"
+                if argument
+                else "remove it: the service sets it for the epoch replay to work"
+            )
+            raise ValueError(
+                f"ray_options may not set {key!r} (got {options[key]!r}): RayReadingService "
+                f"sets it itself; {fix}"
+            )

@@ -112,14 +112,23 @@ class ActorChannel:
         return [self.queue.readiness()]
 
     def cancel(self) -> None:
-        """Stop the epoch: cancel the call, end the reader; idempotent."""
+        """Stop the epoch: cancel the call, close the hand-over; idempotent.
+
+        The reader is not joined: a call stuck in an item (what a ``timeout``
+        reports) ends only at its next output, or when the pool's stop kills
+        the actor. Until then the reader waits on it; whatever it then gets
+        meets the closed hand-over or ``_cancelled`` and ends it.
+        """
         with self._lock:
             self._cancelled = True
             call, self._call = self._call, None
         if call is not None:
-            require_ray().cancel(call)
+            _cancel(call)
         self.queue.close()
-        self.join()
+
+    def reading(self) -> bool:
+        """True while the reader thread runs."""
+        return self._thread.is_alive()
 
     def join(self) -> None:
         if self._thread is not threading.current_thread():
@@ -150,7 +159,7 @@ class ActorChannel:
         except QueueError:
             return  # cancelled: nobody reads any more
         except Exception as error:  # noqa: BLE001 - everything goes to the merge
-            self._hand_over(_as_worker_error(error, self.actor.label))
+            self._hand_over(_as_worker_error(error, self.actor.label, ray.is_initialized()))
 
     def _submit(self) -> Any:
         with self._lock:
@@ -180,16 +189,34 @@ class ActorChannel:
             pass
 
 
+def _cancel(call: Any) -> None:
+    """Cancel ``call``; nothing when it is gone with Ray (``ray.shutdown()`` ran meanwhile).
+
+    Ray's own ``TypeError: No owner found for object`` would otherwise replace
+    the error that ended the epoch, which says what happened.
+    """
+    try:
+        require_ray().cancel(call)
+    except Exception:  # noqa: BLE001 - nothing left to cancel
+        pass
+
+
 def _lost_errors(ray: Any) -> tuple[type[BaseException], ...]:
     """What ends a call when its actor or its node dies (objects in flight lost with it)."""
     return (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
 
 
-def _as_worker_error(error: Exception, label: str) -> Exception:
+def _as_worker_error(error: Exception, label: str, ray_up: bool) -> Exception:
     if isinstance(error, WorkerError):
         return error
+    why = (
+        ""
+        if ray_up
+        else " (Ray was shut down meanwhile: call the loader's shutdown(), or leave its "
+        "with block, before ray.shutdown())"
+    )
     wrapped = WorkerError(
-        f"{label}: reading its outputs failed with {type(error).__name__}: {error}",
+        f"{label}: reading its outputs failed with {type(error).__name__}: {error}{why}",
         worker=label,
     )
     wrapped.__cause__ = error

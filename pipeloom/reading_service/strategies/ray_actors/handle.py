@@ -9,6 +9,7 @@ channel see it: its label (actor, pid, node), its epoch call, its restarts.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from ....errors import WorkerError
@@ -35,6 +36,19 @@ def require_ray(what: str = "RayReadingService") -> Any:
     return ray
 
 
+class _Started:
+    """The local cluster a ``Cluster`` of this process started, and who uses it.
+
+    Every service connecting while it runs shares it; the last to release it
+    stops it, so one loader's ``shutdown()`` never stops Ray under another's
+    actors. ``job`` tells it from a connection made since by someone else.
+    """
+
+    lock = threading.Lock()
+    job: str | None = None  # the Ray job of the connection started here
+    users = 0
+
+
 class Cluster:
     """The Ray cluster the actors run on: the connected one, or one started here.
 
@@ -46,19 +60,36 @@ class Cluster:
 
     def __init__(self, address: str | None) -> None:
         self.address = address
-        self.owned = False
+        self.owned = False  # this object counts among the users of the one started here
 
     def connect(self) -> None:
         ray = require_ray()
-        if not ray.is_initialized():
-            ray.init(address=self.address, include_dashboard=False, configure_logging=False)
-            self.owned = True
+        with _Started.lock:
+            if not ray.is_initialized():
+                ray.init(address=self.address, include_dashboard=False, configure_logging=False)
+                _Started.job, _Started.users = _job(ray), 0
+            if not self.owned and _Started.job is not None and _Started.job == _job(ray):
+                _Started.users += 1
+                self.owned = True
 
     def release(self) -> None:
-        """Stop the cluster if this object started it; idempotent."""
-        if self.owned:
-            self.owned = False
-            require_ray().shutdown()
+        """Stop the cluster if this object started it and no other uses it; idempotent."""
+        if not self.owned:
+            return
+        self.owned = False
+        ray = require_ray()
+        with _Started.lock:
+            _Started.users -= 1
+            if _Started.users > 0:
+                return
+            started, _Started.job = _Started.job, None
+            if ray.is_initialized() and _job(ray) == started:
+                ray.shutdown()
+
+
+def _job(ray: Any) -> str:
+    """The current connection's Ray job (a new one at each ``ray.init``)."""
+    return str(ray.get_runtime_context().get_job_id())
 
 
 class ActorHandle:

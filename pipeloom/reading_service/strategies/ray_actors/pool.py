@@ -105,6 +105,7 @@ class RayPool:
         self.cluster = cluster
         self.actors: list[ActorHandle] = []
         self._channels: list[ActorChannel] = []
+        self._cancelled: list[ActorChannel] = []  # readers of abandoned epochs, not joined yet
 
     def start_epoch(self, epoch: int, resume: int | RestOfEpoch | None) -> Sequence[WorkerChannel]:
         if isinstance(resume, RestOfEpoch):
@@ -132,20 +133,29 @@ class RayPool:
         channels, self._channels = self._channels, []
         for channel in channels:
             if abandoned:
-                channel.cancel()
+                channel.cancel()  # its reader may wait on a stuck item: joined at stop()
+                self._cancelled.append(channel)
             else:
                 channel.join()
+        self._cancelled = [channel for channel in self._cancelled if channel.reading()]
 
     def queues(self) -> list[tuple[str, Any]]:
         """None to sample: the actors' outputs travel through Ray's object store."""
         return []
 
     def stop(self) -> None:
-        """Cancel the epoch, end every actor, release the cluster; idempotent."""
+        """Cancel the epoch, end every actor, release the cluster; idempotent.
+
+        The actors die before the readers are joined: that ends a reader
+        waiting on an actor stuck in an item at once.
+        """
         self.finish_epoch(abandoned=True)
         actors, self.actors = self.actors, []
         for actor in actors:
             actor.kill()
+        cancelled, self._cancelled = self._cancelled, []
+        for channel in cancelled:
+            channel.join()
         self.cluster.release()
 
     def _start_actors(self) -> list[ActorHandle]:
@@ -196,10 +206,22 @@ class RayPool:
             except ray.exceptions.RayActorError as error:
                 raise actor.lost(error, "while starting (its constructor failed)") from error
         if pending:
-            free = ray.available_resources().get("CPU", 0)
             raise TimeoutError(
                 f"{len(pending)} of {len(actors)} Ray actors did not start within "
-                f"start_timeout={self.options.start_timeout} s; each asks for "
-                f"num_cpus_per_actor={self.options.num_cpus} CPUs and the cluster has {free} "
-                f"free: lower num_actors or num_cpus_per_actor, or add nodes"
+                f"start_timeout={self.options.start_timeout} s; {self._asked(ray)}"
             )
+
+    def _asked(self, ray: Any) -> str:
+        """What each actor asks of the cluster, what it has free, and what to change."""
+        free = ray.available_resources()
+        asked = f"each asks for num_cpus_per_actor={self.options.num_cpus} CPUs"
+        fixes = "lower num_actors or num_cpus_per_actor, or add nodes"
+        resources = self.options.ray_options.get("resources") or {}
+        if resources:
+            asked += f" and ray_options resources {resources}"
+            fixes += " that have those resources (ray start --resources=...)"
+        if "scheduling_strategy" in self.options.ray_options:
+            asked += " placed by ray_options scheduling_strategy"
+            fixes += ", or check that the scheduling strategy can place them"
+        has = {name: free.get(name, 0) for name in ["CPU", *resources]}
+        return f"{asked}, and the cluster has {has} free: {fixes}"
