@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -95,6 +96,11 @@ def check_seconds(
     if value is None and allow_none:
         return value
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and value == math.inf:  # waits, locks and Ray raise OverflowError on it, later
+        fix = "pass None to wait without a limit" if allow_none else "pass a large number"
+        raise ValueError(
+            f"{name} must be a finite number of seconds, got {value!r}; {fix}{_tail(hint)}"
+        )
     if number and (value >= 0 if zero_ok else value > 0):  # type: ignore[operator]
         return value
     expected = f"a number of seconds {'>=' if zero_ok else '>'} 0"

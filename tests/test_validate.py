@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import datetime
+import math
 
 import pytest
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper
-from pipeloom.reading_service import DistributedReadingService
+from pipeloom.datapipes import HttpReader, IterableWrapper
+from pipeloom.reading_service import (
+    DistributedReadingService,
+    MultiProcessingReadingService,
+)
 
 
 def test_loader_refuses_a_truthy_string_for_a_bool_option():
@@ -33,3 +37,17 @@ def test_distributed_timeout_accepts_a_timedelta_and_explains_other_values():
     assert service.timeout == 3
     with pytest.raises(ValueError, match="or a datetime.timedelta, got '3'"):
         DistributedReadingService(timeout="3")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("make", "fix"),
+    [
+        (lambda: MultiProcessingReadingService(2, timeout=math.inf), "pass None to wait"),
+        (lambda: HttpReader(IterableWrapper([]), deadline=math.inf), "pass None to wait"),
+        (lambda: HttpReader(IterableWrapper([]), backoff=math.inf), "pass a large number"),
+    ],
+)
+def test_an_infinite_number_of_seconds_is_refused_at_once(make, fix):
+    # Accepted, it failed at the first wait with "OverflowError: timestamp out of range".
+    with pytest.raises(ValueError, match=f"must be a finite number of seconds, got inf; {fix}"):
+        make()

@@ -100,9 +100,7 @@ class RayReadingService(PlannedService):
         check_int("max_restarts", max_restarts, minimum=0)
         check_callable("worker_init_fn", worker_init_fn, allow_none=True)
         check_seconds("timeout", timeout, allow_none=True)
-        _check_finite("timeout", timeout, "pass None to wait as long as the actors live")
-        check_seconds("start_timeout", start_timeout)
-        _check_finite("start_timeout", start_timeout, "pass a large number (e.g. 3600) instead")
+        check_seconds("start_timeout", start_timeout, hint="e.g. 3600")
         check_bool("in_order", in_order)
         if ray_address is not None and not isinstance(ray_address, str):
             raise TypeError(f"ray_address must be a str or None, got {type(ray_address).__name__}")
@@ -179,12 +177,6 @@ def _check_cpus(value: Any) -> None:
             f"num_cpus_per_actor must be a finite number of CPUs >= 0 (fractions allowed), "
             f"got {value!r}; e.g. 1, or 0.5 to fit two actors on a CPU"
         )
-
-
-def _check_finite(name: str, value: float | None, fix: str) -> None:
-    """Ray's waits and Python's locks take no infinite timeout: they raise OverflowError."""
-    if value is not None and not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}; {fix}")
 
 
 def _check_ray_options(options: Any) -> None:
