@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import warnings
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -85,3 +87,24 @@ def copies(t):
 
 def not_member_1(t):
     return not t[0].endswith("-1.bin")
+
+
+def local_cluster(temp_dir: str) -> Iterator[None]:
+    """A small local Ray cluster (2 CPUs, no dashboard) for one test module's fixture:
+    ``yield from local_cluster(path)``; stopped after the module."""
+    import ray
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ray.init(
+            num_cpus=2,
+            object_store_memory=80 * 2**20,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            _temp_dir=temp_dir,
+        )
+    try:
+        yield
+    finally:
+        ray.shutdown()

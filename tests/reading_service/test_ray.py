@@ -14,7 +14,6 @@ import os
 import pickle
 import tarfile
 import time
-import warnings
 
 import psutil
 import pytest
@@ -40,20 +39,7 @@ CPUS = 0.5  # per actor: three actors fit on the 2-CPU cluster
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster(tmp_path_factory):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ray.init(
-            num_cpus=2,
-            object_store_memory=80 * 2**20,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            _temp_dir=str(tmp_path_factory.mktemp("ray")),
-        )
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    yield from ray_pipelines.local_cluster(str(tmp_path_factory.mktemp("ray")))
 
 
 def service(actors=2, **kwargs):

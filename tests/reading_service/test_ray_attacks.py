@@ -16,7 +16,6 @@ import tarfile
 import threading
 import time
 import types
-import warnings
 
 import pytest
 
@@ -35,20 +34,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ray.init(
-            num_cpus=2,
-            object_store_memory=80 * 2**20,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            _temp_dir=str(tmp_path_factory.mktemp("ray")),
-        )
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    yield from ray_pipelines.local_cluster(str(tmp_path_factory.mktemp("ray")))
 
 
 def tar_shards(folder):
