@@ -18,8 +18,9 @@ from typing import Any
 from ..errors import StateError
 from ._base import DataPipe
 from ._pipeline import upstream_blocks
+from ._state_fields import StateFields
 
-__all__ = ["HoldsItems", "load_held"]
+__all__ = ["HoldsItems", "held_stamped_items", "load_held"]
 
 
 class HoldsItems(abc.ABC):
@@ -48,6 +49,18 @@ class HoldsItems(abc.ABC):
         collect its items), so a damaged one raises ``StateError`` naming
         the block and the field.
         """
+
+
+def held_stamped_items(block: Any, states: list[dict[str, Any]], field: str) -> list[Any]:
+    """The stamped items under ``field`` of every rank's state of ``block``, each state
+    checked as ``load_state_dict`` checks one (its ``"ended"`` too, though the rest of
+    the epoch is not ended), for a block whose held items are that one list."""
+    items: list[Any] = []
+    for state in states:
+        fields = StateFields(block, state)
+        fields.bool("ended")
+        items.extend(fields.stamped_items(field))
+    return items
 
 
 def load_held(pipeline: DataPipe, held: dict[int, list[dict[str, Any]]] | None) -> None:

@@ -13,7 +13,7 @@ from ..errors import NotAvailable
 from ..events import ReadinessSource, Signal, Waiter
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
-from ._held import HoldsItems
+from ._held import HoldsItems, held_stamped_items
 from ._state_fields import StateFields
 
 __all__ = ["Prefetcher"]
@@ -118,11 +118,7 @@ class Prefetcher(IterDataPipe, HoldsItems):
 
     def load_held_states(self, states: list[dict[str, Any]]) -> None:
         """Every rank's buffered items, passed on before this rank reads ahead."""
-        items: list[tuple[Any, tuple]] = []
-        for state in states:
-            fields = StateFields(self, state)
-            fields.bool("ended")  # checked, though the rest of the epoch is not ended
-            items.extend(fields.stamped_items("items"))
+        items = held_stamped_items(self, states, "items")
         self.load_state_dict({"items": items, "ended": False})
 
     def _start_paused(self) -> _Worker:

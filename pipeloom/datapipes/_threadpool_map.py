@@ -12,7 +12,7 @@ from ..errors import NotAvailable
 from ..events import ReadinessSource, Signal
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
-from ._held import HoldsItems
+from ._held import HoldsItems, held_stamped_items
 from ._map import Col, fn_name, make_map_function, raise_with_note
 from ._state_fields import StateFields
 
@@ -156,11 +156,7 @@ class ThreadPoolMapper(IterDataPipe, HoldsItems):
 
     def load_held_states(self, states: list[dict[str, Any]]) -> None:
         """Every rank's items in flight, run again before this rank reads more."""
-        in_flight: list[tuple[Any, tuple]] = []
-        for state in states:
-            fields = StateFields(self, state)
-            fields.bool("ended")  # checked, though the rest of the epoch is not ended
-            in_flight.extend(fields.stamped_items("in_flight"))
+        in_flight = held_stamped_items(self, states, "in_flight")
         self.load_state_dict({"in_flight": in_flight, "ended": False})
 
     def __getstate__(self) -> dict[str, Any]:
