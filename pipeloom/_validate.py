@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -47,6 +48,23 @@ def _tail(hint: str) -> str:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def as_length(value: Any) -> int | None:
+    """``value`` as a Python int when it is an integer (a NumPy integer, a 0-d
+    integer tensor), else None; ``True``/``False`` are not lengths.
+
+    Example:
+        >>> import numpy as np
+        >>> as_length(np.int64(3)), as_length(2.0), as_length(True)
+        (3, None, None)
+    """
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def check_int(

@@ -6,7 +6,7 @@ import bisect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._validate import check_bool
+from .._validate import as_length, check_bool
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
 from ._held import HoldsItems
@@ -159,11 +159,13 @@ class LengthBucketer(IterDataPipe, HoldsItems):
         return batch
 
     def _length(self, item: Any) -> int:
-        length = self.length_fn(item)
-        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        returned = self.length_fn(item)
+        length = as_length(returned)
+        if length is None or length < 0:
             raise TypeError(
                 f"bucket_by_length() expects length_fn {fn_name(self.length_fn)} to return "
-                f"an int >= 0, got {type(length).__name__} {length!r}"
+                f"an int >= 0 (a NumPy integer or a 0-d integer tensor will do), got "
+                f"{type(returned).__name__} {returned!r}"
             )
         return length
 

@@ -6,7 +6,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from .._validate import check_bool
+from .._validate import as_length, check_bool
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
 from ._held import HoldsItems
@@ -141,11 +141,13 @@ class MaxTokenBucketizer(IterDataPipe, HoldsItems):
         return batch
 
     def _length(self, item: Any) -> int:
-        length = self.len_fn(item)
-        if isinstance(length, bool) or not isinstance(length, int):
+        returned = self.len_fn(item)
+        length = as_length(returned)
+        if length is None:
             raise TypeError(
                 f"max_token_bucketize() expects len_fn {fn_name(self.len_fn)} to return an "
-                f"int, got {type(length).__name__} {length!r}"
+                f"int (a NumPy integer or a 0-d integer tensor will do), got "
+                f"{type(returned).__name__} {returned!r}"
             )
         return length
 

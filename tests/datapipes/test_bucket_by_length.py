@@ -6,7 +6,9 @@ import bisect
 import pickle
 from collections import Counter
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -217,7 +219,7 @@ def test_errors_while_iterating_say_what_was_wrong():
     with pytest.raises(ValueError, match=r"item of length 30 > max_tokens=16"):
         collect(too_long)
     bad_length = IterableWrapper([1]).bucket_by_length(lambda x: "1", boundaries=[5], batch_sizes=1)
-    with pytest.raises(TypeError, match=r"to return an int >= 0, got str '1'"):
+    with pytest.raises(TypeError, match=r"to return an int >= 0 .*, got str '1'"):
         collect(bad_length)
 
 
@@ -265,3 +267,20 @@ def test_the_same_batches_under_threads_and_processes_and_after_a_resume_on_more
             .bucket_by_length(size, num_buckets=3, max_tokens=40, buffer_size=10)
         )
     )
+
+
+@pytest.mark.parametrize("wrap", [np.int64, torch.tensor, lambda n: torch.tensor([n])])
+def test_a_length_fn_may_return_a_numpy_integer_or_an_integer_tensor(wrap):
+    items = words([1, 7, 2, 8, 3])
+    plain = collect(IterableWrapper(items).bucket_by_length(size, boundaries=[5], batch_sizes=2))
+    wrapped = IterableWrapper(items).bucket_by_length(
+        lambda x: wrap(size(x)), boundaries=[5], batch_sizes=2
+    )
+    assert collect(wrapped) == plain
+
+
+@pytest.mark.parametrize("length", [np.bool_(True), torch.tensor(True), torch.tensor(2.0)])
+def test_a_length_fn_returning_a_bool_or_a_float_tensor_is_named(length):
+    dp = IterableWrapper([1]).bucket_by_length(lambda x: length, boundaries=[5], batch_sizes=1)
+    with pytest.raises(TypeError, match=r"to return an int >= 0 \(a NumPy integer"):
+        collect(dp)

@@ -6,7 +6,9 @@ import json
 import pathlib
 import pickle
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -127,7 +129,7 @@ def test_bad_arguments_say_what_was_expected(args, kwargs, error, match):
 
 def test_a_len_fn_that_returns_no_int_is_named():
     dp = IterableWrapper(SOURCE).max_token_bucketize(5, len_fn=lambda x: 1.5)
-    with pytest.raises(TypeError, match=r"to return an int, got float 1.5"):
+    with pytest.raises(TypeError, match=r"to return an int .*, got float 1.5"):
         collect(dp)
 
 
@@ -154,3 +156,19 @@ def test_the_same_batches_under_threads_and_processes_and_after_a_resume_on_more
             .max_token_bucketize(20, buffer_size=7, include_padding=True)
         )
     )
+
+
+@pytest.mark.parametrize(
+    "length", [np.int64(2), np.int32(2), torch.tensor(2), torch.tensor([2], dtype=torch.int8)]
+)
+def test_a_len_fn_may_return_a_numpy_integer_or_an_integer_tensor(length):
+    words = ["ab", "cd", "ef"]
+    as_int = collect(IterableWrapper(words).max_token_bucketize(4))
+    assert collect(IterableWrapper(words).max_token_bucketize(4, len_fn=lambda x: length)) == as_int
+
+
+@pytest.mark.parametrize("length", [np.bool_(True), torch.tensor(True), torch.tensor(1.0)])
+def test_a_len_fn_returning_a_bool_or_float_tensor_is_named(length):
+    dp = IterableWrapper(SOURCE).max_token_bucketize(5, len_fn=lambda x: length)
+    with pytest.raises(TypeError, match=r"to return an int \(a NumPy integer"):
+        collect(dp)
