@@ -7,7 +7,7 @@ from typing import Any
 from .datapipes import StateFields
 from .errors import StateError
 
-__all__ = ["STATE_VERSION", "UNCHECKED_VERSION", "read_state"]
+__all__ = ["STATE_VERSION", "UNCHECKED_VERSION", "no_replay_in_arrival_order", "read_state"]
 
 STATE_VERSION = 2  # 2: a fingerprint of the pipeline and the count of delivered items
 UNCHECKED_VERSION = 1  # states from before fingerprints: loaded with a warning
@@ -42,3 +42,15 @@ def read_state(state: Any) -> tuple[int, int, int, dict[str, Any] | None]:
             fields.fail("delivered", f"the replay count {replayed}", delivered)
         delivered = replayed
     return seed, epoch, delivered, service
+
+
+def no_replay_in_arrival_order(delivered: int) -> StateError:
+    """The refusal to resume by replay under a service that delivers in arrival order."""
+    return StateError(
+        f"this state resumes by re-reading its epoch and dropping the {delivered} "
+        f"item{'' if delivered == 1 else 's'} delivered before the checkpoint, but this loader's reading service has "
+        f"in_order=False: it delivers items as its workers finish them, so the items "
+        f"dropped would not be the ones delivered (some read twice, others never). Resume "
+        f"this epoch with in_order=True (the default) and switch back at the next epoch, "
+        f"or under the reading service that saved the state"
+    )

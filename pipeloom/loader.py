@@ -18,7 +18,12 @@ from ._fingerprint import (
     fingerprint_differences,
     pipeline_fingerprint,
 )
-from ._loader_state import STATE_VERSION, UNCHECKED_VERSION, read_state
+from ._loader_state import (
+    STATE_VERSION,
+    UNCHECKED_VERSION,
+    no_replay_in_arrival_order,
+    read_state,
+)
 from ._owners import claim
 from ._remote_shutdown import stop_the_step
 from ._shutdown import ShutsDown, Steps
@@ -141,7 +146,10 @@ class DataLoader(ShutsDown):
                 with self._exporting_stats():
                     try:
                         items = self.reading_service.start_epoch(epoch, resume)
-                    except StateOfAnotherService:  # portable: replay what was delivered
+                    except StateOfAnotherService as error:  # portable: replay what was delivered
+                        if delivered and self.reading_service.delivers_in_arrival_order:
+                            self._resume, self._resume_delivered = resume, delivered
+                            raise no_replay_in_arrival_order(delivered) from error
                         items = self.reading_service.start_epoch(epoch, None)
                         replayed, delivered = delivered, 0
             except BaseException:
@@ -247,6 +255,9 @@ class DataLoader(ShutsDown):
                     "this DataLoader was shut down; load the state into a new DataLoader"
                 )
             seed, epoch, delivered, service = read_state(state)
+            replay = service is not None and service["kind"] == "replay"
+            if replay and delivered and self.reading_service.delivers_in_arrival_order:
+                raise no_replay_in_arrival_order(delivered)
             if strict:
                 self._check_fingerprint(state)
             for block in walk_upstream(self.datapipe):  # e.g. an opener re-opening a file
@@ -279,9 +290,15 @@ class DataLoader(ShutsDown):
             epoch, delivered = current.epoch, current.delivered
             try:
                 service_state = self.reading_service.state_dict()
-            except StateError:
+            except StateError as error:
                 if not self.resume_by_replay:
                     raise
+                if self.reading_service.delivers_in_arrival_order:
+                    raise StateError(
+                        f"{error}. resume_by_replay=True cannot stand in: with in_order=False "
+                        f"items come in arrival order, so a count of the items delivered "
+                        f"does not say which they were; use in_order=True to checkpoint"
+                    ) from error
                 service_state = {"kind": "replay", "delivered": delivered}
         state = {
             "version": STATE_VERSION,

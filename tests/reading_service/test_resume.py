@@ -94,3 +94,51 @@ def test_state_dict_mid_epoch_with_a_prefetch_after_thread_workers():
     with DataLoader(build(), ThreadReadingService(2), seed=0) as resumed:
         resumed.load_state_dict(state)
         assert head + list(resumed) == expected
+
+
+def _arrival_order(kind):
+    if kind == "threads":
+        return ThreadReadingService(3, in_order=False)
+    return MultiProcessingReadingService(3, in_order=False)
+
+
+@pytest.mark.parametrize("kind", ["threads", "processes"])
+def test_a_state_resumed_by_replay_is_refused_in_arrival_order(kind):
+    """Replaying drops the first items to come: in arrival order, not the delivered ones."""
+
+    def build():
+        return IterableWrapper(range(37)).sharding_filter()
+
+    with DataLoader(build(), InProcessReadingService(), seed=0) as saved_in_process:
+        iterator = iter(saved_in_process)
+        head = [next(iterator) for _ in range(23)]
+        state = saved_in_process.state_dict()
+    with DataLoader(build(), _arrival_order(kind), seed=0) as loader:
+        loader.load_state_dict(state)
+        for _ in range(2):  # refused again: the state stays loaded, nothing is dropped
+            with pytest.raises(StateError, match=r"dropping the 23 items.*in_order=False"):
+                iter(loader)
+    with DataLoader(build(), MultiProcessingReadingService(3), seed=0) as in_order:
+        in_order.load_state_dict(state)
+        assert head + list(in_order) == list(range(37))
+
+
+def test_a_replay_count_is_neither_saved_nor_loaded_in_arrival_order():
+    from tests.datapipes.helpers import OldStyleDouble
+
+    def build():
+        return OldStyleDouble(IterableWrapper(range(20)).sharding_filter())
+
+    with DataLoader(build(), _arrival_order("threads"), seed=0, resume_by_replay=True) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        with pytest.raises(StateError, match="resume_by_replay=True cannot stand in"):
+            loader.state_dict()
+    with DataLoader(build(), seed=0, resume_by_replay=True) as in_process:
+        iterator = iter(in_process)
+        next(iterator)
+        state = in_process.state_dict()
+    assert state["service"] == {"kind": "replay", "delivered": 1}
+    with DataLoader(build(), _arrival_order("threads"), seed=0) as loader:
+        with pytest.raises(StateError, match=r"dropping the 1 item .*in_order=False"):
+            loader.load_state_dict(state)

@@ -66,6 +66,16 @@ class ReadingService(abc.ABC):
         """
         return ()
 
+    @property
+    def delivers_in_arrival_order(self) -> bool:
+        """True when outputs come as the workers finish them (``in_order=False``).
+
+        Their order then differs from run to run, so a resume cannot re-read
+        the epoch and drop the outputs delivered before the checkpoint: the
+        dropped ones would be others. ``DataLoader`` refuses such a replay.
+        """
+        return False
+
     def agree_seed(self, seed: int) -> int:
         """The seed every participant uses; ``DataLoader`` calls it before seeding.
 

@@ -128,6 +128,10 @@ class DistributedReadingService(ReadingService):
         return self._require_job().world_size
 
     # -- ReadingService ------------------------------------------------------------
+    @property
+    def delivers_in_arrival_order(self) -> bool:
+        return self.inner.delivers_in_arrival_order
+
     def agree_seed(self, seed: int) -> int:
         return self.inner.agree_seed(self._require_job().broadcast(seed))
 

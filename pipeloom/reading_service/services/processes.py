@@ -161,6 +161,10 @@ class MultiProcessingReadingService(PlannedService):
             else _RUNNER_MAKERS[strategy]
         )
 
+    @property
+    def delivers_in_arrival_order(self) -> bool:
+        return not self.in_order
+
     def plan(self, pipeline: IterDataPipe) -> Plan:
         if self.num_workers == 0:
             return make_plan(pipeline, Settings("in-process", outer=self.outer))

@@ -116,6 +116,10 @@ class RayReadingService(PlannedService):
         self.in_order = in_order
         self.ray_options = ray_options
 
+    @property
+    def delivers_in_arrival_order(self) -> bool:
+        return not self.in_order
+
     def plan(self, pipeline: IterDataPipe) -> Plan:
         if self.num_actors == 0:
             return make_plan(pipeline, Settings("in-process", outer=self.outer))

@@ -55,6 +55,10 @@ class SequentialReadingService(ReadingService):
         self.services = services
         self._top = runner
 
+    @property
+    def delivers_in_arrival_order(self) -> bool:
+        return self._top.delivers_in_arrival_order
+
     def agree_seed(self, seed: int) -> int:
         return self._top.agree_seed(seed)
 

@@ -67,6 +67,10 @@ class ThreadReadingService(PlannedService):
         self.prefetch_factor = prefetch_factor
         self.in_order = in_order
 
+    @property
+    def delivers_in_arrival_order(self) -> bool:
+        return not self.in_order
+
     def plan(self, pipeline: IterDataPipe) -> Plan:
         if self.num_threads == 0:
             return make_plan(pipeline, Settings("in-process", outer=self.outer))
