@@ -46,11 +46,12 @@ def read_state(state: Any) -> tuple[int, int, int, dict[str, Any] | None]:
 
 def no_replay_in_arrival_order(delivered: int) -> StateError:
     """The refusal to resume by replay under a service that delivers in arrival order."""
+    items = f"{delivered} item{'' if delivered == 1 else 's'}"
     return StateError(
-        f"this state resumes by re-reading its epoch and dropping the {delivered} "
-        f"item{'' if delivered == 1 else 's'} delivered before the checkpoint, but this loader's reading service has "
-        f"in_order=False: it delivers items as its workers finish them, so the items "
-        f"dropped would not be the ones delivered (some read twice, others never). Resume "
-        f"this epoch with in_order=True (the default) and switch back at the next epoch, "
-        f"or under the reading service that saved the state"
+        f"this state resumes by re-reading its epoch and dropping the {items} delivered "
+        f"before the checkpoint, but this loader's reading service has in_order=False: it "
+        f"delivers items as its workers finish them, so the items dropped would not be the "
+        f"ones delivered (some read twice, others never). Resume this epoch with "
+        f"in_order=True (the default) and switch back at the next epoch, or under the "
+        f"reading service that saved the state"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from types import AsyncGeneratorType, GeneratorType
@@ -11,12 +12,47 @@ import torch.utils.data
 
 from .._validate import check_index, check_int
 from ._base import DataPipe, IterDataPipe, MapDataPipe
+from ._context import _ITEM
 from ._listing_check import ListingMemo, changed_strings, describe_strings
 from ._runs import Head, IteratorHead, SeekHead, SourceHead
 from ._seek import first_kept, is_positioned, read_span
 from ._state_fields import StateFields
 
 __all__ = ["IterableWrapper", "MapToIter", "SequenceWrapper", "as_datapipe"]
+
+
+_PLAIN_ITERABLES: tuple[type, ...] = (
+    dict,
+    deque,
+    type({}.keys()),
+    type({}.values()),
+    type({}.items()),
+)
+"""Built-in iterables not read by position whose iteration runs no code of the user's."""
+
+
+def _mark_item(block: DataPipe, position: int) -> None:
+    """Key the item about to be made at ``position``: code of the user's that makes it
+    (a ``Dataset.__getitem__``, an ``IterableDataset.__iter__``) may draw ``item_rng()``.
+
+    The block stamps the item again once made, as every source does; only that
+    stamp is reported to stamp watchers (a position is seen once it exists).
+    """
+    seed = block._pl_epoch_seed
+    _ITEM.stamp = (block.epoch_seed() if seed is None else seed, block._pl_epoch, position, 0)
+
+
+def _marking(block: DataPipe, items: Iterator[Any], position: int) -> Iterator[Any]:
+    """``items`` from ``position`` on, each keyed before it is made (:func:`_mark_item`)."""
+    take = items.__next__
+    while True:
+        _mark_item(block, position)
+        try:
+            item = take()
+        except StopIteration:
+            return
+        yield item
+        position += 1
 
 
 class IterableWrapper(IterDataPipe):
@@ -138,7 +174,12 @@ class IterableWrapper(IterDataPipe):
 
     def _start(self) -> Iterator[Any]:
         self._started_once = True
-        it = iter(sorted(self.iterable) if self._unordered else self.iterable)
+        if self._unordered:  # a set: sorted, so no code of the user's runs
+            it = iter(sorted(self.iterable))
+        else:
+            it = iter(self.iterable)
+        if not (self._unordered or type(self.iterable) in _PLAIN_ITERABLES):
+            it = _marking(self, it, 0)  # the user's iterator makes each item
         if self._position:  # resume: fast-forward to the saved position (at C speed)
             next(islice(it, self._position, self._position), None)
         return it
@@ -205,14 +246,23 @@ class SequenceWrapper(MapDataPipe):
         self.sequence = sequence
 
     def __getitem__(self, index: int) -> Any:
+        if not isinstance(index, int):
+            return self.sequence[index]
+        if not is_positioned(self.sequence):  # the user's __getitem__ makes the item
+            _mark_item(self, index)
         item = self.sequence[index]
-        if isinstance(index, int):
-            self._stamp_item(index)
+        self._stamp_item(index)
         return item
 
     def async_get_many(self, indices: Sequence[int]) -> list[Any]:
         sequence = self.sequence
-        items = [sequence[i] for i in indices]
+        if is_positioned(sequence):
+            items = [sequence[i] for i in indices]
+        else:  # each keyed before the user's __getitem__ makes it
+            items = []
+            for i in indices:
+                _mark_item(self, i)
+                items.append(sequence[i])
         if items:
             self._stamp_item(indices[-1])
         return items

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch.utils.data
 
+import pipeloom
 from pipeloom import DataLoader
 from pipeloom.datapipes import (
     IterableWrapper,
@@ -13,6 +14,7 @@ from pipeloom.datapipes import (
     as_datapipe,
     current_position,
 )
+from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.testing import check_resume_from_every_step
 
 
@@ -148,3 +150,49 @@ def test_a_string_is_refused_as_a_source_saying_what_to_write(source):
         DataLoader(source)
     assert "FileLister(" in str(caught.value) and "IterableWrapper([" in str(caught.value)
     assert list(IterableWrapper("ab")) == ["a", "b"]  # wrapped explicitly: its characters
+
+
+class RandomCrops(torch.utils.data.Dataset):
+    """A torch dataset that augments in ``__getitem__`` with ``item_rng()``."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, index):
+        return index, int(pipeloom.item_rng().integers(1 << 30))
+
+
+class RandomStream(torch.utils.data.IterableDataset):
+    """The same, made by an ``IterableDataset``'s generator."""
+
+    def __iter__(self):
+        for index in range(10):
+            yield index, int(pipeloom.item_rng().integers(1 << 30))
+
+
+def _map_style():
+    return SequenceWrapper(RandomCrops()).to_iter().batch(3)
+
+
+def _iterable():
+    return IterableWrapper(RandomStream()).sharding_filter().batch(3)
+
+
+@pytest.mark.parametrize("build", [_map_style, _iterable])
+def test_item_rng_in_a_datasets_own_code_is_keyed_by_the_item_it_makes(build):
+    """Before, the first item raised 'outside a pipeline', and the others drew with the key
+    of the item made before them: neighbours in a batch drew alike, every service differed."""
+    with DataLoader(build(), seed=3) as loader:
+        expected = list(loader)
+    draws = [draw for batch in expected for _, draw in batch]
+    assert [index for batch in expected for index, _ in batch] == list(range(10))
+    assert len(set(draws)) == 10  # one key per item
+    services = {
+        "threads": lambda: ThreadReadingService(2),
+        "processes": lambda: MultiProcessingReadingService(2),
+        "economic": lambda: MultiProcessingReadingService(2, strategy="economic"),
+    }
+    for name, service in services.items():
+        with DataLoader(build(), service(), seed=3) as loader:
+            assert list(loader) == expected, name
+    check_resume_from_every_step(build, seed=3)
