@@ -12,8 +12,8 @@ import torch.utils.data
 
 from .._validate import check_index, check_int
 from ._base import DataPipe, IterDataPipe, MapDataPipe
-from ._context import _ITEM
 from ._listing_check import ListingMemo, changed_strings, describe_strings
+from ._numbering import mark_item
 from ._runs import Head, IteratorHead, SeekHead, SourceHead
 from ._seek import first_kept, is_positioned, read_span
 from ._state_fields import StateFields
@@ -31,22 +31,11 @@ _PLAIN_ITERABLES: tuple[type, ...] = (
 """Built-in iterables not read by position whose iteration runs no code of the user's."""
 
 
-def _mark_item(block: DataPipe, position: int) -> None:
-    """Key the item about to be made at ``position``: code of the user's that makes it
-    (a ``Dataset.__getitem__``, an ``IterableDataset.__iter__``) may draw ``item_rng()``.
-
-    The block stamps the item again once made, as every source does; only that
-    stamp is reported to stamp watchers (a position is seen once it exists).
-    """
-    seed = block._pl_epoch_seed
-    _ITEM.stamp = (block.epoch_seed() if seed is None else seed, block._pl_epoch, position, 0)
-
-
 def _marking(block: DataPipe, items: Iterator[Any], position: int) -> Iterator[Any]:
     """``items`` from ``position`` on, each keyed before it is made (:func:`_mark_item`)."""
     take = items.__next__
     while True:
-        _mark_item(block, position)
+        mark_item(block, position)
         try:
             item = take()
         except StopIteration:
@@ -249,7 +238,7 @@ class SequenceWrapper(MapDataPipe):
         if not isinstance(index, int):
             return self.sequence[index]
         if not is_positioned(self.sequence):  # the user's __getitem__ makes the item
-            _mark_item(self, index)
+            mark_item(self, index)
         item = self.sequence[index]
         self._stamp_item(index)
         return item
@@ -261,7 +250,7 @@ class SequenceWrapper(MapDataPipe):
         else:  # each keyed before the user's __getitem__ makes it
             items = []
             for i in indices:
-                _mark_item(self, i)
+                mark_item(self, i)
                 items.append(sequence[i])
         if items:
             self._stamp_item(indices[-1])

@@ -23,6 +23,7 @@ from pipeloom.datapipes import (
 )
 from pipeloom.errors import StateError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from pipeloom.testing import collect
 from tests.reading_service.random_pipelines import (
     CustomShardable as Numbers,  # the docs' shardable source
 )
@@ -598,3 +599,29 @@ def test_a_stamps_positions_block_that_forgets_to_stamp_an_item_is_told_so():
     # workers it was merged before the records of the position it was given.
     with pytest.raises(ValueError, match=r"returned an item without calling self.stamp_position"):
         epochs(lambda: ForgetsTheSecondRecord(IterableWrapper(range(3))).map(noisy))
+
+
+class SyntheticImages(IterDataPipe):
+    """A source of the user's that makes random samples with ``item_rng()`` in ``__iter__``."""
+
+    def __iter__(self):
+        for index in range(9):
+            yield index, int(pipeloom.item_rng().integers(1 << 30))
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_item_rng_in_a_source_of_your_own_draws_for_the_item_it_makes(batched):
+    """Before, unbatched, every item raised 'item_rng() was called outside a pipeline';
+    batched (a fused run), the draws were keyed by other items and differed by service."""
+
+    def build():
+        pipe = SyntheticImages().sharding_filter()
+        return pipe.batch(2) if batched else pipe
+
+    expected = collect(build(), seed=5)
+    items = [i for batch in expected for i in batch] if batched else expected
+    assert [index for index, _ in items] == list(range(9))
+    assert len({draw for _, draw in items}) == 9
+    for service in (ThreadReadingService(2), MultiProcessingReadingService(2)):
+        with pipeloom.DataLoader(build(), service, seed=5) as loader:
+            assert list(loader) == expected, service
