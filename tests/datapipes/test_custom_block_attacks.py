@@ -388,6 +388,19 @@ def test_a_state_taking_more_items_of_its_position_than_the_data_has_is_refused_
         rests(records, DISPATCHED["economic"](2), [states[index + 1]])
 
 
+@pytest.mark.parametrize("way", ["economic", "chunked"])
+def test_a_state_taking_more_items_of_the_last_position_than_the_data_has_is_refused(way):
+    # At the epoch's last position no next position shows the shortfall: the epoch
+    # silently ended there, as though the state were right.
+    _, states = states_at_every_step(records, DISPATCHED[way](1))
+    state = states[-1]  # after the last batch: both records of position 4 taken
+    dispatcher = state["service"]["tail"]["blocks"][-1]["state"]
+    assert (dispatcher["position"], dispatcher["taken"]) == (4, 2)
+    dispatcher["taken"] = 3
+    with pytest.raises(StateError, match=r"after 3 of .* made only 2 there before the epoch ended"):
+        rests(records, DISPATCHED[way](1), [state])
+
+
 def plain():
     return IterableWrapper(range(11)).sharding_filter().map(noisy).batch(3)
 
