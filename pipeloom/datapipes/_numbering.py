@@ -145,7 +145,7 @@ def _index_stamped(method: Any) -> Any:
 def overrides(cls: type, name: str, base: type) -> bool:
     """True when a class between ``cls`` and ``base`` defines ``name`` (not this module's
     wrapper of ``base``'s own method)."""
-    own = base.__dict__.get(name)
+    own = getattr(base, name, None)  # base's own, or what it inherits (_hooks.py)
     for klass in cls.__mro__:
         if klass is base:
             return False
