@@ -48,6 +48,7 @@ from ._numbering import Numbering, install_index_stamps, install_numbering, stam
 from ._numbering import overrides as _overrides
 from ._reader import BlockingIterator, BlockingReader
 from ._rewire import replace_input
+from ._stamp_check import check_stamped
 
 __all__ = ["DataPipe", "IterDataPipe", "MapDataPipe"]
 
@@ -315,6 +316,8 @@ class IterDataPipe(IterFunctional, DataPipe):
             gen = self._pl_gen = GeneratorRun(self)
         item = gen.next_output()
         if gen.made_without_pull:  # see _generator_place.py
+            if type(self).stamps_positions:  # it should have stamped it: _stamp_check.py
+                check_stamped(self)
             type(self)._pl_outputs_without_pull = True
         return item
 

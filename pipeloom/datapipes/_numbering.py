@@ -39,8 +39,9 @@ from typing import Any
 
 from .._walk import walk_upstream
 from ..errors import NotAvailable
-from ._context import current_stamp, stamp_output
+from ._context import _ITEM, stamp_output
 from ._output_stamps import OutputStamps
+from ._stamp_check import stamp_checked
 
 __all__ = ["Numbering", "install_index_stamps", "install_numbering", "overrides", "stamp_position"]
 
@@ -56,8 +57,10 @@ def stamp_position(self: Any, position: int, output: int | None = None) -> None:
     ``p % n == i``.
     """
     self._stamp_item(position)
+    item = _ITEM
     if output is not None:
-        stamp_output(current_stamp(), output)
+        stamp_output(item.stamp, output)
+    item.positioned = item.stamp  # for a generator's check: _stamp_check.py
 
 
 class Numbering:
@@ -110,7 +113,7 @@ def install_numbering(cls: type) -> bool:
     if cls.stamps_positions:  # type: ignore[attr-defined]
         method = cls.__dict__.get("async_next")
         if method is not None and not getattr(method, "stamp_check", None):
-            cls.async_next = _stamp_checked(method)  # type: ignore[attr-defined]
+            cls.async_next = stamp_checked(method)  # type: ignore[attr-defined]
         return False
     if not getattr(cls.async_next, "numbering_wraps", None):  # type: ignore[attr-defined]
         cls.async_next = _numbered(cls.async_next)  # type: ignore[attr-defined]
@@ -204,26 +207,3 @@ def _recording_shard(method: Any) -> Any:
 
     sharding_settings.numbering_wraps = method  # type: ignore[attr-defined]
     return sharding_settings
-
-
-def _stamp_checked(method: Any) -> Any:
-    """Refuse an output of a ``stamps_positions`` block written with ``async_next`` that
-    neither stamped it nor pulled an input: it would share the previous output's key
-    (the same ``item_rng()`` draws) and be merged out of order by the workers."""
-
-    @functools.wraps(method)
-    def async_next(self: Any) -> Any:
-        before = current_stamp()  # not the thread-local itself: the class may be pickled
-        item = method(self)
-        if current_stamp() is before and before is not None:
-            name = type(self).__name__
-            raise ValueError(
-                f"{name} sets stamps_positions = True but returned an item without calling "
-                f"self.stamp_position(p) (or output=j) first, so the item would share the "
-                f"previous item's key and position; call stamp_position before returning "
-                f"each item, or remove stamps_positions to have pipeloom number them"
-            )
-        return item
-
-    async_next.stamp_check = True  # type: ignore[attr-defined]
-    return async_next
