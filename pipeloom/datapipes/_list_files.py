@@ -12,6 +12,18 @@ from ._listers import FileLister
 
 __all__ = ["FSSpecRootLister", "RootLister"]
 
+# Why a resume cannot check what list_files over a stream lists (docs/storage.md).
+_UNCHECKED = (
+    "lists the files under each root as the root arrives, so the state records no listing: "
+    "files added, removed or renamed since the state was saved under the root being read "
+    "are skipped or repeated without a word"
+)
+
+
+def _unchecked_data(self: Expander) -> str:
+    """What a resume cannot check (``load_state_dict`` warns): see ``_UNCHECKED``."""
+    return _UNCHECKED
+
 
 class RootLister(Expander):
     """Yield the files under each incoming root, sorted per root (functional: ``list_files``).
@@ -19,7 +31,9 @@ class RootLister(Expander):
     Each root is listed when it arrives, with the rules of :class:`FileLister`
     (a root that is a file is yielded if it matches). Use :class:`FileLister`
     when the roots are known up front: it lists once and stores the paths
-    compactly.
+    compactly, and a resume checks its listing; here the state records no
+    listing, so ``load_state_dict`` warns that it cannot check the files
+    (docs/storage.md, "Files that changed before the resume").
 
     Args:
         source: a block yielding root paths (directories or files).
@@ -78,6 +92,8 @@ class RootLister(Expander):
         )
         return lister._list()
 
+    unchecked_data = _unchecked_data
+
     def __len__(self) -> int:
         if self.length == -1:
             raise TypeError(
@@ -98,7 +114,9 @@ class FSSpecRootLister(Expander):
 
     Each root is listed when it arrives with the rules of
     :class:`FSSpecFileLister`: files only (torchdata 0.9 also yielded
-    directories), sorted per root, as full URLs.
+    directories), sorted per root, as full URLs. As for :class:`RootLister`,
+    a resume cannot check them (``load_state_dict`` warns): list a fixed set
+    of roots with :class:`FSSpecFileLister` to have them checked.
 
     Args:
         source: a block yielding root URLs such as ``"s3://bucket/dir"``.
@@ -141,6 +159,8 @@ class FSSpecRootLister(Expander):
             root, self.masks, recursive=self.recursive, **self.storage_options
         )
         return lister._list()
+
+    unchecked_data = _unchecked_data
 
     def __repr__(self) -> str:
         return f"FSSpecRootLister(masks={list(self.masks)!r}, recursive={self.recursive})"

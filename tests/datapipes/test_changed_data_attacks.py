@@ -32,6 +32,7 @@ import io
 import os
 import tarfile
 import uuid
+import warnings
 import zipfile
 import zlib
 
@@ -370,3 +371,36 @@ def test_a_list_of_urls_is_hashed_once_not_at_every_state_dict(monkeypatch):
         loader.load_state_dict(states[0])  # the same 40 URLs: resumes
         with pytest.raises(StateError, match="41 string"):
             loader.load_state_dict(grown)
+
+
+def test_a_resume_over_list_files_of_a_stream_of_roots_says_it_cannot_check_them(tmp_path):
+    # The roots come from a block, so no listing is recorded: a file added under the root
+    # being read was read again (processes) or a removed one's path given (in-process),
+    # and strict=True loaded the state as though it had checked the files.
+    roots = [str(tmp_path / "a"), str(tmp_path / "b")]
+    for root in roots:
+        os.mkdir(root)
+        for name in ("1.bin", "2.bin"):
+            open(os.path.join(root, name), "wb").close()
+    found = {}
+    for name, make in (
+        ("stream", lambda: IterableWrapper(roots).list_files()),
+        ("fixed", lambda: FileLister(roots)),  # its listing is checked instead
+    ):
+        with DataLoader(make(), seed=0) as loader:
+            iterator = iter(loader)
+            next(iterator)
+            inside = loader.state_dict()
+            list(iterator)
+            between = loader.state_dict()
+        loader = DataLoader(make(), seed=0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader.load_state_dict(inside)
+            loader.load_state_dict(inside, strict=False)
+            loader.load_state_dict(between)  # points into no file
+        found[name] = [str(w.message) for w in caught]
+    assert found["fixed"] == []
+    [message] = found["stream"]
+    assert "block #0 RootLister: lists the files under each root as the root arrives" in message
+    assert "FileLister([root, ...])" in message
