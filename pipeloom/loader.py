@@ -236,7 +236,7 @@ class DataLoader(ShutsDown):
                 the new pipeline's items. Strict, a state taken inside an epoch
                 is also checked against the files it points into (listings,
                 sizes and times: docs/storage.md); where a block's files cannot
-                be checked (``list_files`` over a stream of roots), it warns.
+                be checked (``list_files`` over roots a block makes), it warns.
 
         Raises:
             StateError: the state is not a DataLoader state, a field is damaged,
@@ -344,9 +344,10 @@ class DataLoader(ShutsDown):
             warnings.warn(
                 "this state is loaded without checking all the files it points into:\n  "
                 + "\n  ".join(unchecked)
-                + "\nKeep those files as they are until the epoch is over, or list a fixed "
-                "set of roots with FileLister([root, ...]) (FSSpecFileLister for URLs), whose "
-                "listing the state records and checks (docs/storage.md); "
+                + "\nKeep those files as they are until the epoch is over, or give the roots "
+                "as a fixed list, IterableWrapper([root, ...]).list_files() or "
+                "FileLister([root, ...]) (FSSpecFileLister for URLs), whose files the state "
+                "records and checks (docs/storage.md); "
                 "load_state_dict(state, strict=False) skips every check, this warning included",
                 UserWarning,
                 stacklevel=3,
