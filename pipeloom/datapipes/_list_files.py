@@ -24,11 +24,6 @@ _UNCHECKED = (
 )
 
 
-def _unchecked_data(self: Expander) -> str:
-    """What a resume cannot check (``load_state_dict`` warns): see ``_UNCHECKED``."""
-    return _UNCHECKED
-
-
 def fixed_roots(source: IterDataPipe) -> list[str] | None:
     """The roots ``source`` yields when they are a fixed list of paths (an
     ``IterableWrapper`` of a list or tuple, maybe shuffled or sharded); None for
@@ -212,7 +207,9 @@ class FSSpecRootLister(Expander):
         )
         return lister._list()
 
-    unchecked_data = _unchecked_data
+    def unchecked_data(self) -> str:
+        """Why a resume cannot check the files (``load_state_dict`` warns)."""
+        return _UNCHECKED
 
     def __repr__(self) -> str:
         return f"FSSpecRootLister(masks={list(self.masks)!r}, recursive={self.recursive})"

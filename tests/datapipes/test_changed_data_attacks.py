@@ -444,3 +444,9 @@ def test_a_resume_over_list_files_of_a_stream_of_roots_says_it_cannot_check_them
     [message] = [str(w.message) for w in caught]
     assert "block #0 RootLister: lists the files under each root as the root arrives" in message
     assert "FileLister([root, ...])" in message
+    fsspec = pytest.importorskip("fsspec")
+    url = f"memory://{uuid.uuid4().hex}"
+    fsspec.filesystem("memory").pipe({f"{url}/a/1.bin": b"", f"{url}/a/2.bin": b""})
+    inside, _, _ = _inside_and_between(lambda: IterableWrapper([f"{url}/a"]).list_files_by_fsspec())
+    with pytest.warns(UserWarning, match=r"block #0 FSSpecRootLister: lists the files"):
+        DataLoader(IterableWrapper([f"{url}/a"]).list_files_by_fsspec()).load_state_dict(inside)
