@@ -40,6 +40,7 @@ __all__ = [
     "field_differences",
     "fingerprint_differences",
     "pipeline_fingerprint",
+    "unchecked_data",
 ]
 
 _PARTIAL = "functools.partial("
@@ -115,6 +116,17 @@ def data_differences(saved: Any, pipeline: DataPipe) -> list[str]:
         changed_data = getattr(block, "changed_data", None)
         if label in was and callable(changed_data):
             lines += [f"{label}: {line}" for line in changed_data(was[label])]
+    return lines
+
+
+def unchecked_data(pipeline: DataPipe) -> list[str]:
+    """``block #i Type: why`` for each block whose data a resume cannot check (its
+    ``unchecked_data()``: e.g. ``list_files`` over a stream of roots)."""
+    lines = []
+    for index, block in enumerate(traverse(pipeline).nodes):
+        unchecked = getattr(block, "unchecked_data", None)
+        if callable(unchecked) and (why := unchecked()):
+            lines.append(f"block #{index} {type(block).__qualname__}: {why}")
     return lines
 
 

@@ -17,6 +17,7 @@ from ._fingerprint import (
     data_fingerprint,
     fingerprint_differences,
     pipeline_fingerprint,
+    unchecked_data,
 )
 from ._loader_state import (
     STATE_VERSION,
@@ -240,7 +241,10 @@ class DataLoader(ShutsDown):
                 (its fingerprint: block types, their arguments, source lengths).
                 ``False`` loads it anyway, for a change you know is harmless
                 (e.g. the same files under a new root); positions then refer to
-                the new pipeline's items.
+                the new pipeline's items. Strict, a state taken inside an epoch
+                is also checked against the files it points into (listings,
+                sizes and times: docs/storage.md); where a block's files cannot
+                be checked (``list_files`` over roots a block makes), it warns.
 
         Raises:
             StateError: the state is not a DataLoader state, a field is damaged,
@@ -352,6 +356,18 @@ class DataLoader(ShutsDown):
                 f"{state['epoch']} over without this state (DataLoader(..., seed={state['seed']}), "
                 f"then loader.set_epoch({state['epoch']})); load_state_dict(state, strict=False) "
                 f"resumes at the saved positions in the files as they are now"
+            )
+        if unchecked := unchecked_data(self.datapipe):
+            warnings.warn(
+                "this state is loaded without checking all the files it points into:\n  "
+                + "\n  ".join(unchecked)
+                + "\nKeep those files as they are until the epoch is over, or give the roots "
+                "as a fixed list, IterableWrapper([root, ...]).list_files() or "
+                "FileLister([root, ...]) (FSSpecFileLister for URLs), whose files the state "
+                "records and checks (docs/storage.md); "
+                "load_state_dict(state, strict=False) skips every check, this warning included",
+                UserWarning,
+                stacklevel=3,
             )
 
     # -- lifecycle ----------------------------------------------------------------

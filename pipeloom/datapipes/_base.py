@@ -1,4 +1,4 @@
-"""The block protocol: ``IterDataPipe``, ``MapDataPipe`` and their shared hooks.
+"""The block protocol: ``IterDataPipe``, ``MapDataPipe`` and what they share.
 
 A block is a node of the pipeline graph. It names its inputs in the class
 attribute ``inputs`` (attribute names holding upstream blocks), and implements
@@ -8,7 +8,8 @@ each to the other, so both kinds mix in one pipeline.
 
 A class that declares no ``inputs`` has its block-valued attributes taken as
 inputs (:meth:`DataPipe.input_names`). Framework state (seeds, epoch, lazy
-init) lives in ``_pl_*`` attributes only this module touches. The only thing
+init) lives in ``_pl_*`` attributes only this module touches; the traits and
+hooks a block overrides, with their defaults, are in ``_hooks.py``. The only thing
 the base adds to a subclass's methods: with ``lazy_init`` defined, its
 ``__iter__``, ``__len__``, ``__getitem__``, ``async_next`` and ``async_get``
 first make sure ``lazy_init`` ran (once).
@@ -37,16 +38,17 @@ import torch
 
 from .._validate import check_int
 from ..errors import NotAvailable
-from ..events import ReadinessSource
 from ._attributes import attribute_values, blocks_in, declared_input
 from ._context import _ITEM, derive_seed
 from ._functional import IterFunctional, MapFunctional
 from ._generator_place import GeneratorRun, route_iter
+from ._hooks import BlockHooks
 from ._nesting import NESTING
 from ._numbering import Numbering, install_index_stamps, install_numbering, stamp_position
 from ._numbering import overrides as _overrides
 from ._reader import BlockingIterator, BlockingReader
 from ._rewire import replace_input
+from ._stamp_check import check_stamped
 
 __all__ = ["DataPipe", "IterDataPipe", "MapDataPipe"]
 
@@ -68,36 +70,14 @@ def _guard_lazy_init(method):
     return guarded
 
 
-class DataPipe:
-    """Hooks shared by iterable and map-style blocks.
+class DataPipe(BlockHooks):
+    """What iterable and map-style blocks share: graph, seeds, framework state.
 
     Subclasses set ``inputs`` to the names of the attributes that hold their
     upstream blocks (an attribute may hold one block or a sequence of blocks).
     """
 
     inputs: ClassVar[tuple[str, ...]] = ()
-
-    #: Placement trait: True when each output depends on a single input item
-    #: (map, filter, decode, ...), so a reading service may run the block inside
-    #: workers after the sharding point. Blocks that need the ordered stream
-    #: (shuffle, batch, zip, ...) keep False and run after the workers' merge.
-    per_item: ClassVar[bool] = False
-    #: True when the block yields exactly one output per input (map, collate).
-    one_to_one: ClassVar[bool] = False
-    #: True when the block yields at most one output per input (filter); implied
-    #: by ``one_to_one``. Lets the workers' merge move on without waiting.
-    at_most_one: ClassVar[bool] = False
-    #: True when the block stamps its outputs' positions itself (:meth:`stamp_position`).
-    stamps_positions: ClassVar[bool] = False
-    #: False when the block's stream is produced once per epoch elsewhere (the main
-    #: process's stand-in for workers or a separate process): a block after it that
-    #: restarts it mid-epoch (``cycle``, ``mux(stop="cycle")``) then raises, instead
-    #: of reading a stream that has ended.
-    restartable: ClassVar[bool] = True
-    #: Attributes that may differ between a job's ranks: where or how fast, not which items.
-    per_rank_fields: ClassVar[tuple[str, ...]] = ()
-    #: Arguments a checkpoint may be loaded with changed: ``load_state_dict`` adapts to them.
-    resume_may_change: ClassVar[tuple[str, ...]] = ()
 
     # Framework-owned per-instance state, kept out of __init__ so subclasses
     # need not call super().__init__(). Only this module reads or writes it.
@@ -160,32 +140,7 @@ class DataPipe:
         """True when the class (not the framework) sets ``inputs``, even to ``()``."""
         return cls._pl_declares_inputs
 
-    # -- hooks a block may override ----------------------------------------
-    def lazy_init(self) -> None:
-        """Expensive setup, run once where the block runs, before first use."""
-
-    def is_shardable(self) -> bool:
-        """True when a reading service may split this block's work across workers."""
-        return False
-
-    def sharding_settings(self, total: int, index: int) -> None:
-        """Keep only shard ``index`` of ``total`` (called only on shardable blocks)."""
-
-    def set_shard_group_size(self, group_size: int) -> None:
-        """Optional: give runs of ``group_size`` positions to one shard (batches in workers)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot shard in groups of positions")
-
-    def can_shard_in_groups(self) -> bool:
-        """True when this block implements :meth:`set_shard_group_size`."""
-        return _overrides(type(self), "set_shard_group_size", DataPipe)
-
-    def batches_of(self) -> int | None:
-        """``n`` when each output combines a run of ``n`` consecutive inputs (a batch), else None.
-
-        A placement trait: workers given runs of ``n`` positions build whole outputs.
-        """
-        return None
-
+    # -- a hook that needs the framework's state (more: _hooks.py) -------------
     def resume_at(self, position: int) -> None:
         """Skip, without producing them, the positions before ``position`` this epoch.
 
@@ -202,37 +157,6 @@ class DataPipe:
 
     def _restore_numbering(self, count: int, *, replays: bool) -> None:
         self._numbering().resume(count, replays=replays)  # see Numbering.resume
-
-    def is_separate_process(self) -> bool:
-        """True when this block should run in a process of its own."""
-        return False
-
-    def reset(self) -> None:
-        """Forget this block's own iteration state; the next item starts an epoch.
-
-        Parents are reset by the framework; a block only resets itself.
-        """
-
-    def set_epoch(self, epoch: int) -> None:
-        """Called when the epoch changes; ``self.epoch_seed()`` already reflects it."""
-
-    def readiness_sources(self) -> Sequence[ReadinessSource]:
-        """Where to wait when this block raises ``NotAvailable`` (e.g. a thread's signal)."""
-        return ()
-
-    def state_dict(self) -> dict[str, Any]:
-        """This block's own mid-epoch state (not its parents'), as a plain dict."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not implement state_dict(), so a pipeline "
-            f"containing it cannot be checkpointed; implement state_dict() and "
-            f"load_state_dict() on {type(self).__name__}, or return {{}} if it keeps "
-            f"no state between items"
-        )
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        if state:
-            raise NotImplementedError(f"{type(self).__name__} does not implement load_state_dict()")
 
     # -- seeds -----------------------------------------------------------------
     def epoch_seed(self) -> int:
@@ -286,13 +210,6 @@ class DataPipe:
             seed = None if pipeline_seed is None else derive_seed(pipeline_seed, self._pl_seed_key)
             self._pl_seed = seed
         self._pl_epoch_seed = None
-
-    @property
-    def restarts_inputs(self) -> bool:
-        """True when the block restarts an input on its own mid-epoch when it runs out
-        (``cycle``, ``mux(stop="cycle")``): each input must then be a branch of its own,
-        not a child of a ``fork`` or ``demux`` that another branch reads."""
-        return False
 
     def _enter_epoch(self, epoch: int) -> None:
         self._pl_epoch = epoch
@@ -399,6 +316,8 @@ class IterDataPipe(IterFunctional, DataPipe):
             gen = self._pl_gen = GeneratorRun(self)
         item = gen.next_output()
         if gen.made_without_pull:  # see _generator_place.py
+            if type(self).stamps_positions:  # it should have stamped it: _stamp_check.py
+                check_stamped(self)
             type(self)._pl_outputs_without_pull = True
         return item
 

@@ -95,6 +95,7 @@ class _ItemState(threading.local):
 
     stamp: ItemStamp = NO_STAMP
     watchers: tuple[Callable[[int | None, int], None], ...] = ()
+    positioned: ItemStamp | None = None  # the stamp a block's stamp_position last set
 
 
 _ITEM = _ItemState()

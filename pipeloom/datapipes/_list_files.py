@@ -7,10 +7,37 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._base import IterDataPipe
+from ._compact import CompactStringList
 from ._expand import Expander
 from ._listers import FileLister
+from ._sharding import ShardingFilter
+from ._shuffle import Shuffler
+from ._wrappers import IterableWrapper
 
 __all__ = ["FSSpecRootLister", "RootLister"]
+
+# Why a resume cannot check what list_files over a stream lists (docs/storage.md).
+_UNCHECKED = (
+    "lists the files under each root as the root arrives, so the state records no listing: "
+    "files added, removed or renamed since the state was saved under the root being read "
+    "are skipped or repeated without a word"
+)
+
+
+def fixed_roots(source: IterDataPipe) -> list[str] | None:
+    """The roots ``source`` yields when they are a fixed list of paths (an
+    ``IterableWrapper`` of a list or tuple, maybe shuffled or sharded); None for
+    any other stream (a block that makes or changes roots)."""
+    while isinstance(source, (ShardingFilter, Shuffler)):
+        source = source.source
+    if not isinstance(source, IterableWrapper):
+        return None
+    roots = source.iterable
+    if not isinstance(roots, (list, tuple)) or not roots:
+        return None
+    if not all(isinstance(root, (str, os.PathLike)) for root in roots):
+        return None
+    return [os.fspath(root) for root in roots]
 
 
 class RootLister(Expander):
@@ -19,7 +46,11 @@ class RootLister(Expander):
     Each root is listed when it arrives, with the rules of :class:`FileLister`
     (a root that is a file is yielded if it matches). Use :class:`FileLister`
     when the roots are known up front: it lists once and stores the paths
-    compactly.
+    compactly. A checkpoint records the files under a fixed list of roots
+    (an ``IterableWrapper`` of them, maybe shuffled or sharded) as
+    ``FileLister(roots)`` would, and a resume refuses them changed; over any
+    other stream it records none, and ``load_state_dict`` warns that it cannot
+    check them (docs/storage.md, "Files that changed before the resume").
 
     Args:
         source: a block yielding root paths (directories or files).
@@ -78,6 +109,38 @@ class RootLister(Expander):
         )
         return lister._list()
 
+    # -- what a checkpoint records (docs/storage.md) --------------------------------
+    def _all_roots(self) -> FileLister | None:
+        """Over a fixed list of roots: a FileLister of them all, listed now (the workers
+        list each root again as it arrives, every epoch); None over any other stream, or
+        when a root cannot be listed (it raises where it is read)."""
+        roots = fixed_roots(self.source)
+        if roots is None:
+            return None
+        lister = FileLister(roots, self.masks, recursive=self.recursive, abspath=self.abspath)
+        try:
+            lister._paths = CompactStringList(lister._list())  # sorted: a stable record
+        except OSError:
+            return None
+        return lister
+
+    def describe_data(self, *, contents: bool = False) -> dict[str, str] | None:
+        """Over a fixed list of roots, what a checkpoint records of their files, as for
+        ``FileLister(roots)``: the listing, and with ``contents`` each file's size and
+        time, both taken now. None over any other stream."""
+        lister = self._all_roots()
+        return None if lister is None else lister.describe_data(contents=contents)
+
+    def changed_data(self, saved: dict[str, Any]) -> list[str]:
+        """What changed since ``saved`` (``describe_data``'s), the roots listed again now."""
+        lister = self._all_roots()
+        return [] if lister is None else lister.changed_data(saved)
+
+    def unchecked_data(self) -> str | None:
+        """Why a resume cannot check the files (``load_state_dict`` warns); None when the
+        roots are a fixed list, which is checked."""
+        return None if fixed_roots(self.source) is not None else _UNCHECKED
+
     def __len__(self) -> int:
         if self.length == -1:
             raise TypeError(
@@ -98,7 +161,9 @@ class FSSpecRootLister(Expander):
 
     Each root is listed when it arrives with the rules of
     :class:`FSSpecFileLister`: files only (torchdata 0.9 also yielded
-    directories), sorted per root, as full URLs.
+    directories), sorted per root, as full URLs. A checkpoint records no
+    listing of them (``load_state_dict`` warns that it cannot check them): list
+    a fixed set of roots with :class:`FSSpecFileLister` to have them checked.
 
     Args:
         source: a block yielding root URLs such as ``"s3://bucket/dir"``.
@@ -141,6 +206,10 @@ class FSSpecRootLister(Expander):
             root, self.masks, recursive=self.recursive, **self.storage_options
         )
         return lister._list()
+
+    def unchecked_data(self) -> str:
+        """Why a resume cannot check the files (``load_state_dict`` warns)."""
+        return _UNCHECKED
 
     def __repr__(self) -> str:
         return f"FSSpecRootLister(masks={list(self.masks)!r}, recursive={self.recursive})"

@@ -41,6 +41,7 @@ from .._walk import walk_upstream
 from ..errors import NotAvailable
 from ._context import _ITEM, current_stamp, stamp_output
 from ._output_stamps import OutputStamps
+from ._stamp_check import stamp_checked
 
 __all__ = [
     "Numbering",
@@ -63,8 +64,10 @@ def stamp_position(self: Any, position: int, output: int | None = None) -> None:
     ``p % n == i``.
     """
     self._stamp_item(position)
+    item = _ITEM
     if output is not None:
-        stamp_output(current_stamp(), output)
+        stamp_output(item.stamp, output)
+    item.positioned = item.stamp  # for a generator's check: _stamp_check.py
 
 
 class Numbering:
@@ -117,7 +120,7 @@ def install_numbering(cls: type) -> bool:
     if cls.stamps_positions:  # type: ignore[attr-defined]
         method = cls.__dict__.get("async_next")
         if method is not None and not getattr(method, "stamp_check", None):
-            cls.async_next = _stamp_checked(method)  # type: ignore[attr-defined]
+            cls.async_next = stamp_checked(method)  # type: ignore[attr-defined]
         return False
     if not getattr(cls.async_next, "numbering_wraps", None):  # type: ignore[attr-defined]
         cls.async_next = _numbered(cls.async_next)  # type: ignore[attr-defined]
@@ -163,7 +166,7 @@ def mark_item(block: Any, position: int) -> None:
 def overrides(cls: type, name: str, base: type) -> bool:
     """True when a class between ``cls`` and ``base`` defines ``name`` (not this module's
     wrapper of ``base``'s own method)."""
-    own = base.__dict__.get(name)
+    own = getattr(base, name, None)  # base's own, or what it inherits (_hooks.py)
     for klass in cls.__mro__:
         if klass is base:
             return False
@@ -223,26 +226,3 @@ def _recording_shard(method: Any) -> Any:
 
     sharding_settings.numbering_wraps = method  # type: ignore[attr-defined]
     return sharding_settings
-
-
-def _stamp_checked(method: Any) -> Any:
-    """Refuse an output of a ``stamps_positions`` block written with ``async_next`` that
-    neither stamped it nor pulled an input: it would share the previous output's key
-    (the same ``item_rng()`` draws) and be merged out of order by the workers."""
-
-    @functools.wraps(method)
-    def async_next(self: Any) -> Any:
-        before = current_stamp()  # not the thread-local itself: the class may be pickled
-        item = method(self)
-        if current_stamp() is before and before is not None:
-            name = type(self).__name__
-            raise ValueError(
-                f"{name} sets stamps_positions = True but returned an item without calling "
-                f"self.stamp_position(p) (or output=j) first, so the item would share the "
-                f"previous item's key and position; call stamp_position before returning "
-                f"each item, or remove stamps_positions to have pipeloom number them"
-            )
-        return item
-
-    async_next.stamp_check = True  # type: ignore[attr-defined]
-    return async_next

@@ -32,6 +32,7 @@ import io
 import os
 import tarfile
 import uuid
+import warnings
 import zipfile
 import zlib
 
@@ -370,3 +371,82 @@ def test_a_list_of_urls_is_hashed_once_not_at_every_state_dict(monkeypatch):
         loader.load_state_dict(states[0])  # the same 40 URLs: resumes
         with pytest.raises(StateError, match="41 string"):
             loader.load_state_dict(grown)
+
+
+def _roots(tmp_path) -> list[str]:
+    roots = [str(tmp_path / "a"), str(tmp_path / "b")]
+    for root in roots:
+        os.mkdir(root)
+        for name in ("1.bin", "2.bin"):
+            open(os.path.join(root, name), "wb").close()
+    return roots
+
+
+def _inside_and_between(make):
+    """A state after the first item, and one after the epoch."""
+    with DataLoader(make(), seed=0) as loader:
+        iterator = iter(loader)
+        first = next(iterator)
+        inside = loader.state_dict()
+        rest = list(iterator)
+        return inside, loader.state_dict(), [first, *rest]
+
+
+@pytest.mark.parametrize("order", ["as listed", "shuffled and sharded"])
+def test_list_files_over_a_list_of_roots_is_checked_as_a_file_lister_of_them(tmp_path, order):
+    # The roots came through IterableWrapper, so no listing was recorded: with a file
+    # added under the root being read, the resume read a file twice (under workers: the
+    # root was listed again and the files read before dropped by count), or gave a removed
+    # file's path (in-process), silently.
+    roots = _roots(tmp_path)
+
+    def make():
+        source = IterableWrapper(roots)
+        if order != "as listed":
+            source = source.shuffle().sharding_filter()
+        return source.list_files()
+
+    inside, _, epoch = _inside_and_between(make)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # checked: no warning that it cannot be
+        with DataLoader(make(), seed=0) as loader:
+            loader.load_state_dict(inside)
+            assert [epoch[0], *loader] == epoch
+    open(os.path.join(roots[0], "0.bin"), "wb").close()
+    with pytest.raises(StateError, match=r"RootLister: listed 4 path.*now 5 path.*added, rem"):
+        DataLoader(make(), seed=0).load_state_dict(inside)
+    # A file added between two epochs is read by the next one (the roots are listed as
+    # they arrive): a state taken in it records it and resumes.
+    with DataLoader(make(), seed=0) as loader:
+        list(loader)
+        open(os.path.join(roots[1], "9.bin"), "wb").close()
+        iterator = iter(loader)
+        next(iterator)
+        inside = loader.state_dict()
+        epoch = [*iterator]
+    assert any(path.endswith("9.bin") for path in epoch)
+    with DataLoader(make(), seed=0) as loader:
+        loader.load_state_dict(inside)
+        assert list(loader) == epoch
+
+
+def test_a_resume_over_list_files_of_a_stream_of_roots_says_it_cannot_check_them(tmp_path):
+    # Roots a block makes (here a map) cannot be listed when the state is taken, and
+    # strict=True loaded the state as though it had checked their files.
+    roots = _roots(tmp_path)
+    inside, between, _ = _inside_and_between(lambda: IterableWrapper(roots).map(str).list_files())
+    loader = DataLoader(IterableWrapper(roots).map(str).list_files(), seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader.load_state_dict(inside)
+        loader.load_state_dict(inside, strict=False)
+        loader.load_state_dict(between)  # points into no file
+    [message] = [str(w.message) for w in caught]
+    assert "block #0 RootLister: lists the files under each root as the root arrives" in message
+    assert "FileLister([root, ...])" in message
+    fsspec = pytest.importorskip("fsspec")
+    url = f"memory://{uuid.uuid4().hex}"
+    fsspec.filesystem("memory").pipe({f"{url}/a/1.bin": b"", f"{url}/a/2.bin": b""})
+    inside, _, _ = _inside_and_between(lambda: IterableWrapper([f"{url}/a"]).list_files_by_fsspec())
+    with pytest.warns(UserWarning, match=r"block #0 FSSpecRootLister: lists the files"):
+        DataLoader(IterableWrapper([f"{url}/a"]).list_files_by_fsspec()).load_state_dict(inside)

@@ -389,6 +389,19 @@ def test_a_state_taking_more_items_of_its_position_than_the_data_has_is_refused_
         rests(records, DISPATCHED["economic"](2), [states[index + 1]])
 
 
+@pytest.mark.parametrize("way", ["economic", "chunked"])
+def test_a_state_taking_more_items_of_the_last_position_than_the_data_has_is_refused(way):
+    # At the epoch's last position no next position shows the shortfall: the epoch
+    # silently ended there, as though the state were right.
+    _, states = states_at_every_step(records, DISPATCHED[way](1))
+    state = states[-1]  # after the last batch: both records of position 4 taken
+    dispatcher = state["service"]["tail"]["blocks"][-1]["state"]
+    assert (dispatcher["position"], dispatcher["taken"]) == (4, 2)
+    dispatcher["taken"] = 3
+    with pytest.raises(StateError, match=r"after 3 of .* made only 2 there before the epoch ended"):
+        rests(records, DISPATCHED[way](1), [state])
+
+
 def plain():
     return IterableWrapper(range(11)).sharding_filter().map(noisy).batch(3)
 
@@ -599,6 +612,39 @@ def test_a_stamps_positions_block_that_forgets_to_stamp_an_item_is_told_so():
     # workers it was merged before the records of the position it was given.
     with pytest.raises(ValueError, match=r"returned an item without calling self.stamp_position"):
         epochs(lambda: ForgetsTheSecondRecord(IterableWrapper(range(3))).map(noisy))
+
+
+class RecordsByGenerator(IterDataPipe):
+    """The same reader written as an ``__iter__`` generator (unsharded: in-process)."""
+
+    inputs = ("source",)
+    stamps_positions = True
+
+    def __init__(self, source, forget=None, short=False):
+        self.source, self.forget, self.short = source, forget, short
+
+    def __iter__(self):
+        for position, n in enumerate(self.source):
+            for record in range(n % 3 + 1):
+                if record != self.forget:  # short: p for record 0, (p, j) for the others
+                    self.stamp_position(position, output=record or None if self.short else record)
+                yield n, record, float(pipeloom.item_rng().random())
+
+    def state_dict(self):
+        return {}
+
+
+def test_a_generator_block_that_stamps_positions_but_forgets_one_is_told_so():
+    # GeneratorRun restamped the item as another output of the previous record: its own
+    # item_rng() draws, but merged by the previous record's position, silently.
+    for forget in (1, 2):  # a record after the previous record's stamp (after a pull: its key)
+        with pytest.raises(ValueError, match=r"yielded an item without calling self.stamp_pos"):
+            epochs(lambda f=forget: RecordsByGenerator(IterableWrapper(range(1, 4)), f).map(noisy))
+    # Stamped every time (also with a draw between the stamp and the yield, or keys that
+    # GeneratorRun would have given itself): the positions and draws as stamped.
+    for short in (False, True):
+        [items] = epochs(lambda s=short: RecordsByGenerator(IterableWrapper(range(3)), None, s))
+        assert [item[:2] for item in items] == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1), (2, 2)]
 
 
 class SyntheticImages(IterDataPipe):

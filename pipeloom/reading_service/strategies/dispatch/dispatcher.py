@@ -314,6 +314,7 @@ class Dispatcher(IterDataPipe):
                 return
             except StopIteration:
                 self._source_done = True
+                self._point.ended()  # a resume point past the data's end raises
                 self._close(unit)
                 if self.relayed:
                     self._close(self._new_unit(final=True))

@@ -65,15 +65,23 @@ class ResumePoint:
             if position == self._drop_position:
                 self._drop -= 1
                 return False
-            raise StateError(
-                f"the state resumes the epoch at position {self._drop_position} after "
-                f"{self._base[1]} of the items made there, but the sharding point made only "
-                f"{self._base[1] - self._drop} there before moving on to position {position}: "
-                "the data changed since the state was saved (or the state was edited), and "
-                "resuming would skip or repeat items. Restore the data as it was, or start "
-                "this epoch over without the state"
-            )
+            raise self._too_few(f"before moving on to position {position}")
         return True
+
+    def ended(self) -> None:
+        """The source ended: raise StateError if items of the resume position were still
+        to be dropped (the state took more of its last position than the data has)."""
+        if self._drop:
+            raise self._too_few("before the epoch ended")
+
+    def _too_few(self, then: str) -> StateError:
+        return StateError(
+            f"the state resumes the epoch at position {self._drop_position} after "
+            f"{self._base[1]} of the items made there, but the sharding point made only "
+            f"{self._base[1] - self._drop} there {then}: the data changed since the state "
+            "was saved (or the state was edited), and resuming would skip or repeat items. "
+            "Restore the data as it was, or start this epoch over without the state"
+        )
 
     def before(self, key: Any) -> tuple[int, int]:
         """``(position, items of it before)`` of the item ``key`` just read (a unit's start)."""
