@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -19,6 +20,15 @@ def kill_once(x, at, marker):
         with open(marker, "w") as f:
             f.write(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def stuck_once(x, at, marker):
+    """Item ``at`` waits a minute the first time only (``marker`` gets the stuck pid)."""
+    if x == at and not os.path.exists(marker):
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        threading.Event().wait(60)
     return x
 
 

@@ -17,6 +17,7 @@ import threading
 import time
 import types
 
+import psutil
 import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'pipeloom[ray]')")
@@ -92,24 +93,29 @@ def test_an_actor_killed_right_after_a_checkpoint_and_the_checkpoint_under_threa
         assert without_pid(head + list(loader)) == expected
 
 
-def test_a_timeout_on_an_actor_stuck_in_an_item_raises_after_timeout_not_ten_seconds(cluster):
+def test_an_actor_stuck_in_an_item_times_out_at_once_and_is_replaced_at_the_next_epoch(
+    cluster, tmp_path
+):
     # The abandoned epoch used to join the reader waiting on the stuck actor for
-    # JOIN_TIMEOUT (10 s) before the WorkerTimeout was raised.
-    pipe = (
-        IterableWrapper(range(10))
-        .sharding_filter()
-        .map(
-            functools.partial(pipelines.stuck_at, at=3)  # actor 1 waits a minute there
-        )
-    )
-    ray_service = RayReadingService(2, num_cpus_per_actor=0.5, timeout=1)
+    # JOIN_TIMEOUT (10 s) before the WorkerTimeout was raised; and the next epoch's
+    # call waited behind the stuck one in the actor: a timeout again (or, without
+    # a timeout, a hang until the item ended).
+    marker = tmp_path / "stuck"
+    stuck = functools.partial(ray_pipelines.stuck_once, at=1, marker=str(marker))
+    pipe = IterableWrapper(range(10)).sharding_filter().map(stuck)
+    ray_service = RayReadingService(1, num_cpus_per_actor=0.5, timeout=1)
     with DataLoader(pipe, ray_service, seed=0) as loader:
         iterator = iter(loader)
-        next(iterator)
+        assert next(iterator) == 0
         started = time.monotonic()
         with pytest.raises(WorkerTimeout, match="within timeout=1 s"):
-            list(iterator)
+            next(iterator)
         assert time.monotonic() - started < 5
+        stuck_actor = psutil.Process(int(marker.read_text()))
+        assert list(loader) == list(range(10))  # on a fresh actor, not behind the stuck one
+        assert psutil.wait_procs([stuck_actor], timeout=10)[1] == []  # the stuck one killed
+        started = time.monotonic()
+    assert time.monotonic() - started < 5  # shutdown()
     assert not any("pipeloom-ray-reader" in t.name for t in threading.enumerate())
 
 

@@ -14,7 +14,7 @@ from ..planning.planner import Settings, make_plan
 from ..strategies.classic.runner import ClassicRunner
 from ..strategies.in_process import InProcessRunner
 from ..strategies.ray_actors.handle import Cluster, require_ray
-from ..strategies.ray_actors.pool import ActorOptions, RayPool
+from ..strategies.ray_actors.pool import STUCK_AFTER, ActorOptions, RayPool
 from ..strategies.runner import Runner
 from ..workers.rngs import workers_seed
 from .base import PlannedService
@@ -41,7 +41,9 @@ class RayReadingService(PlannedService):
     dies is restarted by Ray (``max_restarts`` times) and replays its epoch from
     the last output the main process received: nothing is lost or repeated.
     Once the restarts are spent, a ``WorkerError`` names the actor, its node and
-    the cause.
+    the cause. An actor still stuck in an item of an abandoned epoch (after a
+    ``timeout``, Ctrl-C or a ``break``) when the next epoch starts is given at
+    most 5 s (``timeout`` if less), then killed and replaced by a fresh actor.
 
     Args:
         num_actors: actors; 0 runs everything in the calling thread.
@@ -134,6 +136,7 @@ class RayReadingService(PlannedService):
             start_timeout=self.start_timeout,
             worker_init_fn=self.worker_init_fn,
             ray_options=self.ray_options,
+            stuck_after=STUCK_AFTER if self.timeout is None else min(STUCK_AFTER, self.timeout),
         )
         pool = RayPool(
             plan,

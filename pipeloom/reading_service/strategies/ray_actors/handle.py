@@ -95,6 +95,8 @@ def _job(ray: Any) -> str:
 class ActorHandle:
     """One actor of the pool: where it runs, its streaming epoch call, its restarts.
 
+    ``dead`` once the pool killed it (it is replaced at the next epoch).
+
     Args:
         handle: the Ray actor handle.
         index: the actor's index in the pool.
@@ -108,6 +110,7 @@ class ActorHandle:
         self.max_restarts = max_restarts
         self.start_timeout = start_timeout
         self.restarts = 0
+        self.dead = False
         self.where: dict[str, Any] = {}
 
     @property
@@ -178,6 +181,7 @@ class ActorHandle:
 
     def kill(self) -> None:
         """End the actor for good (no restart); idempotent."""
+        self.dead = True
         try:
             require_ray().kill(self.handle, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone, or Ray is shut down
