@@ -40,10 +40,11 @@ class RayReadingService(PlannedService):
     of the object store when the actor runs on the same node. An actor that
     dies is restarted by Ray (``max_restarts`` times) and replays its epoch from
     the last output the main process received: nothing is lost or repeated.
-    Once the restarts are spent, a ``WorkerError`` names the actor, its node and
-    the cause. An actor still stuck in an item of an abandoned epoch (after a
-    ``timeout``, Ctrl-C or a ``break``) when the next epoch starts is given at
-    most 5 s (``timeout`` if less), then killed and replaced by a fresh actor.
+    Once Ray restarts it no more, a ``WorkerError`` names the actor, its node
+    and the cause, and the next epoch starts a fresh actor in its place. An
+    actor still stuck in an item of an abandoned epoch (after a ``timeout``,
+    Ctrl-C or a ``break``) when the next epoch starts is given at most 5 s
+    (``timeout`` if less), then killed and replaced by a fresh actor.
 
     Args:
         num_actors: actors; 0 runs everything in the calling thread.
@@ -52,7 +53,9 @@ class RayReadingService(PlannedService):
         ray_address: the cluster to connect to when Ray is not connected yet
             (None: ``RAY_ADDRESS``, else a local cluster, shared by the process's
             Ray services and stopped at the ``shutdown()`` of the last one using it).
-        max_restarts: how many times each actor is restarted after dying.
+        max_restarts: how many times Ray restarts each actor after it dies, over
+            the actor's life (Ray's count: across epochs, resumes and
+            re-iterations of the loader).
         worker_init_fn: called as ``worker_init_fn(actor_index)`` in each actor
             process before its first epoch, after its RNGs are seeded.
         timeout: seconds to wait for the next output before raising

@@ -173,7 +173,7 @@ class ActorChannel:
             return self._call
 
     def _restart(self, call: Any, error: BaseException) -> Any:
-        """The call again on the restarted actor, or raise once the restarts are spent."""
+        """The call again on the restarted actor, or raise once Ray restarts it no more."""
         if self._cancelled:
             return None
         require_ray().cancel(call)  # still running if only its objects were lost
@@ -181,7 +181,7 @@ class ActorChannel:
             raise self.actor.lost(
                 error, "and its outputs carry no source position, so the epoch cannot be replayed"
             )
-        self.actor.restarted(error)  # raises a WorkerError when no restart is left
+        self.actor.restarted(error)  # raises a WorkerError when Ray restarts it no more
         return self._submit()
 
     def _hand_over(self, error: BaseException) -> None:

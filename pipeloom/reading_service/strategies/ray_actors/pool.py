@@ -8,7 +8,8 @@ This pool starts the actors at the first epoch and keeps them until
 :class:`~.channel.ActorChannel`. An actor whose call in an abandoned epoch
 does not end (stuck in an item: what a ``timeout`` or Ctrl-C leaves behind)
 would hold the next epoch's call back (an actor runs one call at a time):
-the next epoch kills it and starts a fresh one in its place.
+the next epoch kills it and starts a fresh one in its place, as it does for
+an actor Ray restarts no more (``ActorHandle.dead``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class ActorOptions:
 
     Attributes:
         num_cpus: CPUs Ray reserves for each actor (fractions allowed).
-        max_restarts: restarts of each actor before its death ends the epoch.
+        max_restarts: Ray's restarts of each actor, over its life, before its death ends the epoch.
         start_timeout: seconds an actor may take to run (again).
         worker_init_fn: called as ``worker_init_fn(index)`` in each actor process.
         ray_options: more ``ray.remote`` options for the actors (e.g. ``resources``).
@@ -172,7 +173,7 @@ class RayPool:
         self.cluster.release()
 
     def _replace_gone(self) -> None:
-        """Start a fresh actor in place of each one killed, or stuck in an abandoned epoch.
+        """Start a fresh actor in place of each one dead (see ``ActorHandle``), or stuck.
 
         A cancelled call ends at the actor's next output; one still running
         ``stuck_after`` seconds after this epoch starts is stuck in an item, and
@@ -188,6 +189,8 @@ class RayPool:
         gone = [actor.index for actor in self.actors if actor.dead]
         if not gone:
             return
+        for index in gone:  # also those Ray restarts no more, or did not place in time
+            self.actors[index].kill()
         for channel in self._cancelled:
             channel.join()
         self._cancelled = [channel for channel in self._cancelled if channel.reading()]
