@@ -59,7 +59,8 @@ class RayReadingService(PlannedService):
         worker_init_fn: called as ``worker_init_fn(actor_index)`` in each actor
             process before its first epoch, after its RNGs are seeded.
         timeout: seconds to wait for the next output before raising
-            ``TimeoutError`` (None: as long as the actors live).
+            ``TimeoutError`` (None: as long as the actors live); an actor's
+            restart counts too, so keep it well above a restart's time.
         start_timeout: seconds an actor may take to start (or restart) before
             the loader raises instead of waiting for resources that never free.
         in_order: merge by source position (True) or by arrival (False).
