@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -18,6 +19,27 @@ def kill_once(x, at, marker):
     if x == at and not os.path.exists(marker):
         with open(marker, "w") as f:
             f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def stuck_once(x, at, marker):
+    """Item ``at`` waits a minute the first time only (``marker`` gets the stuck pid)."""
+    if x == at and not os.path.exists(marker):
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        threading.Event().wait(60)
+    return x
+
+
+def kill_twice(x, at, marker):
+    """SIGKILL the calling process at item ``at`` the first two times (``marker`` counts)."""
+    if x == at:
+        with open(marker, "a+") as f:
+            f.seek(0)
+            if len(f.read()) >= 2:
+                return x
+            f.write("x")
         os.kill(os.getpid(), signal.SIGKILL)
     return x
 

@@ -192,20 +192,22 @@ def test_an_actor_killed_from_outside_is_replaced_and_shutdown_leaves_no_actor()
     assert alive == []  # shutdown() ended every actor process
 
 
-def test_exhausted_restarts_raise_a_worker_error_naming_actor_node_and_cause():
-    pipe = (
-        IterableWrapper(range(40))
-        .sharding_filter()
-        .map(functools.partial(ray_pipelines.kill_always, at=5))
-    )
+def test_exhausted_restarts_raise_a_worker_error_naming_actor_node_and_cause_then_a_fresh_actor(
+    tmp_path,
+):
+    # The epochs after the error used to raise it again at once: the dead actor stayed.
+    deaths = functools.partial(ray_pipelines.kill_twice, at=5, marker=str(tmp_path / "deaths"))
+    pipe = IterableWrapper(range(40)).sharding_filter().map(deaths)
     started = time.monotonic()
     with DataLoader(pipe, service(2, max_restarts=1), seed=0) as loader:
         with pytest.raises(WorkerError) as info:
-            list(loader)
+            list(loader)  # item 5 kills actor 1, and again after its one restart
+        assert time.monotonic() - started < 100  # raised, not hung until the test's timeout
+        assert list(loader) == list(range(40))  # the next epoch: a fresh actor in its place
     message = str(info.value)
     assert message.startswith("ray actor 1 (actor ")
-    assert "node " in message and "max_restarts" in message and "Cause (" in message
-    assert time.monotonic() - started < 100  # raised, not hung until the test's timeout
+    assert "node " in message and "Cause (" in message
+    assert "its 1 restarts (max_restarts, counted over its life, across epochs)" in message
 
 
 def test_a_slow_consumer_keeps_each_actor_bounded(tmp_path):

@@ -17,6 +17,7 @@ import threading
 import time
 import types
 
+import psutil
 import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'pipeloom[ray]')")
@@ -26,7 +27,10 @@ from pipeloom.datapipes import FileLister, IterableWrapper  # noqa: E402
 from pipeloom.errors import WorkerError, WorkerTimeout  # noqa: E402
 from pipeloom.reading_service import RayReadingService, ThreadReadingService  # noqa: E402
 from pipeloom.reading_service.strategies.ray_actors import channel  # noqa: E402
-from pipeloom.reading_service.strategies.ray_actors.handle import Cluster  # noqa: E402
+from pipeloom.reading_service.strategies.ray_actors.handle import (  # noqa: E402
+    ActorHandle,
+    Cluster,
+)
 from tests.reading_service import pipelines, ray_pipelines  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -92,24 +96,29 @@ def test_an_actor_killed_right_after_a_checkpoint_and_the_checkpoint_under_threa
         assert without_pid(head + list(loader)) == expected
 
 
-def test_a_timeout_on_an_actor_stuck_in_an_item_raises_after_timeout_not_ten_seconds(cluster):
+def test_an_actor_stuck_in_an_item_times_out_at_once_and_is_replaced_at_the_next_epoch(
+    cluster, tmp_path
+):
     # The abandoned epoch used to join the reader waiting on the stuck actor for
-    # JOIN_TIMEOUT (10 s) before the WorkerTimeout was raised.
-    pipe = (
-        IterableWrapper(range(10))
-        .sharding_filter()
-        .map(
-            functools.partial(pipelines.stuck_at, at=3)  # actor 1 waits a minute there
-        )
-    )
-    ray_service = RayReadingService(2, num_cpus_per_actor=0.5, timeout=1)
+    # JOIN_TIMEOUT (10 s) before the WorkerTimeout was raised; and the next epoch's
+    # call waited behind the stuck one in the actor: a timeout again (or, without
+    # a timeout, a hang until the item ended).
+    marker = tmp_path / "stuck"
+    stuck = functools.partial(ray_pipelines.stuck_once, at=1, marker=str(marker))
+    pipe = IterableWrapper(range(10)).sharding_filter().map(stuck)
+    ray_service = RayReadingService(1, num_cpus_per_actor=0.5, timeout=1)
     with DataLoader(pipe, ray_service, seed=0) as loader:
         iterator = iter(loader)
-        next(iterator)
+        assert next(iterator) == 0
         started = time.monotonic()
         with pytest.raises(WorkerTimeout, match="within timeout=1 s"):
-            list(iterator)
+            next(iterator)
         assert time.monotonic() - started < 5
+        stuck_actor = psutil.Process(int(marker.read_text()))
+        assert list(loader) == list(range(10))  # on a fresh actor, not behind the stuck one
+        assert psutil.wait_procs([stuck_actor], timeout=10)[1] == []  # the stuck one killed
+        started = time.monotonic()
+    assert time.monotonic() - started < 5  # shutdown()
     assert not any("pipeloom-ray-reader" in t.name for t in threading.enumerate())
 
 
@@ -209,3 +218,53 @@ def test_ray_shut_down_under_a_running_epoch_is_named_not_hidden_by_a_cancel(mon
     assert isinstance(error, WorkerError) and error.__cause__ is lost
     assert str(error).startswith("ray actor 0: reading its outputs failed with AttributeError")
     assert "Ray was shut down meanwhile: call the loader's shutdown()" in str(error)
+
+
+class _FakeActor:
+    """A Ray actor handle whose ``where()`` call is a token for ``ray.get`` to answer."""
+
+    def __init__(self):
+        self.where = self
+
+    def options(self, **kwargs):
+        return self
+
+    def remote(self):
+        return "where() call"
+
+
+def test_rays_own_count_decides_a_restart_and_is_the_count_the_error_names(monkeypatch):
+    # The handle counted restarts itself: a call lost to a blip (ActorUnavailableError,
+    # ObjectLostError) counted as a restart Ray never made, so max_restarts=0 raised
+    # "restarts are spent" for a live actor; and an actor killed with ray.kill after one
+    # of its two restarts was said to have spent both.
+    from ray._private import state
+
+    where = {"pid": 7, "node_ip": "10.0.0.5", "node_id": "5e6f7a8b" * 4, "actor_id": "1a2b" * 8}
+    answers: list = [where]
+
+    def get(call, timeout=None):
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    ray_restarts = {"NumRestarts": 0}
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(state, "actors", lambda actor_id: ray_restarts)
+    actor = ActorHandle(_FakeActor(), 0, max_restarts=0, start_timeout=5)
+    actor.restarted(ray.exceptions.ActorUnavailableError("connection reset", None))
+    assert actor.where == where and not actor.dead  # alive: the epoch is replayed
+    actor.max_restarts = 2
+    for restarts, why in [
+        (1, "Ray restarts it no more after 1 of its 2 restarts (max_restarts): the cause"),
+        (2, "its 2 restarts (max_restarts, counted over its life, across epochs) are spent"),
+    ]:
+        ray_restarts["NumRestarts"] = restarts
+        answers.append(ray.exceptions.ActorDiedError())  # Ray restarts it no more
+        with pytest.raises(WorkerError) as info:
+            actor.restarted(RuntimeError("the call's death"))
+        message = str(info.value)
+        assert message.startswith("ray actor 0 (actor 1a2b1a2b, pid 7, node 10.0.0.5 id 5e6f")
+        assert why in message and "the next epoch starts a fresh actor in its place" in message
+        assert actor.dead  # replaced at the next epoch

@@ -14,7 +14,7 @@ from ..planning.planner import Settings, make_plan
 from ..strategies.classic.runner import ClassicRunner
 from ..strategies.in_process import InProcessRunner
 from ..strategies.ray_actors.handle import Cluster, require_ray
-from ..strategies.ray_actors.pool import ActorOptions, RayPool
+from ..strategies.ray_actors.pool import STUCK_AFTER, ActorOptions, RayPool
 from ..strategies.runner import Runner
 from ..workers.rngs import workers_seed
 from .base import PlannedService
@@ -40,8 +40,11 @@ class RayReadingService(PlannedService):
     of the object store when the actor runs on the same node. An actor that
     dies is restarted by Ray (``max_restarts`` times) and replays its epoch from
     the last output the main process received: nothing is lost or repeated.
-    Once the restarts are spent, a ``WorkerError`` names the actor, its node and
-    the cause.
+    Once Ray restarts it no more, a ``WorkerError`` names the actor, its node
+    and the cause, and the next epoch starts a fresh actor in its place. An
+    actor still stuck in an item of an abandoned epoch (after a ``timeout``,
+    Ctrl-C or a ``break``) when the next epoch starts is given at most 5 s
+    (``timeout`` if less), then killed and replaced by a fresh actor.
 
     Args:
         num_actors: actors; 0 runs everything in the calling thread.
@@ -50,11 +53,14 @@ class RayReadingService(PlannedService):
         ray_address: the cluster to connect to when Ray is not connected yet
             (None: ``RAY_ADDRESS``, else a local cluster, shared by the process's
             Ray services and stopped at the ``shutdown()`` of the last one using it).
-        max_restarts: how many times each actor is restarted after dying.
+        max_restarts: how many times Ray restarts each actor after it dies, over
+            the actor's life (Ray's count: across epochs, resumes and
+            re-iterations of the loader).
         worker_init_fn: called as ``worker_init_fn(actor_index)`` in each actor
             process before its first epoch, after its RNGs are seeded.
         timeout: seconds to wait for the next output before raising
-            ``TimeoutError`` (None: as long as the actors live).
+            ``TimeoutError`` (None: as long as the actors live); an actor's
+            restart counts too, so keep it well above a restart's time.
         start_timeout: seconds an actor may take to start (or restart) before
             the loader raises instead of waiting for resources that never free.
         in_order: merge by source position (True) or by arrival (False).
@@ -138,6 +144,7 @@ class RayReadingService(PlannedService):
             start_timeout=self.start_timeout,
             worker_init_fn=self.worker_init_fn,
             ray_options=self.ray_options,
+            stuck_after=STUCK_AFTER if self.timeout is None else min(STUCK_AFTER, self.timeout),
         )
         pool = RayPool(
             plan,

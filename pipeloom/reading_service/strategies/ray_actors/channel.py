@@ -115,9 +115,10 @@ class ActorChannel:
         """Stop the epoch: cancel the call, close the hand-over; idempotent.
 
         The reader is not joined: a call stuck in an item (what a ``timeout``
-        reports) ends only at its next output, or when the pool's stop kills
-        the actor. Until then the reader waits on it; whatever it then gets
-        meets the closed hand-over or ``_cancelled`` and ends it.
+        reports) ends only at its next output, or when the pool kills the
+        actor (at the next epoch, or at its stop). Until then the reader waits
+        on it; whatever it then gets meets the closed hand-over or
+        ``_cancelled`` and ends it.
         """
         with self._lock:
             self._cancelled = True
@@ -130,9 +131,10 @@ class ActorChannel:
         """True while the reader thread runs."""
         return self._thread.is_alive()
 
-    def join(self) -> None:
+    def join(self, timeout: float = JOIN_TIMEOUT) -> None:
+        """Wait (at most ``timeout`` seconds) for the reader thread to end."""
         if self._thread is not threading.current_thread():
-            self._thread.join(timeout=JOIN_TIMEOUT)
+            self._thread.join(timeout=timeout)
 
     # -- the reader thread -------------------------------------------------------------
     def _read(self) -> None:
@@ -171,7 +173,7 @@ class ActorChannel:
             return self._call
 
     def _restart(self, call: Any, error: BaseException) -> Any:
-        """The call again on the restarted actor, or raise once the restarts are spent."""
+        """The call again on the restarted actor, or raise once Ray restarts it no more."""
         if self._cancelled:
             return None
         require_ray().cancel(call)  # still running if only its objects were lost
@@ -179,7 +181,7 @@ class ActorChannel:
             raise self.actor.lost(
                 error, "and its outputs carry no source position, so the epoch cannot be replayed"
             )
-        self.actor.restarted(error)  # raises a WorkerError when no restart is left
+        self.actor.restarted(error)  # raises a WorkerError when Ray restarts it no more
         return self._submit()
 
     def _hand_over(self, error: BaseException) -> None:

@@ -95,6 +95,11 @@ def _job(ray: Any) -> str:
 class ActorHandle:
     """One actor of the pool: where it runs, its streaming epoch call, its restarts.
 
+    Ray restarts the actor after each death, up to ``max_restarts`` times over
+    its life, and counts them itself: a death in an epoch, between epochs or
+    in an abandoned epoch counts alike. An actor Ray restarts no more is
+    ``dead``; so is one the pool killed. The pool replaces it at the next epoch.
+
     Args:
         handle: the Ray actor handle.
         index: the actor's index in the pool.
@@ -107,7 +112,7 @@ class ActorHandle:
         self.index = index
         self.max_restarts = max_restarts
         self.start_timeout = start_timeout
-        self.restarts = 0
+        self.dead = False
         self.where: dict[str, Any] = {}
 
     @property
@@ -141,27 +146,47 @@ class ActorHandle:
         """Wait for Ray to restart the actor after ``error`` killed its call.
 
         Raises:
-            WorkerError: when ``max_restarts`` restarts are spent, or the actor
-                did not run again within ``start_timeout`` seconds.
+            WorkerError: when Ray restarts it no more (its ``max_restarts``
+                restarts are spent, or it was killed for good), or it did not run
+                again within ``start_timeout`` seconds; the actor is then ``dead``.
         """
         ray = require_ray()
-        spent = (
-            f"and its {self.max_restarts} restarts (max_restarts) are spent; raise "
-            f"max_restarts, or read the actor's log (ray logs) for why it dies"
-        )
-        self.restarts += 1
-        if self.restarts > self.max_restarts:
-            raise self.lost(error, spent)
         try:
             self.where = ray.get(self.locate(), timeout=self.start_timeout)
         except ray.exceptions.GetTimeoutError:
+            self.dead = True
             raise self.lost(
                 error,
                 f"and did not run again within {self.start_timeout} s (start_timeout); "
                 f"is a node with num_cpus_per_actor free CPUs left in the cluster?",
             ) from None
-        except ray.exceptions.RayActorError as dead:  # Ray gave up restarting it
-            raise self.lost(dead, spent) from None
+        except ray.exceptions.RayActorError as dead:  # Ray restarts it no more
+            self.dead = True
+            raise self.lost(dead, self._no_more_restarts()) from None
+
+    def _no_more_restarts(self) -> str:
+        """Why Ray restarts the actor no more, by its own count of the restarts."""
+        restarts = self.restarts()
+        if restarts is not None and restarts < self.max_restarts:
+            return (
+                f"and Ray restarts it no more after {restarts} of its {self.max_restarts} "
+                f"restarts (max_restarts): the cause says why (ray.kill, or its constructor "
+                f"failed on restart); the next epoch starts a fresh actor in its place"
+            )
+        return (
+            f"and its {self.max_restarts} restarts (max_restarts, counted over its life, "
+            f"across epochs) are spent; the next epoch starts a fresh actor in its place. "
+            f"Raise max_restarts, or read the actor's log (ray logs) for why it dies"
+        )
+
+    def restarts(self) -> int | None:
+        """How many times Ray restarted this actor (None where Ray does not say)."""
+        try:
+            from ray._private import state  # Ray's actor table: its count, not ours
+
+            return int(state.actors(self.where["actor_id"])["NumRestarts"])
+        except Exception:  # noqa: BLE001 - not located yet, or another Ray version
+            return None
 
     def lost(self, error: BaseException, why: str) -> WorkerError:
         """The error for this actor's death before the end of its epoch."""
@@ -178,6 +203,7 @@ class ActorHandle:
 
     def kill(self) -> None:
         """End the actor for good (no restart); idempotent."""
+        self.dead = True
         try:
             require_ray().kill(self.handle, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone, or Ray is shut down

@@ -5,13 +5,18 @@ plan (``planning/planner.py``, strategy ``"ray"``), the same runner and merge
 (``strategies/classic/``), the same epoch of a worker (``workers/epoch.py``).
 This pool starts the actors at the first epoch and keeps them until
 :meth:`RayPool.stop`; each epoch is one streaming call per actor, read by an
-:class:`~.channel.ActorChannel`.
+:class:`~.channel.ActorChannel`. An actor whose call in an abandoned epoch
+does not end (stuck in an item: what a ``timeout`` or Ctrl-C leaves behind)
+would hold the next epoch's call back (an actor runs one call at a time):
+the next epoch kills it and starts a fresh one in its place, as it does for
+an actor Ray restarts no more (``ActorHandle.dead``).
 """
 
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ....datapipes.runtime import RestOfEpoch
@@ -25,10 +30,14 @@ from .actor import EpochActor, Shard
 from .channel import ActorChannel, Replay
 from .handle import ActorHandle, Cluster, require_ray
 
-__all__ = ["RUN_LENGTH", "ActorOptions", "RayPool"]
+__all__ = ["RUN_LENGTH", "STUCK_AFTER", "ActorOptions", "RayPool"]
 
 RUN_LENGTH = 64
 """The most item outputs in one object of the stream (whole batches travel one per object)."""
+
+STUCK_AFTER = 5.0
+"""Seconds (the service's ``timeout`` if less) an abandoned epoch's call may run on once
+the next epoch starts; an actor whose call runs on longer is stuck, and replaced."""
 
 
 class ActorOptions:
@@ -36,10 +45,11 @@ class ActorOptions:
 
     Attributes:
         num_cpus: CPUs Ray reserves for each actor (fractions allowed).
-        max_restarts: restarts of each actor before its death ends the epoch.
+        max_restarts: Ray's restarts of each actor, over its life, before its death ends the epoch.
         start_timeout: seconds an actor may take to run (again).
         worker_init_fn: called as ``worker_init_fn(index)`` in each actor process.
         ray_options: more ``ray.remote`` options for the actors (e.g. ``resources``).
+        stuck_after: seconds an abandoned epoch's call may run on at the next epoch.
     """
 
     def __init__(
@@ -50,10 +60,12 @@ class ActorOptions:
         start_timeout: float,
         worker_init_fn: Callable[[int], None] | None,
         ray_options: dict[str, Any] | None,
+        stuck_after: float = STUCK_AFTER,
     ) -> None:
         self.num_cpus = num_cpus
         self.max_restarts = max_restarts
         self.start_timeout = start_timeout
+        self.stuck_after = stuck_after
         self.worker_init_fn = worker_init_fn
         self.ray_options = dict(ray_options or {})
 
@@ -115,7 +127,9 @@ class RayPool:
                 "inside the DistributedReadingService, or on the same number of ranks"
             )
         if not self.actors:
-            self.actors = self._start_actors()
+            self.actors = self._start_actors(range(self.count))
+        else:
+            self._replace_gone()
         self._channels = [
             ActorChannel(
                 actor,
@@ -158,7 +172,33 @@ class RayPool:
             channel.join()
         self.cluster.release()
 
-    def _start_actors(self) -> list[ActorHandle]:
+    def _replace_gone(self) -> None:
+        """Start a fresh actor in place of each one dead (see ``ActorHandle``), or stuck.
+
+        A cancelled call ends at the actor's next output; one still running
+        ``stuck_after`` seconds after this epoch starts is stuck in an item, and
+        this epoch's call would wait behind it: the actor is killed (which ends
+        its reader) and replaced.
+        """
+        deadline = time.monotonic() + self.options.stuck_after
+        for channel in self._cancelled:
+            channel.join(timeout=max(0.0, deadline - time.monotonic()))
+        for channel in self._cancelled:
+            if channel.reading():
+                channel.actor.kill()
+        gone = [actor.index for actor in self.actors if actor.dead]
+        if not gone:
+            return
+        for index in gone:  # also those Ray restarts no more, or did not place in time
+            self.actors[index].kill()
+        for channel in self._cancelled:
+            channel.join()
+        self._cancelled = [channel for channel in self._cancelled if channel.reading()]
+        for actor in self._start_actors(gone):
+            self.actors[actor.index] = actor
+
+    def _start_actors(self, indices: Iterable[int]) -> list[ActorHandle]:
+        """Start the actors of ``indices`` and wait for them to run; kill them if they do not."""
         self.cluster.connect()
         ray = require_ray()
         remote = ray.remote(
@@ -182,7 +222,7 @@ class RayPool:
                 max_restarts=self.options.max_restarts,
                 start_timeout=self.options.start_timeout,
             )
-            for index in range(self.count)
+            for index in indices
         ]
         try:
             self._locate(actors)
