@@ -186,6 +186,13 @@ class DataPipe(BlockHooks):
 
     stamp_position = stamp_position  # public: see _numbering.py
 
+    def _key_next_item(self, position: int) -> None:
+        """Key the item about to be made at ``position``: the user's code that makes it (a
+        ``Dataset.__getitem__``, a generator) may draw ``item_rng()``. Stamp watchers are
+        not told: the block stamps the item again once it exists (:meth:`_stamp_item`)."""
+        seed = self._pl_epoch_seed
+        _ITEM.stamp = (self.epoch_seed() if seed is None else seed, self._pl_epoch, position, 0)
+
     def _stamp_item(self, position: int) -> None:
         """Mark the current item as this block's output at ``position`` (sources, sharding)."""
         seed = self._pl_epoch_seed

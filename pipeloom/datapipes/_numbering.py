@@ -39,7 +39,7 @@ from typing import Any
 
 from .._walk import walk_upstream
 from ..errors import NotAvailable
-from ._context import _ITEM, current_stamp, stamp_output
+from ._context import _ITEM, stamp_output
 from ._output_stamps import OutputStamps
 from ._stamp_check import stamp_checked
 
@@ -47,7 +47,6 @@ __all__ = [
     "Numbering",
     "install_index_stamps",
     "install_numbering",
-    "mark_item",
     "overrides",
     "stamp_position",
 ]
@@ -152,17 +151,6 @@ def _index_stamped(method: Any) -> Any:
     return async_get
 
 
-def mark_item(block: Any, position: int) -> None:
-    """Key the item about to be made at ``position``: code of the user's that makes it
-    (a ``Dataset.__getitem__``, an ``IterableDataset.__iter__``) may draw ``item_rng()``.
-
-    The block stamps the item again once made, as every source does; only that
-    stamp is reported to stamp watchers (a position is seen once it exists).
-    """
-    seed = block._pl_epoch_seed
-    _ITEM.stamp = (block.epoch_seed() if seed is None else seed, block._pl_epoch, position, 0)
-
-
 def overrides(cls: type, name: str, base: type) -> bool:
     """True when a class between ``cls`` and ``base`` defines ``name`` (not this module's
     wrapper of ``base``'s own method)."""
@@ -205,7 +193,7 @@ def _numbered(method: Any) -> Any:
             return item
         total, index = numbering.shard
         while True:
-            mark_item(self, numbering.count * total + index)  # item_rng() in the user's code
+            self._key_next_item(numbering.count * total + index)  # item_rng() in the user's code
             item = method(self)
             count = numbering.count
             numbering.count = count + 1

@@ -13,7 +13,6 @@ import torch.utils.data
 from .._validate import check_index, check_int
 from ._base import DataPipe, IterDataPipe, MapDataPipe
 from ._listing_check import ListingMemo, changed_strings, describe_strings
-from ._numbering import mark_item
 from ._runs import Head, IteratorHead, SeekHead, SourceHead
 from ._seek import first_kept, is_positioned, read_span
 from ._state_fields import StateFields
@@ -32,10 +31,10 @@ _PLAIN_ITERABLES: tuple[type, ...] = (
 
 
 def _marking(block: DataPipe, items: Iterator[Any], position: int) -> Iterator[Any]:
-    """``items`` from ``position`` on, each keyed before it is made (:func:`_mark_item`)."""
+    """``items`` from ``position`` on, each keyed before it is made (``_key_next_item``)."""
     take = items.__next__
     while True:
-        mark_item(block, position)
+        block._key_next_item(position)
         try:
             item = take()
         except StopIteration:
@@ -238,7 +237,7 @@ class SequenceWrapper(MapDataPipe):
         if not isinstance(index, int):
             return self.sequence[index]
         if not is_positioned(self.sequence):  # the user's __getitem__ makes the item
-            mark_item(self, index)
+            self._key_next_item(index)
         item = self.sequence[index]
         self._stamp_item(index)
         return item
@@ -250,7 +249,7 @@ class SequenceWrapper(MapDataPipe):
         else:  # each keyed before the user's __getitem__ makes it
             items = []
             for i in indices:
-                mark_item(self, i)
+                self._key_next_item(i)
                 items.append(sequence[i])
         if items:
             self._stamp_item(indices[-1])
