@@ -25,6 +25,7 @@ from pipeloom.datapipes import FileLister, IterableWrapper, _files
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.strategies.classic import process_pool
+from pipeloom.reading_service.strategies.runner import drain
 from tests.own_resources import OwnResources
 from tests.reading_service import pipelines
 
@@ -361,3 +362,9 @@ def test_tar_shards_across_processes_equal_in_process_and_each_worker_opens_its_
     assert os.getpid() not in opened
     assert sorted(sorted(paths) for paths in opened.values()) == [shards[0::2], shards[1::2]]
     leftovers.assert_none()
+
+
+def test_an_epoch_closed_before_its_first_item_still_ends_its_work():
+    ended: list[bool] = []
+    drain(IterableWrapper(range(3)), on_close=ended.append).close()
+    assert ended == [False]  # persistent workers cancel the epoch before the next one starts

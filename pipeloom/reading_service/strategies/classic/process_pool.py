@@ -66,6 +66,7 @@ class ProcessPool:
         worker_init_fn: Callable[[int], None] | None,
         persistent: bool,
         timeout: float | None = None,
+        reseed_global_rngs: bool = True,
     ) -> None:
         workers = plan.part("workers")
         assert workers.exit is not None and plan.sharding_point is not None
@@ -80,6 +81,7 @@ class ProcessPool:
         self.prefetch = prefetch
         self.worker_init_fn = worker_init_fn
         self.persistent = persistent
+        self.reseed_global_rngs = reseed_global_rngs
         self._processes: _Processes | None = None
         self._lost: WorkerError | None = None  # a persistent worker found dead between epochs
 
@@ -279,6 +281,7 @@ class _Processes:
                     pool.shard,
                     pool.worker_init_fn,
                     ring,
+                    pool.reseed_global_rngs,
                 ),
                 process_name=f"pipeloom-worker-{index}",
             )
@@ -350,8 +353,13 @@ def _worker_main(
     shard: _Shard,
     worker_init_fn: Callable[[int], None] | None,
     ring: Ring | None = None,
+    reseed_global_rngs: bool = True,
 ) -> None:
-    """A classic worker process: wait for an epoch, produce it, repeat until told to stop."""
+    """A classic worker process: wait for an epoch, produce it, repeat until told to stop.
+
+    Its global RNGs are seeded at every epoch, or (``reseed_global_rngs=False``)
+    at the first only, so their streams run on across epochs as torch's do.
+    """
     label = bootstrap(f"worker process {index}", reuse_freed_memory=True)
     set_output_queue(queue)  # batches are collated into its shared memory
     try:
@@ -370,7 +378,8 @@ def _worker_main(
             return  # Stop, or the main process is gone
         generation += 1
         own_seed = worker_seed(seed, command.epoch, index)
-        seed_worker_rngs(own_seed)
+        if reseed_global_rngs or not initialized:
+            seed_worker_rngs(own_seed)
         set_process_worker_info(WorkerInfo(index, count, own_seed, pipe))
         if not initialized:
             initialized = True
@@ -387,6 +396,9 @@ def _worker_main(
             if type(message) is tuple:  # an output (not END, a marker or a Failure):
                 queue.wait_for_room()  # make the next one only when it fits, as torch's
                 # prefetch_factor counts the batch being made among those in flight
+                if cancel.is_set():  # the room came from the cancel's drain: make no
+                    cancelled.append(True)  # output nobody reads (torch's worker makes
+                    raise EpochCancelled  # none past prefetch_factor either)
 
         if chain is not None and ring is not None:
             produced = produce_assembled_epoch(
