@@ -106,8 +106,11 @@ class MultiProcessingReadingService(PlannedService):
             only when the worker starts (False): then a persistent worker's
             streams run on from epoch to epoch, as torch's workers' do
             (``pipeloom.compat.DataLoader`` uses it), and draw other values
-            after an abandoned epoch than after a finished one. Classic only
-            (economic and chunked seed them per item).
+            after an abandoned epoch than after a finished one. Ending an
+            abandoned epoch then waits for the workers as torch's does (up to
+            ``timeout``; None: while they live) instead of restarting those
+            still busy after 5 s. Classic only (economic and chunked seed them
+            per item).
 
     Example:
         >>> from pipeloom import DataLoader

@@ -82,6 +82,7 @@ class ProcessPool:
         self.worker_init_fn = worker_init_fn
         self.persistent = persistent
         self.reseed_global_rngs = reseed_global_rngs
+        self.timeout = timeout
         self._processes: _Processes | None = None
         self._lost: WorkerError | None = None  # a persistent worker found dead between epochs
 
@@ -105,7 +106,12 @@ class ProcessPool:
             return
         if self.persistent:
             try:
-                self._processes.cancel_epoch()
+                if self.reseed_global_rngs:
+                    self._processes.cancel_epoch()
+                else:  # restarted workers would lose their RNG streams: wait as torch's
+                    # _reset waits for its workers, up to timeout (None: while they live)
+                    patient = self.timeout is None
+                    self._processes.cancel_epoch(self.timeout or CANCEL_TIMEOUT, patient=patient)
                 return
             except (WorkerError, QueueError) as error:  # a worker died: not to be hidden
                 self._lost = self._processes.dead_worker(error)
@@ -298,13 +304,22 @@ class _Processes:
             except OSError:  # it exited, maybe saying why first
                 channel.raise_gone()
 
-    def cancel_epoch(self, timeout: float = CANCEL_TIMEOUT) -> None:
-        """Make persistent workers end the current epoch early; drop what they sent."""
+    def cancel_epoch(self, timeout: float = CANCEL_TIMEOUT, *, patient: bool = False) -> None:
+        """Make persistent workers end the current epoch early; drop what they sent.
+
+        ``patient``: after ``timeout`` seconds without a message from a worker,
+        wait again while it lives (still starting, or in a long fetch).
+        """
         for cancel in self.cancels:
             cancel.set()
         for channel in self.channels:
             while not channel.ended:  # a worker whose END was read has nothing more to send
-                message = channel.queue.get(timeout=timeout)
+                try:
+                    message = channel.queue.get(timeout=timeout)
+                except TimeoutError:
+                    if patient and channel.worker.exit_code() is None:
+                        continue
+                    raise
                 channel.ended = message is END or isinstance(message, Failure)
 
     def dead_worker(self, cause: BaseException) -> WorkerError | None:
