@@ -118,5 +118,7 @@ class EpochIterator(Iterator[Any]):
             )
         why = "shutdown() stopped the loader"
         if not self._loader._closed:
-            why = self._loader._taken or "a newer iter(loader) or load_state_dict() replaced it"
+            why = self._loader._taken or (
+                "a newer iter(loader), load_state_dict() or end_epoch() replaced it"
+            )
         return RuntimeError(f"this iterator over epoch {record.epoch} is no longer valid: {why}")

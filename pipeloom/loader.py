@@ -165,6 +165,28 @@ class DataLoader(ShutsDown):
                     next(iterator, None)
             return iterator
 
+    def end_epoch(self) -> None:
+        """Stop the running epoch's work now, as the next ``iter()`` would first.
+
+        Its iterator refuses further items; worker processes stop, or, if
+        persistent, finish the epoch early and wait for the next. Nothing
+        happens between epochs. The next ``iter()`` runs the epoch after it.
+
+        Example:
+            >>> from pipeloom.datapipes import IterableWrapper
+            >>> loader = DataLoader(IterableWrapper(range(4)))
+            >>> epoch = iter(loader); first = next(epoch)
+            >>> loader.end_epoch()
+            >>> next(epoch, "refused")
+            Traceback (most recent call last):
+            ...
+            RuntimeError: ...
+        """
+        with self._steps.between():
+            if self._current is not None:
+                self._current.invalidate()
+                self._current = None
+
     def __len__(self) -> int:
         """Items per epoch, when the pipeline knows it (else ``TypeError``)."""
         return len(self.datapipe)

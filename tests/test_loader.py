@@ -127,6 +127,18 @@ def test_a_new_epoch_invalidates_the_previous_iterator():
         next(first)
 
 
+def test_end_epoch_stops_the_running_epoch_and_the_next_iter_runs_the_one_after():
+    loader = DataLoader(range(5))
+    loader.end_epoch()  # between epochs: nothing to stop
+    first = iter(loader)
+    next(first)
+    loader.end_epoch()
+    with pytest.raises(RuntimeError, match=r"no longer valid: .* or end_epoch\(\) replaced it"):
+        next(first)
+    assert list(loader) == [0, 1, 2, 3, 4]
+    assert loader.next_epoch == 2  # epoch 1 ran after the ended epoch 0
+
+
 def test_a_loader_built_over_the_blocks_of_another_takes_them():
     # Both seeded, restarted and read the same blocks: the first silently ran on the second's
     # seed, and an epoch of one lost items to the other's (validation sharing a prefix).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,13 @@ from ._args import start_method_of
 from ._fetch import Fetch, GetItem, IterableDatasetSource
 from ._plan import PlanBoard, PlanSource
 
-__all__ = ["build_map_pipeline", "build_pipeline", "build_service", "why_not_per_item"]
+__all__ = [
+    "build_map_pipeline",
+    "build_pipeline",
+    "build_service",
+    "copies_dataset_once",
+    "why_not_per_item",
+]
 
 
 def build_map_pipeline(
@@ -45,7 +52,8 @@ def build_map_pipeline(
         [['c', 'a'], ['b']]
     """
     if per_item_batch is None:
-        return PlanSource(board).map(Fetch(dataset, collate_fn, auto_collation))
+        fetch = Fetch(dataset, collate_fn, auto_collation)
+        return PlanSource(board, fetch=fetch).map(fetch)
     batch_size, drop_last = per_item_batch
     return (
         PlanSource(board, flatten=True)
@@ -70,6 +78,7 @@ def build_pipeline(loader: Any) -> IterDataPipe:
             batch_size=loader.batch_size,
             collate_fn=collate_fn,
             drop_last=loader.drop_last,
+            board=loader._board,
         )
     else:
         per_item = (
@@ -109,8 +118,23 @@ def build_service(loader: Any) -> ReadingService:
         persistent_workers=bool(loader.persistent_workers),  # torch takes any truthy value
         timeout=loader.timeout or None,
         in_order=bool(loader.in_order),
+        # classic workers' global RNG streams run on across epochs, as torch's do
+        reseed_global_rngs=loader.strategy != "classic",
         **loader._strategy_kwargs,
     )
+
+
+def copies_dataset_once(loader: Any) -> bool:
+    """True when a running engine's new workers would get a stale copy of the dataset.
+
+    Non-persistent worker processes restart each epoch; under ``fork`` they
+    inherit the dataset as it is now, but otherwise the engine pickled it
+    once, when it started (spawn: into a template its workers fork from).
+    """
+    if loader.num_workers == 0 or loader.worker_type != "process" or loader.persistent_workers:
+        return False
+    method = start_method_of(loader.multiprocessing_context)
+    return multiprocessing.get_context(method).get_start_method() != "fork"
 
 
 def why_not_per_item(dataset: Any, own_batch_sampler: bool, in_order: bool) -> str:

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ..datapipes import IterDataPipe
-from ._rng import WorkerStreams
+from ..datapipes.runtime import current_stamp, restore_stamp
+from ._plan import PlanBoard
 
 __all__ = ["Fetch", "GetItem", "IterableDatasetSource"]
 
@@ -71,7 +74,9 @@ class IterableDatasetSource(IterDataPipe):
     output with position ``k * n + i``, before it reads the output's items (so
     ``item_rng()`` in the dataset's ``__iter__`` draws for that output): the
     merge then interleaves the workers round-robin and skips a finished one,
-    which is torch's output order.
+    which is torch's output order. With a ``board``, a worker first makes (and
+    drops) the outputs of an abandoned epoch that torch's worker would still
+    have made (the plan's ``catch_up``), then starts the next epoch.
 
     Example:
         >>> source = IterableDatasetSource(range(5), batch_size=2, collate_fn=list)
@@ -86,8 +91,10 @@ class IterableDatasetSource(IterDataPipe):
         batch_size: int | None,
         collate_fn: Callable[[Any], Any],
         drop_last: bool = False,
+        board: PlanBoard | None = None,
     ) -> None:
         self.dataset = dataset
+        self.board = board
         self.batch_size = batch_size
         self.collate_fn = collate_fn
         self.drop_last = drop_last
@@ -96,7 +103,13 @@ class IterableDatasetSource(IterDataPipe):
         self._iterator: Any = None
         self._ended = False
         self._count = 0
-        self._streams = WorkerStreams()
+        self._ran: int | None = None  # the serial of the plan this copy ran last
+
+    def attach(self, buffer: torch.Tensor | None) -> None:
+        """In a new worker process: read plans from the shared ``buffer``."""
+        if self.board is not None:
+            self.board.attach(buffer)
+        self._ran = None  # it ran nothing yet (under fork it is the parent's object)
 
     def is_shardable(self) -> bool:
         return True
@@ -105,14 +118,33 @@ class IterableDatasetSource(IterDataPipe):
         self.total, self.index = total, index
 
     def reset(self) -> None:
+        if self.board is not None:
+            serial, catch_up = self.board.catch_up()
+            if catch_up is not None and catch_up.after == self._ran and serial != self._ran:
+                self._catch_up(catch_up.outputs)
+            self._ran = serial
         self._iterator = None
         self._ended = False
         self._count = 0
-        self._streams.restore()
+
+    def _catch_up(self, outputs: tuple[int, ...]) -> None:
+        """Make this worker's outputs of the abandoned epoch up to its count; drop them."""
+        if self.index >= len(outputs):
+            return
+        stamp = current_stamp()
+        try:
+            while self._count < outputs[self.index]:
+                try:
+                    self.async_next()
+                except StopIteration:
+                    return
+                except Exception:  # torch's worker sends it, and its _reset drops it
+                    self._count += 1  # a failed fetch is one of its tasks too
+        finally:
+            restore_stamp(stamp)
 
     def async_next(self) -> Any:
         if self._ended:
-            self._streams.save()
             raise StopIteration
         if self._iterator is None:  # here, after worker_init_fn, as torch's fetcher
             self._iterator = iter(self.dataset)
@@ -123,7 +155,6 @@ class IterableDatasetSource(IterDataPipe):
                 data = next(self._iterator)
             except StopIteration:
                 self._ended = True
-                self._streams.save()
                 raise
         else:
             data = []
@@ -135,7 +166,6 @@ class IterableDatasetSource(IterDataPipe):
                     break
             if not data or (self.drop_last and len(data) < self.batch_size):
                 self._ended = True
-                self._streams.save()
                 raise StopIteration
         output = self.collate_fn(data)
         self._count += 1

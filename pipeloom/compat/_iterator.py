@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._steps import StepGate
 from ..datapipes.runtime import current_position
-from ..errors import StateError, WorkerError
+from ..errors import PipeloomError, StateError, WorkerError, WorkerTimeout
 from ._plan import EpochPlan
 
 if TYPE_CHECKING:
@@ -26,6 +26,11 @@ class EpochRest:
     iterable: bool
     workers: int
     refusal: str | None  # why the position is not exact (then it cannot be saved)
+
+    @property
+    def asked(self) -> int:
+        """Batches of the epoch delivered or failed (counting those before a resume)."""
+        return self.plan.first + self.delivered + len(self.plan.skip)
 
     def to_state(self) -> dict[str, Any]:
         """The ``"epoch"`` entry of the loader's state.
@@ -188,7 +193,7 @@ class CompatIterator(Iterator[Any]):
 
     def _stopped(self, error: BaseException) -> None:
         self.stopped_by = self.stopped_by or type(error).__name__
-        self.can_go_on = self._loader.can_go_on_after(error)
+        self.can_go_on = can_go_on_after(error, iterable=self._loader.is_iterable)
         if self.can_go_on and self._by_position:  # the failed batch is not delivered again
             # in order, the failed batch is the next one; in arrival order, its worker says
             failed = self.done_below if self._in_order else _failed_position(error)
@@ -233,7 +238,7 @@ class CompatIterator(Iterator[Any]):
         self.skipped += after
         self.delivered = 0
         self.stopped_by = None
-        self._items = self._loader.run_plan(self.plan, self._items)
+        self._items = self._loader.run_plan(self.plan)
 
     def _can_go_on_why(self) -> str:
         if self._loader.is_iterable:
@@ -253,6 +258,22 @@ class CompatIterator(Iterator[Any]):
         invalidate = getattr(self._items, "invalidate", None)
         if invalidate is not None and not self.finished:
             invalidate()
+
+
+def can_go_on_after(error: BaseException, *, iterable: bool) -> bool:
+    """Whether an epoch can go on after ``error`` escaped ``next()``, as torch's does.
+
+    Only over a map-style dataset (its plan says which batches come next),
+    and only after an exception of the user's code (``__getitem__``,
+    ``collate_fn``, the sampler's batches): not after a dead worker, a
+    timeout or an interrupt.
+    """
+    if iterable or not isinstance(error, Exception) or isinstance(error, WorkerTimeout):
+        return False
+    origin = error if isinstance(error, WorkerError) else error.__cause__
+    if isinstance(origin, WorkerError):
+        return origin.original_type is not None  # None: the worker died
+    return not isinstance(error, PipeloomError)
 
 
 def _failed_position(error: BaseException) -> int | None:

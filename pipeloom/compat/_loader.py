@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ from .._remote_shutdown import stop_the_step
 from .._shutdown import ShutsDown, Steps
 from .._steps import StepGate
 from ..datapipes import default_collate
-from ..errors import PipeloomError, StateError, WorkerError, WorkerTimeout
+from ..errors import StateError
 from ._args import (
     ITERABLE_STRATEGY,
     MAP_STYLE_STRATEGY,
@@ -27,10 +27,17 @@ from ._args import (
     service_strategy_kwargs,
     start_method_of,
 )
-from ._engine import build_map_pipeline, build_pipeline, build_service, why_not_per_item
+from ._catch_up import catch_up_after, torch_requests
+from ._engine import (
+    build_map_pipeline,
+    build_pipeline,
+    build_service,
+    copies_dataset_once,
+    why_not_per_item,
+)
 from ._iterator import CompatIterator, EpochRest
 from ._plan import EpochPlan, PlanBoard, PlanEntries
-from ._sampling import draw_base_seed, draw_epoch, is_known_sampler
+from ._sampling import draw_base_seed, draw_epoch, is_known_sampler, settled_for_a_state
 from ._state import STATE_VERSION, loader_fingerprint, python_rngs, read_state, sampler_generators
 from ._worker import WorkerSetup
 
@@ -188,6 +195,14 @@ class DataLoader(ShutsDown):
         self._epochs = 0  # epochs begun: item_rng() draws from (base seed, epoch, position)
         self._resume: dict[str, Any] | None = None
         self._settle: Callable[[], None] | None = None  # draws due at the end of the epoch
+        self._settle_at = 0  # the sampler request that makes them (see _sampling)
+        self._ahead = (prefetch_factor or 0) * num_workers  # torch sends ahead
+        # persistent classic worker processes carry their global RNG streams on, as torch's
+        self._carries_streams = (
+            persistent_workers
+            and worker_type == "process"
+            and (resolved_strategy == "classic" and num_workers > 0)
+        )
         self._fingerprint = loader_fingerprint(
             dataset, sampler, batch_sampler, batch_size, drop_last
         )
@@ -209,10 +224,14 @@ class DataLoader(ShutsDown):
     def __iter__(self) -> CompatIterator:
         with self._steps.between():
             self._final_state = self._final_error = None
-            self._close_current()  # the workers go idle before the next plan is published
-            plan, delivered = self._next_plan()
+            left = self._rest()  # an epoch left unfinished: what torch's iterator asked for
+            self._close_current()
+            self._end_engine_epoch()  # the workers go idle before the next plan is published
+            plan, delivered = self._next_plan(left)
+            if left is not None and self._engine is not None and self._carries_streams:
+                plan = replace(plan, catch_up=catch_up_after(left, self._ahead, self._board.serial))
             self._publish(plan)
-            if self._engine is not None and self._copies_dataset_once():
+            if self._engine is not None and copies_dataset_once(self):
                 # torch sends the dataset to new workers at every epoch: changes made to it
                 # between epochs (a curriculum) must reach them, as under fork.
                 self._stop_engine()
@@ -293,7 +312,10 @@ class DataLoader(ShutsDown):
             self._close_current()
 
     def _take_state(self) -> dict[str, Any]:
-        self.settle_draws()  # the generators as they will be when this epoch ends
+        with settled_for_a_state(self._settle, self._generators()):  # as when the epoch ends
+            return self._state_now()
+
+    def _state_now(self) -> dict[str, Any]:
         rest = self._rest()
         epoch = None if rest is None else rest.to_state()
         # __getitem__ draws from this process's RNGs in-process; the sampler, without a
@@ -385,8 +407,14 @@ class DataLoader(ShutsDown):
             current.close(why)
         self._current = self._abandoned = None
 
-    def _next_plan(self) -> tuple[EpochPlan, int]:
-        """Draw the epoch as torch's iterator does: ``iter(sampler)``, base seed, indices."""
+    def _next_plan(self, left: EpochRest | None = None) -> tuple[EpochPlan, int]:
+        """Draw the epoch as torch's iterator does: ``iter(sampler)``, base seed, indices.
+
+        ``left``: the previous epoch, if it was left unfinished: the draws torch's
+        sampler makes after its last output are made only if torch asked that far.
+        """
+        if left is not None and torch_requests(left, self._ahead) < self._settle_at:
+            self._settle = None
         self.settle_draws()
         resume, self._resume = self._resume, None
         if resume is not None:  # checked by read_state
@@ -403,7 +431,7 @@ class DataLoader(ShutsDown):
             # arrays (same calls on the same generators, without a Python list per index).
             self._draw_base_seed()
             drawn = draw_epoch(index_sampler)
-            entries, self._settle = drawn.entries, drawn.settle
+            entries, self._settle, self._settle_at = drawn.entries, drawn.settle, drawn.settle_at
         else:
             iterator = iter(index_sampler)
             if self._draw_base_seed() and self.num_workers > 0:
@@ -427,26 +455,9 @@ class DataLoader(ShutsDown):
         """False when batches come in arrival order (``in_order=False`` with workers)."""
         return bool(self.in_order) or self.num_workers == 0
 
-    def can_go_on_after(self, error: BaseException) -> bool:
-        """Whether an epoch can go on after ``error`` escaped ``next()``, as torch's does.
-
-        Only over a map-style dataset (its plan says which batches come next),
-        and only after an exception of the user's code (``__getitem__``,
-        ``collate_fn``, the sampler's batches): not after a dead worker, a
-        timeout or an interrupt.
-        """
-        if self._iterable or not isinstance(error, Exception) or isinstance(error, WorkerTimeout):
-            return False
-        origin = error if isinstance(error, WorkerError) else error.__cause__
-        if isinstance(origin, WorkerError):
-            return origin.original_type is not None  # None: the worker died
-        return not isinstance(error, PipeloomError)
-
-    def run_plan(self, plan: EpochPlan, abandoned: Iterator[Any]) -> Iterator[Any]:
-        """The batches of ``plan`` (the rest of an epoch) in place of ``abandoned``'s."""
-        invalidate = getattr(abandoned, "invalidate", None)
-        if invalidate is not None:
-            invalidate()
+    def run_plan(self, plan: EpochPlan) -> Iterator[Any]:
+        """The batches of ``plan`` (the rest of an epoch), in place of the epoch running."""
+        self._end_engine_epoch()
         self._publish(plan)
         return self._run(plan)
 
@@ -472,24 +483,16 @@ class DataLoader(ShutsDown):
     def _generators(self) -> list[torch.Generator]:
         return sampler_generators(self.generator, self.sampler, self.batch_sampler)
 
-    def _copies_dataset_once(self) -> bool:
-        """True when a running engine's new workers would get a stale copy of the dataset.
-
-        Non-persistent worker processes restart each epoch; under ``fork`` they
-        inherit the dataset as it is now, but otherwise the engine pickled it
-        once, when it started (spawn: into a template its workers fork from).
-        """
-        if self.num_workers == 0 or self.worker_type != "process" or self.persistent_workers:
-            return False
-        method = start_method_of(self.multiprocessing_context)
-        return multiprocessing.get_context(method).get_start_method() != "fork"
-
     def _ensure_engine(self) -> pipeloom_loader.DataLoader:
         if self._engine is None:
             self._engine = pipeloom_loader.DataLoader(
                 build_pipeline(self), build_service(self), seed=0
             )
         return self._engine
+
+    def _end_engine_epoch(self) -> None:
+        if self._engine is not None:
+            self._engine.end_epoch()
 
     def _stop_engine(self) -> None:
         engine, self._engine = self._engine, None

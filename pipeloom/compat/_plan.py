@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pickle
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,13 +22,15 @@ import numpy as np
 import torch
 
 from ..datapipes import IterDataPipe, StateFields
-from ..datapipes.runtime import derive_seed
-from ._rng import WorkerStreams
+from ..datapipes.runtime import current_stamp, derive_seed, restore_stamp
+from ._catch_up import CatchUp
 
 __all__ = ["EpochPlan", "PlanBoard", "PlanEntries", "PlanSource"]
 
-_HEADER = struct.Struct("<q")
+_HEADER = struct.Struct("<qq")  # the sizes of the plan's numbers and of its entries
 _MIN_CAPACITY = 64 * 1024
+# What a worker reads of a plan besides its entries.
+_NUMBERS = ("base_seed", "first", "first_index", "epoch", "skip", "serial", "catch_up")
 
 
 class PlanEntries(Sequence[Any]):
@@ -181,6 +183,9 @@ class EpochPlan:
             their positions.
         outputs: an ``IterableDataset``'s outputs delivered per worker (its
             epoch is read again and those are left out).
+        serial: set by :meth:`PlanBoard.publish`: which publication this is.
+        catch_up: what persistent workers fetch of the abandoned epoch before
+            this one (see ``_catch_up``).
 
     Example:
         >>> plan = EpochPlan(PlanEntries.from_outputs([[4, 1], [0], [3, 2]]), base_seed=7)
@@ -196,6 +201,8 @@ class EpochPlan:
     epoch: int = 0
     skip: frozenset[int] = frozenset()
     outputs: tuple[int, ...] = ()
+    serial: int = 0
+    catch_up: CatchUp | None = None
 
     @property
     def engine_epoch(self) -> int:
@@ -268,6 +275,7 @@ class PlanBoard:
         self._buffer: torch.Tensor | None = None  # shared memory, set by share()
         self._shared = False
         self._attached = False  # True in a worker process: read the buffer
+        self._serial = 0  # plans published so far
 
     def share(self) -> None:
         """Also keep a shared-memory copy of each plan, for worker processes."""
@@ -284,26 +292,29 @@ class PlanBoard:
         A replaced buffer is invisible to worker processes already running:
         the caller restarts them.
         """
+        self._serial += 1
+        plan = replace(plan, serial=self._serial)
         self._plan = plan
         if not self._shared:
             return False
-        payload = pickle.dumps(
-            (
-                (plan.entries._objects, plan.entries._flat, plan.entries._offsets),
-                (plan.base_seed, plan.first, plan.first_index, plan.epoch, plan.skip),
-            ),
-            protocol=5,
-        )
-        needed = _HEADER.size + len(payload)
+        numbers = pickle.dumps({name: getattr(plan, name) for name in _NUMBERS}, protocol=5)
+        entries = plan.entries
+        payload = pickle.dumps((entries._objects, entries._flat, entries._offsets), protocol=5)
+        needed = _HEADER.size + len(numbers) + len(payload)
         replaced = self._buffer is None or self._buffer.numel() < needed
         if replaced:
             capacity = max(_MIN_CAPACITY, 2 * needed)
             self._buffer = torch.empty(capacity, dtype=torch.uint8).share_memory_()
         assert self._buffer is not None
         view = self._buffer.numpy()
-        view[: _HEADER.size] = np.frombuffer(_HEADER.pack(len(payload)), dtype=np.uint8)
-        view[_HEADER.size : needed] = np.frombuffer(payload, dtype=np.uint8)
+        view[: _HEADER.size] = np.frombuffer(_HEADER.pack(len(numbers), len(payload)), np.uint8)
+        view[_HEADER.size : needed] = np.frombuffer(numbers + payload, dtype=np.uint8)
         return replaced
+
+    @property
+    def serial(self) -> int:
+        """The serial of the current plan (0: none published yet)."""
+        return self._serial
 
     def attach(self, buffer: torch.Tensor | None) -> None:
         """In a worker process: read plans from the shared ``buffer`` from now on."""
@@ -314,12 +325,10 @@ class PlanBoard:
     def read(self) -> EpochPlan:
         """The current plan."""
         if self._attached:
-            if self._buffer is None:
-                raise RuntimeError("no epoch plan was published before the workers started")
-            view = self._buffer.numpy()
-            (size,) = _HEADER.unpack(view[: _HEADER.size].tobytes())
-            entries, numbers = pickle.loads(view[_HEADER.size : _HEADER.size + size].tobytes())
-            return EpochPlan(PlanEntries(*entries), *numbers)
+            view, numbers_size, size = self._view()
+            start = _HEADER.size + numbers_size
+            entries = pickle.loads(view[start : start + size].tobytes())
+            return EpochPlan(PlanEntries(*entries), **self._numbers(view, numbers_size))
         if self._plan is None:
             raise RuntimeError(
                 "the epoch plan was not published or did not reach this process; a compat "
@@ -327,11 +336,36 @@ class PlanBoard:
             )
         return self._plan
 
+    def catch_up(self) -> tuple[int, CatchUp | None]:
+        """The current plan's serial and catch-up, without reading its entries."""
+        if not self._attached:  # in the main process: nothing published is none to catch up
+            return (0, None) if self._plan is None else (self._plan.serial, self._plan.catch_up)
+        numbers = self._numbers(*self._view()[:2])
+        return numbers["serial"], numbers["catch_up"]
+
+    def _view(self) -> tuple[np.ndarray, int, int]:
+        if self._buffer is None:
+            raise RuntimeError("no epoch plan was published before the workers started")
+        view = self._buffer.numpy()
+        numbers_size, size = _HEADER.unpack(view[: _HEADER.size].tobytes())
+        return view, numbers_size, size
+
+    @staticmethod
+    def _numbers(view: np.ndarray, size: int) -> dict[str, Any]:
+        numbers: dict[str, Any] = pickle.loads(view[_HEADER.size : _HEADER.size + size].tobytes())
+        return numbers
+
     def __deepcopy__(self, memo: dict[int, Any]) -> PlanBoard:
         return self
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_plan": None, "_buffer": None, "_shared": self._shared, "_attached": False}
+        return {
+            "_plan": None,
+            "_buffer": None,
+            "_shared": self._shared,
+            "_attached": False,
+            "_serial": 0,
+        }
 
     def __repr__(self) -> str:
         return f"PlanBoard(shared={self._shared})"
@@ -344,6 +378,10 @@ class PlanSource(IterDataPipe):
     whose position ``p`` has ``(p // group_size) % total == index``, stamped
     with ``p``, so the workers' merge restores the sampler's order.
 
+    ``fetch``: what the pipeline does with an entry (its ``Fetch``); a worker
+    calls it for the entries of an abandoned epoch that torch's worker would
+    still have fetched (the plan's ``catch_up``) before it starts the next one.
+
     Example:
         >>> board = PlanBoard()
         >>> _ = board.publish(EpochPlan(PlanEntries.from_outputs([5, 3, 9]), base_seed=0))
@@ -351,8 +389,15 @@ class PlanSource(IterDataPipe):
         [5, 3, 9]
     """
 
-    def __init__(self, board: PlanBoard, *, flatten: bool = False) -> None:
+    def __init__(
+        self,
+        board: PlanBoard,
+        *,
+        flatten: bool = False,
+        fetch: Callable[[Any], Any] | None = None,
+    ) -> None:
         self.board = board
+        self.fetch = fetch
         self.flatten_entries = flatten  # not "flatten": that is a chaining method
         self.total = 1
         self.index = 0
@@ -361,7 +406,12 @@ class PlanSource(IterDataPipe):
         self._first = 0  # the epoch position of the plan's first entry
         self._next = 0  # the epoch position of the next entry
         self._skip: frozenset[int] = frozenset()  # positions the plan leaves out
-        self._streams = WorkerStreams()
+        self._ran: int | None = None  # the serial of the plan this copy ran last
+
+    def attach(self, buffer: torch.Tensor | None) -> None:
+        """In a new worker process: read plans from the shared ``buffer``."""
+        self.board.attach(buffer)
+        self._ran = None  # it ran nothing yet (under fork it is the parent's object)
 
     def is_shardable(self) -> bool:
         return True
@@ -376,9 +426,29 @@ class PlanSource(IterDataPipe):
         self._next = self._first_from(position)
 
     def reset(self) -> None:
+        serial, catch_up = self.board.catch_up()
+        if catch_up is not None and catch_up.after == self._ran and serial != self._ran:
+            self._catch_up(catch_up)
+        self._ran = serial
         self._entries = None
         self._next = 0  # made this shard's first, from the plan's first entry on, in _load()
-        self._streams.restore()
+
+    def _catch_up(self, catch_up: CatchUp) -> None:
+        """Fetch this shard's entries of the abandoned epoch not fetched yet; drop the results."""
+        fetch = self.fetch
+        if fetch is None:
+            return
+        stamp = current_stamp()
+        try:
+            for position, entry in catch_up.entries:
+                if position >= self._next and self._first_from(position) == position:
+                    self._stamp_item(position)
+                    try:
+                        fetch(entry)
+                    except Exception:  # torch's worker sends it, and its _reset drops it
+                        continue
+        finally:
+            restore_stamp(stamp)
 
     def _first_from(self, position: int) -> int:
         if self.total == 1:
@@ -404,7 +474,6 @@ class PlanSource(IterDataPipe):
         while position in self._skip:
             position = self._first_from(position + 1)
         if position - self._first >= len(entries):
-            self._streams.save()
             raise StopIteration
         entry = entries[position - self._first]
         self._next = self._first_from(position + 1)

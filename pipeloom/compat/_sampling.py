@@ -14,14 +14,18 @@ One of torch's calls yields nothing: when ``num_samples`` is a multiple of the
 dataset's length (always, with ``shuffle=True``), ``RandomSampler`` draws one
 more permutation at the end of the epoch and keeps none of it. It only moves
 the generator on, so it is left to :attr:`DrawnEpoch.settle`, which the loader
-calls when the epoch ends or before the generator is used or saved again --
-and skipped when the generator is the sampler's private one, which nothing
-else can see.
+calls when the epoch ends or before the generator is used again -- and
+skipped when the generator is the sampler's private one, which nothing else
+can see. torch draws it when its iterator asks the sampler for output
+:attr:`DrawnEpoch.settle_at` (counted from 1): an epoch abandoned before
+that (a ``break``; torch's workers ask ``prefetch_factor * num_workers``
+outputs ahead) never draws it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +35,14 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from ._plan import PlanEntries
 
-__all__ = ["DrawnEpoch", "EpochRecipe", "draw_base_seed", "draw_epoch", "is_known_sampler"]
+__all__ = [
+    "DrawnEpoch",
+    "EpochRecipe",
+    "draw_base_seed",
+    "draw_epoch",
+    "is_known_sampler",
+    "settled_for_a_state",
+]
 
 
 @dataclass(frozen=True)
@@ -42,10 +53,14 @@ class DrawnEpoch:
         entries: what iterating the sampler to its end yields.
         settle: makes the generator draws torch makes after the last entry
             (they yield nothing); None when there are none that anyone can see.
+        settle_at: which request for a sampler output (counted from 1) makes
+            them: the one for the last, short batch, else the one after the
+            last output.
     """
 
     entries: PlanEntries
     settle: Callable[[], None] | None = None
+    settle_at: int = 0
 
 
 @dataclass(frozen=True)
@@ -167,8 +182,10 @@ def draw_epoch(index_sampler: Any) -> DrawnEpoch:
     if not replacement and count % n == 0 and not private:
         settle = _DiscardedPermutation(n, generator)  # torch draws one more, keeps none of it
     if batch_size is None:
-        return DrawnEpoch(PlanEntries(flat=flat, recipe=recipe), settle)
-    return DrawnEpoch(_batched(flat, batch_size, drop_last, recipe=recipe), settle)
+        return DrawnEpoch(PlanEntries(flat=flat, recipe=recipe), settle, count + 1)
+    entries = _batched(flat, batch_size, drop_last, recipe=recipe)
+    short_last = count % batch_size != 0 and not drop_last  # BatchSampler ran out making it
+    return DrawnEpoch(entries, settle, len(entries) + (0 if short_last else 1))
 
 
 def _draws(generator: torch.Generator, n: int, count: int, replacement: bool) -> torch.Tensor:
@@ -189,6 +206,32 @@ def _draws(generator: torch.Generator, n: int, count: int, replacement: bool) ->
     if len(drawn) == 1:
         return drawn[0]
     return torch.cat(drawn) if drawn else torch.empty(0, dtype=torch.int64)
+
+
+@contextmanager
+def settled_for_a_state(
+    settle: Callable[[], None] | None, generators: list[torch.Generator]
+) -> Iterator[None]:
+    """``generators`` as they will be when the epoch ends (``settle`` made), then as they were.
+
+    A state saved mid-epoch holds the generators as the resumed epoch leaves
+    them, while this loader's own epoch makes those draws only if torch's would.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> with settled_for_a_state(_DiscardedPermutation(3, g), [g]):
+        ...     inside = g.get_state()
+        >>> torch.equal(inside, g.get_state())
+        False
+    """
+    states = [g.get_state() for g in generators] if settle is not None else []
+    if settle is not None:
+        settle()
+    try:
+        yield
+    finally:
+        for generator, state in zip(generators, states):
+            generator.set_state(state)
 
 
 class _DiscardedPermutation:

@@ -55,8 +55,8 @@ class WorkerSetup:
         dataset = self.dataset
         if isinstance(pipe, DataPipe):
             for block in upstream_blocks(pipe):
-                if isinstance(block, PlanSource):
-                    block.board.attach(self.board.buffer)
+                if isinstance(block, (PlanSource, IterableDatasetSource)):
+                    block.attach(self.board.buffer)
             found = find_dataset(pipe)
             dataset = found if found is not None else dataset
         seed = self.base_seed + worker_id

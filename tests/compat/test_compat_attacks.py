@@ -443,17 +443,9 @@ def test_breaking_early_then_iterating_again_equals_torch(num_workers, persisten
         break_early(tud.DataLoader, num_workers, persistent),
         break_early(DataLoader, num_workers, persistent),
     )
-    if persistent:  # see the xfail below: the indices and order only
-        theirs, ours = without_rng_draws(theirs[0]), without_rng_draws(ours[0])
     assert same(theirs, ours)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an abandoned epoch: torch's persistent workers fetched exactly prefetch_factor * "
-    "num_workers + delivered batches (their RNG streams run on from there); ours restart "
-    "their streams from pipeloom's per-epoch seed. Not fixed yet (docs/compat.md)",
-)
 @pytest.mark.timeout(120)
 def test_persistent_workers_rng_after_an_abandoned_epoch_equals_torch():
     assert same(break_early(tud.DataLoader, 2, True), break_early(DataLoader, 2, True))

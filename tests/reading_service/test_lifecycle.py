@@ -16,6 +16,7 @@ import signal
 import statistics
 import tarfile
 import threading
+import types
 
 import psutil
 import pytest
@@ -25,6 +26,7 @@ from pipeloom.datapipes import FileLister, IterableWrapper, _files
 from pipeloom.errors import WorkerError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.reading_service.strategies.classic import process_pool
+from pipeloom.reading_service.strategies.runner import drain
 from tests.own_resources import OwnResources
 from tests.reading_service import pipelines
 
@@ -361,3 +363,33 @@ def test_tar_shards_across_processes_equal_in_process_and_each_worker_opens_its_
     assert os.getpid() not in opened
     assert sorted(sorted(paths) for paths in opened.values()) == [shards[0::2], shards[1::2]]
     leftovers.assert_none()
+
+
+def test_an_epoch_closed_before_its_first_item_still_ends_its_work():
+    ended: list[bool] = []
+    drain(IterableWrapper(range(3)), on_close=ended.append).close()
+    assert ended == [False]  # persistent workers cancel the epoch before the next one starts
+
+
+def test_a_patient_cancel_waits_for_a_worker_that_is_alive_but_slow():
+    # a persistent worker still starting, or in a long fetch, when its epoch is cancelled:
+    # restarting it would lose its RNG streams (reseed_global_rngs=False), so wait on
+    class SlowQueue:
+        waits = 0
+
+        def get(self, timeout):
+            self.waits += 1
+            if self.waits < 3:
+                raise TimeoutError("nothing yet")
+            return process_pool.END
+
+    class Alive:
+        def exit_code(self):
+            return None
+
+    channel = types.SimpleNamespace(queue=SlowQueue(), worker=Alive(), ended=False)
+    processes = types.SimpleNamespace(cancels=[], channels=[channel])
+    with pytest.raises(TimeoutError):
+        process_pool._Processes.cancel_epoch(processes, 0.01)  # type: ignore[arg-type]
+    process_pool._Processes.cancel_epoch(processes, 0.01, patient=True)  # type: ignore[arg-type]
+    assert channel.ended and channel.queue.waits == 3

@@ -181,3 +181,22 @@ def test_worker_i_of_each_rank_draws_its_own_numbers():
     assert len(draws[0]) == len(draws[1]) == 4 and not draws[0] & draws[1]
     seeds = [set(one_rank(rank, ThreadReadingService(2), worker_seed_of)) for rank in range(2)]
     assert len(seeds[0]) == len(seeds[1]) == 2 and not seeds[0] & seeds[1]
+
+
+@pytest.mark.timeout(60)
+def test_persistent_workers_that_are_not_reseeded_run_their_streams_on_across_epochs():
+    def loader(size):
+        pipe = IterableWrapper(range(size)).sharding_filter().map(global_draws)
+        service = MultiProcessingReadingService(
+            1, start_method="fork", persistent_workers=True, reseed_global_rngs=False
+        )
+        return DataLoader(pipe, service, seed=0)
+
+    with loader(4) as short, loader(8) as long:
+        two_epochs = list(short) + list(short)  # the second epoch goes on from the first
+        assert [d[1:] for d in two_epochs] == [d[1:] for d in list(long)]
+
+
+def test_not_reseeding_the_global_rngs_is_refused_where_items_are_seeded_one_by_one():
+    with pytest.raises(ValueError, match="reseed_global_rngs=False only applies to strategy='c"):
+        MultiProcessingReadingService(2, strategy="economic", reseed_global_rngs=False)

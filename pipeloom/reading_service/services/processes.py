@@ -101,6 +101,16 @@ class MultiProcessingReadingService(PlannedService):
             fewer, or one item per chunk when the
             per-item blocks may make several outputs of one input, such as a
             tar shard's samples); at most the batch size.
+        reseed_global_rngs: seed each worker's global RNGs (``random``, NumPy,
+            torch) from (seed, epoch, worker id) at every epoch (True), or
+            only when the worker starts (False): then a persistent worker's
+            streams run on from epoch to epoch, as torch's workers' do
+            (``pipeloom.compat.DataLoader`` uses it), and draw other values
+            after an abandoned epoch than after a finished one. Ending an
+            abandoned epoch then waits for the workers as torch's does (up to
+            ``timeout``; None: while they live) instead of restarting those
+            still busy after 5 s. Classic only (economic and chunked seed them
+            per item).
 
     Example:
         >>> from pipeloom import DataLoader
@@ -124,6 +134,7 @@ class MultiProcessingReadingService(PlannedService):
         strategy: str = "classic",
         num_batch_workers: int | None = None,
         chunk_size: int | None = None,
+        reseed_global_rngs: bool = True,
     ) -> None:
         check_int("num_workers", num_workers, minimum=0, hint="use 0 to load in the calling thread")
         check_int(
@@ -131,7 +142,14 @@ class MultiProcessingReadingService(PlannedService):
         )
         check_bool("persistent_workers", persistent_workers)
         check_bool("in_order", in_order)
+        check_bool("reseed_global_rngs", reseed_global_rngs)
         _check_strategy_args(strategy, prefetch_factor, num_batch_workers, chunk_size, in_order)
+        if not reseed_global_rngs and strategy != "classic":
+            raise ValueError(
+                f"reseed_global_rngs=False only applies to strategy='classic', got it with "
+                f"strategy={strategy!r}, which seeds the global RNGs before each item; "
+                f"drop it or use strategy='classic'"
+            )
         choices = multiprocessing.get_all_start_methods()
         check_choice("start_method", start_method, choices, allow_none=True)
         check_callable("worker_init_fn", worker_init_fn, allow_none=True)
@@ -150,6 +168,7 @@ class MultiProcessingReadingService(PlannedService):
             else num_batch_workers
         )
         self.chunk_size = chunk_size
+        self.reseed_global_rngs = reseed_global_rngs
         if num_workers > 0 and isinstance(worker_context(start_method), ServedContext):
             start_server()  # not waited for: it imports torch while the program goes on
         # The one place the strategy matters: which runner initialize() builds. A plain
@@ -198,6 +217,7 @@ class MultiProcessingReadingService(PlannedService):
             worker_init_fn=self.worker_init_fn,
             persistent=self.persistent_workers,
             timeout=self.timeout,
+            reseed_global_rngs=self.reseed_global_rngs,
         )
         return ClassicRunner(
             pipeline,

@@ -13,7 +13,7 @@ from then on each service method is one call on the runner::
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 from ...datapipes import BlockingReader, IterDataPipe
@@ -55,7 +55,7 @@ def drain(
     pipeline: IterDataPipe,
     on_close: Callable[[bool], None] | None = None,
     timeout: float | None = None,
-) -> Iterator[Any]:
+) -> Generator[Any, None, None]:
     """Yield a pipeline's items, waiting on its readiness events.
 
     ``on_close(finished)`` runs when the generator ends: ``finished`` is True
@@ -63,10 +63,23 @@ def drain(
     not when a ``shutdown()`` from another thread stopped the wait
     (``LoaderShutDown``): that thread stops the workers, and this one's
     ``next()`` raises at once instead of waiting for a stuck worker to stop.
+    Closing it before its first item runs ``on_close(False)`` too, so the
+    workers stop (persistent ones end the epoch) at once.
     """
+    items = _drain(pipeline, on_close, timeout)
+    next(items)  # into the try below: from here on, close() runs its finally
+    return items
+
+
+def _drain(
+    pipeline: IterDataPipe,
+    on_close: Callable[[bool], None] | None,
+    timeout: float | None,
+) -> Generator[Any, None, None]:
     reader = BlockingReader(pipeline, between_items=True)
     finished = shut_down = False
     try:
+        yield None  # taken by drain()
         while True:
             try:
                 item = reader.next(timeout)

@@ -66,6 +66,7 @@ class ProcessPool:
         worker_init_fn: Callable[[int], None] | None,
         persistent: bool,
         timeout: float | None = None,
+        reseed_global_rngs: bool = True,
     ) -> None:
         workers = plan.part("workers")
         assert workers.exit is not None and plan.sharding_point is not None
@@ -80,6 +81,8 @@ class ProcessPool:
         self.prefetch = prefetch
         self.worker_init_fn = worker_init_fn
         self.persistent = persistent
+        self.reseed_global_rngs = reseed_global_rngs
+        self.timeout = timeout
         self._processes: _Processes | None = None
         self._lost: WorkerError | None = None  # a persistent worker found dead between epochs
 
@@ -103,7 +106,12 @@ class ProcessPool:
             return
         if self.persistent:
             try:
-                self._processes.cancel_epoch()
+                if self.reseed_global_rngs:
+                    self._processes.cancel_epoch()
+                else:  # restarted workers would lose their RNG streams: wait as torch's
+                    # _reset waits for its workers, up to timeout (None: while they live)
+                    patient = self.timeout is None
+                    self._processes.cancel_epoch(self.timeout or CANCEL_TIMEOUT, patient=patient)
                 return
             except (WorkerError, QueueError) as error:  # a worker died: not to be hidden
                 self._lost = self._processes.dead_worker(error)
@@ -279,6 +287,7 @@ class _Processes:
                     pool.shard,
                     pool.worker_init_fn,
                     ring,
+                    pool.reseed_global_rngs,
                 ),
                 process_name=f"pipeloom-worker-{index}",
             )
@@ -295,13 +304,22 @@ class _Processes:
             except OSError:  # it exited, maybe saying why first
                 channel.raise_gone()
 
-    def cancel_epoch(self, timeout: float = CANCEL_TIMEOUT) -> None:
-        """Make persistent workers end the current epoch early; drop what they sent."""
+    def cancel_epoch(self, timeout: float = CANCEL_TIMEOUT, *, patient: bool = False) -> None:
+        """Make persistent workers end the current epoch early; drop what they sent.
+
+        ``patient``: after ``timeout`` seconds without a message from a worker,
+        wait again while it lives (still starting, or in a long fetch).
+        """
         for cancel in self.cancels:
             cancel.set()
         for channel in self.channels:
             while not channel.ended:  # a worker whose END was read has nothing more to send
-                message = channel.queue.get(timeout=timeout)
+                try:
+                    message = channel.queue.get(timeout=timeout)
+                except TimeoutError:
+                    if patient and channel.worker.exit_code() is None:
+                        continue
+                    raise
                 channel.ended = message is END or isinstance(message, Failure)
 
     def dead_worker(self, cause: BaseException) -> WorkerError | None:
@@ -350,8 +368,13 @@ def _worker_main(
     shard: _Shard,
     worker_init_fn: Callable[[int], None] | None,
     ring: Ring | None = None,
+    reseed_global_rngs: bool = True,
 ) -> None:
-    """A classic worker process: wait for an epoch, produce it, repeat until told to stop."""
+    """A classic worker process: wait for an epoch, produce it, repeat until told to stop.
+
+    Its global RNGs are seeded at every epoch, or (``reseed_global_rngs=False``)
+    at the first only, so their streams run on across epochs as torch's do.
+    """
     label = bootstrap(f"worker process {index}", reuse_freed_memory=True)
     set_output_queue(queue)  # batches are collated into its shared memory
     try:
@@ -370,7 +393,8 @@ def _worker_main(
             return  # Stop, or the main process is gone
         generation += 1
         own_seed = worker_seed(seed, command.epoch, index)
-        seed_worker_rngs(own_seed)
+        if reseed_global_rngs or not initialized:
+            seed_worker_rngs(own_seed)
         set_process_worker_info(WorkerInfo(index, count, own_seed, pipe))
         if not initialized:
             initialized = True
@@ -387,6 +411,9 @@ def _worker_main(
             if type(message) is tuple:  # an output (not END, a marker or a Failure):
                 queue.wait_for_room()  # make the next one only when it fits, as torch's
                 # prefetch_factor counts the batch being made among those in flight
+                if cancel.is_set():  # the room came from the cancel's drain: make no
+                    cancelled.append(True)  # output nobody reads (torch's worker makes
+                    raise EpochCancelled  # none past prefetch_factor either)
 
         if chain is not None and ring is not None:
             produced = produce_assembled_epoch(
