@@ -17,7 +17,8 @@ from ..reading_service import (
 )
 from ._args import start_method_of
 from ._fetch import Fetch, GetItem, IterableDatasetSource
-from ._plan import PlanBoard, PlanSource
+from ._plan import PlanBoard
+from ._plan_source import PlanSource
 
 __all__ = [
     "build_map_pipeline",

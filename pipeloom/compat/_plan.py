@@ -4,7 +4,7 @@ torch's ``DataLoader`` iterates its sampler in the main process and sends
 indices to the workers. The compat loader does the same: at ``iter()`` it
 draws the epoch's whole sampler output into an :class:`EpochPlan` and
 *publishes* it on a :class:`PlanBoard`. The pipeline's source block
-(:class:`PlanSource`) reads the board at the start of each epoch, wherever
+(``_plan_source.PlanSource``) reads the board at the start of each epoch, wherever
 the reading service runs it: in the calling thread, in worker threads (the
 same object), or in worker processes (a shared-memory copy, so persistent
 workers see each new epoch without being restarted).
@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import pickle
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..datapipes import IterDataPipe, StateFields
-from ..datapipes.runtime import current_stamp, derive_seed, restore_stamp
+from ..datapipes.runtime import derive_seed
 from ._catch_up import CatchUp
 
-__all__ = ["EpochPlan", "PlanBoard", "PlanEntries", "PlanSource"]
+__all__ = ["EpochPlan", "PlanBoard", "PlanEntries"]
 
 _HEADER = struct.Struct("<qq")  # the sizes of the plan's numbers and of its entries
 _MIN_CAPACITY = 64 * 1024
@@ -369,132 +368,3 @@ class PlanBoard:
 
     def __repr__(self) -> str:
         return f"PlanBoard(shared={self._shared})"
-
-
-class PlanSource(IterDataPipe):
-    """Yield the current epoch's plan entries: the sampler's indices or index lists.
-
-    It is the sharding point: shard ``index`` of ``total`` yields the entries
-    whose position ``p`` has ``(p // group_size) % total == index``, stamped
-    with ``p``, so the workers' merge restores the sampler's order.
-
-    ``fetch``: what the pipeline does with an entry (its ``Fetch``); a worker
-    calls it for the entries of an abandoned epoch that torch's worker would
-    still have fetched (the plan's ``catch_up``) before it starts the next one.
-
-    Example:
-        >>> board = PlanBoard()
-        >>> _ = board.publish(EpochPlan(PlanEntries.from_outputs([5, 3, 9]), base_seed=0))
-        >>> list(PlanSource(board))
-        [5, 3, 9]
-    """
-
-    def __init__(
-        self,
-        board: PlanBoard,
-        *,
-        flatten: bool = False,
-        fetch: Callable[[Any], Any] | None = None,
-    ) -> None:
-        self.board = board
-        self.fetch = fetch
-        self.flatten_entries = flatten  # not "flatten": that is a chaining method
-        self.total = 1
-        self.index = 0
-        self.group_size = 1
-        self._entries: PlanEntries | None = None
-        self._first = 0  # the epoch position of the plan's first entry
-        self._next = 0  # the epoch position of the next entry
-        self._skip: frozenset[int] = frozenset()  # positions the plan leaves out
-        self._ran: int | None = None  # the serial of the plan this copy ran last
-
-    def attach(self, buffer: torch.Tensor | None) -> None:
-        """In a new worker process: read plans from the shared ``buffer``."""
-        self.board.attach(buffer)
-        self._ran = None  # it ran nothing yet (under fork it is the parent's object)
-
-    def is_shardable(self) -> bool:
-        return True
-
-    def sharding_settings(self, total: int, index: int) -> None:
-        self.total, self.index = total, index
-
-    def set_shard_group_size(self, group_size: int) -> None:
-        self.group_size = group_size
-
-    def resume_at(self, position: int) -> None:
-        self._next = self._first_from(position)
-
-    def reset(self) -> None:
-        serial, catch_up = self.board.catch_up()
-        if catch_up is not None and catch_up.after == self._ran and serial != self._ran:
-            self._catch_up(catch_up)
-        self._ran = serial
-        self._entries = None
-        self._next = 0  # made this shard's first, from the plan's first entry on, in _load()
-
-    def _catch_up(self, catch_up: CatchUp) -> None:
-        """Fetch this shard's entries of the abandoned epoch not fetched yet; drop the results."""
-        fetch = self.fetch
-        if fetch is None:
-            return
-        stamp = current_stamp()
-        try:
-            for position, entry in catch_up.entries:
-                if position >= self._next and self._first_from(position) == position:
-                    self._stamp_item(position)
-                    try:
-                        fetch(entry)
-                    except Exception:  # torch's worker sends it, and its _reset drops it
-                        continue
-        finally:
-            restore_stamp(stamp)
-
-    def _first_from(self, position: int) -> int:
-        if self.total == 1:
-            return position
-        group = position // self.group_size
-        ahead = (self.index - group % self.total) % self.total
-        return position if ahead == 0 else (group + ahead) * self.group_size
-
-    def _load(self) -> PlanEntries:
-        plan = self.board.read()
-        entries = plan.entries.flattened() if self.flatten_entries else plan.entries
-        self._first = plan.first_index if self.flatten_entries else plan.first
-        # positions of batches; a loader that fetches item by item refuses such a state
-        assert not (plan.skip and self.flatten_entries), "skip needs batch entries"
-        self._skip = plan.skip
-        self._next = self._first_from(max(self._next, self._first))
-        self._entries = entries
-        return entries
-
-    def async_next(self) -> Any:
-        entries = self._entries if self._entries is not None else self._load()
-        position = self._next
-        while position in self._skip:
-            position = self._first_from(position + 1)
-        if position - self._first >= len(entries):
-            raise StopIteration
-        entry = entries[position - self._first]
-        self._next = self._first_from(position + 1)
-        self._stamp_item(position)
-        return entry
-
-    def __len__(self) -> int:
-        entries = self._entries if self._entries is not None else self._load()
-        return len(entries)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"next": self._next}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._next = StateFields(self, state).int("next")
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_entries"] = None
-        return state
-
-    def __repr__(self) -> str:
-        shard = f", shard={self.index}/{self.total}" if self.total > 1 else ""
-        return f"PlanSource(flatten={self.flatten_entries}{shard})"

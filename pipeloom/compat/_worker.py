@@ -14,7 +14,8 @@ from ..datapipes import DataPipe, Mapper
 from ..graph import upstream as upstream_blocks
 from ..reading_service import get_worker_info
 from ._fetch import Fetch, GetItem, IterableDatasetSource
-from ._plan import PlanBoard, PlanSource
+from ._plan import PlanBoard
+from ._plan_source import PlanSource
 
 __all__ = ["WorkerSetup", "find_dataset"]
 
