@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,10 @@ from ._shuffle import Shuffler
 from ._wrappers import IterableWrapper
 
 __all__ = ["FSSpecRootLister", "RootLister"]
+
+SETTLED_NS = 2_000_000_000
+"""A directory changed less than this long ago may change again within the same tick of
+its modification time, unseen: its listing is not kept for the next checkpoint."""
 
 # Why a resume cannot check what list_files over a stream lists (docs/storage.md).
 _UNCHECKED = (
@@ -110,6 +115,13 @@ class RootLister(Expander):
         return lister._list()
 
     # -- what a checkpoint records (docs/storage.md) --------------------------------
+    _kept_listing: tuple[tuple, FileLister] | None = None  # the last, while no root changed
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_kept_listing", None)  # the main process's alone: not sent to workers
+        return state
+
     def _all_roots(self) -> FileLister | None:
         """Over a fixed list of roots: a FileLister of them all, listed now (the workers
         list each root again as it arrives, every epoch); None over any other stream, or
@@ -117,12 +129,35 @@ class RootLister(Expander):
         roots = fixed_roots(self.source)
         if roots is None:
             return None
+        key = self._settled_roots(roots)
+        kept = self._kept_listing
+        if key is not None and kept is not None and kept[0] == key:
+            return kept[1]  # no root changed since: no need to list them again
         lister = FileLister(roots, self.masks, recursive=self.recursive, abspath=self.abspath)
         try:
             lister._paths = CompactStringList(lister._list())  # sorted: a stable record
         except OSError:
             return None
+        self._kept_listing = None if key is None else (key, lister)
         return lister
+
+    def _settled_roots(self, roots: list[str]) -> tuple | None:
+        """The roots' identities and modification times, which change when a file is
+        added, removed or renamed in them; None when that cannot tell (a recursive
+        listing, a root that cannot be read, or one changed in the last SETTLED_NS)."""
+        if self.recursive:
+            return None
+        now = time.time_ns()
+        key = []
+        for root in roots:
+            try:
+                stat = os.stat(root)
+            except OSError:
+                return None
+            if now - stat.st_mtime_ns < SETTLED_NS:
+                return None
+            key.append((root, stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns))
+        return tuple(key)
 
     def describe_data(self, *, contents: bool = False) -> dict[str, str] | None:
         """Over a fixed list of roots, what a checkpoint records of their files, as for

@@ -31,6 +31,7 @@ import collections
 import io
 import os
 import tarfile
+import time
 import uuid
 import warnings
 import zipfile
@@ -450,3 +451,25 @@ def test_a_resume_over_list_files_of_a_stream_of_roots_says_it_cannot_check_them
     inside, _, _ = _inside_and_between(lambda: IterableWrapper([f"{url}/a"]).list_files_by_fsspec())
     with pytest.warns(UserWarning, match=r"block #0 FSSpecRootLister: lists the files"):
         DataLoader(IterableWrapper([f"{url}/a"]).list_files_by_fsspec()).load_state_dict(inside)
+
+
+def test_a_listing_kept_between_checkpoints_still_sees_a_file_added_or_removed(tmp_path):
+    # Each state_dict() listed every root again (75 ms at 50,000 files); the listing is
+    # now kept while no root changed, which must not hide a change made after it.
+    roots = _roots(tmp_path)
+    settled = time.time() - 60
+    for root in roots:
+        os.utime(root, (settled, settled))  # changed a minute ago: the listing is kept
+    with DataLoader(IterableWrapper(roots).list_files(), seed=0) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        first = loader.state_dict()
+        assert loader.state_dict()["fingerprint"]["data"] == first["fingerprint"]["data"]
+        open(os.path.join(roots[1], "9.bin"), "wb").close()
+        added = loader.state_dict()
+        os.remove(os.path.join(roots[1], "9.bin"))
+        removed = loader.state_dict()
+    assert added["fingerprint"]["data"] != first["fingerprint"]["data"]
+    assert removed["fingerprint"]["data"] == first["fingerprint"]["data"]
+    with pytest.raises(StateError, match=r"RootLister: listed 5 path.*now 4 path"):
+        DataLoader(IterableWrapper(roots).list_files(), seed=0).load_state_dict(added)
