@@ -210,6 +210,22 @@ def test_ctrl_c_while_the_workers_start_stops_those_started_and_the_loader_goes_
     own.assert_released(timeout=5)
 
 
+@pytest.mark.timeout(30)
+def test_ctrl_c_as_the_separate_process_starts_then_shutdown_leaves_nothing(
+    own, ctrl_c_raises, monkeypatch
+):
+    # The process was started, then Ctrl-C landed before its reader kept it: nothing
+    # stopped or reaped it (a zombie and two pipes, unless a later start reaped it).
+    loader = LOADERS["separate-process"]()
+    interrupt_once(monkeypatch, WorkerProcess, "__init__", "signal-after", after=2)
+    with pytest.raises(KeyboardInterrupt):
+        iter(loader)
+    monkeypatch.undo()
+    loader.shutdown()
+    del loader
+    own.assert_released(timeout=5)
+
+
 def epoch_of(epoch: int, map_style: bool = False) -> list:
     """Epoch ``epoch`` of ``LOADERS``' pipeline, made in the calling thread."""
     with DataLoader(pipelines.for_strategies(40, map_style=map_style), seed=1) as loader:

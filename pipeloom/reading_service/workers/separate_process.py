@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..._shutdown import Steps, finalize_here
+from ..._shutdown import Steps, finalize_here, interrupts_held
 from ...datapipes import IterDataPipe, StateFields
 from ...datapipes.runtime import block_seed, derive_seed, restore_stamp
 from ...errors import NotAvailable, QueueError, WorkerError
@@ -69,16 +69,17 @@ class SeparateProcessReader(IterDataPipe):
         self.stop()
         queue = ProcessQueue(capacity=self.capacity, owner="consumer")
         name = f"separate process for {self.block_repr}"
-        worker = WorkerProcess(
-            self._context,
-            name,
-            _separate_main,
-            (self._payload, queue, epoch, name, self._skip),
-            block=self.block_repr,
-            process_name="pipeloom-separate",
-        )
-        self._queue, self._worker = queue, worker
-        self._finalizer = finalize_here(self, _stop, worker, queue)
+        with interrupts_held():  # a started process is kept (to be stopped) before Ctrl-C lands
+            worker = WorkerProcess(
+                self._context,
+                name,
+                _separate_main,
+                (self._payload, queue, epoch, name, self._skip),
+                block=self.block_repr,
+                process_name="pipeloom-separate",
+            )
+            self._queue, self._worker = queue, worker
+            self._finalizer = finalize_here(self, _stop, worker, queue)
         self._ended = False
 
     def stop(self) -> None:
