@@ -1,6 +1,7 @@
 """FullSync (fullsync): every rank ends the epoch at the same step.
 
-The ranks run in spawned processes on 127.0.0.1 (gloo); each scenario's
+The ranks run on 127.0.0.1 (gloo), forked from one spawned launcher
+(``distributed_ranks.fork_ranks``); each scenario's
 result comes back through a pickle file. Every rank exits after a deadline,
 so a hang fails the test instead of blocking it.
 """
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
-import multiprocessing
 import os
 import pickle
 import socket
@@ -21,6 +21,7 @@ from pipeloom import DataLoader
 from pipeloom.datapipes import FullSync, IterableWrapper, RankStopped
 from pipeloom.testing import check_resume_from_every_step
 from tests.datapipes.everywhere import check_same_output_everywhere
+from tests.reading_service.distributed_ranks import fork_ranks
 
 WORLD = 2
 
@@ -85,19 +86,9 @@ def launch(names, tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    context = multiprocessing.get_context("spawn")
-    ranks = [
-        context.Process(target=_rank_main, args=(names, rank, port, str(tmp_path)))
-        for rank in range(WORLD)
-    ]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(90)
-    for process in ranks:
-        if process.exitcode is None:
-            process.kill()
-            process.join(5)
+    # forked from one spawned launcher that imports torch once for both ranks
+    args = [(names, rank, port, str(tmp_path)) for rank in range(WORLD)]
+    fork_ranks(_rank_main, args, limit=85)
     results = []
     for rank in range(WORLD):
         with open(tmp_path / f"rank{rank}.pkl", "rb") as file:

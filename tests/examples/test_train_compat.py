@@ -18,7 +18,11 @@ EXAMPLE = ROOT / "examples" / "train_compat.py"
 def test_losses_are_identical_with_torchs_loader_and_ours(num_workers):
     # Run as a script, in its own interpreter (as users run it): training leaves
     # thread pools and worker state behind that the lifecycle tests must not see.
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # One intra-op thread (as the torchrun example tests): torch's default, one per core,
+    # spins beside the two worker processes on a 2-core machine (the training alone took
+    # 7 s instead of 0.8 s on a loaded one); the losses are compared within one thread count.
+    pythonpath = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env = {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, str(EXAMPLE), "--short", "--num-workers", num_workers],
         env=env,

@@ -54,7 +54,14 @@ def run_ranks(processes: list[Any], limit: float) -> None:
                 process.join(5)
 
 
-def fork_ranks(target: Callable[..., None], rank_args: list[tuple], limit: float) -> list[Any]:
+def fork_ranks(
+    target: Callable[..., None],
+    rank_args: list[tuple],
+    limit: float,
+    launcher: RankLauncher | None = None,
+    *,
+    shared_event: bool = False,
+) -> list[Any]:
     """Run ``target(*args)`` in one process per ``rank_args``; their exit codes, rank by rank.
 
     The ranks are forked from one spawned launcher, a fresh interpreter that imports
@@ -64,35 +71,103 @@ def fork_ranks(target: Callable[..., None], rank_args: list[tuple], limit: float
     worker): each rank starts as clean as a spawned one without importing torch
     itself (seconds per rank on a busy machine). The launcher gives each rank
     ``limit + 5`` s (``run_ranks``) and is itself killed 10 s after that.
+
+    ``launcher``: a :class:`RankLauncher` kept for several launches (a module's
+    fixture), so torch is imported once for all of them; None: a launcher for this
+    launch only. ``shared_event``: each rank gets one more argument, a
+    ``multiprocessing.Event`` the ranks share (made in the launcher, inherited).
     """
-    context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    launcher = context.Process(target=_fork_and_join, args=(target, rank_args, limit, send))
-    try:
-        run_ranks([launcher], limit + 10)
-    finally:
-        send.close()
-    try:
-        return receive.recv() if receive.poll() else [launcher.exitcode] * len(rank_args)
-    except EOFError:
-        return [launcher.exitcode] * len(rank_args)
-    finally:
-        receive.close()
+    if launcher is not None:
+        return launcher.run(target, rank_args, limit, shared_event)
+    with RankLauncher() as one_off:
+        return one_off.run(target, rank_args, limit, shared_event)
 
 
-def _fork_and_join(target: Callable[..., None], rank_args: list[tuple], limit: float, send) -> None:
-    context = multiprocessing.get_context("fork")
-    processes = [context.Process(target=target, args=args) for args in rank_args]
-    run_ranks(processes, limit)
-    send.send([process.exitcode for process in processes])
+class RankLauncher:
+    """A spawned launcher that forks the ranks of one launch after another (``fork_ranks``).
+
+    It only ever forks and joins: between launches it holds no process group, no
+    thread and no lock, so each launch's ranks start as clean as from a fresh one.
+    A launch that overruns its limit kills it; the next launch starts another.
+    """
+
+    def __init__(self) -> None:
+        self._process: Any = None
+        self._conn: Any = None
+
+    def __enter__(self) -> RankLauncher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def run(
+        self, target: Callable[..., None], rank_args: list[tuple], limit: float, shared_event: bool
+    ) -> list[Any]:
+        if self._process is None:
+            context = multiprocessing.get_context("spawn")
+            self._conn, child_conn = context.Pipe()
+            self._process = context.Process(target=_serve_launches, args=(child_conn,))
+            self._process.start()
+            child_conn.close()
+        self._conn.send((target, rank_args, limit, shared_event))
+        try:  # the first launch also waits for the launcher to import torch
+            if self._conn.poll(limit + 15):
+                return self._conn.recv()
+        except (EOFError, OSError):
+            pass
+        return [self.close(kill=True)] * len(rank_args)
+
+    def close(self, kill: bool = False) -> int | None:
+        """End the launcher (at once with ``kill``); its exit code."""
+        if self._process is None:
+            return None
+        if not kill:
+            try:
+                self._conn.send(None)
+            except OSError:
+                pass
+            self._process.join(10)
+        if self._process.exitcode is None:
+            self._process.kill()
+            self._process.join(5)
+        self._conn.close()
+        exitcode = self._process.exitcode
+        self._process = self._conn = None
+        return exitcode
+
+
+def _serve_launches(conn) -> None:
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request is None:
+            return
+        target, rank_args, limit, shared_event = request
+        context = multiprocessing.get_context("fork")
+        if shared_event:
+            event = context.Event()
+            rank_args = [(*args, event) for args in rank_args]
+        processes = [context.Process(target=target, args=args) for args in rank_args]
+        run_ranks(processes, limit)
+        conn.send([process.exitcode for process in processes])
 
 
 def launch(
-    scenarios: list[str], world: int, tmp_path, *, limit: float = 200.0, event: Any = None
+    scenarios: list[str],
+    world: int,
+    tmp_path,
+    *,
+    limit: float = 200.0,
+    shared_event: bool = False,
+    launcher: RankLauncher | None = None,
 ) -> dict[str, list[Any]]:
+    """``shared_event``: the ranks share a ``multiprocessing.Event`` (``stuck_rank``)."""
     port = free_port()
-    args = [(scenarios, rank, world, port, str(tmp_path), limit, event) for rank in range(world)]
-    exitcodes = fork_ranks(_rank_main, args, limit)
+    args = [(scenarios, rank, world, port, str(tmp_path), limit) for rank in range(world)]
+    exitcodes = fork_ranks(_rank_main, args, limit, launcher, shared_event=shared_event)
     results: dict[str, list[Any]] = {name: [] for name in scenarios}
     for rank in range(world):
         path = os.path.join(tmp_path, f"rank{rank}.pkl")
@@ -105,7 +180,7 @@ def launch(
     return results
 
 
-def _rank_main(scenarios, rank, world, port, out_dir, limit, event) -> None:
+def _rank_main(scenarios, rank, world, port, out_dir, limit, event=None) -> None:
     faulthandler.dump_traceback_later(limit, exit=True)
     dist.init_process_group(
         "gloo",

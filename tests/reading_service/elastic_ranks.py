@@ -31,7 +31,7 @@ from pipeloom.reading_service import (
     ThreadReadingService,
     merge_rank_states,
 )
-from tests.reading_service.distributed_ranks import fork_ranks, free_port
+from tests.reading_service.distributed_ranks import RankLauncher, fork_ranks, free_port
 
 SEED = 7
 TARS, MEMBERS = 6, 4
@@ -113,16 +113,23 @@ Phase = tuple[str, str, dict]
 """(``"save"`` or ``"resume"``, the directory of its states and results, steps per pipeline)."""
 
 
-def launch(phases: list[Phase], world: int, root: str, *, limit: float = 200.0) -> list[list]:
+def launch(
+    phases: list[Phase],
+    world: int,
+    root: str,
+    *,
+    limit: float = 200.0,
+    launcher: RankLauncher | None = None,
+) -> list[list]:
     """Run ``phases`` one after the other on the same ``world`` ranks (one job, so the
     ranks start once); for each phase, the results of rank 0, 1, ...
 
     ``root`` holds the tar shards; a ``resume`` phase reads the states the test wrote
-    from an earlier job's ``save`` into its directory.
+    from an earlier job's ``save`` into its directory. ``launcher``: see ``fork_ranks``.
     """
     port = free_port()
     args = [(phases, rank, world, port, root, limit) for rank in range(world)]
-    exitcodes = fork_ranks(_rank_main, args, limit)
+    exitcodes = fork_ranks(_rank_main, args, limit, launcher)
     results = []
     for phase, out_dir, _ in phases:
         results.append([])

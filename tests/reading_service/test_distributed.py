@@ -7,8 +7,6 @@ one launch per group of scenarios (see ``distributed_ranks.py``).
 
 from __future__ import annotations
 
-import multiprocessing
-
 import pytest
 import torch.distributed as dist
 from hypothesis import given, settings
@@ -219,15 +217,27 @@ def test_sequential_checks_its_services():
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
+def launcher():
+    """One launcher for the module's three launches: torch is imported once, not thrice."""
+    with distributed_ranks.RankLauncher() as launcher:
+        yield launcher
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, launcher):
     return distributed_ranks.launch(
-        ["partition", "resume", "mismatched_epochs"], 2, tmp_path_factory.mktemp("two")
+        ["partition", "resume", "mismatched_epochs"],
+        2,
+        tmp_path_factory.mktemp("two"),
+        launcher=launcher,
     )
 
 
 @pytest.fixture(scope="module")
-def three_ranks(tmp_path_factory):
-    return distributed_ranks.launch(["partition"], 3, tmp_path_factory.mktemp("three"))
+def three_ranks(tmp_path_factory, launcher):
+    return distributed_ranks.launch(
+        ["partition"], 3, tmp_path_factory.mktemp("three"), launcher=launcher
+    )
 
 
 def _ok(results: list) -> list:
@@ -297,10 +307,13 @@ def test_ranks_on_different_epochs_fail_together(two_ranks):
 
 
 @pytest.mark.timeout(300)  # a hang detector; ranks start torch under spawn
-def test_a_failing_rank_stops_the_others_within_the_timeout(tmp_path):
-    event = multiprocessing.get_context("spawn").Event()
+def test_a_failing_rank_stops_the_others_within_the_timeout(tmp_path, launcher):
     results = distributed_ranks.launch(
-        ["raises_on_one_rank", "stuck_rank", "crash_on_one_rank"], 2, tmp_path, event=event
+        ["raises_on_one_rank", "stuck_rank", "crash_on_one_rank"],
+        2,
+        tmp_path,
+        shared_event=True,
+        launcher=launcher,
     )
     # Each message names its cause (not the loader's 10 s timeout): that is the promptness
     # asserted here, by cause rather than by wall clock (the machine may be loaded).

@@ -17,6 +17,7 @@ import pytest
 
 from pipeloom import DataLoader
 from tests.reading_service import elastic_ranks
+from tests.reading_service.distributed_ranks import RankLauncher
 
 STEPS = {  # old ranks -> {pipeline: steps}; 60 plain items, 24 tar members, 24 packed rows
     2: {"plain": [3, 9], "tars": [2, 5], "mixed+packed": [3, 6], "lm": [1, 3]},
@@ -48,13 +49,16 @@ def jobs(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("elastic"))
     elastic_ranks.write_tars(root)
     two, three = (str(tmp_path_factory.mktemp(f"saved-by-{n}")) for n in (2, 3))
-    (saved_by_two,) = elastic_ranks.launch([("save", two, STEPS[2])], 2, root)
-    _write_states(saved_by_two, two)
-    on_three, saved_by_three = elastic_ranks.launch(
-        [("resume", two, STEPS[2]), ("save", three, STEPS[3])], 3, root
-    )
-    _write_states(saved_by_three, three)
-    (on_two,) = elastic_ranks.launch([("resume", three, STEPS[3])], 2, root)
+    with RankLauncher() as launcher:  # one launcher: torch imported once, not thrice
+        (saved_by_two,) = elastic_ranks.launch(
+            [("save", two, STEPS[2])], 2, root, launcher=launcher
+        )
+        _write_states(saved_by_two, two)
+        on_three, saved_by_three = elastic_ranks.launch(
+            [("resume", two, STEPS[2]), ("save", three, STEPS[3])], 3, root, launcher=launcher
+        )
+        _write_states(saved_by_three, three)
+        (on_two,) = elastic_ranks.launch([("resume", three, STEPS[3])], 2, root, launcher=launcher)
     return {2: (saved_by_two, on_three), 3: (saved_by_three, on_two)}, root
 
 
