@@ -66,14 +66,19 @@ class GeneratorRun:
     with ``set_item_stamp(stamp, output=j)`` is kept. User-defined blocks
     written with ``async_next`` get the same numbering from the wrapper
     ``_numbering.py`` installs (both use ``_output_stamps.py``).
+
+    A block whose outputs the framework numbers (a source of the user's, or the
+    sharding root: ``_numbering.py``) gets each output's position instead, and its
+    code runs keyed by the position of the output it is making.
     """
 
-    __slots__ = ("_gen", "_kind", "made_without_pull", "outputs")
+    __slots__ = ("_gen", "_kind", "_numbered", "made_without_pull", "outputs")
 
     def __init__(self, block: Any) -> None:
         self.outputs = OutputStamps()  # see _output_stamps.py
         self.outputs.input_stamp = _ITEM.stamp
         self.made_without_pull = False
+        self._numbered = block._numbering().active is True
         method = type(block).__iter__
         gen = nested_call(getattr(method, "runs_generator", method), block)  # see route_iter
         if not hasattr(gen, "__next__"):
@@ -87,9 +92,16 @@ class GeneratorRun:
 
     def next_output(self) -> Any:
         """The generator's next output, stamped as above (``StopIteration`` at its end)."""
+        if self._numbered:  # keyed and stamped by its numbering
+            return self._next()
         expected = self.outputs.before_call()
+        item = self._next()
+        self.made_without_pull = self.outputs.after_output(expected)
+        return item
+
+    def _next(self) -> Any:
         try:
-            item = nested_call(next, self._gen)
+            return nested_call(next, self._gen)
         except RuntimeError as error:
             if isinstance(error.__cause__, StopIteration) and "raised StopIteration" in str(error):
                 raise RuntimeError(
@@ -98,8 +110,6 @@ class GeneratorRun:
                     f"the generator with return (catch the StopIteration of a next() call)"
                 ) from error
             raise
-        self.made_without_pull = self.outputs.after_output(expected)
-        return item
 
 
 def check_generator_place(index: int, block: Any, state: Any) -> None:

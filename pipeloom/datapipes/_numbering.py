@@ -72,7 +72,7 @@ def stamp_position(self: Any, position: int, output: int | None = None) -> None:
 class Numbering:
     """A block's numbering this epoch: its shard, outputs numbered, positions to skip."""
 
-    __slots__ = ("active", "count", "outputs", "shard", "skip_before")
+    __slots__ = ("active", "count", "key", "outputs", "shard", "skip_before")
 
     def __init__(self) -> None:
         self.shard = (1, 0)  # (total, index) from sharding_settings
@@ -95,6 +95,7 @@ class Numbering:
 
     def restart(self) -> None:
         self.count = 0
+        self.key: tuple[int, int] | None = None  # (epoch seed, epoch) of this epoch's keys
         self.active: bool | None = None  # decided at the first output of the epoch
         self.skip_before = 0  # positions before it were delivered before a resume
         # a block between source and output written with async_next: the keys of the
@@ -192,8 +193,14 @@ def _numbered(method: Any) -> Any:
             outputs.after_output(expected)
             return item
         total, index = numbering.shard
+        key = numbering.key
+        if key is None:
+            key = numbering.key = (self.epoch_seed(), self._epoch_number())
+        seed, epoch = key
         while True:
-            self._key_next_item(numbering.count * total + index)  # item_rng() in the user's code
+            # The item about to be made is keyed: item_rng() in the user's code (as
+            # self._key_next_item(position), inlined: this runs once per item).
+            _ITEM.stamp = (seed, epoch, numbering.count * total + index, 0)
             item = method(self)
             count = numbering.count
             numbering.count = count + 1

@@ -12,6 +12,7 @@ import torch.utils.data
 
 from .._validate import check_index, check_int
 from ._base import DataPipe, IterDataPipe, MapDataPipe
+from ._context import _ITEM
 from ._listing_check import ListingMemo, changed_strings, describe_strings
 from ._runs import Head, IteratorHead, SeekHead, SourceHead
 from ._seek import first_kept, is_positioned, read_span
@@ -33,8 +34,9 @@ _PLAIN_ITERABLES: tuple[type, ...] = (
 def _marking(block: DataPipe, items: Iterator[Any], position: int) -> Iterator[Any]:
     """``items`` from ``position`` on, each keyed before it is made (``_key_next_item``)."""
     take = items.__next__
+    seed, epoch, current = block.epoch_seed(), block._epoch_number(), _ITEM
     while True:
-        block._key_next_item(position)
+        current.stamp = (seed, epoch, position, 0)  # as block._key_next_item(position)
         try:
             item = take()
         except StopIteration:

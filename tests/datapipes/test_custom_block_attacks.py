@@ -652,7 +652,7 @@ class SyntheticImages(IterDataPipe):
 
     def __iter__(self):
         for index in range(9):
-            yield index, int(pipeloom.item_rng().integers(1 << 30))
+            yield index, int(pipeloom.item_rng().integers(1 << 30)), current_position()
 
 
 @pytest.mark.parametrize("batched", [False, True])
@@ -666,8 +666,9 @@ def test_item_rng_in_a_source_of_your_own_draws_for_the_item_it_makes(batched):
 
     expected = collect(build(), seed=5)
     items = [i for batch in expected for i in batch] if batched else expected
-    assert [index for index, _ in items] == list(range(9))
-    assert len({draw for _, draw in items}) == 9
+    assert [index for index, _, _ in items] == list(range(9))
+    assert [position for _, _, position in items] == list(range(9))  # keyed by its own item
+    assert len({draw for _, draw, _ in items}) == 9
     for service in (ThreadReadingService(2), MultiProcessingReadingService(2)):
         with pipeloom.DataLoader(build(), service, seed=5) as loader:
             assert list(loader) == expected, service
