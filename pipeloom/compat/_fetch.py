@@ -105,10 +105,10 @@ class IterableDatasetSource(IterDataPipe):
         self._count = 0
         self._ran: int | None = None  # the serial of the plan this copy ran last
 
-    def attach(self, buffer: torch.Tensor | None) -> None:
+    def attach(self, buffer: torch.Tensor | None, wake_fd: int | None = None) -> None:
         """In a new worker process: read plans from the shared ``buffer``."""
         if self.board is not None:
-            self.board.attach(buffer)
+            self.board.attach(buffer, wake_fd)
         self._ran = None  # it ran nothing yet (under fork it is the parent's object)
 
     def is_shardable(self) -> bool:

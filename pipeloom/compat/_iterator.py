@@ -81,6 +81,11 @@ class CompatIterator(Iterator[Any]):
         self._readers = max(1, loader.num_workers) if loader.is_iterable else 0
         self._outputs = list(plan.outputs or [0] * self._readers)
         self._failed_unknown = False  # a failed batch whose position no worker gave
+        # a sampler drawn as the epoch goes (see _live): torch's iterator has asked it for
+        # the batches returned, and `ahead` more (none more without workers: the thread
+        # that calls next() draws on demand)
+        self._ahead = loader._ahead
+        self._board = loader._board
 
     def replay(self, skip: int) -> None:
         """An iterable dataset resumes by re-reading: drop the ``skip`` batches seen.
@@ -123,6 +128,8 @@ class CompatIterator(Iterator[Any]):
                     self._stopped(error)
                     raise
                 self.delivered += 1
+                if getattr(self.plan.entries, "is_live", False):
+                    self._draw_ahead()
                 return item
         except BaseException as error:
             if before is not None and self.delivered != before and self.stopped_by is None:
@@ -134,6 +141,15 @@ class CompatIterator(Iterator[Any]):
         finally:
             if steps.deferred:  # a shutdown() asked from inside this step
                 steps.run_deferred()
+
+    def _draw_ahead(self) -> None:
+        """Draw a live plan's outputs as torch's iterator would have by now; hand them over."""
+        plan = self.plan
+        low = self.next_batch()
+        draws = plan.entries.draws  # type: ignore[attr-defined]
+        draws.keep_from(low)  # a checkpoint or a catch-up reads none before it
+        draws.draw_to(plan.first + self.delivered + len(plan.skip) + self._ahead)
+        self._board.feed(low)
 
     def _seen_before(self, position: int | None) -> bool:
         """Whether the batch at ``position`` was delivered before; if not, count it delivered."""
@@ -210,9 +226,12 @@ class CompatIterator(Iterator[Any]):
         plan, position = self.plan, error.item
         if position is None or self._loader.is_iterable:
             return
-        if not 0 <= position - plan.first < len(plan.entries):
+        if position < plan.first:
             return
-        entry = plan.entries[position - plan.first]
+        try:
+            entry = plan.entries[position - plan.first]
+        except IndexError:  # not in the plan, or a live plan's output no longer held
+            return
         what = f"batch {position}, indices {entry}" if isinstance(entry, list) else f"index {entry}"
         error.add_detail(f" (here: {what})")
 

@@ -36,6 +36,7 @@ from ._engine import (
     why_not_per_item,
 )
 from ._iterator import CompatIterator, EpochRest
+from ._live import draw_user_epoch
 from ._plan import EpochPlan, PlanBoard, PlanEntries
 from ._sampling import draw_base_seed, draw_epoch, is_known_sampler, settled_for_a_state
 from ._state import STATE_VERSION, loader_fingerprint, python_rngs, read_state, sampler_generators
@@ -187,7 +188,7 @@ class DataLoader(ShutsDown):
         )
         self._board = PlanBoard()
         if num_workers > 0 and worker_type == "process":
-            self._board.share()  # before the first plan is published
+            self._board.share((prefetch_factor or 2) * num_workers)  # before any plan
         self._setup = WorkerSetup(self._board, dataset, worker_init_fn)
         self._engine: pipeloom_loader.DataLoader | None = None
         self._current: weakref.ref[CompatIterator] | None = None
@@ -368,13 +369,13 @@ class DataLoader(ShutsDown):
 
     def _waited_for(self) -> str | None:
         current = self._live_current()
-        if current is None or current.finished:
-            return None
-        return f"batch {current.next_batch()} of the epoch"
+        done = current is None or current.finished
+        return None if done else f"batch {current.next_batch()} of the epoch"  # type: ignore[union-attr]
 
     def _release(self) -> None:
         """Close the epoch, stop the workers (even if closing raised); also when dropped."""
         with Steps() as steps:
+            steps.run(self._board.stop_live)
             steps.run(self._close_current, "shutdown() stopped the loader")
             steps.run(self._stop_engine)
 
@@ -386,8 +387,7 @@ class DataLoader(ShutsDown):
         )
 
     # -- internals ------------------------------------------------------------------
-    def _live_current(self) -> CompatIterator | None:
-        """The epoch's iterator, while its user holds it."""
+    def _live_current(self) -> CompatIterator | None:  # the epoch's, while its user holds it
         return self._current() if self._current is not None else None
 
     def _rest(self) -> EpochRest | None:
@@ -436,7 +436,7 @@ class DataLoader(ShutsDown):
             iterator = iter(index_sampler)
             if self._draw_base_seed() and self.num_workers > 0:
                 iterator = iter(index_sampler)  # _MultiProcessingDataLoaderIter._reset(first_iter)
-            entries = PlanEntries.from_outputs(list(iterator))
+            entries = draw_user_epoch(iterator, index_sampler, self._ahead)  # type: ignore[assignment]
         assert entries is not None and self._base_seed is not None
         return EpochPlan(entries, self._base_seed, epoch=epoch), 0
 
@@ -470,8 +470,7 @@ class DataLoader(ShutsDown):
     def settle_draws(self) -> None:
         """Make the draws torch's sampler makes after the epoch's last index (see ``_sampling``)."""
         settle, self._settle = self._settle, None
-        if settle is not None:
-            settle()
+        _ = settle is not None and settle()
 
     def _draw_base_seed(self) -> bool:
         """torch's ``_base_seed`` for a new iterator; persistent workers keep their first one."""
@@ -491,6 +490,7 @@ class DataLoader(ShutsDown):
         return self._engine
 
     def _end_engine_epoch(self) -> None:
+        self._board.stop_live()  # workers waiting for a live plan's next output end now
         if self._engine is not None:
             self._engine.end_epoch()
 

@@ -12,8 +12,10 @@ workers see each new epoch without being restarted).
 
 from __future__ import annotations
 
+import os
 import pickle
 import struct
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,7 +24,9 @@ import numpy as np
 import torch
 
 from ..datapipes.runtime import derive_seed
+from ..events import FdReadiness, ReadinessSource, Signal
 from ._catch_up import CatchUp
+from ._live_ring import LiveRing, RingEntries, ring_bytes, ring_geometry
 
 __all__ = ["EpochPlan", "PlanBoard", "PlanEntries"]
 
@@ -275,10 +279,24 @@ class PlanBoard:
         self._shared = False
         self._attached = False  # True in a worker process: read the buffer
         self._serial = 0  # plans published so far
+        # a live plan (see _live): readers in threads wait on the signal, in worker
+        # processes on the eventfd, which the main process writes as it draws
+        self._signal = Signal()
+        self.wake_fd: int | None = None
+        self._ahead = 0
+        self._ring: LiveRing | None = None
 
-    def share(self) -> None:
-        """Also keep a shared-memory copy of each plan, for worker processes."""
+    def share(self, ahead: int = 0) -> None:
+        """Also keep a shared-memory copy of each plan, for worker processes.
+
+        ``ahead``: how many sampler outputs workers are handed ahead of the
+        consumer (``prefetch_factor * num_workers``), for a live plan's ring.
+        """
         self._shared = True
+        self._ahead = ahead
+        if self.wake_fd is None:
+            self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            weakref.finalize(self, os.close, self.wake_fd)
 
     @property
     def buffer(self) -> torch.Tensor | None:
@@ -293,13 +311,27 @@ class PlanBoard:
         """
         self._serial += 1
         plan = replace(plan, serial=self._serial)
-        self._plan = plan
+        entries = plan.entries
+        live = getattr(entries, "is_live", False)
+        if live:
+            plan = replace(plan, entries=entries.for_serial(self._serial))  # type: ignore[attr-defined]
+            plan.entries.draws.on_draw = self._wake  # type: ignore[attr-defined]
+        self._plan, self._ring = plan, None
         if not self._shared:
             return False
-        numbers = pickle.dumps({name: getattr(plan, name) for name in _NUMBERS}, protocol=5)
-        entries = plan.entries
-        payload = pickle.dumps((entries._objects, entries._flat, entries._offsets), protocol=5)
+        fields = {name: getattr(plan, name) for name in _NUMBERS}
+        if live:
+            draws = plan.entries.draws  # type: ignore[attr-defined]
+            held = [draws.get(p) for p in range(plan.first, min(draws.drawn, plan.first + 8))]
+            fields["ring"] = ring_geometry(self._ahead, held)
+            payload = pickle.dumps(None, protocol=5)
+        else:
+            payload = pickle.dumps((entries._objects, entries._flat, entries._offsets), protocol=5)
+        numbers = pickle.dumps(fields, protocol=5)
         needed = _HEADER.size + len(numbers) + len(payload)
+        ring_at = -(-needed // 64) * 64
+        if live:
+            needed = ring_at + ring_bytes(*fields["ring"])
         replaced = self._buffer is None or self._buffer.numel() < needed
         if replaced:
             capacity = max(_MIN_CAPACITY, 2 * needed)
@@ -307,17 +339,64 @@ class PlanBoard:
         assert self._buffer is not None
         view = self._buffer.numpy()
         view[: _HEADER.size] = np.frombuffer(_HEADER.pack(len(numbers), len(payload)), np.uint8)
-        view[_HEADER.size : needed] = np.frombuffer(numbers + payload, dtype=np.uint8)
+        body = numbers + payload
+        view[_HEADER.size : _HEADER.size + len(body)] = np.frombuffer(body, dtype=np.uint8)
+        if live:
+            self._ring = LiveRing(view[ring_at:], *fields["ring"])
+            self._ring.start(self._serial, plan.first)
+            self.feed(plan.first)
         return replaced
+
+    def feed(self, low: int) -> None:
+        """Hand worker processes the live plan's outputs drawn so far (those that fit).
+
+        ``low``: the first position not delivered yet; the ring holds outputs from there.
+        """
+        ring, plan = self._ring, self._plan
+        if ring is None or plan is None:
+            return
+        draws = plan.entries.draws  # type: ignore[attr-defined]
+        published = ring.published
+        last = min(draws.drawn, max(low, plan.first) + ring.slots)
+        for position in range(published, last):
+            ring.put(position, draws.get(position))
+        if draws.end is not None and ring.published == draws.end:
+            ring.finish(draws.end)
+        if last > published or draws.end is not None:
+            self._wake()
+
+    def stop_live(self) -> None:
+        """End the current live plan's readers now (its engine epoch is being stopped)."""
+        plan = self._plan
+        if plan is None or not getattr(plan.entries, "is_live", False):
+            return
+        if self._ring is not None:
+            self._ring.stop()
+        plan.entries.draws.stop(plan.serial)  # type: ignore[attr-defined]  # wakes them
+
+    def _wake(self) -> None:
+        self._signal.fire()
+        if self.wake_fd is not None:
+            try:
+                os.eventfd_write(self.wake_fd, 1)
+            except BlockingIOError:  # the counter is full: readers are awake already
+                pass
+
+    def readiness(self) -> ReadinessSource:
+        """Where a reader of a live plan waits for the main process to draw more."""
+        if self._attached and self.wake_fd is not None:
+            return FdReadiness(self.wake_fd)
+        return self._signal
 
     @property
     def serial(self) -> int:
         """The serial of the current plan (0: none published yet)."""
         return self._serial
 
-    def attach(self, buffer: torch.Tensor | None) -> None:
+    def attach(self, buffer: torch.Tensor | None, wake_fd: int | None = None) -> None:
         """In a worker process: read plans from the shared ``buffer`` from now on."""
         self._buffer = buffer
+        self.wake_fd = wake_fd
         self._attached = True
         self._plan = None
 
@@ -326,8 +405,15 @@ class PlanBoard:
         if self._attached:
             view, numbers_size, size = self._view()
             start = _HEADER.size + numbers_size
+            numbers = self._numbers(view, numbers_size)
+            geometry = numbers.pop("ring", None)
+            if geometry is not None:  # a live plan: its entries come through the ring
+                ring_at = -(-(start + size) // 64) * 64
+                ring = LiveRing(view[ring_at:], *geometry)
+                live = RingEntries(ring, numbers["first"], numbers["serial"])
+                return EpochPlan(live, **numbers)  # type: ignore[arg-type]
             entries = pickle.loads(view[start : start + size].tobytes())
-            return EpochPlan(PlanEntries(*entries), **self._numbers(view, numbers_size))
+            return EpochPlan(PlanEntries(*entries), **numbers)
         if self._plan is None:
             raise RuntimeError(
                 "the epoch plan was not published or did not reach this process; a compat "
@@ -364,6 +450,10 @@ class PlanBoard:
             "_shared": self._shared,
             "_attached": False,
             "_serial": 0,
+            "_signal": Signal(),
+            "wake_fd": None,
+            "_ahead": self._ahead,
+            "_ring": None,
         }
 
     def __repr__(self) -> str:

@@ -7,15 +7,16 @@ the board's shared-memory copy) and yields its shard's entries.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from ..datapipes import IterDataPipe, StateFields
 from ..datapipes.runtime import current_stamp, restore_stamp
+from ..events import ReadinessSource
 from ._catch_up import CatchUp
-from ._plan import PlanBoard, PlanEntries
+from ._plan import PlanBoard
 
 __all__ = ["PlanSource"]
 
@@ -32,7 +33,7 @@ class PlanSource(IterDataPipe):
     still have fetched (the plan's ``catch_up``) before it starts the next one.
 
     Example:
-        >>> from pipeloom.compat._plan import EpochPlan
+        >>> from pipeloom.compat._plan import EpochPlan, PlanEntries
         >>> board = PlanBoard()
         >>> _ = board.publish(EpochPlan(PlanEntries.from_outputs([5, 3, 9]), base_seed=0))
         >>> list(PlanSource(board))
@@ -52,15 +53,16 @@ class PlanSource(IterDataPipe):
         self.total = 1
         self.index = 0
         self.group_size = 1
-        self._entries: PlanEntries | None = None
+        self._entries: Any = None  # PlanEntries, or a live plan's (see _live)
+        self._live = False
         self._first = 0  # the epoch position of the plan's first entry
         self._next = 0  # the epoch position of the next entry
         self._skip: frozenset[int] = frozenset()  # positions the plan leaves out
         self._ran: int | None = None  # the serial of the plan this copy ran last
 
-    def attach(self, buffer: torch.Tensor | None) -> None:
+    def attach(self, buffer: torch.Tensor | None, wake_fd: int | None = None) -> None:
         """In a new worker process: read plans from the shared ``buffer``."""
-        self.board.attach(buffer)
+        self.board.attach(buffer, wake_fd)
         self._ran = None  # it ran nothing yet (under fork it is the parent's object)
 
     def is_shardable(self) -> bool:
@@ -107,7 +109,7 @@ class PlanSource(IterDataPipe):
         ahead = (self.index - group % self.total) % self.total
         return position if ahead == 0 else (group + ahead) * self.group_size
 
-    def _load(self) -> PlanEntries:
+    def _load(self) -> Any:
         plan = self.board.read()
         entries = plan.entries.flattened() if self.flatten_entries else plan.entries
         self._first = plan.first_index if self.flatten_entries else plan.first
@@ -116,6 +118,7 @@ class PlanSource(IterDataPipe):
         self._skip = plan.skip
         self._next = self._first_from(max(self._next, self._first))
         self._entries = entries
+        self._live = getattr(entries, "is_live", False)
         return entries
 
     def async_next(self) -> Any:
@@ -123,15 +126,23 @@ class PlanSource(IterDataPipe):
         position = self._next
         while position in self._skip:
             position = self._first_from(position + 1)
-        if position - self._first >= len(entries):
+        if self._live:  # drawn as the epoch goes: may not be drawn yet (NotAvailable)
+            entry = entries.take(position - self._first)
+        elif position - self._first >= len(entries):
             raise StopIteration
-        entry = entries[position - self._first]
+        else:
+            entry = entries[position - self._first]
         self._next = self._first_from(position + 1)
         self._stamp_item(position)
         return entry
 
+    def readiness_sources(self) -> Sequence[ReadinessSource]:
+        return (self.board.readiness(),)
+
     def __len__(self) -> int:
         entries = self._entries if self._entries is not None else self._load()
+        if getattr(entries, "is_live", False):
+            raise TypeError("the sampler is drawn as the epoch goes: its length is not known")
         return len(entries)
 
     def state_dict(self) -> dict[str, Any]:
@@ -143,6 +154,7 @@ class PlanSource(IterDataPipe):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_entries"] = None
+        state["_live"] = False
         return state
 
     def __repr__(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from multiprocessing.reduction import DupFd
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,7 @@ class WorkerSetup:
         if isinstance(pipe, DataPipe):
             for block in upstream_blocks(pipe):
                 if isinstance(block, (PlanSource, IterableDatasetSource)):
-                    block.attach(self.board.buffer)
+                    block.attach(self.board.buffer, self.board.wake_fd)
             found = find_dataset(pipe)
             dataset = found if found is not None else dataset
         seed = self.base_seed + worker_id
@@ -73,11 +74,18 @@ class WorkerSetup:
     def __getstate__(self) -> dict[str, Any]:
         # Sent to spawned workers: the board's shared buffer travels by handle
         # (multiprocessing's pickler); the dataset is found in the worker's pipeline.
-        return {"buffer": self.board.buffer, "user_fn": self.user_fn, "base_seed": self.base_seed}
+        fd = self.board.wake_fd
+        return {
+            "buffer": self.board.buffer,
+            "wake_fd": None if fd is None else DupFd(fd),
+            "user_fn": self.user_fn,
+            "base_seed": self.base_seed,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.board = PlanBoard()
-        self.board.attach(state["buffer"])
+        fd = state.get("wake_fd")
+        self.board.attach(state["buffer"], None if fd is None else fd.detach())
         self.dataset = None
         self.user_fn = state["user_fn"]
         self.base_seed = state["base_seed"]
