@@ -4,7 +4,8 @@
 
 A map-style dataset of ``n`` indices (item ``i`` is ``i``), ``batch_size=256``,
 ``shuffle=True`` (with torch's global RNG, or with a seeded ``generator=``),
-``num_workers=0`` -- the same arguments to
+``num_workers=0``; or in order (``SequentialSampler``) with 2 worker processes
+(the workers' start is in the figure) -- the same arguments to
 ``torch.utils.data.DataLoader`` and ``pipeloom.compat.DataLoader``. Each
 measurement runs in a fresh interpreter: build the loader, ``next(iter(loader))``,
 report the seconds from building to the first batch and the process's peak RSS
@@ -34,7 +35,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-CASES = ("shuffle=True", "shuffle=True, generator")
+CASES = ("shuffle=True", "shuffle=True, generator", "sequential, 2 workers")
 
 
 def child(loader: str, n: int, case: str) -> None:
@@ -53,7 +54,11 @@ def child(loader: str, n: int, case: str) -> None:
     torch.manual_seed(0)
     start = time.perf_counter()
     extra = {"generator": torch.Generator().manual_seed(1)} if "generator" in case else {}
-    first = next(iter(cls(Indices(n), batch_size=256, shuffle=True, **extra)))
+    workers = 2 if "2 workers" in case else 0
+    loader_ = cls(
+        Indices(n), batch_size=256, shuffle="shuffle" in case, num_workers=workers, **extra
+    )
+    first = next(iter(loader_))
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(
@@ -100,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in sizes:
             rows.extend(compare(loaders, n, case, args.repeats))
     print_table(
-        f"Time to the first batch and peak RSS, in-process (median of {args.repeats})",
+        f"Time to the first batch and peak RSS (median of {args.repeats})",
         [
             "sampling",
             "items",

@@ -18,7 +18,7 @@ import struct
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -28,12 +28,23 @@ from ..events import FdReadiness, ReadinessSource, Signal
 from ._catch_up import CatchUp
 from ._live_ring import LiveRing, RingEntries, ring_bytes, ring_geometry
 
-__all__ = ["EpochPlan", "PlanBoard", "PlanEntries"]
+__all__ = ["Entries", "EpochPlan", "PlanBoard", "PlanEntries"]
 
 _HEADER = struct.Struct("<qq")  # the sizes of the plan's numbers and of its entries
 _MIN_CAPACITY = 64 * 1024
 # What a worker reads of a plan besides its entries.
 _NUMBERS = ("base_seed", "first", "first_index", "epoch", "skip", "serial", "catch_up")
+
+
+class Entries(Protocol):
+    """What a plan's entries offer: :class:`PlanEntries`, ``RangeEntries``, ``LiveEntries``."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> Any: ...
+    def tail(self, start: int) -> Entries: ...
+    def indices_before(self, start: int) -> int: ...
+    def flattened(self) -> Any: ...
+    def to_state(self) -> dict[str, Any]: ...
 
 
 class PlanEntries(Sequence[Any]):
@@ -114,6 +125,10 @@ class PlanEntries(Sequence[Any]):
         return PlanEntries(
             flat=self._flat[offsets[0] :], offsets=offsets - offsets[0], recipe=recipe, start=after
         )
+
+    def for_workers(self) -> PlanEntries:
+        """What worker processes read (no recipe)."""
+        return PlanEntries(self._objects, self._flat, self._offsets)
 
     def indices_before(self, start: int) -> int:
         """How many indices the entries before ``start`` hold (a batch holds several)."""
@@ -197,7 +212,7 @@ class EpochPlan:
         ([3, 2], 2, 3)
     """
 
-    entries: PlanEntries
+    entries: Entries
     base_seed: int
     first: int = 0
     first_index: int = 0
@@ -325,8 +340,8 @@ class PlanBoard:
             held = [draws.get(p) for p in range(plan.first, min(draws.drawn, plan.first + 8))]
             fields["ring"] = ring_geometry(self._ahead, held)
             payload = pickle.dumps(None, protocol=5)
-        else:
-            payload = pickle.dumps((entries._objects, entries._flat, entries._offsets), protocol=5)
+        else:  # PlanEntries or RangeEntries, without the recipe a checkpoint keeps
+            payload = pickle.dumps(entries.for_workers(), protocol=5)  # type: ignore[attr-defined]
         numbers = pickle.dumps(fields, protocol=5)
         needed = _HEADER.size + len(numbers) + len(payload)
         ring_at = -(-needed // 64) * 64
@@ -413,7 +428,7 @@ class PlanBoard:
                 live = RingEntries(ring, numbers["first"], numbers["serial"])
                 return EpochPlan(live, **numbers)  # type: ignore[arg-type]
             entries = pickle.loads(view[start : start + size].tobytes())
-            return EpochPlan(PlanEntries(*entries), **numbers)
+            return EpochPlan(entries, **numbers)
         if self._plan is None:
             raise RuntimeError(
                 "the epoch plan was not published or did not reach this process; a compat "

@@ -34,6 +34,7 @@ import torch
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from ._plan import PlanEntries
+from ._range_entries import RangeEntries
 
 __all__ = [
     "DrawnEpoch",
@@ -58,7 +59,7 @@ class DrawnEpoch:
             last output.
     """
 
-    entries: PlanEntries
+    entries: PlanEntries | RangeEntries
     settle: Callable[[], None] | None = None
     settle_at: int = 0
 
@@ -86,14 +87,13 @@ class EpochRecipe:
     batch_size: int | None  # None: one index per entry
     drop_last: bool
 
-    def draw(self) -> PlanEntries:
+    def draw(self) -> PlanEntries | RangeEntries:
         """The epoch's entries, as :func:`draw_epoch` drew them."""
-        if self.generator_state is None:
-            flat = np.arange(self.n, dtype=np.int64)
-        else:
-            generator = torch.Generator()
-            generator.set_state(self.generator_state)
-            flat = _draws(generator, self.n, self.num_samples, self.replacement).numpy()
+        if self.generator_state is None:  # sequential: arithmetic, no array
+            return RangeEntries.epoch(self.n, self.batch_size, self.drop_last, recipe=self)
+        generator = torch.Generator()
+        generator.set_state(self.generator_state)
+        flat = _draws(generator, self.n, self.num_samples, self.replacement).numpy()
         if self.batch_size is None:
             return PlanEntries(flat=flat, recipe=self)
         return _batched(flat, self.batch_size, self.drop_last, recipe=self)

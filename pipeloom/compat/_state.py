@@ -35,7 +35,8 @@ import torch
 from .._fingerprint import describe, field_differences
 from ..datapipes import StateFields
 from ..errors import StateError
-from ._plan import EpochPlan, PlanEntries
+from ._plan import Entries, EpochPlan, PlanEntries
+from ._range_entries import RangeEntries
 from ._sampling import EpochRecipe
 
 __all__ = [
@@ -244,7 +245,7 @@ def _read_epoch(fields: StateFields, epoch: Any, kind: str) -> dict[str, Any] | 
 
 
 def _read_skip(
-    fields: StateFields, skip: Any, first: int, entries: PlanEntries | None
+    fields: StateFields, skip: Any, first: int, entries: Entries | None
 ) -> frozenset[int]:
     """The positions a plan leaves out: ints after ``first``, within its entries."""
     end = None if entries is None else first + len(entries)
@@ -283,7 +284,7 @@ def _check_resumer(
         )
 
 
-def _read_entries(fields: StateFields, entries: Any) -> PlanEntries:
+def _read_entries(fields: StateFields, entries: Any) -> PlanEntries | RangeEntries:
     """``PlanEntries.to_state()`` back, its arrays checked."""
     expected = (
         "{'objects': list}, {'flat': 1-D int64 tensor[, 'offsets': ...]} or "

@@ -232,3 +232,33 @@ def test_an_output_too_big_for_the_ring_says_how_to_fix_it():
     with DataLoader(range(1 << 20), batch_sampler=Growing(), num_workers=1) as ours:
         with pytest.raises(ValueError, match="bytes.*__len__"):
             take(ours, 12)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"num_workers": 2}, {"num_workers": 2, "strategy": "economic"}, {"batch_size": None}],
+    ids=str,
+)
+def test_a_sequential_epoch_over_a_huge_dataset_starts_at_once(kwargs):
+    # torch's SequentialSampler holds nothing; an array of its 10**12 indices would be 8 TB
+    huge = range(10**12)
+    args = {"batch_size": 3, **kwargs}
+    torchs = {k: v for k, v in args.items() if k != "strategy"}
+    with DataLoader(huge, **args) as ours:
+        got = take(ours, 4)
+        assert same(got, take(tud.DataLoader(huge, **torchs), 4))
+        assert len(ours) == len(tud.DataLoader(huge, **torchs))
+
+
+def test_a_sequential_epoch_resumes_from_a_checkpoint_without_its_indices():
+    with DataLoader(range(50), batch_size=4, drop_last=True, num_workers=2) as ours:
+        iterator = iter(ours)
+        first = [next(iterator).tolist() for _ in range(5)]
+        state = ours.state_dict()
+    assert "flat" not in state["epoch"]["entries"]  # the recipe and a position, no indices
+    with DataLoader(range(50), batch_size=4, drop_last=True) as resumed:
+        resumed.load_state_dict(state)
+        rest = [b.tolist() for b in resumed]
+    assert first + rest == [
+        b.tolist() for b in tud.DataLoader(range(50), batch_size=4, drop_last=True)
+    ]
