@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.utils.data
@@ -16,6 +16,7 @@ __all__ = [
     "WORKER_TYPES",
     "check_dataset_args",
     "check_worker_args",
+    "refuse_change",
     "resolve_strategy",
     "service_strategy_kwargs",
     "start_method_of",
@@ -219,3 +220,11 @@ def resolve_strategy(
             f"leave strategy unset"
         )
     return strategy or MAP_STYLE_STRATEGY
+
+
+def refuse_change(name: str, value: Any) -> NoReturn:
+    """A loader argument torch fixes at construction was assigned afterwards."""
+    raise ValueError(
+        f"{name} cannot be changed after the DataLoader was built (as in torch); "
+        f"build a new DataLoader with {name}={value!r}"
+    )

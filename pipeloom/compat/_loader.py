@@ -23,6 +23,7 @@ from ._args import (
     MAP_STYLE_STRATEGY,
     check_dataset_args,
     check_worker_args,
+    refuse_change,
     resolve_strategy,
     service_strategy_kwargs,
     start_method_of,
@@ -215,10 +216,7 @@ class DataLoader(ShutsDown):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FROZEN and self.__dict__.get("_initialized", False):
-            raise ValueError(
-                f"{name} cannot be changed after the DataLoader was built (as in torch); "
-                f"build a new DataLoader with {name}={value!r}"
-            )
+            refuse_change(name, value)
         super().__setattr__(name, value)
 
     # -- torch's API --------------------------------------------------------------
@@ -369,8 +367,9 @@ class DataLoader(ShutsDown):
 
     def _waited_for(self) -> str | None:
         current = self._live_current()
-        done = current is None or current.finished
-        return None if done else f"batch {current.next_batch()} of the epoch"  # type: ignore[union-attr]
+        if current is None or current.finished:
+            return None
+        return f"batch {current.next_batch()} of the epoch"
 
     def _release(self) -> None:
         """Close the epoch, stop the workers (even if closing raised); also when dropped."""
@@ -470,7 +469,8 @@ class DataLoader(ShutsDown):
     def settle_draws(self) -> None:
         """Make the draws torch's sampler makes after the epoch's last index (see ``_sampling``)."""
         settle, self._settle = self._settle, None
-        _ = settle is not None and settle()
+        if settle is not None:
+            settle()
 
     def _draw_base_seed(self) -> bool:
         """torch's ``_base_seed`` for a new iterator; persistent workers keep their first one."""
