@@ -1,0 +1,91 @@
+"""A user switching the import keeps what they configured torch's loader with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.utils.data as tud
+import torch.utils.data._utils.collate as torch_collate
+
+from pipeloom.compat import DataLoader
+
+
+class Box:
+    """A type of the user's own, collated by a function registered in torch's map."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def collate_boxes(batch, *, collate_fn_map=None):
+    return ("boxes", [box.value for box in batch])
+
+
+def float32_numbers(batch, *, collate_fn_map=None):
+    return torch.tensor(batch, dtype=torch.float32)
+
+
+class Boxes(tud.Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int) -> dict:
+        return {"box": Box(index), "x": index / 3, "t": torch.tensor([index])}
+
+
+def batches(cls, num_workers):
+    loader = cls(Boxes(), batch_size=4, num_workers=num_workers)
+    return list(loader)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(
+    "registered", [{Box: collate_boxes}, {Box: collate_boxes, float: float32_numbers}]
+)
+def test_collate_functions_registered_in_torchs_map_are_used_as_torch_uses_them(
+    registered, num_workers
+):
+    # torch's default_collate looks its per-type functions up in
+    # default_collate_fn_map at each batch, in its workers too; users register
+    # their own types there (and replace float's to get float32 batches).
+    saved = dict(torch_collate.default_collate_fn_map)
+    torch_collate.default_collate_fn_map.update(registered)
+    try:
+        theirs = batches(tud.DataLoader, num_workers)
+        ours = batches(DataLoader, num_workers)
+    finally:
+        torch_collate.default_collate_fn_map.clear()
+        torch_collate.default_collate_fn_map.update(saved)
+    assert (
+        [b["box"] for b in ours]
+        == [b["box"] for b in theirs]
+        == [
+            ("boxes", [0, 1, 2, 3]),
+            ("boxes", [4, 5]),
+        ]
+    )
+    for mine, torchs in zip(ours, theirs, strict=True):
+        assert mine["x"].dtype == torchs["x"].dtype
+        assert torch.equal(mine["x"], torchs["x"]) and torch.equal(mine["t"], torchs["t"])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("samples", [[i / 3 for i in range(6)], [i % 2 == 0 for i in range(6)]])
+def test_a_function_registered_for_plain_numbers_is_used_as_torch_uses_it(samples, num_workers):
+    # a batch of plain Python numbers takes pipeloom's fast path, which must
+    # step aside when torch would call the user's function (bool finds int's)
+    def to_float32(batch, *, collate_fn_map=None):
+        return torch.tensor(batch, dtype=torch.float32)
+
+    saved = dict(torch_collate.default_collate_fn_map)
+    torch_collate.default_collate_fn_map.update({float: to_float32, int: to_float32})
+    try:
+        theirs = list(tud.DataLoader(samples, batch_size=4, num_workers=num_workers))
+        ours = list(DataLoader(samples, batch_size=4, num_workers=num_workers))
+    finally:
+        torch_collate.default_collate_fn_map.clear()
+        torch_collate.default_collate_fn_map.update(saved)
+    assert [b.dtype for b in ours] == [b.dtype for b in theirs] == [torch.float32] * 2
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
