@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import numbers
 from typing import Any
 
 import torch
@@ -43,7 +44,11 @@ def check_worker_args(
     generator: Any,
 ) -> None:
     """Validate the arguments about workers (torch's checks, plus ours)."""
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+    if (
+        isinstance(num_workers, bool)
+        or not isinstance(num_workers, numbers.Integral)  # np.int64 too, as torch
+        or num_workers < 0
+    ):
         raise ValueError(
             f"num_workers must be an int >= 0, got {num_workers!r}; use num_workers=0 to "
             f"load in the calling thread"
@@ -65,7 +70,7 @@ def check_worker_args(
         )
     if prefetch_factor is not None and (
         isinstance(prefetch_factor, bool)
-        or not isinstance(prefetch_factor, int)
+        or not isinstance(prefetch_factor, numbers.Integral)
         or prefetch_factor < 1
     ):
         raise ValueError(

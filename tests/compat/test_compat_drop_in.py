@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
@@ -89,3 +90,19 @@ def test_a_function_registered_for_plain_numbers_is_used_as_torch_uses_it(sample
         torch_collate.default_collate_fn_map.update(saved)
     assert [b.dtype for b in ours] == [b.dtype for b in theirs] == [torch.float32] * 2
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_workers": np.int64(0)},
+        {"num_workers": np.int64(2), "prefetch_factor": np.int64(3)},
+        {"num_workers": np.int32(2), "worker_type": "thread"},
+    ],
+)
+def test_numpy_integers_are_accepted_as_worker_counts_as_torch_accepts_them(kwargs):
+    # a count read from a config or computed with NumPy is an np.int64
+    with DataLoader(list(range(7)), batch_size=3, **kwargs) as loader:
+        assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5], [6]]
+        assert loader.num_workers == kwargs["num_workers"]
