@@ -47,7 +47,7 @@ def check_worker_args(
     if (
         isinstance(num_workers, bool)
         or not isinstance(num_workers, numbers.Integral)  # np.int64 too, as torch
-        or num_workers < 0
+        or int(num_workers) < 0
     ):
         raise ValueError(
             f"num_workers must be an int >= 0, got {num_workers!r}; use num_workers=0 to "
@@ -97,7 +97,7 @@ def check_worker_args(
                 f"multiprocessing_context=None"
             )
         start_method_of(multiprocessing_context)  # raises on a bad value
-    if worker_type == "thread" and num_workers > 0:
+    if worker_type == "thread" and int(num_workers) > 0:
         for name, value in (
             ("worker_init_fn", worker_init_fn),
             ("multiprocessing_context", multiprocessing_context),
