@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable
 from typing import Any
 
@@ -32,17 +33,33 @@ class Fetch:
 
     def __call__(self, entry: Any) -> Any:
         dataset = self.dataset
-        if self.auto_collation:
-            if getattr(dataset, "__getitems__", None):
-                data = dataset.__getitems__(entry)
+        try:
+            if self.auto_collation:
+                if getattr(dataset, "__getitems__", None):
+                    data = dataset.__getitems__(entry)
+                else:
+                    data = [dataset[index] for index in entry]
             else:
-                data = [dataset[index] for index in entry]
-        else:
-            data = dataset[entry]
-        return self.collate_fn(data)
+                data = dataset[entry]
+        except StopIteration as error:
+            raise _stop_iteration(f"{type(dataset).__name__}.__getitem__", entry) from error
+        try:
+            return self.collate_fn(data)
+        except StopIteration as error:
+            raise _stop_iteration("collate_fn", entry) from error
 
     def __repr__(self) -> str:
         return f"Fetch({type(self.dataset).__name__})"
+
+
+def _stop_iteration(where: str, entry: Any) -> RuntimeError:
+    """The error for a ``StopIteration`` out of a map-style fetch (torch's would end the epoch)."""
+    return RuntimeError(
+        f"{where} raised StopIteration while fetching {reprlib.repr(entry)}. torch's "
+        f"DataLoader takes it for the end of the epoch and silently drops the batches after it; "
+        f"pipeloom.compat.DataLoader raises instead. Raise another exception for a bad "
+        f"sample, or let the sampler yield only the indices the dataset has"
+    )
 
 
 class GetItem:
@@ -57,7 +74,10 @@ class GetItem:
         self.dataset = dataset
 
     def __call__(self, index: Any) -> Any:
-        return self.dataset[index]
+        try:
+            return self.dataset[index]
+        except StopIteration as error:
+            raise _stop_iteration(f"{type(self.dataset).__name__}.__getitem__", index) from error
 
     def __repr__(self) -> str:
         return f"GetItem({type(self.dataset).__name__})"

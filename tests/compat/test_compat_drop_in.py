@@ -9,6 +9,7 @@ import torch.utils.data as tud
 import torch.utils.data._utils.collate as torch_collate
 
 from pipeloom.compat import DataLoader
+from tests.compat.compat_cases import same
 
 
 class Box:
@@ -106,3 +107,44 @@ def test_numpy_integers_are_accepted_as_worker_counts_as_torch_accepts_them(kwar
     with DataLoader(list(range(7)), batch_size=3, **kwargs) as loader:
         assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5], [6]]
         assert loader.num_workers == kwargs["num_workers"]
+
+
+class StopsAtFive(tud.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        if index == 5:
+            raise StopIteration  # torch's loader would end the epoch here, silently
+        return index
+
+
+def stop_at_four(batch):
+    if 4 in batch:
+        raise StopIteration
+    return batch
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(
+    "dataset, kwargs, before, where",
+    [
+        (StopsAtFive(), {"batch_size": 2}, 2, r"StopsAtFive\.__getitem__ raised StopIteration"),
+        (StopsAtFive(), {"batch_size": None}, 5, r"StopsAtFive\.__getitem__ raised StopIteration"),
+        (list(range(8)), {"batch_size": 2, "collate_fn": stop_at_four}, 2, "collate_fn raised"),
+    ],
+)
+def test_stop_iteration_from_getitem_or_collate_fn_is_named_not_an_early_end(
+    dataset, kwargs, before, where, num_workers
+):
+    # torch's loader yields the batches before it and ends the epoch without a
+    # word; ours raises (documented), naming where it came from and torch's behaviour
+    theirs = list(tud.DataLoader(dataset, num_workers=num_workers, **kwargs))
+    assert len(theirs) == before
+    with DataLoader(dataset, num_workers=num_workers, **kwargs) as loader:
+        epoch = iter(loader)
+        assert all(same(next(epoch), batch) for batch in theirs)
+        with pytest.raises(RuntimeError, match=where) as caught:
+            next(epoch)
+    assert "silently drops the batches after it" in str(caught.value)
