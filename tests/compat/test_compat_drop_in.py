@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -148,3 +150,26 @@ def test_stop_iteration_from_getitem_or_collate_fn_is_named_not_an_early_end(
         with pytest.raises(RuntimeError, match=where) as caught:
             next(epoch)
     assert "silently drops the batches after it" in str(caught.value)
+
+
+class HoldsALock(tud.Dataset):
+    def __init__(self) -> None:
+        self.handle = threading.Lock()  # as an open file or database handle would be
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+@pytest.mark.timeout(60)
+def test_a_dataset_that_cannot_go_to_spawned_workers_is_named_with_its_attribute():
+    # torch says only "cannot pickle '_thread.lock' object"; ours named an internal
+    # block. Now it names the attribute and the arguments that avoid pickling.
+    loader = DataLoader(HoldsALock(), batch_size=2, num_workers=1, multiprocessing_context="spawn")
+    with loader, pytest.raises(TypeError) as caught:
+        list(loader)
+    message = str(caught.value)
+    assert "dataset.handle, a lock" in message and "_thread.lock" in message
+    assert "multiprocessing_context='fork'" in message and "worker_type='thread'" in message
