@@ -7,9 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.data import IterDataPipe as TorchIterDataPipe
+from torch.utils.data import graph_settings
 
 from ..datapipes import IterDataPipe
-from ..datapipes.runtime import current_stamp, restore_stamp
+from ..datapipes.runtime import current_stamp, derive_seed, restore_stamp
 from ._plan import PlanBoard
 
 __all__ = ["Fetch", "GetItem", "IterableDatasetSource"]
@@ -143,9 +145,26 @@ class IterableDatasetSource(IterDataPipe):
             if catch_up is not None and catch_up.after == self._ran and serial != self._ran:
                 self._catch_up(catch_up.outputs)
             self._ran = serial
+            if isinstance(self.dataset, TorchIterDataPipe):
+                self._set_up_datapipe(self.board.read())
         self._iterator = None
         self._ended = False
         self._count = 0
+
+    def _set_up_datapipe(self, plan: Any) -> None:
+        """A torch ``IterDataPipe``: shard it over the workers and seed its shufflers alike.
+
+        torch's loader does both for a datapipe (``apply_sharding`` in each
+        worker, ``apply_random_seed`` with a seed shared by the workers at each
+        epoch): a ``sharding_filter()`` keeps worker ``i``'s share, and a
+        ``shuffle()`` before it draws the same order in every worker, so each
+        item comes once. The shared seed is mixed from the epoch's base seed
+        (torch draws one more number for it, so the order is not torch's).
+        """
+        graph_settings.apply_sharding(self.dataset, self.total, self.index)
+        shared = torch.Generator()
+        shared.manual_seed(derive_seed(plan.base_seed, plan.epoch))
+        graph_settings.apply_random_seed(self.dataset, shared)
 
     def _catch_up(self, outputs: tuple[int, ...]) -> None:
         """Make this worker's outputs of the abandoned epoch up to its count; drop them."""

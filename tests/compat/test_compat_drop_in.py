@@ -173,3 +173,29 @@ def test_a_dataset_that_cannot_go_to_spawned_workers_is_named_with_its_attribute
     message = str(caught.value)
     assert "dataset.handle, a lock" in message and "_thread.lock" in message
     assert "multiprocessing_context='fork'" in message and "worker_type='thread'" in message
+
+
+def shuffled_then_sharded():
+    from torch.utils.data.datapipes.iter import IterableWrapper  # torch's (legacy) datapipes
+
+    return IterableWrapper(range(12)).shuffle().sharding_filter()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_workers": 0},
+        {"num_workers": 2},
+        {"num_workers": 3, "persistent_workers": True},
+        {"num_workers": 2, "multiprocessing_context": "spawn"},
+    ],
+)
+def test_a_torch_datapipe_is_sharded_over_the_workers_and_shuffled_alike_as_torch_does(kwargs):
+    # torch's loader applies a datapipe's sharding_filter() per worker and seeds its
+    # shufflers with one seed shared by the workers; without that every worker read
+    # every item (each item num_workers times), or a different shuffle each (items lost)
+    with DataLoader(shuffled_then_sharded(), batch_size=None, **kwargs) as loader:
+        epochs = [[int(x) for x in loader] for _ in range(2)]
+    assert all(sorted(epoch) == list(range(12)) for epoch in epochs), epochs
+    assert epochs[0] != epochs[1]  # each epoch its own shuffle, as with torch's loader
