@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import numbers
 from typing import Any, NoReturn
 
 import torch
@@ -44,7 +45,11 @@ def check_worker_args(
     generator: Any,
 ) -> None:
     """Validate the arguments about workers (torch's checks, plus ours)."""
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+    if (
+        isinstance(num_workers, bool)
+        or not isinstance(num_workers, numbers.Integral)  # np.int64 too, as torch
+        or int(num_workers) < 0
+    ):
         raise ValueError(
             f"num_workers must be an int >= 0, got {num_workers!r}; use num_workers=0 to "
             f"load in the calling thread"
@@ -66,7 +71,7 @@ def check_worker_args(
         )
     if prefetch_factor is not None and (
         isinstance(prefetch_factor, bool)
-        or not isinstance(prefetch_factor, int)
+        or not isinstance(prefetch_factor, numbers.Integral)
         or prefetch_factor < 1
     ):
         raise ValueError(
@@ -93,7 +98,7 @@ def check_worker_args(
                 f"multiprocessing_context=None"
             )
         start_method_of(multiprocessing_context)  # raises on a bad value
-    if worker_type == "thread" and num_workers > 0:
+    if worker_type == "thread" and int(num_workers) > 0:
         for name, value in (
             ("worker_init_fn", worker_init_fn),
             ("multiprocessing_context", multiprocessing_context),

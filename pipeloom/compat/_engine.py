@@ -105,15 +105,17 @@ def build_service(loader: Any) -> ReadingService:
     if loader.num_workers == 0:
         return InProcessReadingService()
     assert loader.prefetch_factor is not None
+    # torch takes any integer (np.int64 from a config): the services take Python ints
+    num_workers, prefetch_factor = int(loader.num_workers), int(loader.prefetch_factor)
     if loader.worker_type == "thread":
         return ThreadReadingService(
-            loader.num_workers,
-            prefetch_factor=loader.prefetch_factor,
+            num_workers,
+            prefetch_factor=prefetch_factor,
             in_order=bool(loader.in_order),  # torch takes any truthy value
         )
     return MultiProcessingReadingService(
-        loader.num_workers,
-        prefetch_factor=loader.prefetch_factor,
+        num_workers,
+        prefetch_factor=prefetch_factor,
         start_method=start_method_of(loader.multiprocessing_context),
         worker_init_fn=loader._setup,
         persistent_workers=bool(loader.persistent_workers),  # torch takes any truthy value

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.data import IterDataPipe as TorchIterDataPipe
+from torch.utils.data import graph_settings
 
 from ..datapipes import IterDataPipe
-from ..datapipes.runtime import current_stamp, restore_stamp
+from ..datapipes.runtime import current_stamp, derive_seed, restore_stamp
 from ._plan import PlanBoard
 
 __all__ = ["Fetch", "GetItem", "IterableDatasetSource"]
@@ -32,17 +35,33 @@ class Fetch:
 
     def __call__(self, entry: Any) -> Any:
         dataset = self.dataset
-        if self.auto_collation:
-            if getattr(dataset, "__getitems__", None):
-                data = dataset.__getitems__(entry)
+        try:
+            if self.auto_collation:
+                if getattr(dataset, "__getitems__", None):
+                    data = dataset.__getitems__(entry)
+                else:
+                    data = [dataset[index] for index in entry]
             else:
-                data = [dataset[index] for index in entry]
-        else:
-            data = dataset[entry]
-        return self.collate_fn(data)
+                data = dataset[entry]
+        except StopIteration as error:
+            raise _stop_iteration(f"{type(dataset).__name__}.__getitem__", entry) from error
+        try:
+            return self.collate_fn(data)
+        except StopIteration as error:
+            raise _stop_iteration("collate_fn", entry) from error
 
     def __repr__(self) -> str:
         return f"Fetch({type(self.dataset).__name__})"
+
+
+def _stop_iteration(where: str, entry: Any) -> RuntimeError:
+    """The error for a ``StopIteration`` out of a map-style fetch (torch's would end the epoch)."""
+    return RuntimeError(
+        f"{where} raised StopIteration while fetching {reprlib.repr(entry)}. torch's "
+        f"DataLoader takes it for the end of the epoch and silently drops the batches after it; "
+        f"pipeloom.compat.DataLoader raises instead. Raise another exception for a bad "
+        f"sample, or let the sampler yield only the indices the dataset has"
+    )
 
 
 class GetItem:
@@ -57,7 +76,10 @@ class GetItem:
         self.dataset = dataset
 
     def __call__(self, index: Any) -> Any:
-        return self.dataset[index]
+        try:
+            return self.dataset[index]
+        except StopIteration as error:
+            raise _stop_iteration(f"{type(self.dataset).__name__}.__getitem__", index) from error
 
     def __repr__(self) -> str:
         return f"GetItem({type(self.dataset).__name__})"
@@ -123,9 +145,26 @@ class IterableDatasetSource(IterDataPipe):
             if catch_up is not None and catch_up.after == self._ran and serial != self._ran:
                 self._catch_up(catch_up.outputs)
             self._ran = serial
+            if isinstance(self.dataset, TorchIterDataPipe):
+                self._set_up_datapipe(self.board.read())
         self._iterator = None
         self._ended = False
         self._count = 0
+
+    def _set_up_datapipe(self, plan: Any) -> None:
+        """A torch ``IterDataPipe``: shard it over the workers and seed its shufflers alike.
+
+        torch's loader does both for a datapipe (``apply_sharding`` in each
+        worker, ``apply_random_seed`` with a seed shared by the workers at each
+        epoch): a ``sharding_filter()`` keeps worker ``i``'s share, and a
+        ``shuffle()`` before it draws the same order in every worker, so each
+        item comes once. The shared seed is mixed from the epoch's base seed
+        (torch draws one more number for it, so the order is not torch's).
+        """
+        graph_settings.apply_sharding(self.dataset, self.total, self.index)
+        shared = torch.Generator()
+        shared.manual_seed(derive_seed(plan.base_seed, plan.epoch))
+        graph_settings.apply_random_seed(self.dataset, shared)
 
     def _catch_up(self, outputs: tuple[int, ...]) -> None:
         """Make this worker's outputs of the abandoned epoch up to its count; drop them."""

@@ -48,7 +48,7 @@ def default_collate(batch: Sequence[Any]) -> Any:
         return numbers
     try:
         if collates_into_buffers():
-            return torch_collate.collate(batch, collate_fn_map=_INTO_OUTPUT)
+            return torch_collate.collate(batch, collate_fn_map=_into_output_map())
         return torch.utils.data.default_collate(batch)  # type: ignore[arg-type]
     except (RuntimeError, TypeError, KeyError) as error:
         problem = _diagnose(list(batch), "sample") if _is_sequence(batch) and len(batch) else None
@@ -72,7 +72,19 @@ def _stack_into_output(batch: Sequence[torch.Tensor], **_: Any) -> torch.Tensor:
     return torch.stack(list(batch), 0, out=out)
 
 
-_INTO_OUTPUT = {**torch_collate.default_collate_fn_map, torch.Tensor: _stack_into_output}
+def _into_output_map() -> dict[Any, Callable[..., Any]]:
+    """torch's ``default_collate_fn_map`` as it is now, tensors stacked into the output.
+
+    Read at each batch, not once at import: a user registers collate
+    functions for their own types in torch's map (``default_collate_fn_map[Box]
+    = collate_box``), and torch's ``default_collate`` honours them in its
+    worker processes as in the main process. A tensor function the user put
+    there is kept too.
+    """
+    current = torch_collate.default_collate_fn_map
+    if current.get(torch.Tensor) is not torch_collate.collate_tensor_fn:
+        return current
+    return {**current, torch.Tensor: _stack_into_output}
 
 
 def _collate_numbers(batch: Sequence[Any]) -> torch.Tensor | None:
@@ -86,7 +98,7 @@ def _collate_numbers(batch: Sequence[Any]) -> torch.Tensor | None:
     """
     if type(batch) is not list or not batch or (kind := type(batch[0])) not in _NUMBER_DTYPES:
         return None
-    if set(map(type, batch)) != {kind}:
+    if set(map(type, batch)) != {kind} or not _torch_collates_as_its_own(kind):
         return None
     try:
         array: np.ndarray = np.array(batch, dtype=_NUMBER_DTYPES[kind])
@@ -96,6 +108,24 @@ def _collate_numbers(batch: Sequence[Any]) -> torch.Tensor | None:
 
 
 _NUMBER_DTYPES: dict[type, type] = {float: np.float64, int: np.int64, bool: np.bool_}
+_TORCH_NUMBER_FNS: dict[type, Any] = {
+    float: torch_collate.collate_float_fn,
+    int: torch_collate.collate_int_fn,
+    bool: torch_collate.collate_int_fn,  # torch finds int's function for a bool
+}
+
+
+def _torch_collates_as_its_own(kind: type) -> bool:
+    """True when torch's ``default_collate_fn_map`` still collates ``kind`` with its own function.
+
+    A user may register another one (``default_collate_fn_map[float] = to_float32``):
+    torch then calls it, so the fast path must not decide.
+    """
+    current = torch_collate.default_collate_fn_map
+    fn = current.get(kind)
+    if fn is None:  # torch's collate then takes the first entry kind is a subclass of
+        fn = next((f for key, f in current.items() if issubclass(kind, key)), None)
+    return fn is _TORCH_NUMBER_FNS[kind]
 
 
 def check_conversion(conversion: Any) -> Callable[[Any], Any] | None:

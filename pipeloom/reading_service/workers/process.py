@@ -394,7 +394,9 @@ def _dumps(pipe: DataPipe, file: Any = None, copy: list[bytes] | None = None) ->
             f"the pipeline cannot be sent to worker processes started with spawn/forkserver: "
             f"{culprit} cannot be pickled ({reason}). Define its functions and classes at "
             f"module level, drop unpicklable attributes in __getstate__ (open them in "
-            f"lazy_init instead), or use start_method='fork' or ThreadReadingService"
+            f"lazy_init instead), or use start_method='fork' or ThreadReadingService "
+            f"(pipeloom.compat.DataLoader: multiprocessing_context='fork' or "
+            f"worker_type='thread')"
         ) from error
 
 
@@ -412,7 +414,7 @@ class _Tee:
 class _OneBlockPickler(cloudpickle.Pickler):
     """Pickles one block, standing in a placeholder for every other block."""
 
-    def __init__(self, file: io.BytesIO, block: DataPipe) -> None:
+    def __init__(self, file: io.RawIOBase | io.BytesIO, block: DataPipe) -> None:
         super().__init__(file)
         self._block = block
 
@@ -425,7 +427,58 @@ class _OneBlockPickler(cloudpickle.Pickler):
 def _find_unpicklable(pipe: DataPipe, error: Exception) -> tuple[str, str]:
     for block in reversed(upstream(pipe)):
         try:
-            _OneBlockPickler(io.BytesIO(), block).dump(block)
+            _OneBlockPickler(_Discard(), block).dump(block)
         except Exception as block_error:  # noqa: BLE001
-            return f"block {block!r}", f"{type(block_error).__name__}: {block_error}"
+            culprit = f"block {block!r}"
+            path, part = _unpicklable_part(block)
+            if path:  # e.g. a dataset's open file: its attribute, not just the block
+                culprit += f" (its {path.lstrip('.')}, a {type(part).__name__})"
+            return culprit, f"{type(block_error).__name__}: {block_error}"
     return "the pipeline", f"{type(error).__name__}: {error}"
+
+
+def _unpicklable_part(block: DataPipe, depth: int = 6) -> tuple[str, Any]:
+    """The attribute path inside ``block`` down to a value that cannot be pickled.
+
+    Follows, level by level, the first attribute (or item) that fails to
+    pickle on its own: ``.fetch.dataset.lock`` names a user's dataset's lock
+    held by a block that wraps it. ``("", block)`` when no part fails alone.
+    """
+    path, current = "", block
+    for _ in range(depth):
+        for name, value in _parts(current):
+            try:
+                _OneBlockPickler(_Discard(), block).dump(value)
+            except Exception:  # noqa: BLE001 - this one fails: look inside it
+                path, current = path + name, value
+                break
+        else:
+            break
+    return path, current
+
+
+def _parts(value: Any) -> list[tuple[str, Any]]:
+    """What pickling ``value`` pickles in turn: its state's attributes, or its items."""
+    if isinstance(value, dict):
+        return [(f"[{key!r}]", item) for key, item in value.items()]
+    if isinstance(value, (list, tuple)):
+        return [(f"[{index}]", item) for index, item in enumerate(value)]
+    try:
+        state = value.__getstate__() if hasattr(value, "__dict__") else None
+    except Exception:  # noqa: BLE001 - a __getstate__ that fails: nothing to look into
+        return []
+    if isinstance(state, tuple) and len(state) == 2:  # (dict, slots)
+        state = {**(state[0] or {}), **(state[1] or {})}
+    if not isinstance(state, dict):
+        return []
+    return [(f".{name}", item) for name, item in state.items()]
+
+
+class _Discard(io.RawIOBase):
+    """A file that drops what is written (trial pickling, without keeping the bytes)."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        return memoryview(data).nbytes
