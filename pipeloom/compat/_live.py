@@ -26,10 +26,13 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+import torch
+
 from ..errors import NotAvailable, StateError
 from ._plan import PlanEntries
 
-__all__ = ["LiveDraws", "LiveEntries", "draw_user_epoch"]
+__all__ = ["LiveDraws", "LiveEntries", "draw_user_epoch", "own_copy"]
 
 
 def draw_user_epoch(
@@ -52,7 +55,7 @@ def draw_user_epoch(
         length = None  # no __len__: whatever it yields is drawn as the epoch goes
     drawn: list[Any] = []
     if length is not None:
-        drawn = list(itertools.islice(iterator, length + 1))
+        drawn = [own_copy(x) for x in itertools.islice(iterator, length + 1)]
         if len(drawn) <= length:  # it ran out: the whole epoch, checkpointable
             return PlanEntries.from_outputs(drawn)
     draws = LiveDraws(iterator, drawn, type(index_sampler).__name__)
@@ -95,7 +98,7 @@ class LiveDraws:
         drawn = self.drawn
         while self.drawn < count and self.end is None:
             try:
-                entry = next(self._iterator)
+                entry = own_copy(next(self._iterator))
             except StopIteration:
                 self.end = self.drawn
                 break
@@ -154,6 +157,26 @@ class LiveDraws:
         self.stopped.add(serial)
         if self.on_draw is not None:
             self.on_draw()
+
+
+def own_copy(output: Any) -> Any:
+    """A sampler's output as it is now: a batch sampler may reuse its list for the next.
+
+    torch hands each output to its fetcher or a worker's index queue (a copy)
+    before it asks for the next one, so an output changed afterwards is read
+    as it was. Lists, NumPy arrays and tensors are copied, shallowly.
+
+    >>> batch = [1, 2]
+    >>> kept = own_copy(batch); batch.clear(); kept
+    [1, 2]
+    """
+    if type(output) is list:
+        return list(output)
+    if isinstance(output, np.ndarray):
+        return output.copy()
+    if isinstance(output, torch.Tensor):
+        return output.clone()
+    return output
 
 
 def _size(entry: Any) -> int:

@@ -16,6 +16,7 @@ import signal
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
@@ -262,3 +263,40 @@ def test_a_sequential_epoch_resumes_from_a_checkpoint_without_its_indices():
     assert first + rest == [
         b.tolist() for b in tud.DataLoader(range(50), batch_size=4, drop_last=True)
     ]
+
+
+class ReusesItsBatch(tud.Sampler):
+    """A batch sampler that refills one list (or NumPy buffer) for every batch."""
+
+    def __init__(self, kind: str, length: bool = True) -> None:
+        self.kind, self.length = kind, length
+
+    def __len__(self) -> int:
+        if not self.length:
+            raise TypeError("no length")
+        return 3
+
+    def __iter__(self):
+        buffer: Any = [] if self.kind == "list" else np.zeros(3, dtype=np.int64)
+        for start in range(0, 7, 3):
+            indices = list(range(start, min(start + 3, 7)))
+            if self.kind == "list":
+                buffer.clear()
+                buffer.extend(indices)
+                yield buffer
+            else:
+                view = buffer[: len(indices)]
+                view[:] = indices
+                yield view
+
+
+@pytest.mark.parametrize("length", [True, False], ids=["len", "no-len"])
+@pytest.mark.parametrize("kind", ["list", "array"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_sampler_that_reuses_its_batch_object_gives_each_batch(kind, length, workers):
+    sampler = ReusesItsBatch(kind, length)
+    with DataLoader(range(7), batch_sampler=sampler, num_workers=workers) as ours:
+        got = [b.tolist() for b in ours]
+    assert got == [[0, 1, 2], [3, 4, 5], [6]]
+    if workers == 0:  # torch's workers read the reused object later, racing the sampler
+        assert got == [b.tolist() for b in tud.DataLoader(range(7), batch_sampler=sampler)]
