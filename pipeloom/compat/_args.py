@@ -5,12 +5,14 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import numbers
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.utils.data
 
 __all__ = [
+    "FIXED_BY_TORCH",
+    "REBUILT_BY_TORCH",
     "ITERABLE_STRATEGY",
     "MAP_STYLE_STRATEGY",
     "STRATEGIES",
@@ -227,9 +229,53 @@ def resolve_strategy(
     return strategy or MAP_STYLE_STRATEGY
 
 
-def refuse_change(name: str, value: Any) -> NoReturn:
-    """A loader argument torch fixes at construction was assigned afterwards."""
+REBUILT_BY_TORCH = (
+    "collate_fn",
+    "num_workers",
+    "prefetch_factor",
+    "pin_memory",
+    "pin_memory_device",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "in_order",
+    "strategy",
+    "num_batch_workers",
+    "chunk_size",
+    "worker_type",
+)
+"""Arguments torch's loader reads again at each ``iter()`` (without persistent workers)."""
+
+
+FIXED_BY_TORCH = (
+    "batch_size",
+    "batch_sampler",
+    "sampler",
+    "drop_last",
+    "dataset",
+    "persistent_workers",
+)
+"""Arguments torch's loader refuses to change after construction."""
+
+
+def refuse_change(name: str, value: Any, current: Any) -> None:
+    """Raise when a loader argument fixed at construction is assigned another value.
+
+    torch refuses :data:`FIXED_BY_TORCH` too; it reads :data:`REBUILT_BY_TORCH`
+    again at its next ``iter()``, where the compat loader built its pipeline
+    and workers from the first value (a change would be ignored, silently).
+    """
+    fixed = name in FIXED_BY_TORCH
+    if value is current or not (fixed or name in REBUILT_BY_TORCH):
+        return
+    if fixed:
+        raise ValueError(
+            f"{name} cannot be changed after the DataLoader was built (as in torch); "
+            f"build a new DataLoader with {name}={value!r}"
+        )
     raise ValueError(
-        f"{name} cannot be changed after the DataLoader was built (as in torch); "
+        f"{name} cannot be changed after pipeloom.compat.DataLoader was built: it builds "
+        f"its pipeline and workers from {name} once (torch's loader, without persistent "
+        f"workers, reads it again at the next iter()), so the change would be ignored; "
         f"build a new DataLoader with {name}={value!r}"
     )

@@ -45,8 +45,6 @@ from ._worker import WorkerSetup
 
 __all__ = ["DataLoader", "MAP_STYLE_STRATEGY", "ITERABLE_STRATEGY", "build_map_pipeline"]
 
-_FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
-
 
 class DataLoader(ShutsDown):
     """A drop-in ``torch.utils.data.DataLoader`` that runs on pipeloom's reading services.
@@ -215,8 +213,8 @@ class DataLoader(ShutsDown):
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FROZEN and self.__dict__.get("_initialized", False):
-            refuse_change(name, value)
+        if self.__dict__.get("_initialized", False):  # some arguments are fixed by then
+            refuse_change(name, value, self.__dict__.get(name))
         super().__setattr__(name, value)
 
     # -- torch's API --------------------------------------------------------------

@@ -99,3 +99,17 @@ def test_truthy_flags_are_accepted_as_torch_accepts_them():
         assert [batch.tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     finally:
         loader.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("collate_fn", list), ("num_workers", 2), ("worker_init_fn", print), ("pin_memory", True)],
+)
+def test_an_argument_torch_reads_again_at_each_iter_cannot_be_changed_silently(name, value):
+    # torch's next iter() would use the new value; ours built its pipeline from the first
+    loader = DataLoader(Items(4), batch_size=2)
+    list(loader)
+    with pytest.raises(ValueError, match=f"{name} cannot be changed after.*would be ignored"):
+        setattr(loader, name, value)
+    setattr(loader, name, getattr(loader, name))  # the same value is no change
+    loader.shutdown()
