@@ -48,7 +48,7 @@ def build_map_pipeline(
     Example:
         >>> from pipeloom.compat._plan import EpochPlan, PlanEntries
         >>> board = PlanBoard()
-        >>> _ = board.publish(EpochPlan(PlanEntries.from_outputs([[2, 0], [1]]), 0))
+        >>> board.publish(EpochPlan(PlanEntries.from_outputs([[2, 0], [1]]), 0))
         >>> list(build_map_pipeline(board, "abc", list, auto_collation=True))
         [['c', 'a'], ['b']]
     """

@@ -13,6 +13,7 @@ from torch.utils.data import graph_settings
 from ..datapipes import IterDataPipe
 from ..datapipes.runtime import current_stamp, derive_seed, restore_stamp
 from ._plan import PlanBoard
+from ._shared_area import SharedArea
 
 __all__ = ["Fetch", "GetItem", "IterableDatasetSource"]
 
@@ -127,10 +128,10 @@ class IterableDatasetSource(IterDataPipe):
         self._count = 0
         self._ran: int | None = None  # the serial of the plan this copy ran last
 
-    def attach(self, buffer: torch.Tensor | None, wake_fd: int | None = None) -> None:
-        """In a new worker process: read plans from the shared ``buffer``."""
+    def attach(self, area: SharedArea | None, wake_fd: int | None = None) -> None:
+        """In a new worker process: read plans from the shared ``area``."""
         if self.board is not None:
-            self.board.attach(buffer, wake_fd)
+            self.board.attach(area, wake_fd)
         self._ran = None  # it ran nothing yet (under fork it is the parent's object)
 
     def is_shardable(self) -> bool:

@@ -439,8 +439,7 @@ class DataLoader(ShutsDown):
 
     def _publish(self, plan: EpochPlan) -> None:
         self._setup.base_seed = plan.base_seed
-        if self._board.publish(plan) and self._engine is not None and self.persistent_workers:
-            self._stop_engine()  # the plan outgrew the shared buffer the workers hold
+        self._board.publish(plan)  # the workers, persistent ones too, read it next epoch
 
     @property
     def is_iterable(self) -> bool:

@@ -27,11 +27,11 @@ from ..datapipes.runtime import derive_seed
 from ..events import FdReadiness, ReadinessSource, Signal
 from ._catch_up import CatchUp
 from ._live_ring import LiveRing, RingEntries, ring_bytes, ring_geometry
+from ._shared_area import SharedArea
 
 __all__ = ["Entries", "EpochPlan", "PlanBoard", "PlanEntries"]
 
 _HEADER = struct.Struct("<qq")  # the sizes of the plan's numbers and of its entries
-_MIN_CAPACITY = 64 * 1024
 # What a worker reads of a plan besides its entries.
 _NUMBERS = ("base_seed", "first", "first_index", "epoch", "skip", "serial", "catch_up")
 
@@ -279,20 +279,20 @@ class PlanBoard:
     object. Readers in worker processes read a shared-memory copy: call
     :meth:`share` before the workers start, and :meth:`attach` in each worker.
     The board travels by reference: ``deepcopy`` returns the board itself and
-    pickling drops its contents (a worker attaches the shared buffer instead).
+    pickling drops its contents (a worker attaches the shared area instead).
 
     Example:
         >>> board = PlanBoard()
-        >>> _ = board.publish(EpochPlan(PlanEntries.from_outputs([0, 1]), base_seed=7))
+        >>> board.publish(EpochPlan(PlanEntries.from_outputs([0, 1]), base_seed=7))
         >>> board.read().base_seed
         7
     """
 
     def __init__(self) -> None:
         self._plan: EpochPlan | None = None
-        self._buffer: torch.Tensor | None = None  # shared memory, set by share()
+        self._area: SharedArea | None = None  # shared memory, made by share()
         self._shared = False
-        self._attached = False  # True in a worker process: read the buffer
+        self._attached = False  # True in a worker process: read the area
         self._serial = 0  # plans published so far
         # a live plan (see _live): readers in threads wait on the signal, in worker
         # processes on the eventfd, which the main process writes as it draws
@@ -309,21 +309,19 @@ class PlanBoard:
         """
         self._shared = True
         self._ahead = ahead
+        if self._area is None:
+            self._area = SharedArea()
         if self.wake_fd is None:
             self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             weakref.finalize(self, os.close, self.wake_fd)
 
     @property
-    def buffer(self) -> torch.Tensor | None:
-        """The shared-memory copy (None until a plan is published on a shared board)."""
-        return self._buffer
+    def area(self) -> SharedArea | None:
+        """The shared-memory copy (None unless :meth:`share` was called)."""
+        return self._area
 
-    def publish(self, plan: EpochPlan) -> bool:
-        """Make ``plan`` the current one; True when the shared buffer was replaced.
-
-        A replaced buffer is invisible to worker processes already running:
-        the caller restarts them.
-        """
+    def publish(self, plan: EpochPlan) -> None:
+        """Make ``plan`` the current one (worker processes read it at their next epoch)."""
         self._serial += 1
         plan = replace(plan, serial=self._serial)
         entries = plan.entries
@@ -333,7 +331,7 @@ class PlanBoard:
             plan.entries.draws.on_draw = self._wake  # type: ignore[attr-defined]
         self._plan, self._ring = plan, None
         if not self._shared:
-            return False
+            return
         fields = {name: getattr(plan, name) for name in _NUMBERS}
         if live:
             draws = plan.entries.draws  # type: ignore[attr-defined]
@@ -347,12 +345,10 @@ class PlanBoard:
         ring_at = -(-needed // 64) * 64
         if live:
             needed = ring_at + ring_bytes(*fields["ring"])
-        replaced = self._buffer is None or self._buffer.numel() < needed
-        if replaced:
-            capacity = max(_MIN_CAPACITY, 2 * needed)
-            self._buffer = torch.empty(capacity, dtype=torch.uint8).share_memory_()
-        assert self._buffer is not None
-        view = self._buffer.numpy()
+        area = self._area
+        assert area is not None
+        area.ensure(needed)  # grown in place: running workers map it again as they read
+        view = area.view()
         view[: _HEADER.size] = np.frombuffer(_HEADER.pack(len(numbers), len(payload)), np.uint8)
         body = numbers + payload
         view[_HEADER.size : _HEADER.size + len(body)] = np.frombuffer(body, dtype=np.uint8)
@@ -360,7 +356,6 @@ class PlanBoard:
             self._ring = LiveRing(view[ring_at:], *fields["ring"])
             self._ring.start(self._serial, plan.first)
             self.feed(plan.first)
-        return replaced
 
     def feed(self, low: int) -> None:
         """Hand worker processes the live plan's outputs drawn so far (those that fit).
@@ -408,9 +403,9 @@ class PlanBoard:
         """The serial of the current plan (0: none published yet)."""
         return self._serial
 
-    def attach(self, buffer: torch.Tensor | None, wake_fd: int | None = None) -> None:
-        """In a worker process: read plans from the shared ``buffer`` from now on."""
-        self._buffer = buffer
+    def attach(self, area: SharedArea | None, wake_fd: int | None = None) -> None:
+        """In a worker process: read plans from the shared ``area`` from now on."""
+        self._area = area
         self.wake_fd = wake_fd
         self._attached = True
         self._plan = None
@@ -444,9 +439,10 @@ class PlanBoard:
         return numbers["serial"], numbers["catch_up"]
 
     def _view(self) -> tuple[np.ndarray, int, int]:
-        if self._buffer is None:
+        if self._area is None:
             raise RuntimeError("no epoch plan was published before the workers started")
-        view = self._buffer.numpy()
+        self._area.refresh()  # the main process may have grown it
+        view = self._area.view()
         numbers_size, size = _HEADER.unpack(view[: _HEADER.size].tobytes())
         return view, numbers_size, size
 
@@ -461,7 +457,7 @@ class PlanBoard:
     def __getstate__(self) -> dict[str, Any]:
         return {
             "_plan": None,
-            "_buffer": None,
+            "_area": None,
             "_shared": self._shared,
             "_attached": False,
             "_serial": 0,

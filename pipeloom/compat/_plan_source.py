@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-
 from ..datapipes import IterDataPipe, StateFields
 from ..datapipes.runtime import current_stamp, restore_stamp
 from ..events import ReadinessSource
 from ._catch_up import CatchUp
 from ._plan import PlanBoard
+from ._shared_area import SharedArea
 
 __all__ = ["PlanSource"]
 
@@ -35,7 +34,7 @@ class PlanSource(IterDataPipe):
     Example:
         >>> from pipeloom.compat._plan import EpochPlan, PlanEntries
         >>> board = PlanBoard()
-        >>> _ = board.publish(EpochPlan(PlanEntries.from_outputs([5, 3, 9]), base_seed=0))
+        >>> board.publish(EpochPlan(PlanEntries.from_outputs([5, 3, 9]), base_seed=0))
         >>> list(PlanSource(board))
         [5, 3, 9]
     """
@@ -60,9 +59,9 @@ class PlanSource(IterDataPipe):
         self._skip: frozenset[int] = frozenset()  # positions the plan leaves out
         self._ran: int | None = None  # the serial of the plan this copy ran last
 
-    def attach(self, buffer: torch.Tensor | None, wake_fd: int | None = None) -> None:
-        """In a new worker process: read plans from the shared ``buffer``."""
-        self.board.attach(buffer, wake_fd)
+    def attach(self, area: SharedArea | None, wake_fd: int | None = None) -> None:
+        """In a new worker process: read plans from the shared ``area``."""
+        self.board.attach(area, wake_fd)
         self._ran = None  # it ran nothing yet (under fork it is the parent's object)
 
     def is_shardable(self) -> bool:

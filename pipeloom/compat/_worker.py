@@ -58,7 +58,7 @@ class WorkerSetup:
         if isinstance(pipe, DataPipe):
             for block in upstream_blocks(pipe):
                 if isinstance(block, (PlanSource, IterableDatasetSource)):
-                    block.attach(self.board.buffer, self.board.wake_fd)
+                    block.attach(self.board.area, self.board.wake_fd)
             found = find_dataset(pipe)
             dataset = found if found is not None else dataset
         seed = self.base_seed + worker_id
@@ -72,11 +72,11 @@ class WorkerSetup:
             self.user_fn(worker_id)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Sent to spawned workers: the board's shared buffer travels by handle
+        # Sent to spawned workers: the board's shared area travels by handle
         # (multiprocessing's pickler); the dataset is found in the worker's pipeline.
         fd = self.board.wake_fd
         return {
-            "buffer": self.board.buffer,
+            "area": self.board.area,
             "wake_fd": None if fd is None else DupFd(fd),
             "user_fn": self.user_fn,
             "base_seed": self.base_seed,
@@ -85,7 +85,7 @@ class WorkerSetup:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.board = PlanBoard()
         fd = state.get("wake_fd")
-        self.board.attach(state["buffer"], None if fd is None else fd.detach())
+        self.board.attach(state["area"], None if fd is None else fd.detach())
         self.dataset = None
         self.user_fn = state["user_fn"]
         self.base_seed = state["base_seed"]

@@ -300,3 +300,53 @@ def test_a_batch_sampler_that_reuses_its_batch_object_gives_each_batch(kind, len
     assert got == [[0, 1, 2], [3, 4, 5], [6]]
     if workers == 0:  # torch's workers read the reused object later, racing the sampler
         assert got == [b.tolist() for b in tud.DataLoader(range(7), batch_sampler=sampler)]
+
+
+class Grows(tud.Sampler):
+    """100 indices at epoch 0, 20,000 after ``set_epoch(1)`` (a curriculum)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return 100 if self.epoch == 0 else 20_000
+
+    def __iter__(self):
+        return iter(range(len(self)))
+
+
+class PidAndDraw(tud.Dataset):
+    def __len__(self) -> int:
+        return 20_000
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([index, os.getpid(), int(torch.randint(1 << 30, ()))])
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_go_on_when_the_sampler_epoch_grows(context):
+    def two_epochs(cls: type) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        sampler = Grows()
+        loader = cls(
+            PidAndDraw(),
+            sampler=sampler,
+            batch_size=50,
+            num_workers=2,
+            persistent_workers=True,
+            multiprocessing_context=context,
+        )
+        first = torch.cat(list(loader))
+        sampler.set_epoch(1)
+        second = torch.cat(list(loader))
+        if hasattr(loader, "shutdown"):
+            loader.shutdown()
+        return [first, second]
+
+    ours, theirs = two_epochs(DataLoader), two_epochs(tud.DataLoader)
+    # the same worker processes (the plan grew in place) and torch's RNG streams
+    assert set(ours[0][:, 1].tolist()) == set(ours[1][:, 1].tolist())
+    assert torch.equal(ours[1][:, [0, 2]], theirs[1][:, [0, 2]])
