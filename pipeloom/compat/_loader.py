@@ -16,7 +16,6 @@ from .. import loader as pipeloom_loader
 from .._remote_shutdown import stop_the_step
 from .._shutdown import ShutsDown, Steps
 from .._steps import StepGate
-from ..datapipes import default_collate
 from ..errors import StateError
 from ._args import (
     ITERABLE_STRATEGY,
@@ -152,7 +151,8 @@ class DataLoader(ShutsDown):
             batch_sampler = BatchSampler(sampler, batch_size, drop_last)
         auto_collation = batch_sampler is not None
         if collate_fn is None:
-            collate_fn = default_collate if auto_collation else torch.utils.data.default_convert
+            data = torch.utils.data  # torch's own, as torch's loader shows them
+            collate_fn = data.default_collate if auto_collation else data.default_convert
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         start_method_of(multiprocessing_context)

@@ -113,3 +113,9 @@ def test_an_argument_torch_reads_again_at_each_iter_cannot_be_changed_silently(n
         setattr(loader, name, value)
     setattr(loader, name, getattr(loader, name))  # the same value is no change
     loader.shutdown()
+
+
+@pytest.mark.parametrize("batch_size", [2, None])
+def test_the_default_collate_fn_shown_is_torchs(batch_size):
+    ours = DataLoader(Items(4), batch_size=batch_size)
+    assert ours.collate_fn is tud.DataLoader(Items(4), batch_size=batch_size).collate_fn
