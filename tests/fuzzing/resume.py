@@ -1,0 +1,316 @@
+"""One resume example: a random pipeline stopped under one service, resumed under another.
+
+:func:`run_example` draws everything from ``random.Random(seed)``: the
+pipeline (:mod:`tests.fuzzing.recipes`), the service A that runs part of an
+epoch, how and when its state is taken, and the service B that resumes it.
+The ground truth is the same pipeline built afresh and run in-process. The
+outcome is ``ok``, ``refused`` (a service declined the combination with a
+``StateError``/``ValueError``), ``invalid`` (the ground truth itself
+failed), or a failure: ``WRONG`` (items differ), ``error`` (an unexpected
+exception where in-process worked) or ``hang`` (the watchdog shut it down).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import pickle
+import random
+import tempfile
+import threading
+import warnings
+from typing import Any
+
+import torch
+
+from pipeloom import DataLoader
+from pipeloom.errors import StateError
+from pipeloom.reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ThreadReadingService,
+)
+
+from .recipes import build, random_recipe, write_files
+
+FAILURES = ("WRONG", "error", "hang")
+REFUSALS = (StateError, ValueError)
+
+
+@dataclasses.dataclass
+class Outcome:
+    seed: int
+    kind: str  # ok, refused, invalid, WRONG, error, hang
+    detail: str
+    description: str
+
+    @property
+    def failed(self) -> bool:
+        return self.kind in FAILURES
+
+    def line(self) -> str:
+        return f"seed={self.seed} {self.kind}: {self.detail} | {self.description}"
+
+
+# -- services ---------------------------------------------------------------------------
+def random_service(
+    rng: random.Random, kinds: tuple[str, ...], batched: bool, unordered: float
+) -> tuple:
+    """A service description (plain data): ``("in_process",)``, ``("threads", ...)``, ...
+
+    ``batched``: the recipe fits economic and chunked, so they are drawn often;
+    ``unordered``: the chance of ``in_order=False``.
+    """
+    kind = rng.choice(kinds)
+    if kind == "in_process":
+        return ("in_process",)
+    if kind == "threads":
+        return ("threads", rng.choice([1, 2, 3]), rng.random() >= unordered, rng.choice([1, 2]))
+    strategies = ["classic", "economic", "chunked"] if batched else ["classic"] * 9 + ["chunked"]
+    strategy = rng.choice(strategies)
+    in_order = strategy != "classic" or rng.random() >= unordered
+    persistent = rng.random() < 0.4
+    return ("processes", rng.choice([1, 2, 3]), strategy, persistent, in_order, rng.choice([1, 2]))
+
+
+def make_service(description: tuple, timeout: float) -> Any:
+    kind, *args = description
+    if kind == "in_process":
+        return InProcessReadingService()
+    if kind == "threads":
+        workers, in_order, prefetch = args
+        return ThreadReadingService(workers, in_order=in_order, prefetch_factor=prefetch)
+    workers, strategy, persistent, in_order, prefetch = args
+    return MultiProcessingReadingService(
+        workers,
+        prefetch_factor=prefetch,
+        start_method="fork",
+        persistent_workers=persistent,
+        timeout=timeout,
+        in_order=in_order,
+        strategy=strategy,
+    )
+
+
+def in_order(description: tuple) -> bool:
+    """Whether the service delivers in order (its in_order flag is second to last)."""
+    return description[0] == "in_process" or bool(description[-2])
+
+
+# -- comparing items ----------------------------------------------------------------------
+def plain(item: Any) -> Any:
+    """A hashable, comparable copy of an item (tensors as nested tuples)."""
+    if isinstance(item, torch.Tensor):
+        return ("tensor", plain(item.tolist()))
+    if isinstance(item, (list, tuple)):
+        return tuple(plain(x) for x in item)
+    if isinstance(item, dict):
+        return tuple(sorted((k, plain(v)) for k, v in item.items()))
+    return item
+
+
+def same(got: list, expected: list, ordered: bool) -> bool:
+    if ordered:
+        return got == expected
+    return collections.Counter(got) == collections.Counter(expected)
+
+
+def difference(got: list, expected: list) -> str:
+    missing = collections.Counter(expected) - collections.Counter(got)
+    extra = collections.Counter(got) - collections.Counter(expected)
+    first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
+    return (
+        f"got {len(got)} items, expected {len(expected)}; missing {list(missing.elements())[:5]}"
+        f" extra {list(extra.elements())[:5]}; first difference at {first}"
+    )
+
+
+# -- the watchdog -------------------------------------------------------------------------
+class Watchdog:
+    """Shuts down every loader of the example when it runs past ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.loaders: list[DataLoader] = []
+        self.fired = threading.Event()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._timer.cancel()
+        for loader in self.loaders:
+            loader.shutdown()
+
+    def loader(self, *args: Any, **kwargs: Any) -> DataLoader:
+        loader = DataLoader(*args, **kwargs)
+        self.loaders.append(loader)
+        if self.fired.is_set():
+            loader.shutdown()
+        return loader
+
+    def _fire(self) -> None:
+        self.fired.set()
+        for loader in list(self.loaders):
+            loader.shutdown()
+
+
+# -- one example --------------------------------------------------------------------------
+@dataclasses.dataclass
+class Plan:
+    """What one seed draws."""
+
+    recipe: dict[str, Any]
+    seed: int
+    epoch: int
+    service_a: tuple
+    service_b: tuple
+    replay: bool
+    take: str  # "between", "other_thread", "racing_thread", "after_shutdown"
+    stop_fraction: float
+
+    def describe(self) -> str:
+        return (
+            f"recipe={self.recipe} loader_seed={self.seed} epoch={self.epoch} "
+            f"A={self.service_a} B={self.service_b} replay={self.replay} take={self.take} "
+            f"stop={self.stop_fraction:.2f}"
+        )
+
+
+def draw_plan(seed: int, kinds: tuple[str, ...]) -> Plan:
+    rng = random.Random(seed)
+    recipe = random_recipe(rng)
+    free = recipe["order_free"]  # in_order=False changes what order-sensitive blocks make
+    return Plan(
+        recipe=recipe,
+        seed=rng.randrange(1000),
+        epoch=rng.choice([0, 0, 1, 3]),
+        service_a=random_service(rng, kinds, recipe["batched"], unordered=0.05 * free),
+        service_b=random_service(rng, kinds, recipe["batched"], unordered=0.4 * free),
+        replay=rng.random() < 0.2,
+        take=rng.choice(["between", "between", "other_thread", "racing_thread", "after_shutdown"]),
+        stop_fraction=rng.choice([0.0, 1.0, rng.random(), rng.random()]),
+    )
+
+
+def run_example(
+    seed: int,
+    kinds: tuple[str, ...] = ("in_process", "threads", "processes"),
+    watchdog_s: float = 60.0,
+) -> Outcome:
+    """Run the example of ``seed``; never raises for what a pipeline or service does."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. a redundant sharding_filter; not what is checked
+        return _run_example(seed, kinds, watchdog_s)
+
+
+def _run_example(seed: int, kinds: tuple[str, ...], watchdog_s: float) -> Outcome:
+    return run_plan(draw_plan(seed, kinds), seed, watchdog_s)
+
+
+def run_plan(plan: Plan, seed: int = -1, watchdog_s: float = 60.0) -> Outcome:
+    """Run one drawn (or hand-edited, when minimising) plan."""
+    description = plan.describe()
+    with tempfile.TemporaryDirectory(prefix="pipeloom-fuzz-") as root:
+        write_files(root, plan.recipe["size"])
+        try:
+            truth, following = _ground_truth(plan, root)
+        except Exception as error:  # noqa: BLE001 - the pipeline itself is not valid
+            return Outcome(seed, "invalid", _first_line(error), description)
+        with Watchdog(watchdog_s) as watchdog:
+            try:
+                kind, detail = _stop_and_resume(plan, root, truth, following, watchdog)
+            except REFUSALS as error:
+                kind, detail = "refused", _first_line(error)
+            except Exception as error:  # noqa: BLE001 - reported as a failure
+                kind, detail = "error", _first_line(error)
+            if watchdog.fired.is_set():
+                kind, detail = "hang", f"the watchdog fired after {watchdog_s} s ({detail})"
+    return Outcome(seed, kind, detail, description)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _ground_truth(plan: Plan, root: str) -> tuple[list, list]:
+    with DataLoader(build(plan.recipe, root), InProcessReadingService(), seed=plan.seed) as loader:
+        loader.set_epoch(plan.epoch)
+        truth = [plain(x) for x in loader]
+        following = [plain(x) for x in loader]
+    return truth, following
+
+
+def _stop_and_resume(
+    plan: Plan, root: str, truth: list, following: list, watchdog: Watchdog
+) -> tuple[str, str]:
+    stop = round(plan.stop_fraction * len(truth))
+    service_a = make_service(plan.service_a, timeout=30)
+    loader = watchdog.loader(
+        build(plan.recipe, root), service_a, seed=plan.seed, resume_by_replay=plan.replay
+    )
+    loader.set_epoch(plan.epoch)
+    before, state = _run_and_take(loader, plan.take, stop)
+    loader.shutdown()
+    state = pickle.loads(pickle.dumps(state))
+    ordered = in_order(plan.service_a) and in_order(plan.service_b)
+    resumed = watchdog.loader(
+        build(plan.recipe, root), make_service(plan.service_b, timeout=30), seed=plan.seed + 1
+    )
+    resumed.load_state_dict(state)
+    if state["epoch"] == plan.epoch:
+        before = before[: state["delivered"]]
+        rest = [plain(x) for x in resumed]
+        if not same(before + rest, truth, ordered):
+            return "WRONG", "epoch: " + difference(before + rest, truth)
+    elif state["epoch"] != plan.epoch + 1 or not same(before, truth, in_order(plan.service_a)):
+        return "WRONG", (
+            f"the state names epoch {state['epoch']} (delivered {state['delivered']}) after "
+            f"{len(before)} of the {len(truth)} items of epoch {plan.epoch}"
+        )
+    following_got = [plain(x) for x in resumed]
+    if not same(following_got, following, in_order(plan.service_b)):
+        return "WRONG", "next epoch: " + difference(following_got, following)
+    return "ok", f"stopped after {len(before)} of {len(truth)}"
+
+
+def _run_and_take(loader: DataLoader, take: str, stop: int) -> tuple[list, dict]:
+    """Deliver items and take a state as ``take`` says: (items delivered, state)."""
+    iterator = iter(loader)
+    before: list = []
+    while len(before) < stop:
+        try:
+            before.append(plain(next(iterator)))
+        except StopIteration:
+            break
+    if take == "between":
+        return before, loader.state_dict()
+    if take == "after_shutdown":
+        loader.shutdown()
+        return before, loader.state_dict()
+    taken: list = []
+    thread = threading.Thread(target=lambda: taken.append(_state_or_error(loader)))
+    if take == "other_thread":
+        thread.start()
+        thread.join()
+    else:  # racing: the state is taken while this thread goes on iterating
+        thread.start()
+        for _ in range(3):
+            try:
+                before.append(plain(next(iterator)))
+            except StopIteration:
+                break
+        thread.join()
+    if isinstance(taken[0], BaseException):
+        raise taken[0]
+    return before, taken[0]
+
+
+def _state_or_error(loader: DataLoader) -> Any:
+    try:
+        return loader.state_dict()
+    except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+        return error
