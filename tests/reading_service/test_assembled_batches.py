@@ -152,6 +152,23 @@ def test_flatmap_and_filter_give_the_in_process_batches(workers):
     assert "classic" in ran
 
 
+def identity(x):
+    return x
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_threadpool_map_after_the_batch_gets_every_batch(workers):
+    # It reads ahead: run in a worker, fed one batch at a time, it found the feed's end
+    # after the first batch, and each worker sent one batch (1 of 3 here, the rest lost).
+    def make():
+        return (
+            IterableWrapper(range(12)).sharding_filter().filter(not_multiple_of_3).batch(3)
+        ).threadpool_map(identity)
+
+    with DataLoader(make(), classic(workers), seed=0) as loader:
+        assert list(loader) == [[1, 2, 4], [5, 7, 8], [10, 11]]
+
+
 def test_a_file_opener_that_skips_gives_the_in_process_batches(files):
     assert "classic" in check_same_output_everywhere(open_files_that_skip(files), workers=3)
 
