@@ -181,8 +181,11 @@ def cut_for_workers(
     group_size = 1
     assembled = False
     if batches_in_workers:
+        item_exit = exit_block
         exit_block, group_size = _extend_over_batch(graph, exit_block, point, in_workers)
-        if assemble and group_size == 1:
+        # Not extended (a .batch(1) extends with runs of 1 position: its consumer, e.g.
+        # another .batch(), then needs the merged stream, not a worker's positions).
+        if assemble and exit_block is item_exit:
             exit_block, group_size = _assemble_over_batch(graph, exit_block, point, in_workers)
             assembled = group_size > 0
             group_size = max(group_size, 1)
