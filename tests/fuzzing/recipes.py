@@ -267,7 +267,7 @@ def build(recipe: dict[str, Any], root: str) -> IterDataPipe:
     pipe = _source(kind, size, root)
     for step in recipe["prefix"]:
         pipe = apply(pipe, step)
-    if recipe["sharded"]:
+    if recipe["sharded"] or kind in ("tar", "webdataset", "lines"):  # else streams would cross
         pipe = pipe.sharding_filter()
     if kind in ("tar", "webdataset"):
         pipe = pipe.open_files("rb").load_from_tar()

@@ -170,12 +170,13 @@ class Plan:
     replay: bool
     take: str  # "between", "other_thread", "racing_thread", "after_shutdown"
     stop_fraction: float
+    go_on: int = 0  # items the loop takes after the state, before it stops (not "racing")
 
     def describe(self) -> str:
         return (
             f"recipe={self.recipe} loader_seed={self.seed} epoch={self.epoch} "
             f"A={self.service_a} B={self.service_b} replay={self.replay} take={self.take} "
-            f"stop={self.stop_fraction:.2f}"
+            f"stop={self.stop_fraction:.2f} go_on={self.go_on}"
         )
 
 
@@ -192,6 +193,7 @@ def draw_plan(seed: int, kinds: tuple[str, ...]) -> Plan:
         replay=rng.random() < 0.2,
         take=rng.choice(["between", "between", "other_thread", "racing_thread", "after_shutdown"]),
         stop_fraction=rng.choice([0.0, 1.0, rng.random(), rng.random()]),
+        go_on=rng.choice([0, 0, 1, 3]),
     )
 
 
@@ -253,9 +255,15 @@ def _stop_and_resume(
         build(plan.recipe, root), service_a, seed=plan.seed, resume_by_replay=plan.replay
     )
     loader.set_epoch(plan.epoch)
-    before, state = _run_and_take(loader, plan.take, stop)
+    iterator, before, state = _run_and_take(loader, plan.take, stop)
+    saved = pickle.dumps(state)  # as a checkpoint is written at once
+    for _ in range(plan.go_on if plan.take != "after_shutdown" else 0):
+        if next(iterator, None) is None:  # (the fuzzer's items are never None)
+            break
     loader.shutdown()
-    state = pickle.loads(pickle.dumps(state))
+    if pickle.dumps(state) != saved:
+        return "WRONG", "the state changed after state_dict() returned, as the loop went on"
+    state = pickle.loads(saved)
     ordered = in_order(plan.service_a) and in_order(plan.service_b)
     resumed = watchdog.loader(
         build(plan.recipe, root), make_service(plan.service_b, timeout=30), seed=plan.seed + 1
@@ -277,8 +285,8 @@ def _stop_and_resume(
     return "ok", f"stopped after {len(before)} of {len(truth)}"
 
 
-def _run_and_take(loader: DataLoader, take: str, stop: int) -> tuple[list, dict]:
-    """Deliver items and take a state as ``take`` says: (items delivered, state)."""
+def _run_and_take(loader: DataLoader, take: str, stop: int) -> tuple[Any, list, dict]:
+    """Deliver items and take a state as ``take`` says: (the epoch, items delivered, state)."""
     iterator = iter(loader)
     before: list = []
     while len(before) < stop:
@@ -287,10 +295,10 @@ def _run_and_take(loader: DataLoader, take: str, stop: int) -> tuple[list, dict]
         except StopIteration:
             break
     if take == "between":
-        return before, loader.state_dict()
+        return iterator, before, loader.state_dict()
     if take == "after_shutdown":
         loader.shutdown()
-        return before, loader.state_dict()
+        return iterator, before, loader.state_dict()
     taken: list = []
     thread = threading.Thread(target=lambda: taken.append(_state_or_error(loader)))
     if take == "other_thread":
@@ -306,7 +314,7 @@ def _run_and_take(loader: DataLoader, take: str, stop: int) -> tuple[list, dict]
         thread.join()
     if isinstance(taken[0], BaseException):
         raise taken[0]
-    return before, taken[0]
+    return iterator, before, taken[0]
 
 
 def _state_or_error(loader: DataLoader) -> Any:
