@@ -392,7 +392,10 @@ class InMemoryCacheHolder(IterDataPipe):
             self._resumed_fill = resumed
             self._head = self._emitted
             self._dropped = self._emitted > 0
-            self._phase = None if resumed else "fill"
+            # chosen at first use, as a pass starts: a fill notes the epoch it fills in,
+            # which a later pass over a random upstream replays (also when this state
+            # was saved before the cache's first item, with no fill epoch of its own)
+            self._phase = None
 
     def __repr__(self) -> str:
         size = "None" if self.size is None else f"{self.size} MiB"

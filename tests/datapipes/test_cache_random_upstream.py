@@ -130,3 +130,26 @@ def test_a_cache_over_a_random_fork_child_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="to read again, in a later epoch") as caught:
         DataLoader(pipe)
     assert "also read by" in str(caught.value)
+
+
+def test_a_state_saved_before_the_first_item_then_resumed_twice_replays_the_fill_epoch():
+    # A resumed pass that loaded a state saved before the cache's first item filled
+    # without noting its epoch; a state saved in it, resumed, then failed the next
+    # epoch with an AssertionError (no fill epoch to replay the items before it).
+    def build():
+        return IterableWrapper(range(6)).shuffle().in_memory_cache(allow_random=True)
+
+    with DataLoader(build(), seed=0) as loader:
+        expected = [list(loader), list(loader)]
+    first = DataLoader(build(), seed=0)
+    iter(first)
+    state = first.state_dict()  # the epoch started, the cache saw nothing yet
+    second = DataLoader(build(), seed=0)
+    second.load_state_dict(state)
+    epoch = iter(second)
+    assert [next(epoch) for _ in range(6)] == expected[0]
+    state = second.state_dict()  # after the epoch's last item, before its end
+    third = DataLoader(build(), seed=0)
+    third.load_state_dict(state)
+    assert list(third) == []
+    assert list(third) == expected[1]
