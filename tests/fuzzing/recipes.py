@@ -41,9 +41,19 @@ SOURCES = (
     "generator_no_state",
 )
 # Steps before the sharding point run on every copy of the source (or in the main process).
-PREFIX_STEPS = ("shuffle", "plus", "jitter", "keep", "pairs")
+PREFIX_STEPS = ("shuffle", "plus", "jitter", "keep", "pairs", "concat_more", "mux", "cycle")
 # Steps after which items that arrive in another order are still the same items.
 ORDER_FREE = ("plus", "jitter", "keep", "pairs", "rng_pairs", "prefetch", "threadpool_map")
+RANDOM = (
+    "shuffle",
+    "jitter",
+    "rng_pairs",
+    "mux",
+    "cycle",
+    "bucketbatch",
+    "batch_shuffle",
+    "shuffled_flatmap",
+)  # steps that draw random numbers (threadpool_map draws only with "jitter")
 STEPS = (
     "shuffle",
     "plus",
@@ -63,6 +73,11 @@ STEPS = (
     "enumerate",
     "batch",
     "batch_collate",
+    "repeat",
+    "batch_shuffle",
+    "shuffled_flatmap",
+    "map_batches",
+    "in_memory_cache",
 )
 
 
@@ -107,6 +122,10 @@ def pairs(x):
 
 def rng_pairs(x):
     return [jitter(x), jitter(x)]
+
+
+def doubled_run(items):
+    return [num(x) * 2 for x in items]
 
 
 def parity(x):
@@ -232,6 +251,9 @@ def random_recipe(rng: random.Random) -> dict[str, Any]:
         per_item = [s for s in per_item if s[0] in ("plus", "jitter", "threadpool_map")]
         tail = [_step(rng, rng.choice(["batch", "batch_collate"])), *tail]
     after = [step[0] for step in (*per_item, *tail)]
+    steps = [step[0] for step in (*prefix, *per_item, *tail)]
+    cached = steps.index("in_memory_cache") if "in_memory_cache" in steps else None
+    random_source = source in ("generator", "generator_no_state", "torch_map")  # map shuffle
     return {
         "source": source,
         "size": size,
@@ -242,7 +264,16 @@ def random_recipe(rng: random.Random) -> dict[str, Any]:
         "batched": batched,
         # items in any order give the same multiset: in_order=False may be compared
         "order_free": all(name in ORDER_FREE for name in after),
+        # a cache over random blocks replays the first epoch exactly only in-process
+        # (docs/caching.md: in workers such a cache reads live, or caches a resumed
+        # epoch's draws)
+        "cache_over_random": cached is not None
+        and (random_source or any(map(_draws, (*prefix, *per_item, *tail)[:cached]))),
     }
+
+
+def _draws(step: tuple) -> bool:
+    return step[0] in RANDOM or step[:2] == ("threadpool_map", "jitter")
 
 
 def _step(rng: random.Random, name: str) -> tuple:
@@ -257,7 +288,13 @@ def _step(rng: random.Random, name: str) -> tuple:
     if name == "threadpool_map":
         return (name, rng.choice(["plus", "jitter"]), rng.choice([1, 2, 4]))
     if name == "groupby":
-        return (name, rng.choice([2, 3]), rng.choice([7, 100]))  # 7: a full group exists
+        return (name, rng.choice([2, 3]), rng.choice([7, 100]))
+    if name in ("concat_more", "repeat", "map_batches", "shuffled_flatmap"):
+        return (name, rng.choice([2, 3, 7]))
+    if name == "mux":
+        return (name, rng.choice([3, 11]), rng.choice(["first", "all"]), rng.random() < 0.5)
+    if name == "batch_shuffle":
+        return (name, rng.choice([2, 3, 5]))  # 7: a full group exists
     return (name,)
 
 
@@ -294,7 +331,7 @@ def _source(kind: str, size: int, root: str) -> IterDataPipe:
         return FileLister(os.path.join(root, "tar"), "*.tar")
     if kind == "torch_map":
         dataset = SequenceWrapper(TorchMap(size))
-        return dataset.shuffle().to_iter() if size % 2 else dataset.to_iter()
+        return dataset.shuffle() if size % 2 else dataset.to_iter()  # map-style shuffle: iterable
     if kind == "torch_iter":
         return IterableWrapper(TorchIter(size))
     if kind == "generator":
@@ -336,6 +373,25 @@ def apply(pipe: IterDataPipe, step: tuple) -> IterDataPipe:
         return pipe.bucketbatch(args[0], drop_last=args[1], batch_num=2, sort_key=sort_by_num)
     if name == "enumerate":
         return pipe.enumerate()
+    if name == "concat_more":
+        return pipe.concat(IterableWrapper(range(500, 500 + 3 * args[0])))
+    if name == "mux":
+        other = IterableWrapper(range(900, 900 + args[0]))
+        weights = [0.6, 0.4] if args[2] else None
+        stop = args[1] if weights else "first"
+        return pipe.mux(other, weights=weights, stop=stop)
+    if name == "cycle":
+        return pipe.cycle(2)
+    if name == "repeat":
+        return pipe.repeat(args[0])
+    if name == "batch_shuffle":
+        return pipe.batch(args[0]).in_batch_shuffle()
+    if name == "shuffled_flatmap":
+        return pipe.shuffled_flatmap(pairs, buffer_size=args[0])
+    if name == "map_batches":
+        return pipe.map_batches(doubled_run, args[0])
+    if name == "in_memory_cache":
+        return pipe.in_memory_cache(allow_random=True)
     if name == "batch":
         return pipe.batch(args[0], drop_last=args[1])
     if name == "batch_collate":

@@ -171,12 +171,13 @@ class Plan:
     take: str  # "between", "other_thread", "racing_thread", "after_shutdown"
     stop_fraction: float
     go_on: int = 0  # items the loop takes after the state, before it stops (not "racing")
+    middle: tuple | None = None  # (service, take, stop_fraction, go_on): a second stop
 
     def describe(self) -> str:
         return (
             f"recipe={self.recipe} loader_seed={self.seed} epoch={self.epoch} "
             f"A={self.service_a} B={self.service_b} replay={self.replay} take={self.take} "
-            f"stop={self.stop_fraction:.2f} go_on={self.go_on}"
+            f"stop={self.stop_fraction:.2f} go_on={self.go_on} middle={self.middle}"
         )
 
 
@@ -189,12 +190,21 @@ def draw_plan(seed: int, kinds: tuple[str, ...]) -> Plan:
         seed=rng.randrange(1000),
         epoch=rng.choice([0, 0, 1, 3]),
         service_a=random_service(rng, kinds, recipe["batched"], unordered=0.05 * free),
-        service_b=random_service(rng, kinds, recipe["batched"], unordered=0.4 * free),
+        service_b=random_service(rng, kinds, recipe["batched"], unordered=0.4 * free)
+        if not recipe["cache_over_random"]
+        else ("in_process",),
         replay=rng.random() < 0.2,
         take=rng.choice(["between", "between", "other_thread", "racing_thread", "after_shutdown"]),
         stop_fraction=rng.choice([0.0, 1.0, rng.random(), rng.random()]),
         go_on=rng.choice([0, 0, 1, 3]),
+        middle=_middle(rng, kinds, recipe) if rng.random() < 0.3 else None,
     )
+
+
+def _middle(rng: random.Random, kinds: tuple[str, ...], recipe: dict[str, Any]) -> tuple:
+    service = random_service(rng, kinds, recipe["batched"], unordered=0.05 * recipe["order_free"])
+    take = rng.choice(["between", "other_thread", "racing_thread", "after_shutdown"])
+    return service, take, rng.choice([0.0, 1.0, rng.random()]), rng.choice([0, 1, 3])
 
 
 def run_example(
@@ -249,40 +259,55 @@ def _ground_truth(plan: Plan, root: str) -> tuple[list, list]:
 def _stop_and_resume(
     plan: Plan, root: str, truth: list, following: list, watchdog: Watchdog
 ) -> tuple[str, str]:
-    stop = round(plan.stop_fraction * len(truth))
-    service_a = make_service(plan.service_a, timeout=30)
-    loader = watchdog.loader(
-        build(plan.recipe, root), service_a, seed=plan.seed, resume_by_replay=plan.replay
-    )
-    loader.set_epoch(plan.epoch)
-    iterator, before, state = _run_and_take(loader, plan.take, stop)
-    saved = pickle.dumps(state)  # as a checkpoint is written at once
-    for _ in range(plan.go_on if plan.take != "after_shutdown" else 0):
-        if next(iterator, None) is None:  # (the fuzzer's items are never None)
+    hops = [(plan.service_a, plan.take, plan.stop_fraction, plan.go_on)]
+    if plan.middle is not None:  # resumed, stopped and saved once more
+        hops.append(plan.middle)
+    ordered = all(in_order(hop[0]) for hop in hops) and in_order(plan.service_b)
+    delivered: list = []  # the epoch's items delivered before the last state
+    state: dict | None = None
+    for number, (service, take, fraction, go_on) in enumerate(hops):
+        loader = watchdog.loader(
+            build(plan.recipe, root),
+            make_service(service, timeout=30),
+            seed=plan.seed + number,
+            resume_by_replay=plan.replay,
+        )
+        if state is None:
+            loader.set_epoch(plan.epoch)
+        else:
+            loader.load_state_dict(state)
+        stop = round(fraction * (len(truth) - len(delivered)))
+        iterator, got, state = _run_and_take(loader, take, stop)
+        saved = pickle.dumps(state)  # as a checkpoint is written at once
+        for _ in range(go_on if take != "after_shutdown" else 0):
+            if next(iterator, None) is None:  # (the fuzzer's items are never None)
+                break
+        loader.shutdown()
+        if pickle.dumps(state) != saved:
+            return "WRONG", f"hop {number}: the state changed after state_dict() returned"
+        state = pickle.loads(saved)
+        delivered += got
+        if state["epoch"] != plan.epoch:
             break
-    loader.shutdown()
-    if pickle.dumps(state) != saved:
-        return "WRONG", "the state changed after state_dict() returned, as the loop went on"
-    state = pickle.loads(saved)
-    ordered = in_order(plan.service_a) and in_order(plan.service_b)
+        delivered = delivered[: state["delivered"]]
+    assert state is not None
     resumed = watchdog.loader(
-        build(plan.recipe, root), make_service(plan.service_b, timeout=30), seed=plan.seed + 1
+        build(plan.recipe, root), make_service(plan.service_b, timeout=30), seed=plan.seed + 7
     )
     resumed.load_state_dict(state)
     if state["epoch"] == plan.epoch:
-        before = before[: state["delivered"]]
         rest = [plain(x) for x in resumed]
-        if not same(before + rest, truth, ordered):
-            return "WRONG", "epoch: " + difference(before + rest, truth)
-    elif state["epoch"] != plan.epoch + 1 or not same(before, truth, in_order(plan.service_a)):
+        if not same(delivered + rest, truth, ordered):
+            return "WRONG", "epoch: " + difference(delivered + rest, truth)
+    elif state["epoch"] != plan.epoch + 1 or not same(delivered, truth, ordered):
         return "WRONG", (
             f"the state names epoch {state['epoch']} (delivered {state['delivered']}) after "
-            f"{len(before)} of the {len(truth)} items of epoch {plan.epoch}"
+            f"{len(delivered)} of the {len(truth)} items of epoch {plan.epoch}"
         )
     following_got = [plain(x) for x in resumed]
     if not same(following_got, following, in_order(plan.service_b)):
         return "WRONG", "next epoch: " + difference(following_got, following)
-    return "ok", f"stopped after {len(before)} of {len(truth)}"
+    return "ok", f"stopped after {len(delivered)} of {len(truth)}"
 
 
 def _run_and_take(loader: DataLoader, take: str, stop: int) -> tuple[Any, list, dict]:
