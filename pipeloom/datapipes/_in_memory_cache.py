@@ -165,10 +165,17 @@ class InMemoryCacheHolder(IterDataPipe):
     def async_next(self) -> Any:
         item = self._next()
         restamp = self._restamp
-        if restamp is not None and self._stamper:  # read as in the fill epoch: stamp as now
+        if restamp is not None and self._stamped_by_authority():  # read as then: stamp as now
             _, _, position, draws = current_stamp()
             restore_stamp((restamp[0], restamp[1], position, draws))
         return item
+
+    def _stamped_by_authority(self) -> bool:
+        """Whether the item just read carries the authority's seed, as cached items did."""
+        if self._entries:
+            return self._stamper
+        # nothing cached (a pass resumed after the stream's last item): the item itself says
+        return current_stamp()[0] == self._authority_seed()
 
     def _next(self) -> Any:
         phase = self._phase
@@ -314,7 +321,12 @@ class InMemoryCacheHolder(IterDataPipe):
         authority = upstream_blocks(self)[index]
         if authority._round_number():
             return None
-        return authority._drawn_epoch_seed()
+        seed = authority._drawn_epoch_seed()
+        if seed is None and authority._block_seed() is not None:
+            # not drawn yet (a resumed pass whose items all came from a saved buffer):
+            # derived from the pipeline seed, it is the one the authority stamps with
+            seed = authority.epoch_seed()
+        return seed
 
     # -- later passes: the head live, then memory --------------------------------------
     def _counted(self) -> Any:

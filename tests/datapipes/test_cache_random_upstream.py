@@ -153,3 +153,32 @@ def test_a_state_saved_before_the_first_item_then_resumed_twice_replays_the_fill
     third.load_state_dict(state)
     assert list(third) == []
     assert list(third) == expected[1]
+
+
+@pytest.mark.parametrize("stop", [0, 1, 2, 3])
+def test_the_epoch_after_a_resume_draws_as_the_uninterrupted_one_after_the_cache(stop):
+    # In the epoch after a resume the cache reads the items before the resume point by
+    # replaying the fill epoch, and restamps them as the current epoch's, but only when
+    # it had found them stamped by the sharding point's seed: it compared with a seed
+    # that point had not drawn yet after a resume (its items all came from the saved
+    # shuffle buffer), and it had nothing to compare with when the resume came after
+    # the last item. Either way jitter() then drew the fill epoch's values again.
+    def build():
+        return (
+            IterableWrapper(range(3))
+            .sharding_filter()
+            .shuffle(buffer_size=3)
+            .in_memory_cache(allow_random=True)
+            .map(jitter)
+        )
+
+    with DataLoader(build(), seed=5) as loader:
+        expected = [list(loader), list(loader)]
+    stopped = DataLoader(build(), seed=5)
+    epoch = iter(stopped)
+    head = [next(epoch) for _ in range(stop)]
+    state = stopped.state_dict()
+    resumed = DataLoader(build(), seed=5)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == expected[0]
+    assert list(resumed) == expected[1]
