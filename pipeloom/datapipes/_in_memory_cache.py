@@ -7,8 +7,9 @@ from collections import deque
 from typing import Any
 
 from .._validate import check_bool
+from ..errors import NotAvailable
 from ._base import IterDataPipe
-from ._context import current_stamp, key_position, restore_stamp, worker_info
+from ._context import current_stamp, key_position, restore_stamp, thread_draws, worker_info
 from ._fingerprint import random_blocks
 from ._item_memory import BufferLedger, ItemMemory, item_memory, item_nbytes
 from ._pipeline import drawn_epoch_seeds, replay_pipeline_epoch, upstream_blocks
@@ -100,6 +101,7 @@ class InMemoryCacheHolder(IterDataPipe):
         self.allow_random = allow_random
         self._random_upstream = bool(randoms)
         self._drew = False  # an item drew from item_rng() upstream
+        self._drew_waiting = False  # draws upstream while the next item was not ready
         self._limit = None if size is None else int(size * _MIB)
         self.clear()
         self._resets = 0  # passes since the last set_epoch
@@ -255,8 +257,12 @@ class InMemoryCacheHolder(IterDataPipe):
 
     # -- the first pass: pass on and keep ------------------------------------------
     def _fill(self) -> Any:
+        before = thread_draws()  # draws made upstream, also before a block restamped them
         try:
             item = self._pass()
+        except NotAvailable:
+            self._drew_waiting = self._drew_waiting or thread_draws() != before
+            raise
         except StopIteration:
             # A worker may have started mid-stream (resume_at on its sharding point): with
             # nothing cached it cannot tell where its stream starts, so it fills again next pass
@@ -265,8 +271,10 @@ class InMemoryCacheHolder(IterDataPipe):
             self._phase = "pass"
             raise
         seed, epoch, position, draws = current_stamp()
-        self._drew = self._drew or draws > 0
-        if draws and not self.allow_random:
+        drew = draws > 0 or self._drew_waiting or thread_draws() != before
+        self._drew_waiting = False
+        self._drew = self._drew or drew
+        if drew and not self.allow_random:
             raise RuntimeError(
                 f"{self!r}: the item at position {position} drew from item_rng() upstream, so "
                 f"the cache would replay its random augmentation; apply it after "

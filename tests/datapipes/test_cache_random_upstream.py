@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper, item_rng
+from pipeloom.datapipes import IterableWrapper, IterDataPipe, item_rng
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 
 N = 8
@@ -182,3 +182,56 @@ def test_the_epoch_after_a_resume_draws_as_the_uninterrupted_one_after_the_cache
     resumed.load_state_dict(state)
     assert head + list(resumed) == expected[0]
     assert list(resumed) == expected[1]
+
+
+class DrawingSource(IterDataPipe):
+    """A user's generator source whose items draw from item_rng()."""
+
+    def __init__(self, size):
+        self.size, self.next = size, 0
+
+    def reset(self):
+        self.next = 0
+
+    def __iter__(self):
+        while self.next < self.size:
+            self.next += 1
+            yield (self.next - 1, int(item_rng().integers(1 << 30)))
+
+    def state_dict(self):
+        return {"next": self.next}
+
+    def load_state_dict(self, state):
+        self.next = state["next"]
+
+
+@pytest.mark.parametrize("drawn_in", ["source", "map_before_sharding"])
+@pytest.mark.parametrize("stop", [1, 2])
+def test_draws_before_a_block_that_restamps_the_items_are_replayed_after_a_resume(drawn_in, stop):
+    # The cache saw draws upstream only in the item's stamp, whose count a source or a
+    # sharding point starts afresh; it took such items for non-random ones, and the epoch
+    # after a resume read the items before the resume point live, with new draws.
+    def build():
+        if drawn_in == "source":
+            pipe = DrawingSource(3).sharding_filter()
+        else:
+            pipe = IterableWrapper(range(3)).map(jitter).sharding_filter()
+        return pipe.in_memory_cache(allow_random=True)
+
+    with DataLoader(build(), seed=7) as loader:
+        expected = [list(loader), list(loader)]
+    assert expected[0] == expected[1]  # the cache replays the first epoch
+    stopped = DataLoader(build(), seed=7)
+    epoch = iter(stopped)
+    head = [next(epoch) for _ in range(stop)]
+    state = stopped.state_dict()
+    resumed = DataLoader(build(), seed=7)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == expected[0]
+    assert list(resumed) == expected[1]
+
+
+def test_draws_before_the_sharding_point_are_refused_without_allow_random():
+    pipe = IterableWrapper(range(3)).map(jitter).sharding_filter().in_memory_cache()
+    with pytest.raises(RuntimeError, match="drew from item_rng"):
+        list(DataLoader(pipe, seed=0))
