@@ -70,7 +70,11 @@ def random_service(
     strategy = rng.choice(strategies)
     in_order = strategy != "classic" or rng.random() >= unordered
     persistent = rng.random() < 0.4
-    return ("processes", rng.choice([1, 2, 3]), strategy, persistent, in_order, rng.choice([1, 2]))
+    extra = None  # num_batch_workers (economic) or chunk_size (chunked); None: the default
+    if strategy != "classic":
+        extra = rng.choice([None, None, 0, 1, 2] if strategy == "economic" else [None, None, 1, 2])
+    workers, prefetch = rng.choice([1, 2, 3]), rng.choice([1, 2])
+    return ("processes", workers, strategy, persistent, in_order, prefetch, extra)
 
 
 def make_service(description: tuple, timeout: float) -> Any:
@@ -80,7 +84,7 @@ def make_service(description: tuple, timeout: float) -> Any:
     if kind == "threads":
         workers, in_order, prefetch = args
         return ThreadReadingService(workers, in_order=in_order, prefetch_factor=prefetch)
-    workers, strategy, persistent, in_order, prefetch = args
+    workers, strategy, persistent, in_order, prefetch, extra = args
     return MultiProcessingReadingService(
         workers,
         prefetch_factor=prefetch,
@@ -89,12 +93,15 @@ def make_service(description: tuple, timeout: float) -> Any:
         timeout=timeout,
         in_order=in_order,
         strategy=strategy,
+        num_batch_workers=extra if strategy == "economic" else None,
+        chunk_size=extra if strategy == "chunked" else None,
     )
 
 
 def in_order(description: tuple) -> bool:
-    """Whether the service delivers in order (its in_order flag is second to last)."""
-    return description[0] == "in_process" or bool(description[-2])
+    """Whether the service delivers in order."""
+    kind = description[0]
+    return kind == "in_process" or bool(description[2 if kind == "threads" else 4])
 
 
 # -- comparing items ----------------------------------------------------------------------
@@ -252,12 +259,12 @@ def _ground_truth(plan: Plan, root: str) -> tuple[list, list]:
     with DataLoader(build(plan.recipe, root), InProcessReadingService(), seed=plan.seed) as loader:
         loader.set_epoch(plan.epoch)
         truth = [plain(x) for x in loader]
-        following = [plain(x) for x in loader]
+        following = [[plain(x) for x in loader] for _ in range(2)]
     return truth, following
 
 
 def _stop_and_resume(
-    plan: Plan, root: str, truth: list, following: list, watchdog: Watchdog
+    plan: Plan, root: str, truth: list, following: list[list], watchdog: Watchdog
 ) -> tuple[str, str]:
     hops = [(plan.service_a, plan.take, plan.stop_fraction, plan.go_on)]
     if plan.middle is not None:  # resumed, stopped and saved once more
@@ -304,9 +311,10 @@ def _stop_and_resume(
             f"the state names epoch {state['epoch']} (delivered {state['delivered']}) after "
             f"{len(delivered)} of the {len(truth)} items of epoch {plan.epoch}"
         )
-    following_got = [plain(x) for x in resumed]
-    if not same(following_got, following, in_order(plan.service_b)):
-        return "WRONG", "next epoch: " + difference(following_got, following)
+    for number, expected in enumerate(following, 1):  # (persistent workers go on)
+        got = [plain(x) for x in resumed]
+        if not same(got, expected, in_order(plan.service_b)):
+            return "WRONG", f"epoch +{number}: " + difference(got, expected)
     return "ok", f"stopped after {len(delivered)} of {len(truth)}"
 
 
