@@ -144,6 +144,7 @@ class InMemoryCacheHolder(IterDataPipe):
         if not self._complete:
             self.clear()
         self._phase: str | None = None  # fill, counted, live, cached or pass; chosen at first use
+        self._ended = False  # this pass filled up to the end of its stream
         self._emitted = 0  # outputs returned this pass
         self._pulled = 0  # outputs taken from the source this pass
         self._skip = 0  # outputs to take and drop first (after a resume)
@@ -269,6 +270,7 @@ class InMemoryCacheHolder(IterDataPipe):
             self._complete = bool(self._entries) or not self._in_worker
             self._record_seeds()
             self._phase = "pass"
+            self._ended = True
             raise
         seed, epoch, position, draws = current_stamp()
         drew = draws > 0 or self._drew_waiting or thread_draws() != before
@@ -384,6 +386,8 @@ class InMemoryCacheHolder(IterDataPipe):
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"emitted": self._emitted, "pulled": self._pulled}
+        if self._ended:  # a block downstream may have read ahead to the end (threadpool_map)
+            state["ended"] = True
         if self._replays and self._filled_in is not None:
             if self._phase == "fill":
                 self._record_seeds()
@@ -412,6 +416,13 @@ class InMemoryCacheHolder(IterDataPipe):
             self._resumed_fill = resumed
             self._head = self._emitted
             self._dropped = self._emitted > 0
+            if state.get("ended") and worker_info() is None:
+                # the saved pass had read its stream to the end, and the block that read
+                # ahead (threadpool_map) will not ask again: complete, as that pass was
+                self._complete, self._phase = True, "pass"
+                if resumed is not None:
+                    (self._filled_in, self._fill_seeds), self._resumed_fill = resumed, None
+                return
             # chosen at first use, as a pass starts: a fill notes the epoch it fills in,
             # which a later pass over a random upstream replays (also when this state
             # was saved before the cache's first item, with no fill epoch of its own)

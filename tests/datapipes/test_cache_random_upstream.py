@@ -235,3 +235,33 @@ def test_draws_before_the_sharding_point_are_refused_without_allow_random():
     pipe = IterableWrapper(range(3)).map(jitter).sharding_filter().in_memory_cache()
     with pytest.raises(RuntimeError, match="drew from item_rng"):
         list(DataLoader(pipe, seed=0))
+
+
+def tagged(x):
+    return x, item_rng().integers(1000)
+
+
+@pytest.mark.parametrize("stop", [1, 3])
+def test_a_threadpool_map_that_read_the_cache_to_its_end_resumes_into_the_replayed_epoch(stop):
+    # threadpool_map reads ahead: the cache had reached its stream's end when the state
+    # was saved, and the resumed threadpool_map never asked it again, so the cache never
+    # completed, and the next epoch filled it afresh in that epoch's shuffle order.
+    def build():
+        return (
+            IterableWrapper([0, 10, 20])
+            .shuffle()
+            .sharding_filter()
+            .in_memory_cache(allow_random=True)
+            .threadpool_map(tagged, max_workers=2)
+        )
+
+    with DataLoader(build(), seed=1) as loader:
+        expected = [list(loader), list(loader)]
+    stopped = DataLoader(build(), seed=1)
+    epoch = iter(stopped)
+    head = [next(epoch) for _ in range(stop)]
+    state = stopped.state_dict()
+    resumed = DataLoader(build(), seed=1)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == expected[0]
+    assert list(resumed) == expected[1]
