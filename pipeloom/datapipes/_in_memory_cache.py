@@ -294,8 +294,13 @@ class InMemoryCacheHolder(IterDataPipe):
         """Note the upstream's epoch seeds of the fill epoch (kept where known already)."""
         known = self._fill_seeds
         drawn = drawn_epoch_seeds(self.source)
+        # Only a seed drawn from torch's generator needs keeping: one derived from the
+        # pipeline seed comes again from the epoch and round a replay enters (a block
+        # under a cycle has one per round: keeping the last would replay every round
+        # with it).
+        derived = [block._block_seed() is not None for block in upstream_blocks(self.source)]
         self._fill_seeds = [
-            known[i] if i < len(known) and known[i] is not None else seed
+            known[i] if i < len(known) and known[i] is not None else None if derived[i] else seed
             for i, seed in enumerate(drawn)
         ]
 

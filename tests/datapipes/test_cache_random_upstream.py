@@ -265,3 +265,24 @@ def test_a_threadpool_map_that_read_the_cache_to_its_end_resumes_into_the_replay
     resumed.load_state_dict(state)
     assert head + list(resumed) == expected[0]
     assert list(resumed) == expected[1]
+
+
+@pytest.mark.parametrize("stop", [1, 3])
+def test_a_cycle_upstream_is_replayed_with_each_rounds_seeds(stop):
+    # The cache kept the upstream's epoch seeds as drawn at the end of its fill, the last
+    # round's under a cycle, and a replay of the fill epoch (the items before a resume
+    # point) pinned every round to them: round 0's items came back with round 1's draws.
+    def build():
+        return DrawingSource(2).cycle(2).sharding_filter().in_memory_cache(allow_random=True)
+
+    with DataLoader(build(), seed=3) as loader:
+        expected = [list(loader), list(loader)]
+    assert expected[0] == expected[1]
+    stopped = DataLoader(build(), seed=3)
+    epoch = iter(stopped)
+    head = [next(epoch) for _ in range(stop)]
+    state = stopped.state_dict()
+    resumed = DataLoader(build(), seed=3)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == expected[0]
+    assert list(resumed) == expected[1]
