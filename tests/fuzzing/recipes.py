@@ -252,7 +252,7 @@ def random_recipe(rng: random.Random) -> dict[str, Any]:
         tail = [_step(rng, rng.choice(["batch", "batch_collate"])), *tail]
     after = [step[0] for step in (*per_item, *tail)]
     steps = [step[0] for step in (*prefix, *per_item, *tail)]
-    cached = steps.index("in_memory_cache") if "in_memory_cache" in steps else None
+    last_cache = max((i for i, name in enumerate(steps) if name == "in_memory_cache"), default=None)
     random_source = source in ("generator", "generator_no_state", "torch_map")  # map shuffle
     return {
         "source": source,
@@ -267,8 +267,8 @@ def random_recipe(rng: random.Random) -> dict[str, Any]:
         # a cache over random blocks replays the first epoch exactly only in-process
         # (docs/caching.md: in workers such a cache reads live, or caches a resumed
         # epoch's draws)
-        "cache_over_random": cached is not None
-        and (random_source or any(map(_draws, (*prefix, *per_item, *tail)[:cached]))),
+        "cache_over_random": last_cache is not None
+        and (random_source or any(map(_draws, (*prefix, *per_item, *tail)[:last_cache]))),
     }
 
 
