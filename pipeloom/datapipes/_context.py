@@ -96,6 +96,7 @@ class _ItemState(threading.local):
     stamp: ItemStamp = NO_STAMP
     watchers: tuple[Callable[[int | None, int], None], ...] = ()
     positioned: ItemStamp | None = None  # the stamp a block's stamp_position last set
+    drawn: int = 0  # item seeds drawn in this thread, ever (a stamp's count restarts)
 
 
 _ITEM = _ItemState()
@@ -149,6 +150,13 @@ def restore_stamp(stamp: tuple) -> None:
 def current_draws() -> int:
     """How many item seeds were drawn for the current item so far."""
     return _ITEM.stamp[3]
+
+
+def thread_draws() -> int:
+    """How many item seeds this thread drew so far: a block that restamps the items it
+    passes on (a sharding point, a source) starts their count afresh, so a block
+    downstream sees the draws made upstream only as a change of this number."""
+    return _ITEM.drawn
 
 
 def key_position(key: Key | None) -> int | None:
@@ -274,7 +282,9 @@ def item_seed() -> int:
             "processed in this thread. Call it from a function passed to a block "
             "such as .map(fn) while the pipeline is iterated."
         )
-    _ITEM.stamp = (seed, epoch, key, draws + 1)
+    item = _ITEM
+    item.stamp = (seed, epoch, key, draws + 1)
+    item.drawn += 1
     if key.__class__ is tuple:
         return derive_seed(seed or 0, epoch, *key, draws)  # type: ignore[misc]
     return derive_seed(seed or 0, epoch, key, draws)  # type: ignore[arg-type]

@@ -155,7 +155,7 @@ class Grouper(IterDataPipe):
     def state_dict(self) -> dict[str, Any]:
         return {
             "groups": [(key, list(items), stamp) for key, (items, stamp) in self._groups.items()],
-            "flushing": self._flushing,
+            "flushing": None if self._flushing is None else list(self._flushing),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -7,8 +7,9 @@ from collections import deque
 from typing import Any
 
 from .._validate import check_bool
+from ..errors import NotAvailable
 from ._base import IterDataPipe
-from ._context import current_stamp, key_position, restore_stamp, worker_info
+from ._context import current_stamp, key_position, restore_stamp, thread_draws, worker_info
 from ._fingerprint import random_blocks
 from ._item_memory import BufferLedger, ItemMemory, item_memory, item_nbytes
 from ._pipeline import drawn_epoch_seeds, replay_pipeline_epoch, upstream_blocks
@@ -100,6 +101,7 @@ class InMemoryCacheHolder(IterDataPipe):
         self.allow_random = allow_random
         self._random_upstream = bool(randoms)
         self._drew = False  # an item drew from item_rng() upstream
+        self._drew_waiting = False  # draws upstream while the next item was not ready
         self._limit = None if size is None else int(size * _MIB)
         self.clear()
         self._resets = 0  # passes since the last set_epoch
@@ -142,6 +144,7 @@ class InMemoryCacheHolder(IterDataPipe):
         if not self._complete:
             self.clear()
         self._phase: str | None = None  # fill, counted, live, cached or pass; chosen at first use
+        self._ended = False  # this pass filled up to the end of its stream
         self._emitted = 0  # outputs returned this pass
         self._pulled = 0  # outputs taken from the source this pass
         self._skip = 0  # outputs to take and drop first (after a resume)
@@ -165,10 +168,17 @@ class InMemoryCacheHolder(IterDataPipe):
     def async_next(self) -> Any:
         item = self._next()
         restamp = self._restamp
-        if restamp is not None and self._stamper:  # read as in the fill epoch: stamp as now
+        if restamp is not None and self._stamped_by_authority():  # read as then: stamp as now
             _, _, position, draws = current_stamp()
             restore_stamp((restamp[0], restamp[1], position, draws))
         return item
+
+    def _stamped_by_authority(self) -> bool:
+        """Whether the item just read carries the authority's seed, as cached items did."""
+        if self._entries:
+            return self._stamper
+        # nothing cached (a pass resumed after the stream's last item): the item itself says
+        return current_stamp()[0] == self._authority_seed()
 
     def _next(self) -> Any:
         phase = self._phase
@@ -248,18 +258,25 @@ class InMemoryCacheHolder(IterDataPipe):
 
     # -- the first pass: pass on and keep ------------------------------------------
     def _fill(self) -> Any:
+        before = thread_draws()  # draws made upstream, also before a block restamped them
         try:
             item = self._pass()
+        except NotAvailable:
+            self._drew_waiting = self._drew_waiting or thread_draws() != before
+            raise
         except StopIteration:
             # A worker may have started mid-stream (resume_at on its sharding point): with
             # nothing cached it cannot tell where its stream starts, so it fills again next pass
             self._complete = bool(self._entries) or not self._in_worker
             self._record_seeds()
             self._phase = "pass"
+            self._ended = True
             raise
         seed, epoch, position, draws = current_stamp()
-        self._drew = self._drew or draws > 0
-        if draws and not self.allow_random:
+        drew = draws > 0 or self._drew_waiting or thread_draws() != before
+        self._drew_waiting = False
+        self._drew = self._drew or drew
+        if drew and not self.allow_random:
             raise RuntimeError(
                 f"{self!r}: the item at position {position} drew from item_rng() upstream, so "
                 f"the cache would replay its random augmentation; apply it after "
@@ -277,8 +294,13 @@ class InMemoryCacheHolder(IterDataPipe):
         """Note the upstream's epoch seeds of the fill epoch (kept where known already)."""
         known = self._fill_seeds
         drawn = drawn_epoch_seeds(self.source)
+        # Only a seed drawn from torch's generator needs keeping: one derived from the
+        # pipeline seed comes again from the epoch and round a replay enters (a block
+        # under a cycle has one per round: keeping the last would replay every round
+        # with it).
+        derived = [block._block_seed() is not None for block in upstream_blocks(self.source)]
         self._fill_seeds = [
-            known[i] if i < len(known) and known[i] is not None else seed
+            known[i] if i < len(known) and known[i] is not None else None if derived[i] else seed
             for i, seed in enumerate(drawn)
         ]
 
@@ -314,7 +336,12 @@ class InMemoryCacheHolder(IterDataPipe):
         authority = upstream_blocks(self)[index]
         if authority._round_number():
             return None
-        return authority._drawn_epoch_seed()
+        seed = authority._drawn_epoch_seed()
+        if seed is None and authority._block_seed() is not None:
+            # not drawn yet (a resumed pass whose items all came from a saved buffer):
+            # derived from the pipeline seed, it is the one the authority stamps with
+            seed = authority.epoch_seed()
+        return seed
 
     # -- later passes: the head live, then memory --------------------------------------
     def _counted(self) -> Any:
@@ -364,6 +391,8 @@ class InMemoryCacheHolder(IterDataPipe):
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"emitted": self._emitted, "pulled": self._pulled}
+        if self._ended:  # a block downstream may have read ahead to the end (threadpool_map)
+            state["ended"] = True
         if self._replays and self._filled_in is not None:
             if self._phase == "fill":
                 self._record_seeds()
@@ -392,7 +421,17 @@ class InMemoryCacheHolder(IterDataPipe):
             self._resumed_fill = resumed
             self._head = self._emitted
             self._dropped = self._emitted > 0
-            self._phase = None if resumed else "fill"
+            if state.get("ended") and worker_info() is None:
+                # the saved pass had read its stream to the end, and the block that read
+                # ahead (threadpool_map) will not ask again: complete, as that pass was
+                self._complete, self._phase = True, "pass"
+                if resumed is not None:
+                    (self._filled_in, self._fill_seeds), self._resumed_fill = resumed, None
+                return
+            # chosen at first use, as a pass starts: a fill notes the epoch it fills in,
+            # which a later pass over a random upstream replays (also when this state
+            # was saved before the cache's first item, with no fill epoch of its own)
+            self._phase = None
 
     def __repr__(self) -> str:
         size = "None" if self.size is None else f"{self.size} MiB"

@@ -313,6 +313,11 @@ def pipeline_state_dict(output: DataPipe) -> dict:
         numbering = block._numbering()  # a user-defined source's count (stamps_positions)
         if numbering.active:
             entry["numbered"] = numbering.count
+        elif numbering.active is None and (numbering.count or numbering.skip_before):
+            # resumed, and no output yet: the count it resumed from (a replaying block's
+            # is in the positions it skips), or the next resume would number from 0
+            total, index = numbering.shard
+            entry["numbered"] = numbering.count or (numbering.skip_before - index) // total
         elif numbering.outputs is not None and numbering.outputs.input_stamp is not None:
             entry["outputs"] = numbering.outputs.state()  # its last input (_output_stamps.py)
         states.append(entry)

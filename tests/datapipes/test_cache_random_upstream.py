@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper, item_rng
+from pipeloom.datapipes import IterableWrapper, IterDataPipe, item_rng
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 
 N = 8
@@ -130,3 +130,159 @@ def test_a_cache_over_a_random_fork_child_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="to read again, in a later epoch") as caught:
         DataLoader(pipe)
     assert "also read by" in str(caught.value)
+
+
+def test_a_state_saved_before_the_first_item_then_resumed_twice_replays_the_fill_epoch():
+    # A resumed pass that loaded a state saved before the cache's first item filled
+    # without noting its epoch; a state saved in it, resumed, then failed the next
+    # epoch with an AssertionError (no fill epoch to replay the items before it).
+    def build():
+        return IterableWrapper(range(6)).shuffle().in_memory_cache(allow_random=True)
+
+    with DataLoader(build(), seed=0) as loader:
+        expected = [list(loader), list(loader)]
+    first = DataLoader(build(), seed=0)
+    iter(first)
+    state = first.state_dict()  # the epoch started, the cache saw nothing yet
+    second = DataLoader(build(), seed=0)
+    second.load_state_dict(state)
+    epoch = iter(second)
+    assert [next(epoch) for _ in range(6)] == expected[0]
+    state = second.state_dict()  # after the epoch's last item, before its end
+    third = DataLoader(build(), seed=0)
+    third.load_state_dict(state)
+    assert list(third) == []
+    assert list(third) == expected[1]
+
+
+@pytest.mark.parametrize("stop", [0, 1, 2, 3])
+def test_the_epoch_after_a_resume_draws_as_the_uninterrupted_one_after_the_cache(stop):
+    # In the epoch after a resume the cache reads the items before the resume point by
+    # replaying the fill epoch, and restamps them as the current epoch's, but only when
+    # it had found them stamped by the sharding point's seed: it compared with a seed
+    # that point had not drawn yet after a resume (its items all came from the saved
+    # shuffle buffer), and it had nothing to compare with when the resume came after
+    # the last item. Either way jitter() then drew the fill epoch's values again.
+    def build():
+        return (
+            IterableWrapper(range(3))
+            .sharding_filter()
+            .shuffle(buffer_size=3)
+            .in_memory_cache(allow_random=True)
+            .map(jitter)
+        )
+
+    with DataLoader(build(), seed=5) as loader:
+        expected = [list(loader), list(loader)]
+    stopped = DataLoader(build(), seed=5)
+    epoch = iter(stopped)
+    head = [next(epoch) for _ in range(stop)]
+    state = stopped.state_dict()
+    resumed = DataLoader(build(), seed=5)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == expected[0]
+    assert list(resumed) == expected[1]
+
+
+class DrawingSource(IterDataPipe):
+    """A user's generator source whose items draw from item_rng()."""
+
+    def __init__(self, size):
+        self.size, self.next = size, 0
+
+    def reset(self):
+        self.next = 0
+
+    def __iter__(self):
+        while self.next < self.size:
+            self.next += 1
+            yield (self.next - 1, int(item_rng().integers(1 << 30)))
+
+    def state_dict(self):
+        return {"next": self.next}
+
+    def load_state_dict(self, state):
+        self.next = state["next"]
+
+
+@pytest.mark.parametrize("drawn_in", ["source", "map_before_sharding"])
+@pytest.mark.parametrize("stop", [1, 2])
+def test_draws_before_a_block_that_restamps_the_items_are_replayed_after_a_resume(drawn_in, stop):
+    # The cache saw draws upstream only in the item's stamp, whose count a source or a
+    # sharding point starts afresh; it took such items for non-random ones, and the epoch
+    # after a resume read the items before the resume point live, with new draws.
+    def build():
+        if drawn_in == "source":
+            pipe = DrawingSource(3).sharding_filter()
+        else:
+            pipe = IterableWrapper(range(3)).map(jitter).sharding_filter()
+        return pipe.in_memory_cache(allow_random=True)
+
+    with DataLoader(build(), seed=7) as loader:
+        expected = [list(loader), list(loader)]
+    assert expected[0] == expected[1]  # the cache replays the first epoch
+    stopped = DataLoader(build(), seed=7)
+    epoch = iter(stopped)
+    head = [next(epoch) for _ in range(stop)]
+    state = stopped.state_dict()
+    resumed = DataLoader(build(), seed=7)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == expected[0]
+    assert list(resumed) == expected[1]
+
+
+def test_draws_before_the_sharding_point_are_refused_without_allow_random():
+    pipe = IterableWrapper(range(3)).map(jitter).sharding_filter().in_memory_cache()
+    with pytest.raises(RuntimeError, match="drew from item_rng"):
+        list(DataLoader(pipe, seed=0))
+
+
+def tagged(x):
+    return x, item_rng().integers(1000)
+
+
+@pytest.mark.parametrize("stop", [1, 3])
+def test_a_threadpool_map_that_read_the_cache_to_its_end_resumes_into_the_replayed_epoch(stop):
+    # threadpool_map reads ahead: the cache had reached its stream's end when the state
+    # was saved, and the resumed threadpool_map never asked it again, so the cache never
+    # completed, and the next epoch filled it afresh in that epoch's shuffle order.
+    def build():
+        return (
+            IterableWrapper([0, 10, 20])
+            .shuffle()
+            .sharding_filter()
+            .in_memory_cache(allow_random=True)
+            .threadpool_map(tagged, max_workers=2)
+        )
+
+    with DataLoader(build(), seed=1) as loader:
+        expected = [list(loader), list(loader)]
+    stopped = DataLoader(build(), seed=1)
+    epoch = iter(stopped)
+    head = [next(epoch) for _ in range(stop)]
+    state = stopped.state_dict()
+    resumed = DataLoader(build(), seed=1)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == expected[0]
+    assert list(resumed) == expected[1]
+
+
+@pytest.mark.parametrize("stop", [1, 3])
+def test_a_cycle_upstream_is_replayed_with_each_rounds_seeds(stop):
+    # The cache kept the upstream's epoch seeds as drawn at the end of its fill, the last
+    # round's under a cycle, and a replay of the fill epoch (the items before a resume
+    # point) pinned every round to them: round 0's items came back with round 1's draws.
+    def build():
+        return DrawingSource(2).cycle(2).sharding_filter().in_memory_cache(allow_random=True)
+
+    with DataLoader(build(), seed=3) as loader:
+        expected = [list(loader), list(loader)]
+    assert expected[0] == expected[1]
+    stopped = DataLoader(build(), seed=3)
+    epoch = iter(stopped)
+    head = [next(epoch) for _ in range(stop)]
+    state = stopped.state_dict()
+    resumed = DataLoader(build(), seed=3)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == expected[0]
+    assert list(resumed) == expected[1]

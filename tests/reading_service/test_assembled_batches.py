@@ -152,6 +152,37 @@ def test_flatmap_and_filter_give_the_in_process_batches(workers):
     assert "classic" in ran
 
 
+def identity(x):
+    return x
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_threadpool_map_after_the_batch_gets_every_batch(workers):
+    # It reads ahead: run in a worker, fed one batch at a time, it found the feed's end
+    # after the first batch, and each worker sent one batch (1 of 3 here, the rest lost).
+    def make():
+        return (
+            IterableWrapper(range(12)).sharding_filter().filter(not_multiple_of_3).batch(3)
+        ).threadpool_map(identity)
+
+    with DataLoader(make(), classic(workers), seed=0) as loader:
+        assert list(loader) == [[1, 2, 4], [5, 7, 8], [10, 11]]
+
+
+def test_a_batch_of_batches_of_one_is_built_from_the_merged_stream():
+    # .batch(1) runs in the workers with runs of 1 position; the .batch(3) after it was
+    # taken for the batch of an assembled cut, built by each worker of its own items:
+    # [[0], [2], [4]], [[1], [3], [5]], [[6]] (and a resume after the epoch's last
+    # item gave [[1]] again).
+    def make():
+        return IterableWrapper(range(7)).sharding_filter().batch(1).batch(3)
+
+    expected = [[[0], [1], [2]], [[3], [4], [5]], [[6]]]
+    with DataLoader(make(), classic(2), seed=0) as loader:
+        assert list(loader) == expected
+    assert "classic" in check_same_output_everywhere(make, workers=2)
+
+
 def test_a_file_opener_that_skips_gives_the_in_process_batches(files):
     assert "classic" in check_same_output_everywhere(open_files_that_skip(files), workers=3)
 

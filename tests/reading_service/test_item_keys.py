@@ -353,3 +353,46 @@ def test_a_tar_given_as_bytes_resumes_in_the_middle_of_its_members():
         return shards.load_from_tar().map(member_number).map(number_draw)
 
     check_resume_from_every_step(build)
+
+
+class DrawingCounter(IterDataPipe):
+    """A user's source that draws item_rng() and saves its place (or nothing: replays)."""
+
+    def __init__(self, saves: bool):
+        self.saves, self.next = saves, 0
+
+    def reset(self):
+        self.next = 0
+
+    def __iter__(self):
+        while self.next < 4:
+            self.next += 1
+            yield self.next - 1, int(item_rng().integers(1 << 30))
+
+    def state_dict(self):
+        return {"next": self.next} if self.saves else {}
+
+    def load_state_dict(self, state):
+        self.next = state.get("next", 0)
+
+
+@pytest.mark.parametrize("saves", [True, False])
+def test_a_state_saved_after_a_resume_and_before_its_first_item_keeps_the_sources_count(saves):
+    # The count of a source the framework numbers was saved only once the epoch's first
+    # output had decided its numbering: a state saved right after the resumed epoch
+    # started (e.g. from a checkpointing thread) lost it, and the next resume numbered
+    # from 0 again: other item_rng() draws (saves) or items read twice (replays).
+    def build():
+        return DrawingCounter(saves).sharding_filter()
+
+    expected = list(DataLoader(build(), seed=0))
+    first = DataLoader(build(), seed=0)
+    head = [next(iter(first))]
+    state = first.state_dict()
+    second = DataLoader(build(), seed=0)
+    second.load_state_dict(state)
+    iter(second)  # the resumed epoch starts; no item yet
+    state = second.state_dict()
+    third = DataLoader(build(), seed=0)
+    third.load_state_dict(state)
+    assert head + list(third) == expected

@@ -27,6 +27,7 @@ import warnings
 from dataclasses import dataclass
 
 from ...datapipes import DataPipe, IterDataPipe, MapBatcher, MapToIter, ShardingFilter
+from ...datapipes.runtime import HoldsItems
 from ...errors import PlanError
 from ...graph import Graph, traverse, upstream
 
@@ -180,8 +181,11 @@ def cut_for_workers(
     group_size = 1
     assembled = False
     if batches_in_workers:
+        item_exit = exit_block
         exit_block, group_size = _extend_over_batch(graph, exit_block, point, in_workers)
-        if assemble and group_size == 1:
+        # Not extended (a .batch(1) extends with runs of 1 position: its consumer, e.g.
+        # another .batch(), then needs the merged stream, not a worker's positions).
+        if assemble and exit_block is item_exit:
             exit_block, group_size = _assemble_over_batch(graph, exit_block, point, in_workers)
             assembled = group_size > 0
             group_size = max(group_size, 1)
@@ -343,7 +347,10 @@ def _assemble_over_batch(
     in_workers.add(id(batcher))
     new_exit = batcher
     for block in _per_item_chain_after(graph, batcher):
-        if not block.one_to_one:  # a worker builds exactly one output per batch
+        # A worker builds exactly one output per batch, feeding the chain one batch at a
+        # time: a block that reads ahead (threadpool_map) would find the feed's end after
+        # the first batch and end the worker's output there, so it runs after the merge.
+        if not block.one_to_one or isinstance(block, HoldsItems):
             break
         new_exit = block
         in_workers.add(id(block))

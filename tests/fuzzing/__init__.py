@@ -1,0 +1,1 @@
+"""The resume fuzzer's machinery (``scripts/fuzz_resume.py`` is its command line)."""
