@@ -1,11 +1,12 @@
 """torch's signature on two engines: pipeloom.compat.DataLoader vs torch's DataLoader.
 
-    python benchmarks/bench_compat.py [--quick]
+    python benchmarks/bench_compat.py [--quick] [--sampler endless]
 
 A map-style dataset of ``n`` items of 64 KiB (16384 float32) each; item
 ``i`` is built from its own seed and then gets ``work`` rounds of per-item
 CPU work (elementwise torch ops). ``batch_size=64``, ``shuffle=True`` with a
-seeded generator, ``num_workers`` 0, 2 and 4 -- the same arguments to both
+seeded generator (or ``--sampler endless``: a sampler with no end, read for as
+many batches), ``num_workers`` 0, 2 and 4 -- the same arguments to both
 loaders, which is the point of the compat loader. Each run is one epoch on a
 fresh loader (worker start-up included).
 
@@ -21,6 +22,7 @@ identical.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import threading
@@ -102,26 +104,41 @@ class PeakSampler:
         return self._peak[0] - self._base[0], self._peak[1] - self._base[1]
 
 
-def one_epoch(loader_class: Callable[..., Any], dataset: HeavyItems, workers: int) -> Any:
-    loader = loader_class(
-        dataset,
-        batch_size=64,
-        shuffle=True,
-        num_workers=workers,
-        generator=torch.Generator().manual_seed(0),
+class Endless(torch.utils.data.Sampler):
+    """Permutation after permutation from its own generator, with no end and no ``__len__``
+    (as detectron2's ``TrainingSampler``): the loader draws it as the epoch goes."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(0)
+        while True:
+            yield from torch.randperm(self.size, generator=generator).tolist()
+
+
+def one_epoch(
+    loader_class: Callable[..., Any], dataset: HeavyItems, workers: int, endless: bool = False
+) -> Any:
+    sampling: dict[str, Any] = (
+        {"sampler": Endless(len(dataset))}
+        if endless
+        else {"shuffle": True, "generator": torch.Generator().manual_seed(0)}
     )
-    checksum = [batch[1].sum().item() + float(batch[0][:, 0].sum()) for batch in loader]
+    loader = loader_class(dataset, batch_size=64, num_workers=workers, **sampling)
+    batches = itertools.islice(loader, len(dataset) // 64)  # an endless one: as many
+    checksum = [batch[1].sum().item() + float(batch[0][:, 0].sum()) for batch in batches]
     if hasattr(loader, "shutdown"):
         loader.shutdown()
     return checksum
 
 
-def measure(loader_class, dataset, workers, repeats) -> tuple[float, int, int, Any]:
+def measure(loader_class, dataset, workers, repeats, endless) -> tuple[float, int, int, Any]:
     times, shmem, dev_shm, checksum = [], 0, 0, None
     for _ in range(repeats):
         with PeakSampler() as sampler:
             start = time.perf_counter()
-            checksum = one_epoch(loader_class, dataset, workers)
+            checksum = one_epoch(loader_class, dataset, workers, endless)
             times.append(time.perf_counter() - start)
         peak = sampler.peaks()
         shmem, dev_shm = max(shmem, peak[0]), max(dev_shm, peak[1])
@@ -137,7 +154,14 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="fewer items and repeats")
+    parser.add_argument(
+        "--sampler",
+        choices=("shuffle", "endless"),
+        default="shuffle",
+        help="shuffle=True, or an endless sampler read for as many batches",
+    )
     args = parser.parse_args(argv)
+    endless = args.sampler == "endless"
     warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
     n, work, repeats = (640, 4, 1) if args.quick else (2560, 8, 3)
     dataset = HeavyItems(n, work)
@@ -148,7 +172,7 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
             ("torch", torch.utils.data.DataLoader),
             ("pipeloom.compat", pipeloom.compat.DataLoader),
         ):
-            results[name] = measure(loader_class, dataset, workers, repeats)
+            results[name] = measure(loader_class, dataset, workers, repeats, endless)
         if results["torch"][3] != results["pipeloom.compat"][3]:
             raise SystemExit(f"the loaders' batches differ at num_workers={workers}")
         torch_time = results["torch"][0]
@@ -166,7 +190,7 @@ def main(argv: list[str] | None = None) -> list[list[Any]]:
             )
     print_table(
         f"torch's signature: {n} items of 64 KiB, {work} rounds of CPU work per item, "
-        f"batch 64, shuffle, one epoch per fresh loader, median of {repeats}",
+        f"batch 64, {args.sampler}, one epoch per fresh loader, median of {repeats}",
         [
             "workers",
             "loader",
