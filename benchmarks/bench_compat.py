@@ -22,6 +22,7 @@ identical.
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import os
 import statistics
@@ -128,6 +129,8 @@ def one_epoch(
     loader = loader_class(dataset, batch_size=64, num_workers=workers, **sampling)
     batches = itertools.islice(loader, len(dataset) // 64)  # an endless one: as many
     checksum = [batch[1].sum().item() + float(batch[0][:, 0].sum()) for batch in batches]
+    del batches  # an endless epoch's iterator, with its workers: gone before the next loader
+    gc.collect()
     if hasattr(loader, "shutdown"):
         loader.shutdown()
     return checksum
