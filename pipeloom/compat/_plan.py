@@ -311,7 +311,7 @@ class PlanBoard:
         self._ahead = ahead
         if self._area is None:
             self._area = SharedArea()
-        if self.wake_fd is None:
+        if self.wake_fd is None and hasattr(os, "eventfd"):  # Linux
             self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             weakref.finalize(self, os.close, self.wake_fd)
 
@@ -333,6 +333,12 @@ class PlanBoard:
         if not self._shared:
             return
         fields = {name: getattr(plan, name) for name in _NUMBERS}
+        if live and self.wake_fd is None:
+            raise RuntimeError(
+                "this sampler is drawn as the epoch goes (it has no __len__, or it yields more "
+                "than len(sampler)), and waking worker processes for its outputs needs Linux's "
+                "eventfd; use worker_type='thread' or num_workers=0 here"
+            )
         if live:
             draws = plan.entries.draws  # type: ignore[attr-defined]
             held = [draws.get(p) for p in range(plan.first, min(draws.drawn, plan.first + 8))]
