@@ -14,6 +14,7 @@ from ._fingerprint import random_blocks
 from ._item_memory import BufferLedger, ItemMemory, item_memory, item_nbytes
 from ._pipeline import drawn_epoch_seeds, replay_pipeline_epoch, upstream_blocks
 from ._positions import authority_index
+from ._stamp_owners import UNKNOWN, StampOwners
 
 __all__ = ["InMemoryCacheHolder", "item_nbytes"]
 
@@ -110,14 +111,14 @@ class InMemoryCacheHolder(IterDataPipe):
 
     def clear(self) -> None:
         """Forget the cached items (the next pass fills the cache again)."""
-        self._entries: list[tuple[int | None, int, Any]] = []
+        self._entries: list[tuple[Any, int, Any, int]] = []  # key, draws, item, stamp owner
         self._sizes: deque[ItemMemory] = deque()
         self._ledger = BufferLedger()  # each buffer counted once (views, rows of one tensor)
         self._head = 0  # outputs before the first cached one (dropped, or before a resume)
         self._complete = False
-        self._stamper = False  # the authority's seed stamped every cached item
-        self._dropped = False  # items before the first cached one were not kept
-        self._first_seed: int | None = None
+        self._owned = True  # every cached item's stamping block is known (_stamp_owners.py)
+        self._unowned_seeds: set[int | None] = set()  # seeds of the others (two at most)
+        self._any_owned = False
         self._filled_in: tuple[int, int] | None = None  # (epoch, round) of the first pass
         self._fill_seeds: list[int | None] = []  # the upstream's epoch seeds then
         self._resumed_fill: tuple[tuple[int, int], list[int | None]] | None = None
@@ -150,7 +151,8 @@ class InMemoryCacheHolder(IterDataPipe):
         self._skip = 0  # outputs to take and drop first (after a resume)
         self._next_entry = 0
         self._stamp: tuple[int | None, int] | None = None
-        self._restamp: tuple[int, int] | None = None  # (seed, epoch) for replayed reads
+        self._restamp: tuple[dict[int, int], int] | None = None  # ({owner: seed}, epoch)
+        self._owners = StampOwners(self)
 
     @property
     def _replays(self) -> bool:
@@ -168,17 +170,12 @@ class InMemoryCacheHolder(IterDataPipe):
     def async_next(self) -> Any:
         item = self._next()
         restamp = self._restamp
-        if restamp is not None and self._stamped_by_authority():  # read as then: stamp as now
-            _, _, position, draws = current_stamp()
-            restore_stamp((restamp[0], restamp[1], position, draws))
+        if restamp is not None:  # read as in the fill epoch: stamp as its block would now
+            seed, epoch, position, draws = current_stamp()
+            now = restamp[0].get(self._owners.owner(seed, epoch))
+            if now is not None:
+                restore_stamp((now, restamp[1], position, draws))
         return item
-
-    def _stamped_by_authority(self) -> bool:
-        """Whether the item just read carries the authority's seed, as cached items did."""
-        if self._entries:
-            return self._stamper
-        # nothing cached (a pass resumed after the stream's last item): the item itself says
-        return current_stamp()[0] == self._authority_seed()
 
     def _next(self) -> Any:
         phase = self._phase
@@ -219,32 +216,43 @@ class InMemoryCacheHolder(IterDataPipe):
     def _replay_fill_epoch(self) -> None:
         """Restart the upstream as in the fill epoch: a random upstream then gives the items
         this pass must read live (the head, or the rest after a resume) as they were cached."""
-        index = authority_index(self)
-        current = None if index is None else upstream_blocks(self)[index].epoch_seed()
+        self._restamp = (self._current_seeds(), self._epoch_number())
         assert self._filled_in is not None
         replay_pipeline_epoch(self.source, self._filled_in, self._fill_seeds)
         self._skip, self._pulled = self._emitted, 0
-        if current is not None:
-            self._restamp = (current, self._epoch_number())
+
+    def _current_seeds(self) -> dict[int, int]:
+        """This epoch's seeds of the blocks that may stamp items (before a replay rewinds
+        them): the authority, the blocks that stamped cached items, those with a derived seed."""
+        blocks = upstream_blocks(self)
+        wanted = {owner for *_, owner in self._entries if owner != UNKNOWN}
+        index = authority_index(self)
+        if index is not None:
+            wanted.add(index)
+        wanted.update(i for i, block in enumerate(blocks) if i and block._block_seed() is not None)
+        return {i: blocks[i].epoch_seed() for i in sorted(wanted)}
 
     def _choose(self) -> str:
         if self._disabled:
             return "pass"
         if not self._complete:
             return "fill"
+        if not self._stamps_replayable():
+            self.clear()  # several blocks stamped its items, not all known: read live
+            self._disabled = True
+            return "pass"
         positioned = bool(self._entries) and self._entries[0][0] is not None
         if self._in_worker and positioned:
             return "live"  # the worker's first items say where its stream starts
-        if self._head or (positioned and not self._stamper):
+        if self._head or (positioned and not self._owned):
             return "counted" if self._head or not positioned else "live"
-        index = authority_index(self)
-        seed = (
-            upstream_blocks(self)[index].epoch_seed()
-            if self._stamper and index is not None
-            else None
-        )
-        self._stamp = (seed, self._epoch_number())
+        self._stamp = (None, self._epoch_number())  # each item's seed: its stamping block's
         return "cached"
+
+    def _stamps_replayable(self) -> bool:
+        """Whether replayed items can get the stamps they would have now: each one's
+        stamping block is known, or one seed stamped them all (learnt from a live item)."""
+        return self._owned or (not self._any_owned and len(self._unowned_seeds) == 1)
 
     def _pass(self) -> Any:
         while self._skip:
@@ -282,12 +290,14 @@ class InMemoryCacheHolder(IterDataPipe):
                 f"the cache would replay its random augmentation; apply it after "
                 f".in_memory_cache(), or pass allow_random=True to replay it on purpose"
             )
-        if not self._entries and (not self._dropped or self._first_seed is None):
-            self._first_seed = seed
-            self._stamper = self._authority_seed() == seed
-        elif seed != self._first_seed:
-            self._stamper = False
-        self._keep(position, draws, item)
+        owner = self._owners.owner(seed, epoch)
+        if owner == UNKNOWN:
+            self._owned = False
+            if len(self._unowned_seeds) < 2:
+                self._unowned_seeds.add(seed)
+        else:
+            self._any_owned = True
+        self._keep(position, draws, item, owner)
         return item
 
     def _record_seeds(self) -> None:
@@ -304,10 +314,10 @@ class InMemoryCacheHolder(IterDataPipe):
             for i, seed in enumerate(drawn)
         ]
 
-    def _keep(self, position: Any, draws: int, item: Any) -> None:  # an item key
+    def _keep(self, position: Any, draws: int, item: Any, owner: int) -> None:
         memory = item_memory(item)
         entries = self._entries
-        entries.append((position, draws, item))
+        entries.append((position, draws, item, owner))
         self._sizes.append(memory)
         ledger = self._ledger
         ledger.add(memory)
@@ -327,21 +337,6 @@ class InMemoryCacheHolder(IterDataPipe):
             drop += 1
         del entries[:drop]
         self._head += drop
-        self._dropped = True
-
-    def _authority_seed(self) -> int | None:
-        index = authority_index(self)
-        if index is None:
-            return None
-        authority = upstream_blocks(self)[index]
-        if authority._round_number():
-            return None
-        seed = authority._drawn_epoch_seed()
-        if seed is None and authority._block_seed() is not None:
-            # not drawn yet (a resumed pass whose items all came from a saved buffer):
-            # derived from the pipeline seed, it is the one the authority stamps with
-            seed = authority.epoch_seed()
-        return seed
 
     # -- later passes: the head live, then memory --------------------------------------
     def _counted(self) -> Any:
@@ -379,10 +374,12 @@ class InMemoryCacheHolder(IterDataPipe):
         entries = self._entries
         if self._next_entry >= len(entries):
             raise StopIteration
-        position, draws, item = entries[self._next_entry]
+        position, draws, item, owner = entries[self._next_entry]
         self._next_entry += 1
-        if self._stamp is not None:
-            restore_stamp((self._stamp[0], self._stamp[1], position, draws))
+        stamp = self._stamp
+        if stamp is not None:
+            seed = stamp[0] if owner == UNKNOWN else self._owners.seed_now(owner)
+            restore_stamp((seed, stamp[1], position, draws))
         self._emitted += 1
         return item
 
@@ -420,7 +417,6 @@ class InMemoryCacheHolder(IterDataPipe):
             self.clear()
             self._resumed_fill = resumed
             self._head = self._emitted
-            self._dropped = self._emitted > 0
             if state.get("ended") and worker_info() is None:
                 # the saved pass had read its stream to the end, and the block that read
                 # ahead (threadpool_map) will not ask again: complete, as that pass was

@@ -6,7 +6,9 @@ stamp: the position goes to the index, the rest of a multi-output key
 to the record, so that a replayed item draws from ``item_rng()`` exactly as
 the live item did. Writers append records to shard files of bounded size
 (``<writer>-<n>.rec``) and, on close, an index (``index-<writer>.npy``: one
-row of position, draws, file, offset, size and CRC-32 per record). :func:`combine`
+row of position, draws, file, offset, size, CRC-32 and stamp owner per record; the
+owner is the upstream block whose epoch seed stamped the item, see
+``_stamp_owners.py``). :func:`combine`
 merges the writers' indexes, in position order, into the ``index.npy`` a
 :class:`RecordReader` reads. The reader checks each record's CRC-32 before
 unpickling it, so bytes changed on disk (a bad disk, a partial copy, an edit)
@@ -60,7 +62,8 @@ _UNCHECKED = [
     ("offset", "<i8"),
     ("size", "<i8"),
 ]
-INDEX_DTYPE = np.dtype([*_UNCHECKED, ("crc", "<u4")])
+INDEX_DTYPE = np.dtype([*_UNCHECKED, ("crc", "<u4"), ("owner", "<i2")])
+UNOWNED_INDEX_DTYPE = np.dtype([*_UNCHECKED, ("crc", "<u4")])  # written before owners
 UNCHECKED_INDEX_DTYPE = np.dtype(_UNCHECKED)  # written before records had a checksum
 _HEAD = struct.Struct("<QI")  # pickle bytes, number of buffers
 _ALIGN = 64
@@ -146,14 +149,15 @@ class RecordWriter:
         self.directory = directory
         self.name = name
         self.max_bytes = max_bytes
-        self._rows: list[tuple[int, int, int, int, int, int]] = []
+        self._rows: list[tuple[int, int, int, int, int, int, int]] = []
         self._fd = -1
         self._file = -1
         self._offset = 0
         self.bytes_written = 0
 
-    def append(self, key: Key | None, draws: int, item: Any) -> None:
-        """Write one record; ``key`` is the item's (``p`` or ``(p, j, ...)``), None if none."""
+    def append(self, key: Key | None, draws: int, item: Any, owner: int = -1) -> None:
+        """Write one record; ``key`` is the item's (``p`` or ``(p, j, ...)``), None if none;
+        ``owner`` the index of the block that stamped it (-1: unknown)."""
         position = key_position(key)
         parts = _frame((key[1:] if key.__class__ is tuple else None, item))  # type: ignore[index]
         size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
@@ -164,7 +168,7 @@ class RecordWriter:
         for part in parts:
             crc = zlib.crc32(part, crc)
         where = _NO_POSITION if position is None else position
-        self._rows.append((where, draws, self._file, self._offset, size, crc))
+        self._rows.append((where, draws, self._file, self._offset, size, crc, owner))
         self._offset += size
         self.bytes_written += size
 
@@ -295,14 +299,18 @@ class RecordReader:
                 self.files = [line for line in listing.read().split("\n") if line]
         except (OSError, ValueError, EOFError) as error:
             raise damaged(directory, f"its index cannot be read ({error})") from error
-        expected = [INDEX_DTYPE] if checked else [INDEX_DTYPE, UNCHECKED_INDEX_DTYPE]
+        expected = [INDEX_DTYPE, UNOWNED_INDEX_DTYPE]
+        if not checked:
+            expected.append(UNCHECKED_INDEX_DTYPE)
         if self.index.dtype not in expected or self.index.ndim != 1:
             raise damaged(
                 directory,
                 f"index.npy is damaged: it holds an array of shape {self.index.shape} and dtype "
                 f"{self.index.dtype}, not a 1-D array of {expected[0]}",
             )
-        self._crcs = self.index["crc"] if self.index.dtype == INDEX_DTYPE else None
+        names = self.index.dtype.names or ()
+        self._crcs = self.index["crc"] if "crc" in names else None
+        self.owners = self.index["owner"] if "owner" in names else None  # None: older index
         if records is not None and len(self.index) != records:
             raise damaged(
                 directory,

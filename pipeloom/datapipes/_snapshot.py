@@ -21,6 +21,7 @@ from ._snapshot_modes import OrderedReader, Passthrough, PositionReader, Writer
 from ._snapshot_store import (
     CHECKED_FORMAT,
     KEYED_FORMAT,
+    OWNED_FORMAT,
     SEALED_FORMAT,
     SnapshotStore,
     run_name,
@@ -111,6 +112,8 @@ class Snapshot(IterDataPipe):
         self._passes = 0
         self._mode: Any = None
         self._reader: RecordReader | None = None
+        self._unreplayable = False  # a pass found items a replay could not stamp right
+        self._warned_unowned = False
         self._warn_if_rebuilt()
         self.reset()
 
@@ -133,6 +136,19 @@ class Snapshot(IterDataPipe):
             f"the snapshot in {os.path.join(self.path, digest)} was made from a different "
             f"upstream ({'; '.join(changed[:3]) or 'the key changed'}); the first epoch writes "
             f"a new one in {self.directory}. Delete the old one if you no longer need it",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    def _warn_unowned(self, directory: str) -> None:
+        if self._warned_unowned:
+            return
+        self._warned_unowned = True
+        warnings.warn(
+            f"the snapshot in {directory} was written by an older pipeloom that did not note "
+            f"which block stamped each item; over several sources (concat, mux) it replays "
+            f"their items with one seed, so item_rng() after it gives items of different "
+            f"sources the same draws. Delete it to rebuild it",
             UserWarning,
             stacklevel=3,
         )
@@ -173,13 +189,16 @@ class Snapshot(IterDataPipe):
             by_position = info is not None or sharded_upstream(self)
             if by_position and authority is not None and reader.is_sorted():
                 return PositionReader(self, reader, authority, manifest.get("positions"))
-            return OrderedReader(self, reader, authority if manifest["stamper"] else None)
+            owned = manifest.get("owned") is True
+            if manifest["format"] < OWNED_FORMAT and not manifest["stamper"]:
+                self._warn_unowned(store.final)
+            return OrderedReader(self, reader, authority if manifest["stamper"] else None, owned)
         if self._resume_group is not None:
             raise RuntimeError(
                 f"{self!r}: the checkpoint was taken while reading the snapshot in "
                 f"{store.final}, which is gone; restore it, or resume from the epoch's start"
             )
-        if self._resumed:
+        if self._resumed or self._unreplayable:
             return Passthrough(self)
         if sharded_upstream(self):
             name = "w0000" if info is None else f"w{info.id:04d}"

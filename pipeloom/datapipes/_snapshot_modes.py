@@ -8,6 +8,7 @@ was (nothing is recorded or counted before an item arrives).
 from __future__ import annotations
 
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from ._context import (
 from ._positions import authority_index
 from ._records import RecordReader, RecordWriter
 from ._snapshot_store import SnapshotStore
+from ._stamp_owners import UNKNOWN, StampOwners
 
 if TYPE_CHECKING:
     from ._snapshot import Snapshot
@@ -70,6 +72,10 @@ class Writer:
             self.root_seed = self.authority.epoch_seed()
         self.stamper: bool | None = None
         self.first_seed: int | None = None
+        self.owners = StampOwners(block)
+        self.owned = True  # every record's stamping block is known
+        self.any_owned = False
+        self.unowned_seeds: set[int | None] = set()  # two at most
 
     def _observe(self, seed: int | None, position: int) -> None:
         if seed == self.root_seed and self.observed is not None:
@@ -100,9 +106,22 @@ class Writer:
             self.stamper = False
         # Records keep the whole key: output j of a multi-output block upstream is
         # replayed as (p, j), so its item_rng() draws after the snapshot are the live ones.
-        self.writer.append(key, draws, item)
+        owner = self.owners.owner(seed, epoch)
+        if owner == UNKNOWN:
+            self.owned = False
+            if len(self.unowned_seeds) < 2:
+                self.unowned_seeds.add(seed)
+        else:
+            self.any_owned = True
+        self.writer.append(key, draws, item, owner)
         block._emitted += 1
         return item
+
+    @property
+    def replayable(self) -> bool:
+        """Whether a replay can give every record the stamp it would have: each one's
+        stamping block is known, or one seed stamped them all (learnt from a live item)."""
+        return self.owned or (not self.any_owned and len(self.unowned_seeds) < 2)
 
     def _stamped_by_authority(self, seed: int | None, epoch: int) -> bool:
         authority = self.authority
@@ -114,6 +133,9 @@ class Writer:
         )
 
     def _finish(self) -> None:
+        if not self.replayable:
+            self._give_up()
+            return
         self.writer.close()
         if self.observed is not None:
             path = os.path.join(self.directory, f"observed-{self.name}.npy")
@@ -124,9 +146,25 @@ class Writer:
             "bytes": self.writer.bytes_written,
             "observed": None if self.observed is None else True,
             "stamper": bool(self.stamper) or self.writer.count == 0,
+            "owned": self.owned,
         }
         self.store.finish_writer(self.directory, self.name, summary, expected=self.expected)
         self.block._mode = Passthrough(self.block)  # the source is spent: StopIteration again
+
+    def _give_up(self) -> None:
+        """Drop what was written: a replay could not stamp the records as they were."""
+        self.writer.abort()
+        block = self.block
+        block._unreplayable = True
+        block._mode = Passthrough(block)
+        warnings.warn(
+            f"{block!r} reads its upstream live and keeps nothing: items of one epoch came "
+            f"with seeds of several blocks, not all of them known (a later round of a "
+            f".cycle() upstream?), so a replay would give items the same item_rng() draws. "
+            f"Move the .cycle() after the .snapshot(...)",
+            UserWarning,
+            stacklevel=2,
+        )
 
     def abandon(self) -> None:
         self.writer.abort()
@@ -135,12 +173,19 @@ class Writer:
 class OrderedReader:
     """Replays every record in order (the main process, or a replicated copy)."""
 
-    def __init__(self, block: Snapshot, reader: RecordReader, authority: int | None) -> None:
+    def __init__(
+        self, block: Snapshot, reader: RecordReader, authority: int | None, owned: bool
+    ) -> None:
         self.block, self.reader = block, reader
         self.stamp: tuple[int | None, int] | None = None
-        if authority is not None:
+        # each record's stamping block, whose seed for this epoch it gets (format 5 on)
+        self.owners = StampOwners(block) if owned and reader.owners is not None else None
+        if self.owners is not None:
+            self.stamp = (None, block._epoch_number())
+        elif authority is not None:
             self.stamp = (block._authority(authority).epoch_seed(), block._epoch_number())
         self.buffer: list[tuple[Key | None, int, Any]] = []
+        self.buffer_owners: list[int] = []
         self.next_record = block._emitted
 
     def next(self) -> Any:
@@ -152,7 +197,12 @@ class OrderedReader:
         if not self.buffer:
             self._read_ahead()
         key, draws, item = self.buffer.pop()
-        restore_stamp((self.stamp[0], self.stamp[1], key, draws))  # type: ignore[index]
+        seed, epoch = self.stamp  # type: ignore[misc]
+        if self.owners is not None:
+            owner = self.buffer_owners.pop()
+            if owner != UNKNOWN:
+                seed = self.owners.seed_now(owner)
+        restore_stamp((seed, epoch, key, draws))
         block._emitted += 1
         return item
 
@@ -185,6 +235,8 @@ class OrderedReader:
         ends = np.cumsum(self.reader.index["size"][start : start + 4096])
         stop = start + max(1, int(np.searchsorted(ends, _READ_AHEAD, "right")))
         self.buffer = self.reader.read_many(start, stop)[::-1]
+        if self.owners is not None:
+            self.buffer_owners = self.reader.owners[start:stop][::-1].tolist()  # type: ignore[index]
         self.next_record = stop
 
     def abandon(self) -> None:

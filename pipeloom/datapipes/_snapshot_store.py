@@ -45,10 +45,13 @@ from ._records import checksums, combine, damaged
 
 __all__ = ["SnapshotStore", "run_name"]
 
-FORMAT = 4
+FORMAT = 5
 KEYED_FORMAT = 2  # from this format on, records keep their key's rest (see _records.py)
 CHECKED_FORMAT = 3  # from this format on, the index holds each record's CRC-32
 SEALED_FORMAT = 4  # from this format on, the manifest holds the CRC-32 of index.npy, files.txt
+# from this format on, the index names each record's stamping block (``owner``), and the
+# manifest says whether every record's is known (``owned``)
+OWNED_FORMAT = 5
 _LOG = logging.getLogger("pipeloom.snapshot")
 
 
@@ -202,6 +205,7 @@ class SnapshotStore:
             "checksums": checksums(directory),
             "positions": positions,
             "stamper": all(s["stamper"] for s in summaries),
+            "owned": all(s["owned"] for s in summaries),
             "writers": writers,
             "bytes": sum(s["bytes"] for s in summaries),
             "created": time.time(),

@@ -135,7 +135,7 @@ DAMAGES = {
     "manifest {}": (lambda d: _write(f"{d}/manifest.json", b"{}"), "lacks format, records"),
     "manifest newer": (
         lambda d: _write(f"{d}/manifest.json", b'{"format": 9, "records": 40, "stamper": true}'),
-        "format 9; this pipeloom reads formats 1 to 4",
+        "format 9; this pipeloom reads formats 1 to 5",
     ),
     "manifest unsealed": (
         lambda d: _write(f"{d}/manifest.json", b'{"format": 4, "records": 40, "stamper": true}'),
