@@ -199,7 +199,10 @@ class DataPipe(BlockHooks):
         if seed is None:
             seed = self.epoch_seed()
         item = _ITEM  # stamp_item(), inlined: this runs once per item
-        item.stamp = (seed, self._pl_epoch, position, 0)
+        keyed = item.stamp  # the user's code that made it (keyed: _key_next_item) may have
+        # drawn: the next draw continues after those, or a map's first draw would repeat them
+        draws = keyed[3] if keyed[3] and keyed[2] == position and keyed[0] == seed else 0
+        item.stamp = (seed, self._pl_epoch, position, draws)
         if item.watchers:
             for watcher in item.watchers:
                 watcher(seed, position)

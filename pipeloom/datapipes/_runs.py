@@ -216,12 +216,17 @@ class SourceHead(SeekHead):
 
 
 class IteratorHead(Head):
-    """A source that iterates: lazily sliced, positions counted from the source's."""
+    """A source that iterates: lazily sliced, positions counted from the source's.
 
-    def __init__(self, source: Any, iterator: Callable[[], Any]) -> None:
+    ``stamps=False``: the iterator stamps each item and counts the source's
+    position itself (the user's code makes the items and may draw ``item_rng()``:
+    the loop must not reset the draws).
+    """
+
+    def __init__(self, source: Any, iterator: Callable[[], Any], *, stamps: bool = True):
         self.source = source
         self.iterator = iterator
-        self.stamper = source
+        self.stamper = source if stamps else None
         self.seed_blocks = (source,)
 
     def span(self, count: int) -> tuple[Iterable[Any], int, int]:

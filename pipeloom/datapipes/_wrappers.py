@@ -31,8 +31,13 @@ _PLAIN_ITERABLES: tuple[type, ...] = (
 """Built-in iterables not read by position whose iteration runs no code of the user's."""
 
 
-def _marking(block: DataPipe, items: Iterator[Any], position: int) -> Iterator[Any]:
-    """``items`` from ``position`` on, each keyed before it is made (``_key_next_item``)."""
+def _marking(block: IterableWrapper, items: Iterator[Any], position: int) -> Iterator[Any]:
+    """``items`` from ``position`` on, each keyed before it is made (``_key_next_item``).
+
+    The stamp then holds the draws the user's code made for the item (a block
+    downstream draws after those), and the block's position counts it, so a
+    fused run reading this iterator (``IteratorHead``) leaves both as they are.
+    """
     take = items.__next__
     seed, epoch, current = block.epoch_seed(), block._epoch_number(), _ITEM
     while True:
@@ -41,8 +46,9 @@ def _marking(block: DataPipe, items: Iterator[Any], position: int) -> Iterator[A
             item = take()
         except StopIteration:
             return
-        yield item
         position += 1
+        block._position = position
+        yield item
 
 
 class IterableWrapper(IterDataPipe):
@@ -141,7 +147,7 @@ class IterableWrapper(IterDataPipe):
     def _run_head(self) -> Head:
         if self._positioned:
             return SourceHead(self)
-        return IteratorHead(self, self._iterator)
+        return IteratorHead(self, self._iterator, stamps=not self._marks())
 
     def _iterator(self) -> Iterator[Any]:
         it = self._it
@@ -162,13 +168,17 @@ class IterableWrapper(IterDataPipe):
         """A built-in sequence is only read: thread copies share it (``runtime.read_only_data``)."""
         return (self.iterable,) if self._positioned else ()
 
+    def _marks(self) -> bool:
+        """Whether the user's code makes each item (``_marking`` keys it first)."""
+        return not (self._unordered or type(self.iterable) in _PLAIN_ITERABLES)
+
     def _start(self) -> Iterator[Any]:
         self._started_once = True
         if self._unordered:  # a set: sorted, so no code of the user's runs
             it = iter(sorted(self.iterable))
         else:
             it = iter(self.iterable)
-        if not (self._unordered or type(self.iterable) in _PLAIN_ITERABLES):
+        if self._marks():
             it = _marking(self, it, 0)  # the user's iterator makes each item
         if self._position:  # resume: fast-forward to the saved position (at C speed)
             next(islice(it, self._position, self._position), None)
