@@ -13,11 +13,11 @@ that serial is being stopped, so its readers end now.
 from __future__ import annotations
 
 import pickle
-import threading
 from typing import Any
 
 import numpy as np
 
+from .._shared_memory import memory_fence
 from ..errors import NotAvailable
 
 __all__ = ["LiveRing", "RingEntries", "ring_geometry"]
@@ -26,13 +26,6 @@ _SERIAL, _PUBLISHED, _END, _STOPPED = range(4)
 _CONTROL_BYTES = 64
 _HEADER_BYTES = 16  # a slot's position and payload size
 _MIN_SLOT = 16 * 1024
-_FENCE = threading.Lock()
-
-
-def _fence() -> None:
-    """A full memory barrier: a lock round trip is an atomic read-modify-write."""
-    _FENCE.acquire()
-    _FENCE.release()
 
 
 def ring_geometry(ahead: int, first_outputs: list[Any]) -> tuple[int, int]:
@@ -63,7 +56,7 @@ class LiveRing:
     def start(self, serial: int, first: int) -> None:
         control = self._control
         control[_PUBLISHED], control[_END], control[_STOPPED] = first, -1, 0
-        _fence()
+        memory_fence()
         control[_SERIAL] = serial
 
     @property
@@ -86,7 +79,7 @@ class LiveRing:
         slot[_HEADER_BYTES : _HEADER_BYTES + len(payload)] = np.frombuffer(payload, np.uint8)
         header = slot[:_HEADER_BYTES].view(np.int64)
         header[0], header[1] = position, len(payload)
-        _fence()
+        memory_fence()
         self._control[_PUBLISHED] = position + 1
 
     def finish(self, end: int) -> None:
@@ -101,7 +94,7 @@ class LiveRing:
         if control[_SERIAL] != serial or control[_STOPPED] == serial:
             raise StopIteration
         if position < control[_PUBLISHED]:
-            _fence()
+            memory_fence()
             start = (position % self.slots) * self.slot_size
             slot = self._data[start : start + self.slot_size]
             header = slot[:_HEADER_BYTES].view(np.int64)

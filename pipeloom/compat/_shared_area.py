@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import mmap
 import os
-import tempfile
 import weakref
 from multiprocessing.reduction import DupFd
 from typing import Any
 
 import numpy as np
+
+from .._shared_memory import anonymous_file
 
 __all__ = ["SharedArea"]
 
@@ -37,8 +38,7 @@ class SharedArea:
 
     def __init__(self, size: int = _MIN_SIZE, fd: int | None = None) -> None:
         if fd is None:
-            fd = _anonymous_file()
-            os.ftruncate(fd, size)
+            fd = anonymous_file(size, "pipeloom-plan")
         self.fd = fd
         weakref.finalize(self, os.close, fd)
         self.size = 0
@@ -72,13 +72,6 @@ class SharedArea:
 
     def __repr__(self) -> str:
         return f"SharedArea({self.size} bytes)"
-
-
-def _anonymous_file() -> int:
-    if hasattr(os, "memfd_create"):
-        return os.memfd_create("pipeloom-plan", os.MFD_CLOEXEC)
-    with tempfile.TemporaryFile() as file:  # pragma: no cover - without memfd: unlinked at once
-        return os.dup(file.fileno())
 
 
 def _rebuild(fd: Any) -> SharedArea:

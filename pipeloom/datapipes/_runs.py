@@ -216,18 +216,13 @@ class SourceHead(SeekHead):
 
 
 class IteratorHead(Head):
-    """A source that iterates: lazily sliced, positions counted from the source's.
-
-    ``stamps=False``: the iterator stamps each item and counts the source's
-    position itself (the user's code makes the items and may draw ``item_rng()``:
-    the loop must not reset the draws).
-    """
+    """A source that iterates: lazily sliced, positions counted from the source's."""
 
     def __init__(self, source: Any, iterator: Callable[[], Any], *, stamps: bool = True):
         self.source = source
         self.iterator = iterator
-        self.stamper = source if stamps else None
-        self.seed_blocks = (source,)
+        self.stamper = source if stamps else None  # None: the iterator stamps and counts
+        self.seed_blocks = (source,)  # (``_wrappers._marking``: keeping the user's draws)
 
     def span(self, count: int) -> tuple[Iterable[Any], int, int]:
         return islice(self.iterator(), count), self.source._next_position(), 1

@@ -17,8 +17,8 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
-import threading
 
+from pipeloom._shared_memory import memory_fence
 from pipeloom.queues._shm import new_segment_fd
 
 __all__ = ["Control", "Slot"]
@@ -49,12 +49,10 @@ class Control:
         self.fd = new_segment_fd(self.SIZE) if fd is None else fd
         self._map = mmap.mmap(self.fd, self.SIZE)
         self.slots = memoryview(self._map).cast("q")
-        self._fence = threading.Lock()
 
     def fence(self) -> None:
-        """A full memory barrier: a lock round trip is an atomic read-modify-write."""
-        self._fence.acquire()
-        self._fence.release()
+        """A full memory barrier (:func:`~pipeloom._shared_memory.memory_fence`)."""
+        memory_fence()
 
     def __getitem__(self, slot: int) -> int:
         return self.slots[slot]

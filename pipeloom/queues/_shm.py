@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._shared_memory import anonymous_file
+
 __all__ = ["MIN_SEGMENT", "MappingCache", "Segment", "SegmentPool", "new_segment_fd"]
 
 MIN_SEGMENT = 64 * 1024
@@ -37,27 +39,7 @@ MIN_SEGMENT = 64 * 1024
 
 def new_segment_fd(size: int) -> int:
     """Create an anonymous shared-memory file of ``size`` bytes; return its fd."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("pipeloom-queue", os.MFD_CLOEXEC)
-    else:  # pragma: no cover - non-Linux fallback
-        fd = _posix_shm_fd()
-    try:
-        os.ftruncate(fd, size)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _posix_shm_fd() -> int:  # pragma: no cover - exercised only without memfd
-    from multiprocessing import shared_memory
-
-    shm = shared_memory.SharedMemory(create=True, size=1)
-    try:
-        return os.dup(shm._fd)  # type: ignore[attr-defined]  # noqa: SLF001 - the only handle
-    finally:
-        shm.close()
-        shm.unlink()  # no name survives, so no segment can leak
+    return anonymous_file(size, "pipeloom-queue")
 
 
 def size_class(nbytes: int) -> int:
