@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._base import IterDataPipe
-from ._context import NO_STAMP, current_stamp, restore_stamp
+from ._context import NO_STAMP, current_stamp, stamp_output
 from ._held import HoldsItems
 from ._map import Col, check_callable, fn_name, parse_input_col
 from ._state_fields import StateFields
@@ -21,7 +21,9 @@ class BatchMapper(IterDataPipe, HoldsItems):
     takes a list of strings). ``fn`` gets a list of items (or of
     ``item[input_col]``; with several columns, a list of lists) and returns
     an iterable, whose length may differ from the batch's. The last batch
-    may be shorter. The results of a batch carry the stamp of its first item.
+    may be shorter. Result ``j`` of a batch is stamped as output ``j`` of the
+    batch's first item (key ``(p, j)``, as ``flatmap``'s outputs), so
+    ``item_rng()`` after the block draws differently for each result.
     Between two batches the block holds nothing; inside one it holds the
     results not yet passed on, which a resume on another number of ranks
     hands to one new rank (``HoldsItems``).
@@ -64,25 +66,27 @@ class BatchMapper(IterDataPipe, HoldsItems):
         self._batch: list[Any] = []
         self._first_stamp: tuple = NO_STAMP
         self._results: list[Any] = []
+        self._given = 0  # results of this batch passed on before _results[0] (a resume)
         self._next = 0
         self._ended = False
-        # other ranks' batches (elastic resume), first: (called, results or inputs, stamp)
-        self._held: list[tuple[bool, list[Any], tuple]] = []
+        # other ranks' batches (elastic resume), first: (called, results or inputs, stamp,
+        # results of it passed on before)
+        self._held: list[tuple[bool, list[Any], tuple, int]] = []
 
     def async_next(self) -> Any:
         while self._next >= len(self._results):
             if self._held:
-                called, items, self._first_stamp = self._held.pop(0)
+                called, items, self._first_stamp, self._given = self._held.pop(0)
                 self._results, self._next = items if called else self._call(items), 0
                 continue
             if self._ended:
                 raise StopIteration
             self._fill()  # NotAvailable keeps the partial batch
             batch, self._batch = self._batch, []
-            self._results, self._next = self._call(batch), 0
+            self._results, self._next, self._given = self._call(batch), 0, 0
         index = self._next
         self._next = index + 1
-        restore_stamp(self._first_stamp)
+        stamp_output(self._first_stamp, self._given + index)
         return self._results[index]
 
     def _fill(self) -> None:
@@ -122,36 +126,42 @@ class BatchMapper(IterDataPipe, HoldsItems):
             # between batches the stamp is not needed: the state is an epoch start's
             "first_stamp": self._first_stamp if holding else NO_STAMP,
             "results": results,
+            "given": self._given + self._next if results else 0,
             "ended": self._ended,
         }
         if self._held:
-            state["held"] = [[called, list(items), stamp] for called, items, stamp in self._held]
+            state["held"] = [
+                [c, list(items), stamp, given] for c, items, stamp, given in self._held
+            ]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fields = StateFields(self, state)
         batch, results = fields.list("batch"), fields.list("results")
         first_stamp, ended = fields.stamp("first_stamp"), fields.bool("ended")
+        # the results passed on before: needed to key the rest as the uninterrupted run
+        given = fields.int("given") if results else fields.int("given", default=0)
         held = []
         for entry in fields.list("held", default=[]):
-            triple = isinstance(entry, (list, tuple)) and len(entry) == 3
-            if not triple or type(entry[1]) is not list:
-                fields.fail("held", "a list of [called, items list, stamp] triples", entry)
-            held.append((bool(entry[0]), list(entry[1]), fields.check_stamp("held", entry[2])))
+            shaped = isinstance(entry, (list, tuple)) and len(entry) == 4
+            if not shaped or type(entry[1]) is not list or type(entry[3]) is not int:
+                fields.fail("held", "a list of [called, items list, stamp, given]", entry)
+            stamp = fields.check_stamp("held", entry[2])
+            held.append((bool(entry[0]), list(entry[1]), stamp, entry[3]))
         self.reset()
         self._batch, self._first_stamp, self._ended = batch, first_stamp, ended
-        self._results, self._held = results, held
+        self._results, self._given, self._held = results, given, held
 
     def load_held_states(self, states: list[dict[str, Any]]) -> None:
         """Each rank's results not yet passed on, and its partial batch (called on alone)."""
-        held: list[tuple[bool, list[Any], tuple]] = []
+        held: list[tuple[bool, list[Any], tuple, int]] = []
         for state in states:
             self.load_state_dict(state)  # checks the fields
             held.extend(self._held)
             if self._results:
-                held.append((True, self._results, self._first_stamp))
+                held.append((True, self._results, self._first_stamp, self._given))
             if self._batch:
-                held.append((False, self._batch, self._first_stamp))
+                held.append((False, self._batch, self._first_stamp, 0))
         self.reset()
         self._held = held
 

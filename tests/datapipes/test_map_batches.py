@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import BatchMapper, IterableWrapper, current_position, reset_pipeline
+from pipeloom.datapipes import (
+    BatchMapper,
+    IterableWrapper,
+    current_key,
+    current_position,
+    item_rng,
+    reset_pipeline,
+)
 from pipeloom.testing import check_resume_from_every_step, collect_async
 from tests.datapipes.everywhere import check_same_output_everywhere
 from tests.datapipes.helpers import Flaky
@@ -57,6 +64,30 @@ def test_results_carry_the_first_items_position():
         (5, 2),
         (5, 2),
     ]
+
+
+def test_each_result_is_keyed_as_an_output_of_the_runs_first_item():
+    dp = IterableWrapper(range(4)).map_batches(lambda b: [sum(b)] * 3, 2)
+    reset_pipeline(dp)
+    keys = [(dp.async_next(), current_key())[1] for _ in range(6)]
+    assert keys == [(0, 0), (0, 1), (0, 2), (2, 0), (2, 1), (2, 2)]
+
+
+def draw(x):
+    return (x, int(item_rng().integers(1 << 40)))
+
+
+def test_item_rng_after_it_draws_differently_for_each_result():
+    # every result of a run used to carry the run's first stamp: the same numbers for all
+    pipe = IterableWrapper(range(12)).map_batches(lambda b: b * 2, 4).map(draw)
+    values = [value for _, value in pipe]
+    assert len(values) == 24 and len(set(values)) == 24
+
+
+def test_resume_mid_run_draws_as_the_uninterrupted_epoch():
+    check_resume_from_every_step(
+        lambda: IterableWrapper(range(7)).map_batches(lambda b: b * 2, 3).map(draw)
+    )
 
 
 def test_survives_not_available():
