@@ -1,4 +1,4 @@
-"""No two items of a random pipeline draw the same item_rng() numbers (tests/fuzzing/independence.py).
+"""No two items of a random pipeline draw the same item_rng() numbers (tests/fuzzing/independence).
 
 Seeds 6, 13, 49, 81 and 98 found map_batches giving every result of a run its
 first item's stamp; run the module itself for thousands of recipes.
