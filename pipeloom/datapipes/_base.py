@@ -211,6 +211,11 @@ class DataPipe(BlockHooks):
     def _block_seed(self) -> int | None:  # None: no pipeline seed
         return self._pl_seed
 
+    def _seed_place(self) -> int | None:
+        """The block's place in the graph when the pipeline was first seeded (the same in
+        every copy of it: a worker's, a process's); None before any seeding."""
+        return self._pl_seed_key
+
     def _assign_seed(self, key: int, pipeline_seed: int | None) -> None:
         """Seed from ``pipeline_seed`` and ``key``, the place in the pipeline first seeded
         (so a worker's copy of a part, re-seeded later, gets the same seeds)."""

@@ -24,6 +24,7 @@ from ._snapshot_store import (
     OWNED_FORMAT,
     SEALED_FORMAT,
     SnapshotStore,
+    manifest_owners,
     run_name,
 )
 
@@ -189,10 +190,10 @@ class Snapshot(IterDataPipe):
             by_position = info is not None or sharded_upstream(self)
             if by_position and authority is not None and reader.is_sorted():
                 return PositionReader(self, reader, authority, manifest.get("positions"))
-            owned = manifest.get("owned") is True
+            owners = manifest_owners(manifest)
             if manifest["format"] < OWNED_FORMAT and not manifest["stamper"]:
                 self._warn_unowned(store.final)
-            return OrderedReader(self, reader, authority if manifest["stamper"] else None, owned)
+            return OrderedReader(self, reader, authority if manifest["stamper"] else None, owners)
         if self._resume_group is not None:
             raise RuntimeError(
                 f"{self!r}: the checkpoint was taken while reading the snapshot in "

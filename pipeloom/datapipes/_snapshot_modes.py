@@ -73,6 +73,7 @@ class Writer:
         self.stamper: bool | None = None
         self.first_seed: int | None = None
         self.owners = StampOwners(block)
+        self.described: dict[int, list[Any]] = {}  # owner: what finds it again (when read)
         self.owned = True  # every record's stamping block is known
         self.any_owned = False
         self.unowned_seeds: set[int | None] = set()  # two at most
@@ -107,6 +108,8 @@ class Writer:
         # Records keep the whole key: output j of a multi-output block upstream is
         # replayed as (p, j), so its item_rng() draws after the snapshot are the live ones.
         owner = self.owners.owner(seed, epoch)
+        if owner not in self.described and owner != UNKNOWN:
+            self.described[owner] = self.owners.describe(owner)
         if owner == UNKNOWN:
             self.owned = False
             if len(self.unowned_seeds) < 2:
@@ -147,6 +150,7 @@ class Writer:
             "observed": None if self.observed is None else True,
             "stamper": bool(self.stamper) or self.writer.count == 0,
             "owned": self.owned,
+            "owners": {str(owner): found for owner, found in self.described.items()},
         }
         self.store.finish_writer(self.directory, self.name, summary, expected=self.expected)
         self.block._mode = Passthrough(self.block)  # the source is spent: StopIteration again
@@ -174,14 +178,26 @@ class OrderedReader:
     """Replays every record in order (the main process, or a replicated copy)."""
 
     def __init__(
-        self, block: Snapshot, reader: RecordReader, authority: int | None, owned: bool
+        self,
+        block: Snapshot,
+        reader: RecordReader,
+        authority: int | None,
+        owners: dict[int, list[Any]] | None,
     ) -> None:
         self.block, self.reader = block, reader
         self.stamp: tuple[int | None, int] | None = None
-        # each record's stamping block, whose seed for this epoch it gets (format 5 on)
-        self.owners = StampOwners(block) if owned and reader.owners is not None else None
-        if self.owners is not None:
-            self.stamp = (None, block._epoch_number())
+        # Each record gets the seed its stamping block has this epoch (format 5 on) where
+        # this graph has every such block; a reader after the workers' merge has not, and
+        # learns the stamp from one live item (its authority there is the merge: no seed
+        # the items had). Older formats trust the authority of the graph that reads.
+        self.owners: StampOwners | None = None
+        self.places: dict[int, int] = {}
+        if owners is not None and reader.owners is not None:
+            finder = StampOwners(block)
+            places = finder.resolve(owners)
+            if places is not None:
+                self.owners, self.places = finder, places
+                self.stamp = (None, block._epoch_number())
         elif authority is not None:
             self.stamp = (block._authority(authority).epoch_seed(), block._epoch_number())
         self.buffer: list[tuple[Key | None, int, Any]] = []
@@ -199,9 +215,7 @@ class OrderedReader:
         key, draws, item = self.buffer.pop()
         seed, epoch = self.stamp  # type: ignore[misc]
         if self.owners is not None:
-            owner = self.buffer_owners.pop()
-            if owner != UNKNOWN:
-                seed = self.owners.seed_now(owner)
+            seed = self.owners.seed_now(self.places[self.buffer_owners.pop()])
         restore_stamp((seed, epoch, key, draws))
         block._emitted += 1
         return item

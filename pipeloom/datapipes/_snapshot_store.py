@@ -43,7 +43,7 @@ import numpy as np
 from . import _npy
 from ._records import checksums, combine, damaged
 
-__all__ = ["SnapshotStore", "run_name"]
+__all__ = ["SnapshotStore", "manifest_owners", "run_name"]
 
 FORMAT = 5
 KEYED_FORMAT = 2  # from this format on, records keep their key's rest (see _records.py)
@@ -53,6 +53,29 @@ SEALED_FORMAT = 4  # from this format on, the manifest holds the CRC-32 of index
 # manifest says whether every record's is known (``owned``)
 OWNED_FORMAT = 5
 _LOG = logging.getLogger("pipeloom.snapshot")
+
+
+def _owners(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest's ``owned`` and ``owners``: every writer knew each record's stamping block,
+    and the writers agree on what finds each one again (``_stamp_owners.py``)."""
+    owners: dict[str, Any] = {}
+    owned = all(summary["owned"] for summary in summaries)
+    for summary in summaries:
+        for owner, described in summary["owners"].items():
+            owned = owned and owners.setdefault(owner, described) == described
+    return {"owned": owned, "owners": owners}
+
+
+def manifest_owners(manifest: dict[str, Any]) -> dict[int, list[Any]] | None:
+    """``{owner: [class name, place]}`` of a manifest whose records name their stamping
+    blocks (format 5 on); None where they do not, or do not all."""
+    owners = manifest.get("owners")
+    if manifest.get("owned") is not True or not isinstance(owners, dict):
+        return None
+    try:
+        return {int(owner): [str(kind), place] for owner, (kind, place) in owners.items()}
+    except (TypeError, ValueError):
+        return None
 
 
 def run_name() -> str:
@@ -205,7 +228,7 @@ class SnapshotStore:
             "checksums": checksums(directory),
             "positions": positions,
             "stamper": all(s["stamper"] for s in summaries),
-            "owned": all(s["owned"] for s in summaries),
+            **_owners(summaries),
             "writers": writers,
             "bytes": sum(s["bytes"] for s in summaries),
             "created": time.time(),

@@ -60,6 +60,35 @@ class StampOwners:
         self._last = (seed, epoch, found)
         return found
 
+    def describe(self, owner: int) -> list[Any]:
+        """What finds ``owner`` again in another copy of the graph (a process that reads
+        back what another wrote, whose graph may differ): its class and its place when the
+        pipeline was first seeded (None: never seeded, so only this graph's index holds)."""
+        block = self._upstream()[owner]
+        return [type(block).__name__, block._seed_place()]
+
+    def resolve(self, described: dict[int, list[Any]]) -> dict[int, int] | None:
+        """``{owner then: owner in this graph}`` for :meth:`describe`'s ``{owner: ...}``;
+        None if one of them is not in this graph."""
+        blocks = self._upstream()
+        by_place = {
+            (type(block).__name__, block._seed_place()): index
+            for index, block in enumerate(blocks)
+            if index and block._seed_place() is not None
+        }
+        found = {}
+        for owner, (kind, place) in described.items():
+            if place is not None:
+                index = by_place.get((kind, place))
+            elif 0 < owner < len(blocks) and blocks[owner]._seed_place() is None:
+                index = owner if type(blocks[owner]).__name__ == kind else None
+            else:
+                index = None
+            if index is None:
+                return None
+            found[owner] = index
+        return found
+
     def seed_now(self, owner: int) -> int:
         """The current epoch seed of the block at ``owner`` (not :data:`UNKNOWN`)."""
         seed = self._now.get(owner)

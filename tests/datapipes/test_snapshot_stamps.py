@@ -18,7 +18,11 @@ import pytest
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper, item_rng
-from pipeloom.reading_service import InProcessReadingService
+from pipeloom.reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ThreadReadingService,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -119,3 +123,26 @@ def test_a_format_4_snapshot_still_reads_back(tmp_path):
         with loader(concat(path)) as reading:
             again = sorted(reading)
     assert [x for x, _ in again] == [x for x, _ in written[0]]
+
+
+@pytest.mark.parametrize(
+    "service",
+    [
+        lambda: ThreadReadingService(3),
+        lambda: MultiProcessingReadingService(2, start_method="fork"),
+    ],
+    ids=["threads", "processes"],
+)
+def test_a_snapshot_written_in_process_reads_back_under_workers(tmp_path, service):
+    # The reader after the workers' merge has another graph, without the records' stamping
+    # block (the sharding point, in the workers). It took the merge for the items' stamper,
+    # whose seed is drawn from torch's generator: item_rng() after the snapshot drew other
+    # numbers than in-process, and others in every run.
+    def build():
+        pipe = IterableWrapper([7 * i for i in range(20)]).sharding_filter().enumerate()
+        return pipe.snapshot(str(tmp_path)).map(draw)
+
+    with loader(build()) as writing:
+        written = list(writing)
+    with DataLoader(build(), reading_service=service(), seed=11) as reading:
+        assert list(reading) == written
