@@ -189,7 +189,10 @@ class Snapshot(IterDataPipe):
             authority = authority_index(self)
             by_position = info is not None or sharded_upstream(self)
             if by_position and authority is not None and reader.is_sorted():
-                return PositionReader(self, reader, authority, manifest.get("positions"))
+                if manifest["stamper"]:  # every record is one of the authority's positions
+                    return PositionReader(self, reader, authority, manifest.get("positions"))
+                if info is not None:  # records of other stampers cannot be split by position
+                    return Passthrough(self)
             owners = manifest_owners(manifest)
             if manifest["format"] < OWNED_FORMAT and not manifest["stamper"]:
                 self._warn_unowned(store.final)

@@ -218,7 +218,11 @@ class SnapshotStore:
                 )
                 shutil.rmtree(directory, ignore_errors=True)
                 return False
-        records = combine(directory, writers, sort=len(writers) > 1 or positions is not None)
+        # in position order for a reader by position, where every record is one of the
+        # authority's positions; else as written (a concat's sources would interleave)
+        stamper = all(s["stamper"] for s in summaries)
+        by_position = stamper and (len(writers) > 1 or positions is not None)
+        records = combine(directory, writers, sort=by_position)
         first = summaries[0]
         manifest = {
             "format": FORMAT,
@@ -227,7 +231,7 @@ class SnapshotStore:
             "records": records,
             "checksums": checksums(directory),
             "positions": positions,
-            "stamper": all(s["stamper"] for s in summaries),
+            "stamper": stamper,
             **_owners(summaries),
             "writers": writers,
             "bytes": sum(s["bytes"] for s in summaries),

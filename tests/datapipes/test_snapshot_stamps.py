@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper, item_rng
+from pipeloom.datapipes import IterableWrapper, SequenceWrapper, item_rng
 from pipeloom.reading_service import (
     InProcessReadingService,
     MultiProcessingReadingService,
@@ -146,3 +146,16 @@ def test_a_snapshot_written_in_process_reads_back_under_workers(tmp_path, servic
         written = list(writing)
     with DataLoader(build(), reading_service=service(), seed=11) as reading:
         assert list(reading) == written
+
+
+def test_records_of_several_stampers_after_a_sharding_point_replay_all_in_order(tmp_path):
+    # A sharded map-style source (its own sharding point) concatenated with an iterable: the
+    # snapshot was read by asking the sharding point for its positions (0, 1), so the
+    # iterable's items at those positions came interleaved and the others were lost.
+    def build():
+        first = SequenceWrapper([0, 3]).to_iter()
+        return first.concat(IterableWrapper(range(500, 507))).snapshot(str(tmp_path))
+
+    with loader(build()) as reading:
+        epochs = [list(reading) for _ in range(3)]
+    assert epochs == [[0, 3, *range(500, 507)]] * 3
