@@ -115,6 +115,7 @@ class Snapshot(IterDataPipe):
         self._reader: RecordReader | None = None
         self._unreplayable = False  # a pass found items a replay could not stamp right
         self._warned_unowned = False
+        self._warned_live = False
         self._warn_if_rebuilt()
         self.reset()
 
@@ -137,6 +138,20 @@ class Snapshot(IterDataPipe):
             f"the snapshot in {os.path.join(self.path, digest)} was made from a different "
             f"upstream ({'; '.join(changed[:3]) or 'the key changed'}); the first epoch writes "
             f"a new one in {self.directory}. Delete the old one if you no longer need it",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    def _warn_live(self, directory: str) -> None:
+        if self._warned_live:
+            return
+        self._warned_live = True
+        warnings.warn(
+            f"{self!r} reads its upstream live: the records in {directory} are not the "
+            f"sharding point's positions in order (a shuffle, groupby or second source "
+            f"between them), so they cannot be split by position, and a replay in order "
+            f"could give a worker or rank the others' items. Put such blocks after the "
+            f".snapshot(...), or the .snapshot(...) before the sharding point",
             UserWarning,
             stacklevel=3,
         )
@@ -188,11 +203,11 @@ class Snapshot(IterDataPipe):
                 self._reader = reader
             authority = authority_index(self)
             by_position = info is not None or sharded_upstream(self)
-            if by_position and authority is not None and reader.is_sorted():
-                if manifest["stamper"]:  # every record is one of the authority's positions
+            if by_position:  # a worker's or rank's share: by the sharding point's positions
+                if authority is not None and _by_position(manifest) and reader.is_sorted():
                     return PositionReader(self, reader, authority, manifest.get("positions"))
-                if info is not None:  # records of other stampers cannot be split by position
-                    return Passthrough(self)
+                self._warn_live(store.final)
+                return Passthrough(self)
             owners = manifest_owners(manifest)
             if manifest["format"] < OWNED_FORMAT and not manifest["stamper"]:
                 self._warn_unowned(store.final)
@@ -246,3 +261,8 @@ class Snapshot(IterDataPipe):
 
     def __repr__(self) -> str:
         return f"Snapshot(path={self.path!r}, fingerprint={self.fingerprint.digest[:12]!r})"
+
+
+def _by_position(manifest: dict[str, Any]) -> bool:
+    """Whether a snapshot's records are its sharding point's positions, in their order."""
+    return bool(manifest["stamper"]) and manifest.get("ordered", True) is True

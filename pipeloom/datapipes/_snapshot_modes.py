@@ -77,6 +77,8 @@ class Writer:
         self.owned = True  # every record's stamping block is known
         self.any_owned = False
         self.unowned_seeds: set[int | None] = set()  # two at most
+        self.last_position = -1
+        self.ordered = True  # written in the order of the positions (a reader by position)
 
     def _observe(self, seed: int | None, position: int) -> None:
         if seed == self.root_seed and self.observed is not None:
@@ -107,6 +109,10 @@ class Writer:
             self.stamper = False
         # Records keep the whole key: output j of a multi-output block upstream is
         # replayed as (p, j), so its item_rng() draws after the snapshot are the live ones.
+        position = key_position(key)
+        if position is not None:
+            self.ordered = self.ordered and position >= self.last_position
+            self.last_position = position
         owner = self.owners.owner(seed, epoch)
         if owner not in self.described and owner != UNKNOWN:
             self.described[owner] = self.owners.describe(owner)
@@ -149,6 +155,7 @@ class Writer:
             "bytes": self.writer.bytes_written,
             "observed": None if self.observed is None else True,
             "stamper": bool(self.stamper) or self.writer.count == 0,
+            "ordered": self.ordered,
             "owned": self.owned,
             "owners": {str(owner): found for owner, found in self.described.items()},
         }

@@ -219,9 +219,11 @@ class SnapshotStore:
                 shutil.rmtree(directory, ignore_errors=True)
                 return False
         # in position order for a reader by position, where every record is one of the
-        # authority's positions; else as written (a concat's sources would interleave)
+        # authority's positions and each writer wrote them in that order; else as written
+        # (a concat's sources would interleave, a shuffle's order would be lost)
         stamper = all(s["stamper"] for s in summaries)
-        by_position = stamper and (len(writers) > 1 or positions is not None)
+        ordered = all(s["ordered"] for s in summaries)
+        by_position = stamper and ordered and (len(writers) > 1 or positions is not None)
         records = combine(directory, writers, sort=by_position)
         first = summaries[0]
         manifest = {
@@ -232,6 +234,7 @@ class SnapshotStore:
             "checksums": checksums(directory),
             "positions": positions,
             "stamper": stamper,
+            "ordered": ordered,
             **_owners(summaries),
             "writers": writers,
             "bytes": sum(s["bytes"] for s in summaries),
