@@ -323,6 +323,11 @@ class _Digester:
                     self.tag(type(member).__qualname__)
 
     def function(self, fn: types.FunctionType, where: str) -> None:
+        if not _own_module(fn.__module__ or ""):
+            # pipeloom's (item_rng) or a library's: its name; its globals hold the state
+            # of the library, which running the pipeline changes
+            self.named(fn)
+            return
         self.tag(f"function:{fn.__module__}.{fn.__qualname__}")
         self.code(fn.__code__, where)
         self.value(fn.__defaults__, where + ".__defaults__")
@@ -397,7 +402,11 @@ def _library_folders() -> tuple[str, ...]:
 
 def _own_class(cls: type) -> bool:
     """A class of the program's own code: not builtins, pipeloom or an installed library."""
-    module = cls.__module__ or ""
+    return _own_module(cls.__module__ or "")
+
+
+def _own_module(module: str) -> bool:
+    """A module of the program's own code: not builtins, pipeloom or an installed library."""
     if module in ("builtins", "pipeloom") or module.startswith("pipeloom."):
         return False
     file = getattr(sys.modules.get(module), "__file__", None)
