@@ -323,7 +323,7 @@ class _Digester:
                     self.tag(type(member).__qualname__)
 
     def function(self, fn: types.FunctionType, where: str) -> None:
-        if not _own_module(fn.__module__ or ""):
+        if _library_code(fn.__module__ or ""):
             # pipeloom's (item_rng) or a library's: its name; its globals hold the state
             # of the library, which running the pipeline changes
             self.named(fn)
@@ -403,6 +403,15 @@ def _library_folders() -> tuple[str, ...]:
 def _own_class(cls: type) -> bool:
     """A class of the program's own code: not builtins, pipeloom or an installed library."""
     return _own_module(cls.__module__ or "")
+
+
+def _library_code(module: str) -> bool:
+    """Code of pipeloom, the standard library or an installed package (not the program's
+    own, nor code run without a module file: ``exec``, a notebook's cells)."""
+    if module in ("builtins", "pipeloom") or module.startswith("pipeloom."):
+        return True
+    file = getattr(sys.modules.get(module), "__file__", None)
+    return isinstance(file, str) and os.path.realpath(file).startswith(_library_folders())
 
 
 def _own_module(module: str) -> bool:
