@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper, seed_pipeline
+from pipeloom import DataLoader
+from pipeloom.datapipes import IterableWrapper, SequenceWrapper, seed_pipeline
 from pipeloom.datapipes.runtime import RestOfEpoch
 from pipeloom.errors import StateError
 from pipeloom.reading_service import (
@@ -25,6 +26,7 @@ from pipeloom.reading_service import (
     merge_rank_states,
 )
 from pipeloom.reading_service.distributed.elastic import held_states, rank_picture, rest_of_epoch
+from tests.reading_service.thread_ranks import ok, rank_service, run_ranks
 
 
 def plain():
@@ -276,3 +278,38 @@ def test_strategies_without_a_frontier_refuse_with_the_ones_that_have_one():
         service.shutdown()
     assert "economic strategy" in picture["blocker"]
     assert "MultiProcessingReadingService (classic strategy)" in picture["blocker"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+def test_a_sharded_map_style_source_read_by_workers_resumes_only_on_as_many_ranks(workers):
+    # SequenceWrapper(...).to_iter() is its own sharding point, which the new ranks cannot
+    # start at the rest of an epoch: they failed with a bare TypeError in the sharding
+    # arithmetic; now the job state says so, as it does in-process, and resumes on as many
+    def build():
+        return SequenceWrapper(list(range(8))).to_iter()
+
+    def inner():
+        if workers == "threads":
+            return ThreadReadingService(1)
+        return MultiProcessingReadingService(2, start_method="fork", timeout=30)
+
+    def stop(world, rank):
+        with DataLoader(build(), rank_service(world, rank, inner=inner), seed=0) as loader:
+            epoch = iter(loader)
+            head = [next(epoch) for _ in range(3)]
+            return head, loader.state_dict()
+
+    ((head, state),) = ok(run_ranks(1, stop))
+    joined = merge_rank_states([state])
+
+    def resume(world, rank):
+        with DataLoader(build(), rank_service(world, rank, inner=inner), seed=0) as loader:
+            loader.load_state_dict(joined)
+            return list(loader)
+
+    for rank, result in enumerate(run_ranks(2, resume)):
+        assert result[:2] == ("error", "StateError"), f"rank {rank}: {result}"
+        assert "sharding point is MapToIter" in result[2], result[2]
+        assert "resume it on the same number of ranks" in result[2], result[2]
+    assert head + ok(run_ranks(1, resume))[0] == list(range(8))
