@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fuzzing.compat import run_compat_example
+from tests.fuzzing.elastic import run_elastic_example
 from tests.fuzzing.resume import draw_plan, run_example
 
 pytestmark = pytest.mark.timeout(120)
@@ -53,3 +54,10 @@ def test_the_compat_loader_resumes_to_its_uninterrupted_batches(seed):
     outcome = run_compat_example(seed, watchdog_s=60)
     assert not outcome.failed, outcome.line()
     assert outcome.kind in ("ok", "refused")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 6])  # 6: a sharded map-style source, refused
+def test_an_epoch_resumed_on_another_number_of_ranks_gives_each_item_once(seed):
+    outcome = run_elastic_example(seed, timeout_s=30)
+    assert not outcome.failed, outcome.line()
+    assert outcome.kind in ("ok", "refused", "invalid")

@@ -182,6 +182,6 @@ def _stop_and_resume(plan: CompatPlan, watchdog: Watchdog) -> tuple[str, str]:
     if _persists(plan.loader_a) != _persists(plan.loader_b):
         return "ok", f"stopped after {len(delivered)} of {len(truth)} (next epoch not compared)"
     got = [plain(x) for x in resumed]
-    if not same(got, following, plan.loader_b.get("in_order", True)):
+    if not same(got, following, ordered):  # (the reference ran as A)
         return "WRONG", "epoch +1: " + difference(got, following)
     return "ok", f"stopped after {len(delivered)} of {len(truth)}"
