@@ -31,7 +31,7 @@ from pipeloom.reading_service import (
     ThreadReadingService,
 )
 
-from .recipes import build, random_recipe, write_files
+from .recipes import ORDER_FREE, build, random_recipe, write_files
 
 FAILURES = ("WRONG", "error", "hang")
 # Options that widen what a seed draws; without them a seed draws what it always drew.
@@ -263,6 +263,9 @@ def run_example(
 def run_plan(plan: Plan, seed: int = -1, watchdog_s: float = 60.0) -> Outcome:
     """Run one drawn (or hand-edited, when minimising) plan."""
     description = plan.describe()
+    if not _order_free_enough(plan):
+        detail = "in_order=False over order-sensitive blocks after the source's own sharding point"
+        return Outcome(seed, "invalid", detail, description)
     with tempfile.TemporaryDirectory(prefix="pipeloom-fuzz-") as root:
         write_files(root, plan.recipe["size"])
         try:
@@ -298,6 +301,18 @@ def _ground_truth(plan: Plan, root: str, outer: tuple[int, int] | None) -> tuple
         truth = [plain(x) for x in loader]
         following = [[plain(x) for x in loader] for _ in range(2)]
     return truth, following
+
+
+def _order_free_enough(plan: Plan) -> bool:
+    """False when a service delivers out of order into order-sensitive prefix steps.
+
+    The recipe's ``order_free`` looks after the sharding_filter(); a map-style source
+    is itself the sharding point, so its prefix steps come after it too.
+    """
+    hops = (plan.service_a, plan.service_b, *(plan.middle[:1] if plan.middle else ()))
+    if all(map(in_order, hops)) or plan.recipe["source"] not in ("sequence", "torch_map"):
+        return True
+    return all(step[0] in ORDER_FREE for step in plan.recipe["prefix"])
 
 
 def _shares_partition(recipe: dict[str, Any]) -> bool:
