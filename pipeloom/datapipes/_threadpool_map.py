@@ -34,7 +34,9 @@ class ThreadPoolMapper(IterDataPipe, HoldsItems):
     or release the GIL. Results come out in the input order; the block never
     blocks: when the next result is not ready it raises ``NotAvailable`` and
     its signal fires as soon as a call finishes. ``item_rng()`` inside ``fn``
-    draws for the item being processed, in whichever thread runs it. A
+    draws for the item being processed, in whichever thread runs it, and its
+    draws count for the item as ``map``'s do (a block after it draws the next
+    seeds; ``in_memory_cache`` sees them). A
     checkpoint saves the items in flight; a resumed pipeline runs them again
     (on another number of ranks, one new rank runs the old ranks' items
     handed to it before it reads more: ``HoldsItems``).
