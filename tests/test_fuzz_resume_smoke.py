@@ -20,6 +20,7 @@ SEEDS = (*range(40), 100547)  # about 15 s; 100547: threadpool_map draws under a
 # (mode, seed): a rank's share under outer sharding; item_rng() after every fan-out;
 # seed 41 starts workers by spawn and by forkserver (about 5 s)
 MODE_SEEDS = [("ranks", seed) for seed in range(5)] + [("stamps", seed) for seed in range(5)]
+MODE_SEEDS += [("stamps", 250063)]  # a cache's state saved right after a resume
 MODE_SEEDS += [("slow_starts", 41)]
 
 
@@ -56,7 +57,8 @@ def test_the_compat_loader_resumes_to_its_uninterrupted_batches(seed):
     assert outcome.kind in ("ok", "refused")
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 6])  # 6: a sharded map-style source, refused
+# 6: a sharded map-style source, refused; 300257: new ranks without workers, a begun position
+@pytest.mark.parametrize("seed", [0, 1, 2, 6, 300257])
 def test_an_epoch_resumed_on_another_number_of_ranks_gives_each_item_once(seed):
     outcome = run_elastic_example(seed, timeout_s=30)
     assert not outcome.failed, outcome.line()
