@@ -3,6 +3,16 @@
 Usage::
 
     python scripts/fuzz_resume.py --seed 0 --count 200 [--kinds in_process,threads,processes]
+        [--modes ranks,slow_starts]
+
+``--modes`` widens what each seed draws (a seed without modes draws what it always
+drew): ``ranks`` runs one rank's share under outer sharding and checks the shares
+of all ranks partition the epoch; ``slow_starts`` sometimes starts worker processes
+by spawn or forkserver (slow). ``--loader compat`` fuzzes the torch drop-in
+(``pipeloom.compat.DataLoader`` over map-style datasets) instead; ``--kinds`` and
+``--modes`` do not apply there. ``--loader elastic`` stops an epoch on some ranks
+(threads of this process running ``DistributedReadingService``), joins their states
+and resumes on another number of ranks (``tests/fuzzing/elastic.py``).
 
 Prints one line per example (``seed=N kind: detail | plan``) and a summary;
 exits 1 if any example gave wrong data, raised where in-process did not, or
@@ -22,7 +32,9 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository: tests is a package there
 
-from tests.fuzzing.resume import run_example  # noqa: E402
+from tests.fuzzing.compat import run_compat_example  # noqa: E402
+from tests.fuzzing.elastic import run_elastic_example  # noqa: E402
+from tests.fuzzing.resume import MODES, run_example  # noqa: E402
 
 
 def shm_entries() -> set[str]:
@@ -46,16 +58,29 @@ def main() -> int:
         default="in_process,threads,processes",
         help="the services to draw from, comma separated",
     )
+    parser.add_argument("--modes", default="", help=f"comma separated, some of {', '.join(MODES)}")
+    parser.add_argument(
+        "--loader",
+        choices=["pipeloom", "compat", "elastic"],
+        default="pipeloom",
+        help="pipeloom.DataLoader over random pipelines, the torch drop-in, or ranks",
+    )
     parser.add_argument("--watchdog", type=float, default=60.0, help="seconds per example")
     parser.add_argument("--quiet", action="store_true", help="print only failures and refusals")
     args = parser.parse_args()
     kinds = tuple(args.kinds.split(","))
+    modes = frozenset(filter(None, args.modes.split(",")))
     shm_before = shm_entries()
     counts: collections.Counter[str] = collections.Counter()
     failed = []
     started = time.monotonic()
     for seed in range(args.seed, args.seed + args.count):
-        outcome = run_example(seed, kinds, watchdog_s=args.watchdog)
+        if args.loader == "compat":
+            outcome = run_compat_example(seed, watchdog_s=args.watchdog)
+        elif args.loader == "elastic":
+            outcome = run_elastic_example(seed, timeout_s=args.watchdog / 2)
+        else:
+            outcome = run_example(seed, kinds, watchdog_s=args.watchdog, modes=modes)
         counts[outcome.kind] += 1
         if outcome.failed:
             failed.append(seed)

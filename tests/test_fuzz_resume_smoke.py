@@ -1,21 +1,29 @@
 """The resume fuzzer (scripts/fuzz_resume.py) on a few fixed seeds: no wrong data, no hang.
 
 The seeds cover in-process, thread and process services as A (stopped) and B
-(resumed); run the script itself for thousands of examples.
+(resumed), and a few seeds of each wider mode; run the script itself for
+thousands of examples.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from tests.fuzzing.compat import run_compat_example
+from tests.fuzzing.elastic import run_elastic_example
 from tests.fuzzing.resume import draw_plan, run_example
 
 pytestmark = pytest.mark.timeout(120)
 
 KINDS = ("in_process", "threads", "processes")
-SEEDS = tuple(range(40))  # about 15 s
+SEEDS = (*range(40), 100547)  # about 15 s; 100547: threadpool_map draws under a cache
 # seeds that once found wrong data: in_memory_cache over concat/mux replayed one seed
 REGRESSIONS = (11703, 60808)
+# (mode, seed): a rank's share under outer sharding; item_rng() after every fan-out;
+# seed 41 starts workers by spawn and by forkserver (about 5 s)
+MODE_SEEDS = [("ranks", seed) for seed in range(5)] + [("stamps", seed) for seed in range(5)]
+MODE_SEEDS += [("stamps", 250063)]  # a cache's state saved right after a resume
+MODE_SEEDS += [("slow_starts", 41)]
 
 
 def test_the_seeds_cover_every_kind_of_service():
@@ -27,5 +35,33 @@ def test_the_seeds_cover_every_kind_of_service():
 @pytest.mark.parametrize("seed", SEEDS + REGRESSIONS)
 def test_a_resumed_example_gives_the_uninterrupted_items(seed):
     outcome = run_example(seed, KINDS, watchdog_s=60)
+    assert not outcome.failed, outcome.line()
+    assert outcome.kind in ("ok", "refused", "invalid")
+
+
+@pytest.mark.parametrize(("mode", "seed"), MODE_SEEDS)
+def test_a_wider_mode_gives_the_uninterrupted_items(mode, seed):
+    outcome = run_example(seed, KINDS, watchdog_s=60, modes=frozenset({mode}))
+    assert not outcome.failed, outcome.line()
+    assert outcome.kind in ("ok", "refused", "invalid")
+
+
+def test_the_slow_starts_seed_starts_workers_by_spawn_and_forkserver():
+    plan = draw_plan(41, KINDS, frozenset({"slow_starts"}))
+    hops = (plan.service_a, plan.service_b, *(plan.middle[:1] if plan.middle else ()))
+    assert {hop[7] for hop in hops if len(hop) > 7} == {"spawn", "forkserver"}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_compat_loader_resumes_to_its_uninterrupted_batches(seed):
+    outcome = run_compat_example(seed, watchdog_s=60)
+    assert not outcome.failed, outcome.line()
+    assert outcome.kind in ("ok", "refused")
+
+
+# 6: a sharded map-style source, refused; 300257: new ranks without workers, a begun position
+@pytest.mark.parametrize("seed", [0, 1, 2, 6, 300257])
+def test_an_epoch_resumed_on_another_number_of_ranks_gives_each_item_once(seed):
+    outcome = run_elastic_example(seed, timeout_s=30)
     assert not outcome.failed, outcome.line()
     assert outcome.kind in ("ok", "refused", "invalid")

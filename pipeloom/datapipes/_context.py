@@ -159,6 +159,11 @@ def thread_draws() -> int:
     return _ITEM.drawn
 
 
+def add_thread_draws(count: int) -> None:
+    """Count ``count`` item seeds drawn for this thread's items in another thread (a pool's)."""
+    _ITEM.drawn += count
+
+
 def key_position(key: Key | None) -> int | None:
     """The source position of an item ``key`` (``p`` of ``p`` or ``(p, j, ...)``).
 

@@ -405,6 +405,7 @@ class InMemoryCacheHolder(IterDataPipe):
         """
         self._emitted, self._pulled = int(state["emitted"]), int(state["pulled"])
         self._skip = max(0, self._emitted - self._pulled)
+        self._ended = bool(state.get("ended"))  # kept by a state saved before the next item
         if "filled_in" in state:
             self._complete = False
             epoch, round_number = state["filled_in"]

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import NotAvailable
 from ..events import ReadinessSource, Signal
 from ._base import IterDataPipe
-from ._context import current_stamp, restore_stamp
+from ._context import add_thread_draws, current_stamp, restore_stamp, thread_draws
 from ._held import HoldsItems, held_stamped_items
 from ._map import Col, fn_name, make_map_function, raise_with_note
 from ._state_fields import StateFields
@@ -19,9 +19,12 @@ from ._state_fields import StateFields
 __all__ = ["ThreadPoolMapper"]
 
 
-def _call(apply: Callable[[Any], Any], item: Any, stamp: tuple) -> Any:
+def _call(apply: Callable[[Any], Any], item: Any, stamp: tuple) -> tuple[Any, tuple, int]:
+    """``apply(item)`` in a pool thread: (its result, the item's stamp after, draws made)."""
     restore_stamp(stamp)  # item_rng() in the pool thread draws for this item
-    return apply(item)
+    before = thread_draws()
+    result = apply(item)
+    return result, current_stamp(), thread_draws() - before
 
 
 class ThreadPoolMapper(IterDataPipe, HoldsItems):
@@ -31,7 +34,9 @@ class ThreadPoolMapper(IterDataPipe, HoldsItems):
     or release the GIL. Results come out in the input order; the block never
     blocks: when the next result is not ready it raises ``NotAvailable`` and
     its signal fires as soon as a call finishes. ``item_rng()`` inside ``fn``
-    draws for the item being processed, in whichever thread runs it. A
+    draws for the item being processed, in whichever thread runs it, and its
+    draws count for the item as ``map``'s do (a block after it draws the next
+    seeds; ``in_memory_cache`` sees them). A
     checkpoint saves the items in flight; a resumed pipeline runs them again
     (on another number of ranks, one new rank runs the old ranks' items
     handed to it before it reads more: ``HoldsItems``).
@@ -128,10 +133,13 @@ class ThreadPoolMapper(IterDataPipe, HoldsItems):
             raise NotAvailable
         tasks.popleft()
         try:
-            result = future.result()
+            result, stamp, draws = future.result()
         except Exception as error:
             raise_with_note(error, self, stamp[2])
+        # the draws made in the pool thread count as this thread's, as map's do: a block
+        # downstream draws the item's next seeds, and a cache sees that the item drew
         restore_stamp(stamp)
+        add_thread_draws(draws)
         return result
 
     def reset(self) -> None:

@@ -267,6 +267,36 @@ def test_a_threadpool_map_that_read_the_cache_to_its_end_resumes_into_the_replay
     assert list(resumed) == expected[1]
 
 
+@pytest.mark.parametrize("stop", [1, 4])
+def test_a_state_saved_right_after_such_a_resume_still_says_the_cache_reached_its_end(stop):
+    # A state saved after loading that state, before the next item, dropped "ended": the
+    # resume from it never completed the cache, and the next epoch came in its own shuffle
+    # order (found by scripts/fuzz_resume.py --modes stamps, seed 250063).
+    def build():
+        return (
+            IterableWrapper(range(8))
+            .shuffle(buffer_size=3)
+            .sharding_filter()
+            .in_memory_cache(allow_random=True)
+            .threadpool_map(tagged, max_workers=1)
+        )
+
+    with DataLoader(build(), seed=5) as loader:
+        expected = [list(loader), list(loader)]
+    stopped = DataLoader(build(), seed=5)
+    epoch = iter(stopped)
+    head = [next(epoch) for _ in range(stop)]
+    state = stopped.state_dict()
+    stopped.shutdown()
+    with DataLoader(build(), seed=5) as again:  # resumed and saved before its next item
+        again.load_state_dict(state)
+        iter(again)
+        state = again.state_dict()
+    with DataLoader(build(), seed=5) as resumed:
+        resumed.load_state_dict(state)
+        assert [head + list(resumed), list(resumed)] == expected
+
+
 @pytest.mark.parametrize("stop", [1, 3])
 def test_a_cycle_upstream_is_replayed_with_each_rounds_seeds(stop):
     # The cache kept the upstream's epoch seeds as drawn at the end of its fill, the last

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper, ThreadPoolMapper, item_rng
 from pipeloom.testing import check_resume_from_every_step, collect, collect_async
 from tests.datapipes.everywhere import check_same_output_everywhere
@@ -40,6 +41,46 @@ def test_item_rng_draws_for_the_item_whatever_the_thread():
 
     threaded = collect(IterableWrapper(range(30)).threadpool_map(draw, max_workers=4), seed=3)
     assert threaded == collect(IterableWrapper(range(30)).map(draw), seed=3)
+
+
+def test_draws_in_the_pool_count_for_the_item_as_map_draws_do():
+    # A block after it draws the item's next seeds, not the one the pool thread drew,
+    # and in_memory_cache sees that the item drew (it refuses without allow_random,
+    # and after a resume replays the fill epoch's draws).
+    def draw(x):
+        return int(item_rng().integers(10**9))
+
+    def pair(x):
+        return (x, draw(x))
+
+    threaded = IterableWrapper(range(6)).threadpool_map(draw, max_workers=2).map(pair)
+    mapped = IterableWrapper(range(6)).map(draw).map(pair)
+    assert collect(threaded, seed=3) == collect(mapped, seed=3)
+    assert all(a != b for a, b in collect(threaded, seed=3))
+    cached = IterableWrapper(range(3)).threadpool_map(draw, max_workers=2).in_memory_cache()
+    with pytest.raises(RuntimeError, match="drew from item_rng"):
+        collect(cached, seed=3)
+
+
+def test_a_cache_after_it_replays_its_draws_after_a_resume():
+    def build():
+        pipe = IterableWrapper(range(8)).threadpool_map(draw_digits, max_workers=2)
+        return pipe.in_memory_cache(allow_random=True)
+
+    with DataLoader(build(), seed=1) as loader:
+        expected = [list(loader), list(loader)]
+    stopped = DataLoader(build(), seed=1)
+    epoch = iter(stopped)
+    head = [next(epoch) for _ in range(3)]
+    state = stopped.state_dict()
+    stopped.shutdown()
+    with DataLoader(build(), seed=1) as resumed:
+        resumed.load_state_dict(state)
+        assert [head + list(resumed), list(resumed)] == expected  # the head: epoch 0's draws
+
+
+def draw_digits(x):
+    return x * 1000 + int(item_rng().integers(1000))
 
 
 def test_survives_an_upstream_that_is_not_ready():

@@ -24,6 +24,8 @@ from pipeloom.datapipes import (
     IterDataPipe,
     SequenceWrapper,
     item_rng,
+    item_stamp,
+    set_item_stamp,
 )
 
 MOD = 1_000_000_007
@@ -43,7 +45,16 @@ SOURCES = (
 # Steps before the sharding point run on every copy of the source (or in the main process).
 PREFIX_STEPS = ("shuffle", "plus", "jitter", "keep", "pairs", "concat_more", "mux", "cycle")
 # Steps after which items that arrive in another order are still the same items.
-ORDER_FREE = ("plus", "jitter", "keep", "pairs", "rng_pairs", "prefetch", "threadpool_map")
+ORDER_FREE = (
+    "plus",
+    "jitter",
+    "keep",
+    "pairs",
+    "rng_pairs",
+    "prefetch",
+    "threadpool_map",
+    "stamped_twice",
+)
 RANDOM = (
     "shuffle",
     "jitter",
@@ -79,6 +90,10 @@ STEPS = (
     "map_batches",
     "in_memory_cache",
 )
+# Drawn too in the "stamps" mode, where every block that makes several outputs of
+# one input (and the webdataset grouping) is followed by an item_rng() draw.
+STAMP_STEPS = ("stamped_twice", "pairs", "batch_unbatch", "shuffled_flatmap")
+FANOUT_STEPS = ("pairs", "batch_unbatch", "shuffled_flatmap", "stamped_twice")
 
 
 # -- item functions ------------------------------------------------------------------
@@ -218,6 +233,33 @@ class GeneratorSourceNoState(IterDataPipe):
             yield index * 1000 + int(item_rng().integers(1000))
 
 
+class StampedTwice(IterDataPipe):
+    """Each input twice, output j keyed (p, j) with item_stamp()/set_item_stamp()."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+        self.reset()
+
+    def reset(self):
+        self._item, self._stamp, self._next = None, None, 2
+
+    def async_next(self):
+        if self._next == 2:
+            self._item = self.source.async_next()
+            self._stamp, self._next = item_stamp(), 0
+        output, self._next = self._next, self._next + 1
+        set_item_stamp(self._stamp, output=output)
+        return self._item
+
+    def state_dict(self):
+        return {"item": self._item, "stamp": self._stamp, "next": self._next}
+
+    def load_state_dict(self, state):
+        self._item, self._stamp, self._next = state["item"], state["stamp"], state["next"]
+
+
 # -- files --------------------------------------------------------------------------
 def write_files(root: str, size: int) -> None:
     """Text files ``f0000.txt``... (two lines each) and 3 tar shards of samples 0..size-1."""
@@ -237,14 +279,19 @@ def write_files(root: str, size: int) -> None:
 
 
 # -- recipes ------------------------------------------------------------------------
-def random_recipe(rng: random.Random) -> dict[str, Any]:
-    """A random pipeline: a source, steps before and after its sharding point, a tail."""
+def random_recipe(rng: random.Random, stamps: bool = False) -> dict[str, Any]:
+    """A random pipeline: a source, steps before and after its sharding point, a tail.
+
+    ``stamps``: draw the steps of :data:`STAMP_STEPS` often too, and draw from
+    ``item_rng()`` after every block that makes several outputs of one input.
+    """
     size = rng.choice([0, 1, 2, 3, 5, 8, 13, 20, 31, 50])
     source = rng.choice(SOURCES)
     prefix = [_step(rng, rng.choice(PREFIX_STEPS)) for _ in range(rng.choice([0, 0, 1, 2]))]
     if source in ("tar", "webdataset", "files", "lines"):
         prefix = [step for step in prefix if step[0] == "shuffle"]  # on the paths
-    per_item = [_step(rng, rng.choice(STEPS)) for _ in range(rng.choice([0, 1, 1, 2, 3]))]
+    names = STEPS + STAMP_STEPS * 3 if stamps else STEPS
+    per_item = [_step(rng, rng.choice(names)) for _ in range(rng.choice([0, 1, 1, 2, 3]))]
     tail = [_step(rng, rng.choice(STEPS)) for _ in range(rng.choice([0, 1, 2]))]
     batched = rng.random() < 0.3
     if batched:  # economic and chunked need .batch(n) right after the per-item part
@@ -254,7 +301,7 @@ def random_recipe(rng: random.Random) -> dict[str, Any]:
     steps = [step[0] for step in (*prefix, *per_item, *tail)]
     last_cache = max((i for i, name in enumerate(steps) if name == "in_memory_cache"), default=None)
     random_source = source in ("generator", "generator_no_state", "torch_map")  # map shuffle
-    return {
+    recipe = {
         "source": source,
         "size": size,
         "prefix": prefix,
@@ -270,6 +317,15 @@ def random_recipe(rng: random.Random) -> dict[str, Any]:
         "cache_over_random": last_cache is not None
         and (random_source or any(map(_draws, (*prefix, *per_item, *tail)[:last_cache]))),
     }
+    if stamps:  # (a key the default recipes lack: they print as they always did)
+        recipe["fanout_draws"] = True
+        fanout = [i for i, name in enumerate(steps) if name in FANOUT_STEPS]
+        recipe["cache_over_random"] = (
+            recipe["cache_over_random"]
+            or (last_cache is not None and any(i < last_cache for i in fanout))
+            or (last_cache is not None and source == "webdataset")
+        )
+    return recipe
 
 
 def _draws(step: tuple) -> bool:
@@ -302,8 +358,11 @@ def build(recipe: dict[str, Any], root: str) -> IterDataPipe:
     """Fresh blocks for ``recipe`` over the files :func:`write_files` wrote under ``root``."""
     kind, size = recipe["source"], recipe["size"]
     pipe = _source(kind, size, root)
+    fanout_draws = recipe.get("fanout_draws", False)
     for step in recipe["prefix"]:
         pipe = apply(pipe, step)
+        if fanout_draws and step[0] in FANOUT_STEPS:
+            pipe = pipe.map(jitter)
     if recipe["sharded"] or kind in ("tar", "webdataset", "lines"):  # else streams would cross
         pipe = pipe.sharding_filter()
     if kind in ("tar", "webdataset"):
@@ -311,8 +370,12 @@ def build(recipe: dict[str, Any], root: str) -> IterDataPipe:
         pipe = pipe.map(member_number) if kind == "tar" else pipe.webdataset().map(sample_number)
     elif kind == "lines":
         pipe = pipe.open_files("r").readlines().map(line_number)
+    if fanout_draws and kind == "webdataset":
+        pipe = pipe.map(jitter)  # a draw per sample, keyed by the grouped members
     for step in (*recipe["per_item"], *recipe["tail"]):
         pipe = apply(pipe, step)
+        if fanout_draws and step[0] in FANOUT_STEPS:
+            pipe = pipe.map(jitter)
     return pipe
 
 
@@ -390,6 +453,8 @@ def apply(pipe: IterDataPipe, step: tuple) -> IterDataPipe:
         return pipe.shuffled_flatmap(pairs, buffer_size=args[0])
     if name == "map_batches":
         return pipe.map_batches(doubled_run, args[0])
+    if name == "stamped_twice":
+        return StampedTwice(pipe)
     if name == "in_memory_cache":
         return pipe.in_memory_cache(allow_random=True)
     if name == "batch":

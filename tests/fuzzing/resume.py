@@ -31,9 +31,15 @@ from pipeloom.reading_service import (
     ThreadReadingService,
 )
 
-from .recipes import build, random_recipe, write_files
+from .recipes import ORDER_FREE, build, random_recipe, write_files
 
 FAILURES = ("WRONG", "error", "hang")
+# Options that widen what a seed draws; without them a seed draws what it always drew.
+# "ranks": both loaders run one rank's share (``set_outer_sharding``), checked against
+# that rank's in-process share, and the shares of all ranks against the whole epoch;
+# "slow_starts": worker processes are sometimes started by spawn or forkserver;
+# "stamps": recipes.random_recipe(stamps=True), item_rng() after every fan-out.
+MODES = ("ranks", "slow_starts", "stamps")
 REFUSALS = (StateError, ValueError)
 
 
@@ -54,12 +60,16 @@ class Outcome:
 
 # -- services ---------------------------------------------------------------------------
 def random_service(
-    rng: random.Random, kinds: tuple[str, ...], batched: bool, unordered: float
+    rng: random.Random,
+    kinds: tuple[str, ...],
+    batched: bool,
+    unordered: float,
+    modes: frozenset[str] = frozenset(),
 ) -> tuple:
     """A service description (plain data): ``("in_process",)``, ``("threads", ...)``, ...
 
     ``batched``: the recipe fits economic and chunked, so they are drawn often;
-    ``unordered``: the chance of ``in_order=False``.
+    ``unordered``: the chance of ``in_order=False``; ``modes``: see :data:`MODES`.
     """
     kind = rng.choice(kinds)
     if kind == "in_process":
@@ -74,21 +84,32 @@ def random_service(
     if strategy != "classic":
         extra = rng.choice([None, None, 0, 1, 2] if strategy == "economic" else [None, None, 1, 2])
     workers, prefetch = rng.choice([1, 2, 3]), rng.choice([1, 2])
+    if "slow_starts" in modes and rng.random() < 0.15:  # slow: a fresh interpreter per worker
+        start = rng.choice(["spawn", "forkserver"])
+        return ("processes", workers, strategy, persistent, in_order, prefetch, extra, start)
     return ("processes", workers, strategy, persistent, in_order, prefetch, extra)
 
 
-def make_service(description: tuple, timeout: float) -> Any:
+def make_service(description: tuple, timeout: float, outer: tuple[int, int] | None = None) -> Any:
+    """The service ``description`` names; ``outer``: run only that (ranks, rank) share."""
+    service = _make_service(description, timeout)
+    if outer is not None:
+        service.set_outer_sharding(*outer)
+    return service
+
+
+def _make_service(description: tuple, timeout: float) -> Any:
     kind, *args = description
     if kind == "in_process":
         return InProcessReadingService()
     if kind == "threads":
         workers, in_order, prefetch = args
         return ThreadReadingService(workers, in_order=in_order, prefetch_factor=prefetch)
-    workers, strategy, persistent, in_order, prefetch, extra = args
+    workers, strategy, persistent, in_order, prefetch, extra, *start = args
     return MultiProcessingReadingService(
         workers,
         prefetch_factor=prefetch,
-        start_method="fork",
+        start_method=start[0] if start else "fork",
         persistent_workers=persistent,
         timeout=timeout,
         in_order=in_order,
@@ -179,37 +200,50 @@ class Plan:
     stop_fraction: float
     go_on: int = 0  # items the loop takes after the state, before it stops (not "racing")
     middle: tuple | None = None  # (service, take, stop_fraction, go_on): a second stop
+    outer: tuple[int, int] | None = None  # (ranks, rank): every loader runs that rank's share
 
     def describe(self) -> str:
+        outer = f" outer={self.outer}" if self.outer is not None else ""
         return (
             f"recipe={self.recipe} loader_seed={self.seed} epoch={self.epoch} "
             f"A={self.service_a} B={self.service_b} replay={self.replay} take={self.take} "
-            f"stop={self.stop_fraction:.2f} go_on={self.go_on} middle={self.middle}"
+            f"stop={self.stop_fraction:.2f} go_on={self.go_on} middle={self.middle}{outer}"
         )
 
 
-def draw_plan(seed: int, kinds: tuple[str, ...]) -> Plan:
+def draw_plan(seed: int, kinds: tuple[str, ...], modes: frozenset[str] = frozenset()) -> Plan:
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        raise ValueError(f"unknown fuzzer modes {sorted(unknown)}; expected some of {MODES}")
     rng = random.Random(seed)
-    recipe = random_recipe(rng)
+    recipe = random_recipe(rng, stamps="stamps" in modes)
     free = recipe["order_free"]  # in_order=False changes what order-sensitive blocks make
-    return Plan(
+    batched = recipe["batched"]
+    plan = Plan(
         recipe=recipe,
         seed=rng.randrange(1000),
         epoch=rng.choice([0, 0, 1, 3]),
-        service_a=random_service(rng, kinds, recipe["batched"], unordered=0.05 * free),
-        service_b=random_service(rng, kinds, recipe["batched"], unordered=0.4 * free)
+        service_a=random_service(rng, kinds, batched, unordered=0.05 * free, modes=modes),
+        service_b=random_service(rng, kinds, batched, unordered=0.4 * free, modes=modes)
         if not recipe["cache_over_random"]
         else ("in_process",),
         replay=rng.random() < 0.2,
         take=rng.choice(["between", "between", "other_thread", "racing_thread", "after_shutdown"]),
         stop_fraction=rng.choice([0.0, 1.0, rng.random(), rng.random()]),
         go_on=rng.choice([0, 0, 1, 3]),
-        middle=_middle(rng, kinds, recipe) if rng.random() < 0.3 else None,
+        middle=_middle(rng, kinds, recipe, modes) if rng.random() < 0.3 else None,
     )
+    if "ranks" in modes:  # drawn last: the rest of the plan is the default run's
+        ranks = rng.choice([2, 2, 3, 4])
+        plan.outer = (ranks, rng.randrange(ranks))
+    return plan
 
 
-def _middle(rng: random.Random, kinds: tuple[str, ...], recipe: dict[str, Any]) -> tuple:
-    service = random_service(rng, kinds, recipe["batched"], unordered=0.05 * recipe["order_free"])
+def _middle(
+    rng: random.Random, kinds: tuple[str, ...], recipe: dict[str, Any], modes: frozenset[str]
+) -> tuple:
+    free = recipe["order_free"]
+    service = random_service(rng, kinds, recipe["batched"], unordered=0.05 * free, modes=modes)
     take = rng.choice(["between", "other_thread", "racing_thread", "after_shutdown"])
     return service, take, rng.choice([0.0, 1.0, rng.random()]), rng.choice([0, 1, 3])
 
@@ -218,26 +252,30 @@ def run_example(
     seed: int,
     kinds: tuple[str, ...] = ("in_process", "threads", "processes"),
     watchdog_s: float = 60.0,
+    modes: frozenset[str] = frozenset(),
 ) -> Outcome:
     """Run the example of ``seed``; never raises for what a pipeline or service does."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. a redundant sharding_filter; not what is checked
-        return _run_example(seed, kinds, watchdog_s)
-
-
-def _run_example(seed: int, kinds: tuple[str, ...], watchdog_s: float) -> Outcome:
-    return run_plan(draw_plan(seed, kinds), seed, watchdog_s)
+        return run_plan(draw_plan(seed, kinds, modes), seed, watchdog_s)
 
 
 def run_plan(plan: Plan, seed: int = -1, watchdog_s: float = 60.0) -> Outcome:
     """Run one drawn (or hand-edited, when minimising) plan."""
     description = plan.describe()
+    if not _order_free_enough(plan):
+        detail = "in_order=False over order-sensitive blocks after the source's own sharding point"
+        return Outcome(seed, "invalid", detail, description)
     with tempfile.TemporaryDirectory(prefix="pipeloom-fuzz-") as root:
         write_files(root, plan.recipe["size"])
         try:
-            truth, following = _ground_truth(plan, root)
+            truth, following = _ground_truth(plan, root, plan.outer)
         except Exception as error:  # noqa: BLE001 - the pipeline itself is not valid
             return Outcome(seed, "invalid", _first_line(error), description)
+        if plan.outer is not None and _shares_partition(plan.recipe):
+            wrong = _union_of_shares(plan, root)
+            if wrong:
+                return Outcome(seed, "WRONG", wrong, description)
         with Watchdog(watchdog_s) as watchdog:
             try:
                 kind, detail = _stop_and_resume(plan, root, truth, following, watchdog)
@@ -255,12 +293,52 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
-def _ground_truth(plan: Plan, root: str) -> tuple[list, list]:
-    with DataLoader(build(plan.recipe, root), InProcessReadingService(), seed=plan.seed) as loader:
+def _ground_truth(plan: Plan, root: str, outer: tuple[int, int] | None) -> tuple[list, list]:
+    """The epoch's items in-process (of the share ``outer`` names), and of the next two."""
+    service = make_service(("in_process",), timeout=30, outer=outer)
+    with DataLoader(build(plan.recipe, root), service, seed=plan.seed) as loader:
         loader.set_epoch(plan.epoch)
         truth = [plain(x) for x in loader]
         following = [[plain(x) for x in loader] for _ in range(2)]
     return truth, following
+
+
+def _order_free_enough(plan: Plan) -> bool:
+    """False when a service delivers out of order into order-sensitive prefix steps.
+
+    The recipe's ``order_free`` looks after the sharding_filter(); a map-style source
+    is itself the sharding point, so its prefix steps come after it too.
+    """
+    hops = (plan.service_a, plan.service_b, *(plan.middle[:1] if plan.middle else ()))
+    if all(map(in_order, hops)) or plan.recipe["source"] not in ("sequence", "torch_map"):
+        return True
+    return all(step[0] in ORDER_FREE for step in plan.recipe["prefix"])
+
+
+def _shares_partition(recipe: dict[str, Any]) -> bool:
+    """Whether the ranks' shares together are the whole epoch's items (in some order).
+
+    So when a sharding point exists and everything after it works on one item at a time;
+    but a map-style source is itself the sharding point, and a source joined after it
+    (``mux``, ``concat``) is read whole by every rank (docs/distributed.md: warned of).
+    """
+    sharded = recipe["sharded"] or recipe["source"] in ("tar", "webdataset", "lines")
+    joined = any(step[0] in ("mux", "concat_more") for step in recipe["prefix"])
+    shards_at_source = recipe["source"] in ("sequence", "torch_map")
+    return sharded and recipe["order_free"] and not (joined and shards_at_source)
+
+
+def _union_of_shares(plan: Plan, root: str) -> str:
+    """What is wrong with the in-process shares of all ranks against the whole epoch, or ''."""
+    assert plan.outer is not None
+    whole = _ground_truth(plan, root, None)
+    shares = [_ground_truth(plan, root, (plan.outer[0], rank)) for rank in range(plan.outer[0])]
+    for number in range(3):  # the epoch and the next two
+        union = [x for share in shares for x in (share[0], *share[1])[number]]
+        expected = (whole[0], *whole[1])[number]
+        if not same(union, expected, ordered=False):
+            return f"epoch +{number}: the ranks' shares: " + difference(union, expected)
+    return ""
 
 
 def _stop_and_resume(
@@ -275,7 +353,7 @@ def _stop_and_resume(
     for number, (service, take, fraction, go_on) in enumerate(hops):
         loader = watchdog.loader(
             build(plan.recipe, root),
-            make_service(service, timeout=30),
+            make_service(service, timeout=30, outer=plan.outer),
             seed=plan.seed + number,
             resume_by_replay=plan.replay,
         )
@@ -299,7 +377,9 @@ def _stop_and_resume(
         delivered = delivered[: state["delivered"]]
     assert state is not None
     resumed = watchdog.loader(
-        build(plan.recipe, root), make_service(plan.service_b, timeout=30), seed=plan.seed + 7
+        build(plan.recipe, root),
+        make_service(plan.service_b, timeout=30, outer=plan.outer),
+        seed=plan.seed + 7,
     )
     resumed.load_state_dict(state)
     if state["epoch"] == plan.epoch:

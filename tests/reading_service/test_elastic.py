@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeloom.datapipes import IterableWrapper, seed_pipeline
+from pipeloom import DataLoader
+from pipeloom.datapipes import IterableWrapper, SequenceWrapper, seed_pipeline
 from pipeloom.datapipes.runtime import RestOfEpoch
 from pipeloom.errors import StateError
 from pipeloom.reading_service import (
@@ -25,6 +26,7 @@ from pipeloom.reading_service import (
     merge_rank_states,
 )
 from pipeloom.reading_service.distributed.elastic import held_states, rank_picture, rest_of_epoch
+from tests.reading_service.thread_ranks import ok, rank_service, run_ranks
 
 
 def plain():
@@ -276,3 +278,84 @@ def test_strategies_without_a_frontier_refuse_with_the_ones_that_have_one():
         service.shutdown()
     assert "economic strategy" in picture["blocker"]
     assert "MultiProcessingReadingService (classic strategy)" in picture["blocker"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+def test_a_sharded_map_style_source_read_by_workers_resumes_only_on_as_many_ranks(workers):
+    # SequenceWrapper(...).to_iter() is its own sharding point, which the new ranks cannot
+    # start at the rest of an epoch: they failed with a bare TypeError in the sharding
+    # arithmetic; now the job state says so, as it does in-process, and resumes on as many
+    def build():
+        return SequenceWrapper(list(range(8))).to_iter()
+
+    def inner():
+        if workers == "threads":
+            return ThreadReadingService(1)
+        return MultiProcessingReadingService(2, start_method="fork", timeout=30)
+
+    def stop(world, rank):
+        with DataLoader(build(), rank_service(world, rank, inner=inner), seed=0) as loader:
+            epoch = iter(loader)
+            head = [next(epoch) for _ in range(3)]
+            return head, loader.state_dict()
+
+    ((head, state),) = ok(run_ranks(1, stop))
+    joined = merge_rank_states([state])
+
+    def resume(world, rank):
+        with DataLoader(build(), rank_service(world, rank, inner=inner), seed=0) as loader:
+            loader.load_state_dict(joined)
+            return list(loader)
+
+    for rank, result in enumerate(run_ranks(2, resume)):
+        assert result[:2] == ("error", "StateError"), f"rank {rank}: {result}"
+        assert "sharding point is MapToIter" in result[2], result[2]
+        assert "resume it on the same number of ranks" in result[2], result[2]
+    assert head + ok(run_ranks(1, resume))[0] == list(range(8))
+
+
+def _pairs(x):
+    return [x, x + 100]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("step", [3, 4, 5])
+def test_new_ranks_without_workers_drop_the_outputs_delivered_of_a_begun_position(step):
+    # An old rank with worker threads saves a position some of whose flatmap outputs it
+    # delivered; new ranks in-process restarted that position and delivered them again
+    # (IterableWrapper(range(13)).sharding_filter().flatmap(pairs), 1 rank -> 2, after 4
+    # items: 1 and 101 twice). They now drop them, as new ranks with workers do, and a
+    # checkpoint in that rest resumes on them exactly.
+    def build():
+        return IterableWrapper(range(13)).sharding_filter().flatmap(_pairs)
+
+    def stop(world, rank):
+        inner = lambda: ThreadReadingService(1)  # noqa: E731
+        with DataLoader(build(), rank_service(world, rank, inner=inner), seed=0) as loader:
+            epoch = iter(loader)
+            return [next(epoch) for _ in range(step)], loader.state_dict()
+
+    ((head, state),) = ok(run_ranks(1, stop))
+    joined = merge_rank_states([state])
+
+    def resume(inner, again=None):
+        def body(world, rank):
+            with DataLoader(build(), rank_service(world, rank, inner=inner), seed=0) as loader:
+                loader.load_state_dict(joined if again is None else again[rank][1])
+                epoch = iter(loader)
+                first = [next(epoch) for _ in range(1 if again is None else 0)]
+                return first, loader.state_dict(), first + list(epoch)
+
+        return ok(run_ranks(2, body))
+
+    with_workers = [rest for _, _, rest in resume(lambda: ThreadReadingService(1))]
+    in_process = resume(None)
+    assert [rest for _, _, rest in in_process] == with_workers
+    got = head + [x for rest in with_workers for x in rest]
+    assert len(got) == len(set(got))  # each once (uneven="shortest" may drop a tail)
+    stopped_again = [(first, state) for first, state, _ in in_process]
+    resumed = resume(None, again=stopped_again)
+    assert [first + rest for (first, _), (_, _, rest) in zip(stopped_again, resumed)] == (
+        with_workers
+    )

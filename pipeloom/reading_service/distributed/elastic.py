@@ -77,10 +77,7 @@ def _in_process_picture(runner: InProcessRunner, epoch: int) -> dict[str, Any]:
     except StateError:
         point, group = None, 1
     if not isinstance(point, ShardingFilter):
-        return _blocked(
-            "the pipeline has no sharding_filter() (its position is where the ranks' "
-            "frontiers are); resume it on the same number of ranks"
-        )
+        return _blocked(_no_sharding_filter(point))
     if point.rest is not None:
         return _blocked(_IN_REST)
     blocker, held = _after_the_point(pipeline, point, epoch)
@@ -97,7 +94,20 @@ def _in_process_picture(runner: InProcessRunner, epoch: int) -> dict[str, Any]:
     }
 
 
+def _no_sharding_filter(point: Any) -> str:
+    where = "the pipeline has no sharding_filter()"
+    if point is not None:  # e.g. SequenceWrapper(...).to_iter(), which splits by its index
+        where = f"the pipeline's sharding point is {point!r}, not a sharding_filter()"
+    return (
+        f"{where} (its position is where the ranks' frontiers are); resume it on the same "
+        f"number of ranks"
+    )
+
+
 def _classic_picture(runner: ClassicRunner, epoch: int) -> dict[str, Any]:
+    point = runner.plan.sharding_point
+    if not isinstance(point, ShardingFilter):  # the new ranks could not start at the rest
+        return _blocked(_no_sharding_filter(point))
     merge = runner.merge
     if not isinstance(merge, WorkerMerge):  # the planner assembles batches only without ranks
         return _blocked("workers building whole batches do not describe a rank's frontier")

@@ -12,7 +12,14 @@ from ...datapipes import (
     reset_pipeline,
     set_pipeline_epoch,
 )
-from ...datapipes.runtime import RestOfEpoch, end_iteration, iteration_marks, load_held
+from ...datapipes.runtime import (
+    RestOfEpoch,
+    current_stamp,
+    end_iteration,
+    iteration_marks,
+    key_position,
+    load_held,
+)
 from ...errors import StateError, StateOfAnotherService
 from ...graph import Plan
 from ..planning.cut import PlanError, cut_for_workers
@@ -33,6 +40,7 @@ class InProcessRunner(Runner):
         super().__init__(pipeline, plan)
         self._unplanned_point: tuple[Any, int] | None = None  # found by sharding_point()
         self._marks: list[tuple[IterDataPipe, int]] = []  # the last epoch's (see shutdown)
+        self._skipper: _DeliveredOutputs | None = None  # in the rest of an elastic resume
         if plan.outer != (1, 0):
             assert plan.sharding_point is not None
             keep_shard(plan.sharding_point, group_size=plan.group_size, outer=plan.outer)
@@ -41,12 +49,14 @@ class InProcessRunner(Runner):
         pipeline = self.pipeline
         set_pipeline_epoch(pipeline, epoch)
         reset_pipeline(pipeline)
+        self._skipper = None
         rest = state.get("rest") if state is not None else None
         if isinstance(rest, RestOfEpoch):  # resumed on another number of ranks
             point, group_size = self.sharding_point()
             point.set_shard_group_size(group_size)  # one rank: the groups the old ranks had
             point.resume_at(rest)
             load_held(pipeline, state.get("held") if state else None)  # the old ranks held them
+            self._skipper = _DeliveredOutputs(rest, group_size, [])
         elif state is not None:
             if state.get("kind") != "in-process":
                 raise StateOfAnotherService(
@@ -54,8 +64,14 @@ class InProcessRunner(Runner):
                     f"service; the in-process service resumes only in-process states"
                 )
             load_pipeline_state_dict(pipeline, state.get("pipeline", {}))
+            if "rest_skipped" in state:  # a checkpoint in such a rest, resumed on this rank
+                point, group_size = self.sharding_point()
+                if isinstance(point.rest, RestOfEpoch):
+                    self._skipper = _DeliveredOutputs(point.rest, group_size, state["rest_skipped"])
         self._marks = iteration_marks(pipeline)
-        return drain(pipeline)
+        if self._skipper is None:
+            return drain(pipeline)
+        return self._skipper.filter(drain(pipeline))
 
     def shutdown(self) -> None:
         """Restart the blocks still in the last epoch: a stream it left open closes now.
@@ -83,4 +99,37 @@ class InProcessRunner(Runner):
         return self._unplanned_point
 
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": "in-process", "pipeline": pipeline_state_dict(self.pipeline)}
+        state = {"kind": "in-process", "pipeline": pipeline_state_dict(self.pipeline)}
+        if self._skipper is not None:
+            state["rest_skipped"] = self._skipper.state()
+        return state
+
+
+class _DeliveredOutputs:
+    """The outputs the old ranks delivered of a group they had begun (the ``skip`` of a
+    :class:`RestOfEpoch`): the sharding point restarts at the group's first position, so
+    its first outputs come again and are dropped here, as the worker merge drops them."""
+
+    def __init__(self, rest: RestOfEpoch, group_size: int, skipped: list) -> None:
+        self.rest, self.group_size = rest, group_size
+        self.skipped = {int(group): int(count) for group, count in skipped}
+
+    def state(self) -> list[list[int]]:
+        return [[group, count] for group, count in sorted(self.skipped.items())]
+
+    def filter(self, items: Iterator[Any]) -> Iterator[Any]:
+        for item in items:
+            if not self._delivered_before():
+                yield item
+
+    def _delivered_before(self) -> bool:
+        position = key_position(current_stamp()[2])  # of the output just made
+        virtual = None if position is None else self.rest.virtual(position)
+        if virtual is None:
+            return False
+        group = virtual // self.group_size
+        done = self.skipped.get(group, 0)
+        if done >= self.rest.skip(group):
+            return False
+        self.skipped[group] = done + 1
+        return True
