@@ -373,7 +373,11 @@ def build(recipe: dict[str, Any], root: str) -> IterDataPipe:
     if fanout_draws and kind == "webdataset":
         pipe = pipe.map(jitter)  # a draw per sample, keyed by the grouped members
     for step in (*recipe["per_item"], *recipe["tail"]):
-        pipe = apply(pipe, step)
+        if step[0] == "in_memory_cache" and recipe.get("snapshots"):
+            # on disk, kept by every loader of the example: the first full epoch writes it
+            pipe = pipe.snapshot(os.path.join(root, "snapshots"), allow_random=True)
+        else:
+            pipe = apply(pipe, step)
         if fanout_draws and step[0] in FANOUT_STEPS:
             pipe = pipe.map(jitter)
     return pipe

@@ -38,8 +38,9 @@ FAILURES = ("WRONG", "error", "hang")
 # "ranks": both loaders run one rank's share (``set_outer_sharding``), checked against
 # that rank's in-process share, and the shares of all ranks against the whole epoch;
 # "slow_starts": worker processes are sometimes started by spawn or forkserver;
-# "stamps": recipes.random_recipe(stamps=True), item_rng() after every fan-out.
-MODES = ("ranks", "slow_starts", "stamps")
+# "stamps": recipes.random_recipe(stamps=True), item_rng() after every fan-out;
+# "snapshots": each in_memory_cache step is a snapshot(allow_random=True) on disk instead.
+MODES = ("ranks", "slow_starts", "stamps", "snapshots")
 REFUSALS = (StateError, ValueError)
 
 
@@ -217,6 +218,8 @@ def draw_plan(seed: int, kinds: tuple[str, ...], modes: frozenset[str] = frozens
         raise ValueError(f"unknown fuzzer modes {sorted(unknown)}; expected some of {MODES}")
     rng = random.Random(seed)
     recipe = random_recipe(rng, stamps="stamps" in modes)
+    if "snapshots" in modes:  # (a key the default recipes lack: they print as they did)
+        recipe["snapshots"] = True
     free = recipe["order_free"]  # in_order=False changes what order-sensitive blocks make
     batched = recipe["batched"]
     plan = Plan(
