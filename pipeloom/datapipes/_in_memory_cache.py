@@ -14,7 +14,7 @@ from ._fingerprint import random_blocks
 from ._item_memory import BufferLedger, ItemMemory, item_memory, item_nbytes
 from ._pipeline import drawn_epoch_seeds, replay_pipeline_epoch, upstream_blocks
 from ._positions import authority_index
-from ._stamp_owners import UNKNOWN, StampOwners
+from ._stamp_owners import UNKNOWN, StampOwners, StampTally
 
 __all__ = ["InMemoryCacheHolder", "item_nbytes"]
 
@@ -116,9 +116,7 @@ class InMemoryCacheHolder(IterDataPipe):
         self._ledger = BufferLedger()  # each buffer counted once (views, rows of one tensor)
         self._head = 0  # outputs before the first cached one (dropped, or before a resume)
         self._complete = False
-        self._owned = True  # every cached item's stamping block is known (_stamp_owners.py)
-        self._unowned_seeds: set[int | None] = set()  # seeds of the others (two at most)
-        self._any_owned = False
+        self._tally = StampTally()  # whose stamps the cached items carry (_stamp_owners.py)
         self._filled_in: tuple[int, int] | None = None  # (epoch, round) of the first pass
         self._fill_seeds: list[int | None] = []  # the upstream's epoch seeds then
         self._resumed_fill: tuple[tuple[int, int], list[int | None]] | None = None
@@ -237,22 +235,17 @@ class InMemoryCacheHolder(IterDataPipe):
             return "pass"
         if not self._complete:
             return "fill"
-        if not self._stamps_replayable():
+        if not self._tally.replayable:
             self.clear()  # several blocks stamped its items, not all known: read live
             self._disabled = True
             return "pass"
         positioned = bool(self._entries) and self._entries[0][0] is not None
         if self._in_worker and positioned:
             return "live"  # the worker's first items say where its stream starts
-        if self._head or (positioned and not self._owned):
+        if self._head or (positioned and not self._tally.owned):
             return "counted" if self._head or not positioned else "live"
         self._stamp = (None, self._epoch_number())  # each item's seed: its stamping block's
         return "cached"
-
-    def _stamps_replayable(self) -> bool:
-        """Whether replayed items can get the stamps they would have now: each one's
-        stamping block is known, or one seed stamped them all (learnt from a live item)."""
-        return self._owned or (not self._any_owned and len(self._unowned_seeds) == 1)
 
     def _pass(self) -> Any:
         while self._skip:
@@ -291,12 +284,7 @@ class InMemoryCacheHolder(IterDataPipe):
                 f".in_memory_cache(), or pass allow_random=True to replay it on purpose"
             )
         owner = self._owners.owner(seed, epoch)
-        if owner == UNKNOWN:
-            self._owned = False
-            if len(self._unowned_seeds) < 2:
-                self._unowned_seeds.add(seed)
-        else:
-            self._any_owned = True
+        self._tally.note(owner, seed)
         self._keep(position, draws, item, owner)
         return item
 

@@ -114,8 +114,7 @@ class Snapshot(IterDataPipe):
         self._mode: Any = None
         self._reader: RecordReader | None = None
         self._unreplayable = False  # a pass found items a replay could not stamp right
-        self._warned_unowned = False
-        self._warned_live = False
+        self._warned: set[str] = set()  # the kinds of warning given (once each)
         self._warn_if_rebuilt()
         self.reset()
 
@@ -142,31 +141,30 @@ class Snapshot(IterDataPipe):
             stacklevel=3,
         )
 
-    def _warn_live(self, directory: str) -> None:
-        if self._warned_live:
+    def _warn_once(self, kind: str, message: str) -> None:
+        """Warn with ``message`` the first time this block meets ``kind``."""
+        if kind in self._warned:
             return
-        self._warned_live = True
-        warnings.warn(
+        self._warned.add(kind)
+        warnings.warn(message, UserWarning, stacklevel=4)
+
+    def _warn_live(self, directory: str) -> None:
+        self._warn_once(
+            "live",
             f"{self!r} reads its upstream live: the records in {directory} are not the "
             f"sharding point's positions in order (a shuffle, groupby or second source "
             f"between them), so they cannot be split by position, and a replay in order "
             f"could give a worker or rank the others' items. Put such blocks after the "
             f".snapshot(...), or the .snapshot(...) before the sharding point",
-            UserWarning,
-            stacklevel=3,
         )
 
     def _warn_unowned(self, directory: str) -> None:
-        if self._warned_unowned:
-            return
-        self._warned_unowned = True
-        warnings.warn(
+        self._warn_once(
+            "unowned",
             f"the snapshot in {directory} was written by an older pipeloom that did not note "
             f"which block stamped each item; over several sources (concat, mux) it replays "
             f"their items with one seed, so item_rng() after it gives items of different "
             f"sources the same draws. Delete it to rebuild it",
-            UserWarning,
-            stacklevel=3,
         )
 
     # -- one pass ----------------------------------------------------------------

@@ -24,7 +24,7 @@ from ._context import (
 from ._positions import authority_index
 from ._records import RecordReader, RecordWriter
 from ._snapshot_store import SnapshotStore
-from ._stamp_owners import UNKNOWN, StampOwners
+from ._stamp_owners import UNKNOWN, StampOwners, StampTally
 
 if TYPE_CHECKING:
     from ._snapshot import Snapshot
@@ -74,9 +74,7 @@ class Writer:
         self.first_seed: int | None = None
         self.owners = StampOwners(block)
         self.described: dict[int, list[Any]] = {}  # owner: what finds it again (when read)
-        self.owned = True  # every record's stamping block is known
-        self.any_owned = False
-        self.unowned_seeds: set[int | None] = set()  # two at most
+        self.tally = StampTally()
         self.last_position = -1
         self.ordered = True  # written in the order of the positions (a reader by position)
 
@@ -116,21 +114,10 @@ class Writer:
         owner = self.owners.owner(seed, epoch)
         if owner not in self.described and owner != UNKNOWN:
             self.described[owner] = self.owners.describe(owner)
-        if owner == UNKNOWN:
-            self.owned = False
-            if len(self.unowned_seeds) < 2:
-                self.unowned_seeds.add(seed)
-        else:
-            self.any_owned = True
+        self.tally.note(owner, seed)
         self.writer.append(key, draws, item, owner)
         block._emitted += 1
         return item
-
-    @property
-    def replayable(self) -> bool:
-        """Whether a replay can give every record the stamp it would have: each one's
-        stamping block is known, or one seed stamped them all (learnt from a live item)."""
-        return self.owned or (not self.any_owned and len(self.unowned_seeds) < 2)
 
     def _stamped_by_authority(self, seed: int | None, epoch: int) -> bool:
         authority = self.authority
@@ -142,7 +129,7 @@ class Writer:
         )
 
     def _finish(self) -> None:
-        if not self.replayable:
+        if not self.tally.replayable:
             self._give_up()
             return
         self.writer.close()
@@ -156,7 +143,7 @@ class Writer:
             "observed": None if self.observed is None else True,
             "stamper": bool(self.stamper) or self.writer.count == 0,
             "ordered": self.ordered,
-            "owned": self.owned,
+            "owned": self.tally.owned,
             "owners": {str(owner): found for owner, found in self.described.items()},
         }
         self.store.finish_writer(self.directory, self.name, summary, expected=self.expected)

@@ -95,3 +95,29 @@ class StampOwners:
         if seed is None:
             seed = self._now[owner] = self._upstream()[owner].epoch_seed()
         return seed
+
+
+class StampTally:
+    """Whether kept items can be replayed with the stamps they would have now.
+
+    Each one's stamping block is known (``owned``), or one seed stamped them all
+    (learnt again from a live item); else not (a later round of a cycle).
+    """
+
+    def __init__(self) -> None:
+        self.owned = True
+        self._any_owned = False
+        self._unowned_seeds: set[int | None] = set()  # two at most
+
+    def note(self, owner: int, seed: int | None) -> None:
+        """Count an item stamped with ``seed`` by ``owner`` (:data:`UNKNOWN` if none)."""
+        if owner != UNKNOWN:
+            self._any_owned = True
+            return
+        self.owned = False
+        if len(self._unowned_seeds) < 2:
+            self._unowned_seeds.add(seed)
+
+    @property
+    def replayable(self) -> bool:
+        return self.owned or (not self._any_owned and len(self._unowned_seeds) < 2)
