@@ -26,11 +26,12 @@ def pytest_unconfigure(config):
     config.watchdog_stderr.close()
 
 
-RUN_LAST = ("tests/reading_service/test_ray.py",)
+RUN_LAST = ("tests/reading_service/test_ray.py", "tests/reading_service/test_ray_attacks.py")
 """Modules run after every other: a Ray cluster, once started in this process, leaves
 native threads and a socket behind after ``ray.shutdown()``, which a later test's check
 of its own fds (``tests/own_resources.py``) would count as its leak (seen once in CI:
-``test_separate``, a ``socket:[...]`` with no Python thread left)."""
+``test_separate``, a ``socket:[...]`` with no Python thread left). They share one
+cluster, started once (``ray_cluster`` in tests/reading_service/conftest.py)."""
 
 
 def pytest_collection_modifyitems(config, items):

@@ -174,9 +174,23 @@ def test_the_pipelines_mix_all_three_sources_and_every_service_gives_the_same_ep
 def test_checkpoint_at_five_random_steps_resumes_exactly(shards, reference, kind, service, data):
     epoch, following = reference[kind]
     steps = data.draw(st.lists(st.integers(0, len(epoch)), min_size=5, max_size=5), label="steps")
+    # One saving loader reads the whole epoch and checkpoints at each step (not a loader
+    # per step, stopped there: half the worker pools); each state resumes in a fresh one.
+    build = BUILDERS[kind]
+    states, got = {}, []
+    with DataLoader(build(shards), SERVICES[service](), seed=11) as loader:
+        iterator = iter(loader)
+        for step in range(len(epoch) + 1):
+            if step in steps:
+                states[step] = pickle.dumps(loader.state_dict())
+            if step < len(epoch):
+                got.append(plain(next(iterator)))
+        assert next(iterator, None) is None
+    assert got == epoch, f"{kind} under {service}: the epoch the states were taken in"
     for step in steps:
-        resumed, after = stop_and_resume(BUILDERS[kind], shards, service, service, step)
-        assert resumed == epoch, f"{kind} under {service}, resumed at step {step}"
+        state = pickle.loads(states[step])
+        rest, after = resume_in_a_fresh_thread(build(shards), SERVICES[service](), state)
+        assert got[:step] + rest == epoch, f"{kind} under {service}, resumed at step {step}"
         assert after == following
 
 

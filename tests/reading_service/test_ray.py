@@ -1,6 +1,7 @@
 """RayReadingService on a local Ray cluster: the in-process output, restarts, checkpoints.
 
-One cluster (2 CPUs, a small object store, no dashboard) serves the module.
+One cluster (2 CPUs, a small object store, no dashboard) serves the module (and
+test_ray_attacks.py: the session's ``ray_cluster``).
 Each loader starts its own actors (a Ray worker process each, importing
 torch), so the tests use few loaders.
 """
@@ -38,8 +39,8 @@ CPUS = 0.5  # per actor: three actors fit on the 2-CPU cluster
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cluster(tmp_path_factory):
-    yield from ray_pipelines.local_cluster(str(tmp_path_factory.mktemp("ray")))
+def cluster(ray_cluster):
+    """The session's cluster (tests/reading_service/conftest.py), shared with test_ray_attacks."""
 
 
 def service(actors=2, **kwargs):

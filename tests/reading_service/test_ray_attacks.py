@@ -1,7 +1,7 @@
 """RayReadingService attacked from outside: kills after a checkpoint, moves between
 services, placements that cannot be met, arguments Ray would refuse late.
 
-One local cluster (2 CPUs, no dashboard) serves the module; each Ray loader starts
+One local cluster (2 CPUs, no dashboard) serves the module and test_ray.py; each Ray loader starts
 its own actors, so the module uses one.
 """
 
@@ -36,9 +36,9 @@ from tests.reading_service import pipelines, ray_pipelines  # noqa: E402
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    yield from ray_pipelines.local_cluster(str(tmp_path_factory.mktemp("ray")))
+@pytest.fixture
+def cluster(ray_cluster):
+    """The session's cluster (tests/reading_service/conftest.py), shared with test_ray.py."""
 
 
 def tar_shards(folder):
