@@ -187,6 +187,9 @@ class Snapshot(IterDataPipe):
     def _choose(self) -> Any:
         store = SnapshotStore(self.path, self.fingerprint.digest)
         info = worker_info()
+        # a task's part of the epoch (economic, chunked), also where the main process runs
+        # a task: read by position, never written (``feeds_one_task`` of the task feeds)
+        tasks = any(getattr(b, "feeds_one_task", False) for b in self._upstream())
         if store.is_complete():
             manifest = store.manifest()
             reader = self._reader
@@ -200,7 +203,7 @@ class Snapshot(IterDataPipe):
                 )
                 self._reader = reader
             authority = authority_index(self)
-            by_position = info is not None or sharded_upstream(self)
+            by_position = info is not None or tasks or sharded_upstream(self)
             if by_position:  # a worker's or rank's share: by the sharding point's positions
                 if authority is not None and _by_position(manifest) and reader.is_sorted():
                     return PositionReader(self, reader, authority, manifest.get("positions"))
@@ -215,7 +218,7 @@ class Snapshot(IterDataPipe):
                 f"{self!r}: the checkpoint was taken while reading the snapshot in "
                 f"{store.final}, which is gone; restore it, or resume from the epoch's start"
             )
-        if self._resumed or self._unreplayable:
+        if self._resumed or self._unreplayable or tasks:  # a task sees part of the epoch
             return Passthrough(self)
         if sharded_upstream(self):
             name = "w0000" if info is None else f"w{info.id:04d}"
@@ -224,6 +227,9 @@ class Snapshot(IterDataPipe):
         if info is None:
             return Writer(self, store, "w0000", 1, watch=False)
         return Passthrough(self)  # a replicated copy before the sharding point
+
+    def _upstream(self) -> list[Any]:
+        return upstream_blocks(self)[1:]
 
     def _pull(self) -> Any:
         item = self.source.async_next()

@@ -54,6 +54,8 @@ class TaskFeed(IterDataPipe):
     #: It stands in for the sharding point: a shardable block below it (``open_files``
     #: after ``sharding_filter``) passes these positions on instead of counting its own.
     stands_in_for_sharding_point = True
+    #: Its stream is one task's part of the epoch: a snapshot below it reads by position.
+    feeds_one_task = True
 
     def __init__(self, source: MapDataPipe | None = None) -> None:
         self.source = source
@@ -148,6 +150,7 @@ class BatchFeed(IterDataPipe):
     """Stands in for the item workers in a batch worker: yields one batch's items."""
 
     inputs = ()
+    feeds_one_task = True  # (see TaskFeed)
 
     def __init__(self) -> None:
         self._entries: list[tuple[int, int, Any]] = []

@@ -1,0 +1,45 @@
+"""A snapshot after ``batch`` under ``economic`` and ``chunked``: each task (also one the main
+process runs) reads its own records by position, and never writes.
+
+The main process, where it ran a batch task itself, took the snapshot for a whole epoch in
+one process: it replayed the records from the first, so a checkpoint taken there resumed
+at a position already delivered (one batch twice, found by the resume fuzzer with
+``--modes snapshots``, seed 871).
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from pipeloom import DataLoader
+from pipeloom.datapipes import IterableWrapper
+from pipeloom.reading_service import InProcessReadingService, MultiProcessingReadingService
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def build(path):
+    return IterableWrapper(range(8)).sharding_filter().batch(4).snapshot(str(path))
+
+
+def service(strategy):
+    extra = {"chunk_size": 1} if strategy == "chunked" else {"num_batch_workers": 2}
+    return MultiProcessingReadingService(
+        1, start_method="fork", strategy=strategy, persistent_workers=True, **extra
+    )
+
+
+@pytest.mark.parametrize(("first", "then"), [("chunked", "economic"), ("economic", "chunked")])
+def test_a_state_after_every_batch_resumes_to_nothing_more(tmp_path, first, then):
+    with DataLoader(build(tmp_path), InProcessReadingService(), seed=1) as writing:
+        assert list(writing) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with DataLoader(build(tmp_path), service(first), seed=1) as stopped:
+        batches = iter(stopped)
+        assert [next(batches), next(batches)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        state = pickle.loads(pickle.dumps(stopped.state_dict()))
+    with DataLoader(build(tmp_path), service(then), seed=1) as resumed:
+        resumed.load_state_dict(state)
+        assert list(resumed) == []
+        assert list(resumed) == [[0, 1, 2, 3], [4, 5, 6, 7]]
