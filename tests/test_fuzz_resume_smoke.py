@@ -26,8 +26,8 @@ MODE_SEEDS += [("stamps", 250063)]  # a cache's state saved right after a resume
 MODE_SEEDS += [("slow_starts", 41)]
 # snapshots found: interleaved and lost items (773, 350), a shuffle's order lost (187), a
 # fingerprint changed by a run (402), another graph's reader (1574), a task in the main
-# process (871)
-MODE_SEEDS += [("snapshots", seed) for seed in (187, 350, 402, 773, 871, 1574)]
+# process (871), batches straddling the workers' runs (5145)
+MODE_SEEDS += [("snapshots", seed) for seed in (187, 350, 402, 773, 871, 1574, 5145)]
 
 
 def test_the_seeds_cover_every_kind_of_service():

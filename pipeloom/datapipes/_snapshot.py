@@ -151,11 +151,11 @@ class Snapshot(IterDataPipe):
     def _warn_live(self, directory: str) -> None:
         self._warn_once(
             "live",
-            f"{self!r} reads its upstream live: the records in {directory} are not the "
-            f"sharding point's positions in order (a shuffle, groupby or second source "
-            f"between them), so they cannot be split by position, and a replay in order "
-            f"could give a worker or rank the others' items. Put such blocks after the "
-            f".snapshot(...), or the .snapshot(...) before the sharding point",
+            f"{self!r} reads its upstream live here: the records in {directory} are not "
+            f"the sharding point's positions one by one, in order (a shuffle, batch, groupby "
+            f"or second source between them), so a worker cannot take its share of them, "
+            f"and a replay of all could give it the others' items. Put such blocks after "
+            f"the .snapshot(...)",
         )
 
     def _warn_unowned(self, directory: str) -> None:
@@ -205,8 +205,13 @@ class Snapshot(IterDataPipe):
             authority = authority_index(self)
             by_position = info is not None or tasks or sharded_upstream(self)
             if by_position:  # a worker's or rank's share: by the sharding point's positions
-                if authority is not None and _by_position(manifest) and reader.is_sorted():
-                    return PositionReader(self, reader, authority, manifest.get("positions"))
+                split = _by_position(manifest) and reader.is_sorted()
+                whole = info is None and not tasks  # (a rank's share in its main process)
+                if authority is not None and split:
+                    # a record holding items of several positions (a batch after a flatmap)
+                    # may straddle the runs of positions the workers' shares are made of
+                    if whole or not manifest.get("straddles", False):
+                        return PositionReader(self, reader, authority, manifest.get("positions"))
                 self._warn_live(store.final)
                 return Passthrough(self)
             owners = manifest_owners(manifest)

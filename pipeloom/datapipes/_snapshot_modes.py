@@ -77,6 +77,7 @@ class Writer:
         self.tally = StampTally()
         self.last_position = -1
         self.ordered = True  # written in the order of the positions (a reader by position)
+        self.straddles = False  # a record holds outputs of several positions (see _snapshot)
 
     def _observe(self, seed: int | None, position: int) -> None:
         if seed == self.root_seed and self.observed is not None:
@@ -110,6 +111,8 @@ class Writer:
         position = key_position(key)
         if position is not None:
             self.ordered = self.ordered and position >= self.last_position
+            if position != self.last_position and key.__class__ is tuple and key[1]:  # type: ignore[index]
+                self.straddles = True  # the position's first outputs are in an earlier record
             self.last_position = position
         owner = self.owners.owner(seed, epoch)
         if owner not in self.described and owner != UNKNOWN:
@@ -143,6 +146,7 @@ class Writer:
             "observed": None if self.observed is None else True,
             "stamper": bool(self.stamper) or self.writer.count == 0,
             "ordered": self.ordered,
+            "straddles": self.straddles,
             "owned": self.tally.owned,
             "owners": {str(owner): found for owner, found in self.described.items()},
         }

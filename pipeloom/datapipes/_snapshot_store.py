@@ -235,6 +235,7 @@ class SnapshotStore:
             "positions": positions,
             "stamper": stamper,
             "ordered": ordered,
+            "straddles": any(s["straddles"] for s in summaries),
             **_owners(summaries),
             "writers": writers,
             "bytes": sum(s["bytes"] for s in summaries),

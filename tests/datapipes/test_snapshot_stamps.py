@@ -158,7 +158,7 @@ def test_records_of_several_stampers_after_a_sharding_point_replay_all_in_order(
         return first.concat(IterableWrapper(range(500, 507))).snapshot(str(tmp_path))
 
     with loader(build()) as reading:
-        with pytest.warns(UserWarning, match="reads its upstream live: the records"):
+        with pytest.warns(UserWarning, match="reads its upstream live here: the records"):
             epochs = [list(reading) for _ in range(3)]
     assert epochs == [[0, 3, *range(500, 507)]] * 3
 

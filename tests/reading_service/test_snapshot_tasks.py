@@ -1,4 +1,4 @@
-"""A snapshot after ``batch`` under ``economic`` and ``chunked``: each task (also one the main
+"""A snapshot after ``batch`` under workers. Under ``economic`` and ``chunked`` each task (also one the main
 process runs) reads its own records by position, and never writes.
 
 The main process, where it ran a batch task itself, took the snapshot for a whole epoch in
@@ -43,3 +43,24 @@ def test_a_state_after_every_batch_resumes_to_nothing_more(tmp_path, first, then
         resumed.load_state_dict(state)
         assert list(resumed) == []
         assert list(resumed) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def fan(x):
+    return [x * 10 + j for j in range(5)]
+
+
+@pytest.mark.filterwarnings("ignore:.*reads its upstream live here:UserWarning")  # (workers')
+def test_batches_across_positions_written_in_process_read_under_workers_as_written(tmp_path):
+    # A batch after a flatmap spans positions ([4, 10]); workers build such batches from the
+    # runs of positions the service gives them, which the records do not follow. Each
+    # worker read the records of its positions: batches twice, others lost.
+    def build():
+        pipe = IterableWrapper(range(3)).sharding_filter().flatmap(fan).batch(2)
+        return pipe.snapshot(str(tmp_path))
+
+    with DataLoader(build(), InProcessReadingService(), seed=1) as writing:
+        written = list(writing)
+    assert [4, 10] in written
+    workers = MultiProcessingReadingService(2, start_method="fork")
+    with DataLoader(build(), workers, seed=1) as reading:
+        assert list(reading) == written
