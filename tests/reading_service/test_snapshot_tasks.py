@@ -1,5 +1,7 @@
-"""A snapshot after ``batch`` under workers. Under ``economic`` and ``chunked`` each task (also one the main
-process runs) reads its own records by position, and never writes.
+"""A snapshot after ``batch`` under workers.
+
+Under ``economic`` and ``chunked`` each task (also one the main process runs) reads its
+own records by position, and never writes.
 
 The main process, where it ran a batch task itself, took the snapshot for a whole epoch in
 one process: it replayed the records from the first, so a checkpoint taken there resumed
