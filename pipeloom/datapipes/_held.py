@@ -150,9 +150,14 @@ def load_held(pipeline: DataPipe, held: dict[str, Any] | None) -> None:
         states = held["blocks"][index]
         block = blocks[index] if 0 <= index < len(blocks) else None
         if not isinstance(block, HoldsItems):
+            saved = (held.get("types") or {}).get(index, "a block that holds items")
             raise StateError(
-                f"the rest of this epoch hands held items to block #{index}, but this pipeline "
-                f"has {block!r} there; resume with the pipeline the checkpoint was saved with"
+                f"the rest of this epoch hands the items {saved} held on the old ranks to "
+                f"block #{index} of the part this rank runs in its own thread, but {block!r} "
+                f"is there: the pipeline differs from the checkpoint's, or the old ranks ran "
+                f"that block in their own thread and these run it in workers (or the other "
+                f"way round); resume with the pipeline and the inner reading service the "
+                f"checkpoint was saved with, or save at a step where it holds nothing"
             )
         if _takes_a_share(block):
             block.load_held_states(states, share)

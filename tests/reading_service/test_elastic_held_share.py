@@ -21,7 +21,7 @@ from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper, ThreadPoolMapper
 from pipeloom.datapipes.runtime import HeldShare
 from pipeloom.errors import StateError
-from pipeloom.reading_service import merge_rank_states
+from pipeloom.reading_service import ThreadReadingService, merge_rank_states
 from tests.reading_service.thread_ranks import ok, rank_service, run_ranks
 
 SIZE = 31
@@ -140,3 +140,21 @@ def test_a_held_state_in_another_shape_is_refused_not_ignored():
     pipe = IterableWrapper(range(3)).prefetch(2)
     with pytest.raises(StateError, match="held_states"):
         load_held(pipe, {0: [{"items": [], "ended": False}]})
+
+
+@pytest.mark.timeout(60)
+def test_held_items_of_a_block_the_new_ranks_run_in_workers_refuse_naming_it_and_why():
+    # old ranks in their own thread held threadpool_map's items; the new ranks run it in
+    # worker threads, where no held items go: the refusal blamed a changed pipeline
+    _, joined = _stop(HOLDING["threadpool_map"], 1, "shortest")
+
+    def resume(world, rank):
+        service = rank_service(world, rank, "shortest", inner=lambda: ThreadReadingService(1))
+        with DataLoader(HOLDING["threadpool_map"](), service, seed=0) as loader:
+            loader.load_state_dict(joined)
+            return list(loader)
+
+    result = run_ranks(2, resume)[0]
+    assert result[:2] == ("error", "StateError"), result
+    assert "the items ThreadPoolMapper held" in result[2], result[2]
+    assert "in workers" in result[2] and "inner reading service" in result[2], result[2]

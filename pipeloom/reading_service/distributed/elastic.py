@@ -280,11 +280,14 @@ def held_states(
     """The held items of new rank ``index`` of ``total``: every old rank's, to share out.
 
     Returns ``{"index", "total", "uneven", "blocks": {block index: [its state on
-    each old rank that held items there, by rank]}}``; the blocks keep their
-    share (``pipeloom.datapipes.runtime.load_held``).
+    each old rank that held items there, by rank]}, "types": {block index: its
+    type's name}}``; the blocks keep their share
+    (``pipeloom.datapipes.runtime.load_held``).
     """
     blocks_held: dict[int, list[dict]] = {}
+    types: dict[int, str] = {}
     held = {"index": index, "total": total, "uneven": uneven, "blocks": blocks_held}
+    held["types"] = types
     for rank, state in enumerate(ranks):
         picture = state.get("elastic") or {}
         if not picture.get("held") or state.get("padding"):
@@ -298,4 +301,5 @@ def held_states(
             )
         for block in picture["held"]:
             blocks_held.setdefault(int(block), []).append(blocks[block]["state"])
+            types[int(block)] = str(blocks[block].get("type"))
     return held
