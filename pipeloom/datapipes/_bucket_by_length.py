@@ -9,7 +9,7 @@ from typing import Any
 from .._validate import as_length, check_bool
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
-from ._held import HoldsItems
+from ._held import HeldShare, HoldsItems, share_of
 from ._map import check_callable, fn_name
 from ._state_fields import StateFields
 
@@ -274,8 +274,11 @@ class LengthBucketer(IterDataPipe, HoldsItems):
             fields.fail("boundaries", f"num_buckets - 1 = {self.num_buckets - 1} edges", edges)
         return list(edges)
 
-    def load_held_states(self, states: list[dict[str, Any]]) -> None:
-        """Every rank's sample, buckets and ready batches, bucketed again by this block's edges."""
+    def load_held_states(
+        self, states: list[dict[str, Any]], share: HeldShare | None = None
+    ) -> None:
+        """This rank's share of the old ranks' sampled and bucketed items and ready batches,
+        bucketed again by this block's edges."""
         entries: list[Entry] = []
         saved_edges: list[list[int] | None] = []
         ready: list[tuple[list[Any], tuple]] = []
@@ -284,6 +287,7 @@ class LengthBucketer(IterDataPipe, HoldsItems):
             saved_edges.append(self._edges)
             entries += self._sample + [entry for bucket in self._buckets for entry in bucket]
             ready += self._ready
+        entries, ready = share_of(share, entries), share_of(share, ready)
         self.reset()
         self._ready = ready
         if self._edges is None:  # estimated: the first rank's edges, else a sample as before

@@ -10,7 +10,7 @@ from .._validate import check_bool, check_int
 from ._base import IterDataPipe
 from ._batch import batch_count, check_batch_args
 from ._context import current_stamp, restore_stamp
-from ._held import HoldsItems
+from ._held import HeldShare, HoldsItems, share_of
 from ._map import fn_name
 from ._state_fields import StateFields
 
@@ -28,8 +28,8 @@ class BucketBatcher(IterDataPipe, HoldsItems):
     and, with ``sort_key``, the order of the pool's batches is shuffled. So
     similar items share a batch while the batch order stays random. Randomness
     comes from ``epoch_seed()``: the same seed and epoch give the same batches.
-    On a resume on another number of ranks one new rank takes the partial
-    pools and unsent batches of the old ranks handed to it (``HoldsItems``).
+    On a resume on another number of ranks each new rank takes its share of
+    the old ranks' pooled items and unsent batches (``HoldsItems``).
 
     Args:
         source: the upstream block.
@@ -168,16 +168,19 @@ class BucketBatcher(IterDataPipe, HoldsItems):
         self._rng = fields.rng("rng")
         self._pool, self._ready = pool, ready
 
-    def load_held_states(self, states: list[dict[str, Any]]) -> None:
-        """Every rank's unsent batches and partial pool; full pools of them are batched now."""
-        pool: list[Any] = []
-        stamps: list[tuple] = []
+    def load_held_states(
+        self, states: list[dict[str, Any]], share: HeldShare | None = None
+    ) -> None:
+        """This rank's share of the old ranks' unsent batches and pooled items; full pools
+        of them are batched now."""
+        held: list[tuple[Any, tuple]] = []
         ready: list[tuple[list[Any], tuple]] = []
         for state in states:
             self.load_state_dict(state)  # checks the fields
-            pool += self._pool
-            stamps += self._stamps
+            held += zip(self._pool, self._stamps)
             ready += self._ready
+        mine, ready = share_of(share, held), share_of(share, ready)
+        pool, stamps = [item for item, _ in mine], [stamp for _, stamp in mine]
         self.reset()
         self._rng = next((StateFields(self, s).rng("rng") for s in states if s["rng"]), None)
         size = self.batch_size * self.batch_num * self.bucket_num

@@ -6,7 +6,7 @@ from typing import Any
 
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
-from ._held import HoldsItems
+from ._held import HeldShare, HoldsItems, share_of
 from ._sequences import (
     PadValue,
     check_pad_value,
@@ -36,7 +36,7 @@ class ConcatSplitter(IterDataPipe, HoldsItems):
 
     The state holds the sequences not yet fully emitted, as they came, and how
     far into the first one the next row starts. On a resume on another number
-    of ranks one new rank takes the sequences the old ranks handed to it
+    of ranks each new rank takes its share of the old ranks' sequences
     (``HoldsItems``), each partly emitted one from where its next row starts.
 
     Args:
@@ -139,10 +139,12 @@ class ConcatSplitter(IterDataPipe, HoldsItems):
         self._pending, self._lengths = pending, lengths
         self._done = fields.bool("done")
 
-    def load_held_states(self, states: list[dict[str, Any]]) -> None:
-        """Every rank's sequences not yet emitted, in rank order (see ``HoldsItems``)."""
-        pending: list[Any] = []
-        stamps: list[tuple] = []
+    def load_held_states(
+        self, states: list[dict[str, Any]], share: HeldShare | None = None
+    ) -> None:
+        """This rank's share of the old ranks' sequences not yet emitted, in rank order
+        (see ``HoldsItems``)."""
+        held: list[tuple[Any, tuple]] = []
         for state in states:
             self.load_state_dict(state)  # checks the fields
             items, marks, offset = list(self._pending), list(self._stamps), self._offset
@@ -150,8 +152,9 @@ class ConcatSplitter(IterDataPipe, HoldsItems):
                 size = item_length(items[0], "concat_then_split")
                 items[0] = slice_item(items[0], offset, size)
                 marks[0] = piece_stamp(marks[0], offset)
-            pending += items
-            stamps += marks
+            held += zip(items, marks)
+        mine = share_of(share, held)
+        pending, stamps = [item for item, _ in mine], [stamp for _, stamp in mine]
         self.load_state_dict({"pending": pending, "stamps": stamps, "offset": 0, "done": False})
 
     def __repr__(self) -> str:

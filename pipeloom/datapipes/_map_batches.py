@@ -7,7 +7,7 @@ from typing import Any
 
 from ._base import IterDataPipe
 from ._context import NO_STAMP, current_stamp, stamp_output
-from ._held import HoldsItems
+from ._held import HeldShare, HoldsItems, share_of
 from ._map import Col, check_callable, fn_name, parse_input_col
 from ._state_fields import StateFields
 
@@ -26,7 +26,7 @@ class BatchMapper(IterDataPipe, HoldsItems):
     ``item_rng()`` after the block draws differently for each result.
     Between two batches the block holds nothing; inside one it holds the
     results not yet passed on, which a resume on another number of ranks
-    hands to one new rank (``HoldsItems``).
+    shares out over the new ranks (``HoldsItems``).
 
     Args:
         source: the upstream block.
@@ -152,18 +152,26 @@ class BatchMapper(IterDataPipe, HoldsItems):
         self._batch, self._first_stamp, self._ended = batch, first_stamp, ended
         self._results, self._given, self._held = results, given, held
 
-    def load_held_states(self, states: list[dict[str, Any]]) -> None:
-        """Each rank's results not yet passed on, and its partial batch (called on alone)."""
+    def load_held_states(
+        self, states: list[dict[str, Any]], share: HeldShare | None = None
+    ) -> None:
+        """This rank's share of the old ranks' results not yet passed on (each result a
+        unit, keyed as before) and partial batches (each one unit, called on alone)."""
         held: list[tuple[bool, list[Any], tuple, int]] = []
         for state in states:
             self.load_state_dict(state)  # checks the fields
-            held.extend(self._held)
+            entries = list(self._held)
             if self._results:
-                held.append((True, self._results, self._first_stamp, self._given))
+                entries.append((True, self._results, self._first_stamp, self._given))
             if self._batch:
-                held.append((False, self._batch, self._first_stamp, 0))
+                entries.append((False, self._batch, self._first_stamp, 0))
+            for called, items, stamp, given in entries:
+                if not called:  # its results are known only once called: one unit
+                    held.append((called, items, stamp, given))
+                    continue
+                held += [(True, [result], stamp, given + j) for j, result in enumerate(items)]
         self.reset()
-        self._held = held
+        self._held = share_of(share, held)
 
     def __repr__(self) -> str:
         col = "" if self.input_col is None else f", input_col={self.input_col!r}"

@@ -9,7 +9,7 @@ from typing import Any
 from .._validate import as_length, check_bool
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
-from ._held import HoldsItems
+from ._held import HeldShare, HoldsItems, share_of
 from ._map import check_callable, fn_name
 from ._state_fields import StateFields
 
@@ -40,9 +40,9 @@ class MaxTokenBucketizer(IterDataPipe, HoldsItems):
     longest). At the end the heap is drained the same way. Batches therefore
     grow in length within a buffer; shuffle before and after to vary them. For
     length buckets with a fixed number of buckets, see ``bucket_by_length``.
-    On a resume on another number of ranks one new rank takes the heaps and
-    current batches of the old ranks handed to it (``HoldsItems``): their
-    items go back into its heap, which pops one item per new item until the
+    On a resume on another number of ranks each new rank takes its share of
+    the items of the old ranks' heaps and current batches (``HoldsItems``):
+    they go back into its heap, which pops one item per new item until the
     end.
 
     Args:
@@ -215,8 +215,11 @@ class MaxTokenBucketizer(IterDataPipe, HoldsItems):
         self._ready = ready
         self._source_done = fields.bool("source_done")
 
-    def load_held_states(self, states: list[dict[str, Any]]) -> None:
-        """Every rank's heap, and its current (or finished, unsent) batch, in one heap."""
+    def load_held_states(
+        self, states: list[dict[str, Any]], share: HeldShare | None = None
+    ) -> None:
+        """This rank's share of the old ranks' heaps and current (or finished, unsent)
+        batches' items, in one heap."""
         heap: list[_Sized] = []
         for state in states:
             self.load_state_dict(state)  # checks the fields
@@ -226,6 +229,7 @@ class MaxTokenBucketizer(IterDataPipe, HoldsItems):
                 batches.append(self._ready)
             for items, stamp in batches:
                 heap.extend(_Sized(self._length(item), item, stamp) for item in items)
+        heap = share_of(share, heap)
         heapq.heapify(heap)
         self.reset()
         self._heap = heap

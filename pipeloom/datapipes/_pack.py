@@ -6,7 +6,7 @@ from typing import Any
 
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
-from ._held import HoldsItems
+from ._held import HeldShare, HoldsItems, share_of
 from ._sequences import (
     PadValue,
     check_pad_value,
@@ -218,20 +218,23 @@ class Packer(IterDataPipe, HoldsItems):
         self._ready = [(list(items), stamp) for items, stamp in ready]
         self._done = fields.bool("done")
 
-    def load_held_states(self, states: list[dict[str, Any]]) -> None:
-        """Every rank's open bins and closed rows (see ``HoldsItems``)."""
-        bins: list[list[Any]] = []
-        free: list[int] = []
-        stamps: list[tuple] = []
+    def load_held_states(
+        self, states: list[dict[str, Any]], share: HeldShare | None = None
+    ) -> None:
+        """This rank's share of the old ranks' open bins and closed rows, a row each
+        (see ``HoldsItems``)."""
+        held: list[tuple[list[Any], int, tuple]] = []
         ready: list[tuple[list[Any], tuple]] = []
         for state in states:
             self.load_state_dict(state)  # checks the fields
-            bins += self._bins
-            free += self._free
-            stamps += self._stamps
+            held += zip(self._bins, self._free, self._stamps)
             ready += self._ready
+        mine, ready = share_of(share, held), share_of(share, ready)
         self.reset()
-        self._bins, self._free, self._stamps, self._ready = bins, free, stamps, ready
+        self._bins = [items for items, _, _ in mine]
+        self._free = [free for _, free, _ in mine]
+        self._stamps = [stamp for _, _, stamp in mine]
+        self._ready = ready
         while len(self._free) > self.buffer_size:  # several ranks' bins: pass the extra on
             self._close_fullest()
 

@@ -13,7 +13,7 @@ from ..errors import NotAvailable
 from ..events import ReadinessSource, Signal, Waiter
 from ._base import IterDataPipe
 from ._context import current_stamp, restore_stamp
-from ._held import HoldsItems, held_stamped_items
+from ._held import HeldShare, HoldsItems, held_stamped_items
 from ._state_fields import StateFields
 
 __all__ = ["Prefetcher"]
@@ -29,8 +29,8 @@ class Prefetcher(IterDataPipe, HoldsItems):
     and garbage collection stop and join the thread. The state holds the
     buffered items themselves, saved while the thread is paused, so the
     upstream's state matches the buffer; the thread restarts on the next item.
-    On a resume on another number of ranks one new rank takes the buffered
-    items of the old ranks handed to it (``HoldsItems``); it reads ahead again
+    On a resume on another number of ranks each new rank takes its share of
+    the old ranks' buffered items (``HoldsItems``); it reads ahead again
     once fewer than ``buffer_size`` are left.
 
     Example:
@@ -116,9 +116,11 @@ class Prefetcher(IterDataPipe, HoldsItems):
         worker.items.extend(items)
         worker.ended = ended
 
-    def load_held_states(self, states: list[dict[str, Any]]) -> None:
-        """Every rank's buffered items, passed on before this rank reads ahead."""
-        items = held_stamped_items(self, states, "items")
+    def load_held_states(
+        self, states: list[dict[str, Any]], share: HeldShare | None = None
+    ) -> None:
+        """This rank's share of the buffered items, passed on before it reads ahead."""
+        items = held_stamped_items(self, states, "items", share)
         self.load_state_dict({"items": items, "ended": False})
 
     def _start_paused(self) -> _Worker:

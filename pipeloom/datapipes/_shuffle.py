@@ -10,7 +10,7 @@ from .._validate import check_int
 from ..errors import NotAvailable
 from ._base import IterDataPipe, MapDataPipe
 from ._context import current_stamp, restore_stamp
-from ._held import HoldsItems
+from ._held import HeldShare, HoldsItems, share_of
 from ._state_fields import StateFields
 
 __all__ = ["MapShuffler", "Shuffler"]
@@ -116,14 +116,17 @@ class Shuffler(IterDataPipe, HoldsItems):
         self._source_done = fields.bool("source_done")
         self._buffer = buffer
 
-    def load_held_states(self, states: list[dict[str, Any]]) -> None:
-        """Every rank's buffer; past ``buffer_size``, items go out before more are read."""
-        buffer: list[Any] = []
-        stamps: list[Any] = []
+    def load_held_states(
+        self, states: list[dict[str, Any]], share: HeldShare | None = None
+    ) -> None:
+        """This rank's share of the old ranks' buffers; past ``buffer_size``, items go out
+        before more are read."""
+        held: list[tuple[Any, Any]] = []
         for state in states:
             self.load_state_dict(state)  # checks the fields
-            buffer.extend(self._buffer)
-            stamps.extend(self._stamps)
+            held.extend(zip(self._buffer, self._stamps))
+        mine = share_of(share, held)
+        buffer, stamps = [item for item, _ in mine], [stamp for _, stamp in mine]
         rng = next((s["rng"] for s in states if s.get("rng") is not None), None)
         merged = {"buffer": buffer, "stamps": stamps, "rng": rng, "source_done": False}
         self.load_state_dict({**merged, "merged": len(buffer) > self.buffer_size})

@@ -8,7 +8,7 @@ from typing import Any
 
 from ._base import IterDataPipe
 from ._context import current_stamp, stamp_output
-from ._held import HoldsItems
+from ._held import HeldShare, HoldsItems, share_of
 from ._map import Col, fn_name, make_reader, raise_with_note
 from ._state_fields import StateFields
 
@@ -28,8 +28,8 @@ class ShuffledFlatMapper(IterDataPipe, HoldsItems):
     at random (from the block's epoch seed, so runs repeat), and a new item is
     expanded when one runs out. Each element keeps its order within its
     item's expansion and carries that item's stamp. On a resume on another
-    number of ranks one new rank takes the pending expansions of the old ranks
-    handed to it (``HoldsItems``) and expands new items once fewer than
+    number of ranks each new rank takes its share of the old ranks' pending
+    expansions (``HoldsItems``) and expands new items once fewer than
     ``buffer_size`` are left.
 
     Args:
@@ -136,14 +136,17 @@ class ShuffledFlatMapper(IterDataPipe, HoldsItems):
         self._ended = fields.bool("ended")
         self._pending = pending
 
-    def load_held_states(self, states: list[dict[str, Any]]) -> None:
-        """Every rank's pending expansions; past ``buffer_size`` they drain before new items."""
+    def load_held_states(
+        self, states: list[dict[str, Any]], share: HeldShare | None = None
+    ) -> None:
+        """This rank's share of the old ranks' pending expansions (an expansion is one
+        unit); past ``buffer_size`` they drain before new items."""
         pending: list[Any] = []
         for state in states:
             self.load_state_dict(state)  # checks the fields
             pending.extend(state["pending"])
         rng = next((s["rng"] for s in states if s.get("rng") is not None), None)
-        self.load_state_dict({"pending": pending, "rng": rng, "ended": False})
+        self.load_state_dict({"pending": share_of(share, pending), "rng": rng, "ended": False})
 
     def __repr__(self) -> str:
         name = None if self.fn is None else fn_name(self.fn)

@@ -12,7 +12,7 @@ from ..errors import NotAvailable
 from ..events import ReadinessSource, Signal
 from ._base import IterDataPipe
 from ._context import add_thread_draws, current_stamp, restore_stamp, thread_draws
-from ._held import HoldsItems, held_stamped_items
+from ._held import HeldShare, HoldsItems, held_stamped_items
 from ._map import Col, fn_name, make_map_function, raise_with_note
 from ._state_fields import StateFields
 
@@ -38,8 +38,8 @@ class ThreadPoolMapper(IterDataPipe, HoldsItems):
     draws count for the item as ``map``'s do (a block after it draws the next
     seeds; ``in_memory_cache`` sees them). A
     checkpoint saves the items in flight; a resumed pipeline runs them again
-    (on another number of ranks, one new rank runs the old ranks' items
-    handed to it before it reads more: ``HoldsItems``).
+    (on another number of ranks, each new rank runs its share of the old
+    ranks' items before it reads more: ``HoldsItems``).
 
     Args:
         source: the upstream block.
@@ -162,9 +162,11 @@ class ThreadPoolMapper(IterDataPipe, HoldsItems):
         self.reset()
         self._replay, self._ended = replay, ended
 
-    def load_held_states(self, states: list[dict[str, Any]]) -> None:
-        """Every rank's items in flight, run again before this rank reads more."""
-        in_flight = held_stamped_items(self, states, "in_flight")
+    def load_held_states(
+        self, states: list[dict[str, Any]], share: HeldShare | None = None
+    ) -> None:
+        """This rank's share of the items in flight, run again before it reads more."""
+        in_flight = held_stamped_items(self, states, "in_flight", share)
         self.load_state_dict({"in_flight": in_flight, "ended": False})
 
     def __getstate__(self) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from ._context import (
     worker_info,
 )
 from ._global_rngs import GlobalDrawCheck, global_rng_states, same_rng_states
-from ._held import HoldsItems, load_held
+from ._held import HeldShare, HoldsItems, load_held
 from ._interrupts import cancel_interrupt, interrupt_waits
 from ._pipeline import check_declared_inputs, upstream_blocks
 from ._reader import waited_sources
@@ -60,6 +60,7 @@ __all__ = [
     "GlobalDrawCheck",
     "RUN_LOOP_CODES",
     "Head",
+    "HeldShare",
     "HoldsItems",
     "RestOfEpoch",
     "RunReader",

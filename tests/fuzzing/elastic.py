@@ -125,18 +125,18 @@ def _loader(plan: ElasticPlan, root: str, world: Any, rank: int, inner: tuple) -
 
 def _drop_bound(plan: ElasticPlan) -> int | None:
     """How many items ``uneven="shortest"`` may drop: a position's outputs per rank, old and
-    new (docs/distributed.md: an even split); None where the split is not even (a filter,
-    or positions that are files of many samples)."""
+    new (docs/distributed.md: an even split), and per new rank one held unit (an item, at
+    most a position's outputs) of each block that may hold some after the sharding point
+    (``prefetch``, ``threadpool_map``: shared out over the new ranks); None where the split
+    is not even (a filter, or positions that are files of many samples)."""
     steps = [step[0] for step in (*plan.recipe["prefix"], *plan.recipe["per_item"])]
     steps += [step[0] for step in plan.recipe["tail"]]
     if "keep" in steps or plan.recipe["source"] in ("tar", "webdataset", "lines"):
         return None
-    if "prefetch" in steps or "threadpool_map" in steps:
-        # Known (left to the lead): the items these hold all go to one new rank, and
-        # "shortest" drops them when another new rank has no rest (seed 310350: 29 of 31)
-        return None
     outputs = 2 ** sum(name in ("pairs", "rng_pairs") for name in steps)
-    return outputs * (plan.old + plan.new)
+    after = [step[0] for step in (*plan.recipe["per_item"], *plan.recipe["tail"])]
+    holding = sum(name in ("prefetch", "threadpool_map") for name in after)
+    return outputs * (plan.old + plan.new + holding * plan.new)
 
 
 def _stop_and_resume(

@@ -150,7 +150,7 @@ def test_a_block_not_at_rest_that_declares_no_held_items_refuses_and_says_what_t
 
 
 @pytest.mark.parametrize("kind", ["in-process", "threads"])
-def test_held_items_go_to_one_new_rank_and_ignoring_them_loses_samples(kind):
+def test_held_items_are_shared_out_over_the_new_ranks_and_ignoring_them_loses_samples(kind):
     full = sorted(_samples(_epoch("in-process", packed_after_the_point, 1, 0)[0]))
     for old, new, step in [(2, 3, 2), (3, 2, 1), (4, 2, 2)]:
         head, tail = _elastic(kind, packed_after_the_point, old, new, step)
@@ -178,7 +178,7 @@ def test_merged_buffers_larger_than_a_block_allows_drain_first():
         "done": False,
     }
     rest = iter(pipe)
-    load_held(pipe, {0: [bins, bins], 1: [states, states]})
+    load_held(pipe, {"index": 0, "total": 1, "blocks": {0: [bins, bins], 1: [states, states]}})
     got = sorted(t for values, _, _ in rest for t in values.tolist() if t)
     assert got == sorted([5, 5, 5, 5, 1, 2, 1, 2, 9, 9, 9])
 

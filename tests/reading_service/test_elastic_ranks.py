@@ -95,7 +95,7 @@ def _check(key, heads, resumed, root) -> None:
         assert len(set(got)) == len(got), f"{key}: a sample twice"
         padded = {x for r in resumed for x in r[3]}
         assert set(head) | padded == set(full), f"{key}: a sample never delivered"
-    elif pipeline == "lm":  # batches of documents' tokens; held items went to one new rank
+    elif pipeline == "lm":  # batches of documents' tokens; held items shared out
         every = Counter(t for batch in full for t in batch)
         assert not Counter(t for batch in got for t in batch) - every, f"{key}: a document twice"
         padded = {t for r in resumed for batch in r[3] for t in batch}

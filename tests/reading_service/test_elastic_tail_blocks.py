@@ -3,8 +3,8 @@
 Each old rank stops at a step, the rest of the epoch is read on the new ranks
 (simulated in one process, as in ``test_elastic.py``), and every sample of the
 epoch must come out exactly once: ``in_batch_shuffle`` and ``map_batches``
-between batches keep no state, the others hand what they hold to one new
-rank (``HoldsItems``). ``groupby`` keeps refusing, and says why.
+between batches keep no state, the others share what they hold out over the
+new ranks (``HoldsItems``). ``groupby`` keeps refusing, and says why.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ makes the picture inexact, and it names that block (its *blocker*).
 :func:`merge_rank_states` joins every rank's loader state into one;
 :func:`rest_of_epoch` turns it into the positions no one delivered, which the
 new ranks split again (``pipeloom.datapipes.runtime.RestOfEpoch``), and
-:func:`held_states` hands each old rank's held items, as they are, to one new
-rank (old rank ``r`` to new rank ``r % new_ranks``).
+:func:`held_states` gives every new rank every old rank's held items, of
+which its blocks keep their share (``pipeloom.datapipes.runtime.HeldShare``:
+each held unit to exactly one new rank, by a rule every rank computes alike).
 """
 
 from __future__ import annotations
@@ -273,16 +274,23 @@ def rest_of_epoch(ranks: list[dict[str, Any]]) -> RestOfEpoch:
     )
 
 
-def held_states(ranks: list[dict[str, Any]], total: int, index: int) -> dict[int, list[dict]]:
-    """The held items new rank ``index`` of ``total`` takes (old rank ``r``'s: ``r % total``).
+def held_states(
+    ranks: list[dict[str, Any]], total: int, index: int, uneven: str = "shortest"
+) -> dict[str, Any]:
+    """The held items of new rank ``index`` of ``total``: every old rank's, to share out.
 
-    Returns ``{block index: [its state on each such old rank]}``
-    (``pipeloom.datapipes.runtime.load_held`` gives them to the blocks).
+    Returns ``{"index", "total", "uneven", "blocks": {block index: [its state on
+    each old rank that held items there, by rank]}, "types": {block index: its
+    type's name}}``; the blocks keep their share
+    (``pipeloom.datapipes.runtime.load_held``).
     """
-    held: dict[int, list[dict]] = {}
+    blocks_held: dict[int, list[dict]] = {}
+    types: dict[int, str] = {}
+    held = {"index": index, "total": total, "uneven": uneven, "blocks": blocks_held}
+    held["types"] = types
     for rank, state in enumerate(ranks):
         picture = state.get("elastic") or {}
-        if rank % total != index or not picture.get("held") or state.get("padding"):
+        if not picture.get("held") or state.get("padding"):
             continue
         inner = state.get("inner") or {}
         blocks = (inner.get(picture.get("held_in")) or {}).get("blocks")
@@ -292,5 +300,6 @@ def held_states(ranks: list[dict[str, Any]], total: int, index: int) -> dict[int
                 f"resume on {len(ranks)} ranks"
             )
         for block in picture["held"]:
-            held.setdefault(int(block), []).append(blocks[block]["state"])
+            blocks_held.setdefault(int(block), []).append(blocks[block]["state"])
+            types[int(block)] = str(blocks[block].get("type"))
     return held

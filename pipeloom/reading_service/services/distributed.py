@@ -296,7 +296,7 @@ class DistributedReadingService(ReadingService):
         if world == job.world_size:
             return ranks[job.rank]
         rest = rest_of_epoch(ranks)
-        held = held_states(ranks, job.world_size, job.rank)
+        held = held_states(ranks, job.world_size, job.rank, self.uneven)
         kinds = {(r.get("inner") or {}).get("kind") for r in ranks}
         delivered = StateFields("DistributedReadingService", ranks[0]).int("delivered")
         return {"kind": kinds.pop(), "rest": rest, "held": held, "delivered": delivered}
