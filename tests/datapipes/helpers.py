@@ -5,7 +5,13 @@ from __future__ import annotations
 import random
 import threading
 
-from pipeloom.datapipes import IterDataPipe, current_position, reset_pipeline
+from pipeloom.datapipes import (
+    IterDataPipe,
+    current_position,
+    item_stamp,
+    reset_pipeline,
+    set_item_stamp,
+)
 from pipeloom.errors import NotAvailable
 from pipeloom.events import Signal
 
@@ -132,3 +138,30 @@ class WithPosition(IterDataPipe):
 
 def raise_in_source(i):
     raise ValueError(f"bad item {i}")
+
+
+class Twice(IterDataPipe):
+    """The docs' Twice: two outputs of each input, keys ``(p, 0)`` and ``(p, 1)``."""
+
+    inputs = ("source",)
+
+    def __init__(self, source):
+        self.source = source
+        self.reset()
+
+    def reset(self):
+        self._item, self._stamp, self._next = None, None, 2
+
+    def async_next(self):
+        if self._next == 2:
+            self._item = self.source.async_next()
+            self._stamp, self._next = item_stamp(), 0
+        output, self._next = self._next, self._next + 1
+        set_item_stamp(self._stamp, output=output)
+        return self._item
+
+    def state_dict(self):
+        return {"item": self._item, "stamp": self._stamp, "next": self._next}
+
+    def load_state_dict(self, state):
+        self._item, self._stamp, self._next = state["item"], state["stamp"], state["next"]

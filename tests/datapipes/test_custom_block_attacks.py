@@ -18,12 +18,11 @@ from pipeloom.datapipes import (
     MapDataPipe,
     MapToIter,
     current_position,
-    item_stamp,
-    set_item_stamp,
 )
 from pipeloom.errors import StateError
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
 from pipeloom.testing import collect
+from tests.datapipes.helpers import Twice
 from tests.reading_service.random_pipelines import (
     CustomShardable as Numbers,  # the docs' shardable source
 )
@@ -516,33 +515,6 @@ def test_a_block_that_keeps_its_inputs_iterator_across_epochs_is_told_where_to_c
 
 
 # -- any chain of your blocks resumes exactly, in another service -----------------------------
-
-
-class Twice(IterDataPipe):
-    """The docs' Twice: two outputs of each input, keys ``(p, 0)`` and ``(p, 1)``."""
-
-    inputs = ("source",)
-
-    def __init__(self, source):
-        self.source = source
-        self.reset()
-
-    def reset(self):
-        self._item, self._stamp, self._next = None, None, 2
-
-    def async_next(self):
-        if self._next == 2:
-            self._item = self.source.async_next()
-            self._stamp, self._next = item_stamp(), 0
-        output, self._next = self._next, self._next + 1
-        set_item_stamp(self._stamp, output=output)
-        return self._item
-
-    def state_dict(self):
-        return {"item": self._item, "stamp": self._stamp, "next": self._next}
-
-    def load_state_dict(self, state):
-        self._item, self._stamp, self._next = state["item"], state["stamp"], state["next"]
 
 
 class Pairs(IterDataPipe):

@@ -24,9 +24,8 @@ from pipeloom.datapipes import (
     IterDataPipe,
     SequenceWrapper,
     item_rng,
-    item_stamp,
-    set_item_stamp,
 )
+from tests.datapipes.helpers import Twice
 
 MOD = 1_000_000_007
 SOURCES = (
@@ -233,33 +232,6 @@ class GeneratorSourceNoState(IterDataPipe):
             yield index * 1000 + int(item_rng().integers(1000))
 
 
-class StampedTwice(IterDataPipe):
-    """Each input twice, output j keyed (p, j) with item_stamp()/set_item_stamp()."""
-
-    inputs = ("source",)
-
-    def __init__(self, source):
-        self.source = source
-        self.reset()
-
-    def reset(self):
-        self._item, self._stamp, self._next = None, None, 2
-
-    def async_next(self):
-        if self._next == 2:
-            self._item = self.source.async_next()
-            self._stamp, self._next = item_stamp(), 0
-        output, self._next = self._next, self._next + 1
-        set_item_stamp(self._stamp, output=output)
-        return self._item
-
-    def state_dict(self):
-        return {"item": self._item, "stamp": self._stamp, "next": self._next}
-
-    def load_state_dict(self, state):
-        self._item, self._stamp, self._next = state["item"], state["stamp"], state["next"]
-
-
 # -- files --------------------------------------------------------------------------
 def write_files(root: str, size: int) -> None:
     """Text files ``f0000.txt``... (two lines each) and 3 tar shards of samples 0..size-1."""
@@ -458,7 +430,7 @@ def apply(pipe: IterDataPipe, step: tuple) -> IterDataPipe:
     if name == "map_batches":
         return pipe.map_batches(doubled_run, args[0])
     if name == "stamped_twice":
-        return StampedTwice(pipe)
+        return Twice(pipe)
     if name == "in_memory_cache":
         return pipe.in_memory_cache(allow_random=True)
     if name == "batch":
