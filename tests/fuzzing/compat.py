@@ -24,7 +24,7 @@ from pipeloom.compat import DataLoader
 from pipeloom.datapipes import item_rng
 
 from .recipes import TorchMap
-from .resume import REFUSALS, Outcome, Watchdog, difference, plain, same
+from .resume import Outcome, Watchdog, difference, guarded, plain, same
 
 DATASETS = ("torch_map", "jitter_map", "list")
 
@@ -122,21 +122,8 @@ def run_compat_example(seed: int, watchdog_s: float = 60.0) -> Outcome:
     plan = draw_compat_plan(seed)
     with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="pipeloom-fuzz-"):
         warnings.simplefilter("ignore")
-        with Watchdog(watchdog_s) as watchdog:
-            try:
-                kind, detail = _stop_and_resume(plan, watchdog)
-            except REFUSALS as error:
-                kind, detail = "refused", _first_line(error)
-            except Exception as error:  # noqa: BLE001 - reported as a failure
-                kind, detail = "error", _first_line(error)
-            if watchdog.fired.is_set():
-                kind, detail = "hang", f"the watchdog fired after {watchdog_s} s ({detail})"
+        kind, detail = guarded(watchdog_s, lambda watchdog: _stop_and_resume(plan, watchdog))
     return Outcome(seed, kind, detail, "compat " + plan.describe())
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
 def _loader(plan: CompatPlan, args: dict[str, Any], watchdog: Watchdog) -> DataLoader:

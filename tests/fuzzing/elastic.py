@@ -27,7 +27,15 @@ from pipeloom.reading_service import merge_rank_states
 from tests.reading_service.thread_ranks import rank_service, run_ranks
 
 from .recipes import build, random_recipe, write_files
-from .resume import REFUSALS, Outcome, _shares_partition, make_service, plain, random_service
+from .resume import (
+    REFUSALS,
+    Outcome,
+    _shares_partition,
+    first_line,
+    make_service,
+    plain,
+    random_service,
+)
 
 KINDS = ("in_process", "threads", "processes")
 
@@ -81,21 +89,16 @@ def run_elastic_example(seed: int, timeout_s: float = 30.0) -> Outcome:
         try:
             whole = _whole_epoch(plan, root)
         except Exception as error:  # noqa: BLE001 - the pipeline itself is not valid
-            return Outcome(seed, "invalid", _first_line(error), plan.describe())
+            return Outcome(seed, "invalid", first_line(error), plan.describe())
         try:
             kind, detail = _stop_and_resume(plan, root, whole, timeout_s)
         except REFUSALS as error:
-            kind, detail = "refused", _first_line(error)
+            kind, detail = "refused", first_line(error)
         except AssertionError as error:  # run_ranks: a rank still running (a hang)
-            kind, detail = "hang", _first_line(error)
+            kind, detail = "hang", first_line(error)
         except Exception as error:  # noqa: BLE001 - reported as a failure
-            kind, detail = "error", _first_line(error)
+            kind, detail = "error", first_line(error)
     return Outcome(seed, kind, detail, plan.describe())
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
 def _whole_epoch(plan: ElasticPlan, root: str) -> list:

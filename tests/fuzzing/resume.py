@@ -274,24 +274,33 @@ def run_plan(plan: Plan, seed: int = -1, watchdog_s: float = 60.0) -> Outcome:
         try:
             truth, following = _ground_truth(plan, root, plan.outer)
         except Exception as error:  # noqa: BLE001 - the pipeline itself is not valid
-            return Outcome(seed, "invalid", _first_line(error), description)
+            return Outcome(seed, "invalid", first_line(error), description)
         if plan.outer is not None and _shares_partition(plan.recipe):
             wrong = _union_of_shares(plan, root)
             if wrong:
                 return Outcome(seed, "WRONG", wrong, description)
-        with Watchdog(watchdog_s) as watchdog:
-            try:
-                kind, detail = _stop_and_resume(plan, root, truth, following, watchdog)
-            except REFUSALS as error:
-                kind, detail = "refused", _first_line(error)
-            except Exception as error:  # noqa: BLE001 - reported as a failure
-                kind, detail = "error", _first_line(error)
-            if watchdog.fired.is_set():
-                kind, detail = "hang", f"the watchdog fired after {watchdog_s} s ({detail})"
+        kind, detail = guarded(
+            watchdog_s, lambda dog: _stop_and_resume(plan, root, truth, following, dog)
+        )
     return Outcome(seed, kind, detail, description)
 
 
-def _first_line(error: BaseException) -> str:
+def guarded(watchdog_s: float, run: Any) -> tuple[str, str]:
+    """``run(watchdog)``'s ``(kind, detail)``; a refusal, an error or a hang become one."""
+    with Watchdog(watchdog_s) as watchdog:
+        try:
+            kind, detail = run(watchdog)
+        except REFUSALS as error:
+            kind, detail = "refused", first_line(error)
+        except Exception as error:  # noqa: BLE001 - reported as a failure
+            kind, detail = "error", first_line(error)
+        if watchdog.fired.is_set():
+            kind, detail = "hang", f"the watchdog fired after {watchdog_s} s ({detail})"
+    return kind, detail
+
+
+def first_line(error: BaseException) -> str:
+    """The error's type and its message's first line (a fuzzer outcome's detail)."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
