@@ -104,6 +104,7 @@ class Snapshot(IterDataPipe):
                 f"freeze it on purpose"
             )
         self.source = source
+        self._random_upstream = bool(randoms)
         self.path = os.fspath(path)
         self.key = key
         self.allow_random = bool(allow_random)

@@ -225,6 +225,13 @@ class OrderedReader:
             raise StopIteration
         item = block._pull()
         seed, epoch, key, _ = current_stamp()
+        self.stamp = (seed, epoch)
+        if block._random_upstream:
+            # the snapshot froze another epoch's order (allow_random): this epoch's first
+            # item is not the first record, only its stamp's seed and epoch are wanted
+            if isinstance(item, tuple) and len(item) == 2 and hasattr(item[1], "close"):
+                item[1].close()  # an opened stream nobody reads
+            return None
         position = key_position(key)
         recorded = self.reader.index["position"][number]
         if position is not None and recorded != -1 and position != recorded:
@@ -233,7 +240,6 @@ class OrderedReader:
                 f"{self.reader.directory} has {recorded}; the upstream changed in a way the "
                 f"fingerprint did not see. Delete that directory (or change key=) to rebuild it"
             )
-        self.stamp = (seed, epoch)
         if number == block._emitted:
             block._emitted += 1
             self.next_record += 1

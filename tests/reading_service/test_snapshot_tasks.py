@@ -17,7 +17,11 @@ import pytest
 
 from pipeloom import DataLoader
 from pipeloom.datapipes import IterableWrapper
-from pipeloom.reading_service import InProcessReadingService, MultiProcessingReadingService
+from pipeloom.reading_service import (
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ThreadReadingService,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,3 +70,19 @@ def test_batches_across_positions_written_in_process_read_under_workers_as_writt
     workers = MultiProcessingReadingService(2, start_method="fork")
     with DataLoader(build(), workers, seed=1) as reading:
         assert list(reading) == written
+
+
+def test_a_frozen_shuffle_read_after_the_workers_merge_replays_its_order(tmp_path):
+    # allow_random=True froze epoch 0's order. The reader after the workers' merge learns the
+    # stamp from one live item, whose position (this epoch's order) differed from the first
+    # record's: it raised "the upstream changed", or gave that live item as the first one.
+    def build():
+        pipe = IterableWrapper(range(12)).sharding_filter().shuffle(buffer_size=12)
+        return pipe.snapshot(str(tmp_path), allow_random=True)
+
+    with DataLoader(build(), InProcessReadingService(), seed=2) as writing:
+        frozen = list(writing)
+    assert frozen != sorted(frozen)
+    with DataLoader(build(), ThreadReadingService(2), seed=2) as reading:
+        reading.set_epoch(1)
+        assert list(reading) == frozen
