@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import IterableWrapper, IterDataPipe, item_rng
+from pipeloom.datapipes import IterableWrapper, item_rng
 from pipeloom.reading_service import MultiProcessingReadingService, ThreadReadingService
+from tests.fuzzing.recipes import GeneratorSource  # draws from item_rng(), saves its place
 
 N = 8
 
@@ -132,6 +133,23 @@ def test_a_cache_over_a_random_fork_child_is_refused_with_the_reason():
     assert "also read by" in str(caught.value)
 
 
+def two_epochs(build, seed):
+    """Two epochs of one loader over ``build()``: what a resume must give."""
+    with DataLoader(build(), seed=seed) as loader:
+        return [list(loader), list(loader)]
+
+
+def stopped_and_resumed(build, seed, stop):
+    """The epoch stopped after ``stop`` items and resumed by a fresh loader, and the next."""
+    stopped = DataLoader(build(), seed=seed)
+    epoch = iter(stopped)
+    head = [next(epoch) for _ in range(stop)]
+    state = stopped.state_dict()
+    resumed = DataLoader(build(), seed=seed)
+    resumed.load_state_dict(state)
+    return head + list(resumed), list(resumed)
+
+
 def test_a_state_saved_before_the_first_item_then_resumed_twice_replays_the_fill_epoch():
     # A resumed pass that loaded a state saved before the cache's first item filled
     # without noting its epoch; a state saved in it, resumed, then failed the next
@@ -139,8 +157,7 @@ def test_a_state_saved_before_the_first_item_then_resumed_twice_replays_the_fill
     def build():
         return IterableWrapper(range(6)).shuffle().in_memory_cache(allow_random=True)
 
-    with DataLoader(build(), seed=0) as loader:
-        expected = [list(loader), list(loader)]
+    expected = two_epochs(build, seed=0)
     first = DataLoader(build(), seed=0)
     iter(first)
     state = first.state_dict()  # the epoch started, the cache saw nothing yet
@@ -172,37 +189,10 @@ def test_the_epoch_after_a_resume_draws_as_the_uninterrupted_one_after_the_cache
             .map(jitter)
         )
 
-    with DataLoader(build(), seed=5) as loader:
-        expected = [list(loader), list(loader)]
-    stopped = DataLoader(build(), seed=5)
-    epoch = iter(stopped)
-    head = [next(epoch) for _ in range(stop)]
-    state = stopped.state_dict()
-    resumed = DataLoader(build(), seed=5)
-    resumed.load_state_dict(state)
-    assert head + list(resumed) == expected[0]
-    assert list(resumed) == expected[1]
-
-
-class DrawingSource(IterDataPipe):
-    """A user's generator source whose items draw from item_rng()."""
-
-    def __init__(self, size):
-        self.size, self.next = size, 0
-
-    def reset(self):
-        self.next = 0
-
-    def __iter__(self):
-        while self.next < self.size:
-            self.next += 1
-            yield (self.next - 1, int(item_rng().integers(1 << 30)))
-
-    def state_dict(self):
-        return {"next": self.next}
-
-    def load_state_dict(self, state):
-        self.next = state["next"]
+    expected = two_epochs(build, seed=5)
+    resumed_epoch, next_epoch = stopped_and_resumed(build, seed=5, stop=stop)
+    assert resumed_epoch == expected[0]
+    assert next_epoch == expected[1]
 
 
 @pytest.mark.parametrize("drawn_in", ["source", "map_before_sharding"])
@@ -213,22 +203,16 @@ def test_draws_before_a_block_that_restamps_the_items_are_replayed_after_a_resum
     # after a resume read the items before the resume point live, with new draws.
     def build():
         if drawn_in == "source":
-            pipe = DrawingSource(3).sharding_filter()
+            pipe = GeneratorSource(3).sharding_filter()
         else:
             pipe = IterableWrapper(range(3)).map(jitter).sharding_filter()
         return pipe.in_memory_cache(allow_random=True)
 
-    with DataLoader(build(), seed=7) as loader:
-        expected = [list(loader), list(loader)]
+    expected = two_epochs(build, seed=7)
     assert expected[0] == expected[1]  # the cache replays the first epoch
-    stopped = DataLoader(build(), seed=7)
-    epoch = iter(stopped)
-    head = [next(epoch) for _ in range(stop)]
-    state = stopped.state_dict()
-    resumed = DataLoader(build(), seed=7)
-    resumed.load_state_dict(state)
-    assert head + list(resumed) == expected[0]
-    assert list(resumed) == expected[1]
+    resumed_epoch, next_epoch = stopped_and_resumed(build, seed=7, stop=stop)
+    assert resumed_epoch == expected[0]
+    assert next_epoch == expected[1]
 
 
 def test_draws_before_the_sharding_point_are_refused_without_allow_random():
@@ -255,16 +239,10 @@ def test_a_threadpool_map_that_read_the_cache_to_its_end_resumes_into_the_replay
             .threadpool_map(tagged, max_workers=2)
         )
 
-    with DataLoader(build(), seed=1) as loader:
-        expected = [list(loader), list(loader)]
-    stopped = DataLoader(build(), seed=1)
-    epoch = iter(stopped)
-    head = [next(epoch) for _ in range(stop)]
-    state = stopped.state_dict()
-    resumed = DataLoader(build(), seed=1)
-    resumed.load_state_dict(state)
-    assert head + list(resumed) == expected[0]
-    assert list(resumed) == expected[1]
+    expected = two_epochs(build, seed=1)
+    resumed_epoch, next_epoch = stopped_and_resumed(build, seed=1, stop=stop)
+    assert resumed_epoch == expected[0]
+    assert next_epoch == expected[1]
 
 
 @pytest.mark.parametrize("stop", [1, 4])
@@ -281,8 +259,7 @@ def test_a_state_saved_right_after_such_a_resume_still_says_the_cache_reached_it
             .threadpool_map(tagged, max_workers=1)
         )
 
-    with DataLoader(build(), seed=5) as loader:
-        expected = [list(loader), list(loader)]
+    expected = two_epochs(build, seed=5)
     stopped = DataLoader(build(), seed=5)
     epoch = iter(stopped)
     head = [next(epoch) for _ in range(stop)]
@@ -303,16 +280,10 @@ def test_a_cycle_upstream_is_replayed_with_each_rounds_seeds(stop):
     # round's under a cycle, and a replay of the fill epoch (the items before a resume
     # point) pinned every round to them: round 0's items came back with round 1's draws.
     def build():
-        return DrawingSource(2).cycle(2).sharding_filter().in_memory_cache(allow_random=True)
+        return GeneratorSource(2).cycle(2).sharding_filter().in_memory_cache(allow_random=True)
 
-    with DataLoader(build(), seed=3) as loader:
-        expected = [list(loader), list(loader)]
+    expected = two_epochs(build, seed=3)
     assert expected[0] == expected[1]
-    stopped = DataLoader(build(), seed=3)
-    epoch = iter(stopped)
-    head = [next(epoch) for _ in range(stop)]
-    state = stopped.state_dict()
-    resumed = DataLoader(build(), seed=3)
-    resumed.load_state_dict(state)
-    assert head + list(resumed) == expected[0]
-    assert list(resumed) == expected[1]
+    resumed_epoch, next_epoch = stopped_and_resumed(build, seed=3, stop=stop)
+    assert resumed_epoch == expected[0]
+    assert next_epoch == expected[1]
