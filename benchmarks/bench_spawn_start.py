@@ -13,6 +13,8 @@ the figures are about start-up, not the epoch. Loaders:
 - pipeloom classic: ``IterableWrapper(range(1024)).sharding_filter()
   .map(dataset.__getitem__).batch(64).collate()`` under
   ``MultiProcessingReadingService(w, start_method="spawn", persistent_workers=True)``;
+- the same with ``warm_start=True``: the main process's threads make the
+  first batches while the worker processes start;
 - ``pipeloom.compat.DataLoader`` with torch's arguments.
 
 pipeloom spawns through its start server (``PIPELOOM_SPAWN_SERVER=0``:
@@ -75,14 +77,15 @@ def loaders(dataset: Strings, workers: int):
     )
     yield "torch", lambda: torch.utils.data.DataLoader(dataset, **torch_args)
 
-    def classic() -> pipeloom.DataLoader:
+    def classic(warm_start: bool) -> pipeloom.DataLoader:
         pipe = IterableWrapper(range(READ)).sharding_filter().map(dataset.__getitem__)
         service = MultiProcessingReadingService(
-            workers, start_method="spawn", persistent_workers=True
+            workers, start_method="spawn", persistent_workers=True, warm_start=warm_start
         )
         return pipeloom.DataLoader(pipe.batch(BATCH).collate(), service, seed=0)
 
-    yield "pipeloom classic", classic
+    yield "pipeloom classic", lambda: classic(False)
+    yield "pipeloom classic, warm_start", lambda: classic(True)
     yield "pipeloom.compat", lambda: pipeloom.compat.DataLoader(dataset, **torch_args)
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import multiprocessing
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from ..._validate import (
     check_bool,
@@ -18,10 +20,12 @@ from ..._validate import (
 from ...datapipes import IterDataPipe
 from ...datapipes.runtime import block_seed
 from ...graph import Plan
+from ..planning.cut import PlanError
 from ..planning.planner import Settings, make_plan
 from ..strategies.chunked import ChunkedRunner
 from ..strategies.classic.process_pool import ProcessPool
 from ..strategies.classic.runner import ClassicRunner
+from ..strategies.classic.warm_start import WarmStartRunner
 from ..strategies.economic import EconomicRunner
 from ..strategies.in_process import InProcessRunner
 from ..strategies.runner import Runner
@@ -29,6 +33,7 @@ from ..workers.process import worker_context
 from ..workers.rngs import workers_seed
 from ..workers.start_server import ServedContext, start_server
 from .base import PlannedService
+from .threads import ThreadReadingService
 
 __all__ = ["STRATEGIES", "MultiProcessingReadingService", "default_batch_workers"]
 
@@ -101,6 +106,18 @@ class MultiProcessingReadingService(PlannedService):
             fewer, or one item per chunk when the
             per-item blocks may make several outputs of one input, such as a
             tar shard's samples); at most the batch size.
+        warm_start: under spawn or forkserver, start the worker processes in a
+            background thread and meanwhile run the workers' part in
+            ``num_workers`` threads of this process, so the first batches come
+            as soon as in-process ones, whatever the dataset's size; between
+            two outputs once the processes are up, the epoch moves to them
+            (no output repeated or dropped, the order unchanged). Classic
+            only, without ``worker_init_fn`` (the threads could not run it).
+            Items drawn from ``item_rng()`` are the same wherever they are
+            made; draws from the global RNGs in the threads are the main
+            process's. Under fork (workers start in milliseconds), for ranks
+            and for pipelines with a separate-process block it changes
+            nothing. See ``docs/reading_services.md`` (warm start).
         reseed_global_rngs: seed each worker's global RNGs (``random``, NumPy,
             torch) from (seed, epoch, worker id) at every epoch (True), or
             only when the worker starts (False): then a persistent worker's
@@ -135,6 +152,7 @@ class MultiProcessingReadingService(PlannedService):
         num_batch_workers: int | None = None,
         chunk_size: int | None = None,
         reseed_global_rngs: bool = True,
+        warm_start: bool = False,
     ) -> None:
         check_int("num_workers", num_workers, minimum=0, hint="use 0 to load in the calling thread")
         check_int(
@@ -143,6 +161,8 @@ class MultiProcessingReadingService(PlannedService):
         check_bool("persistent_workers", persistent_workers)
         check_bool("in_order", in_order)
         check_bool("reseed_global_rngs", reseed_global_rngs)
+        check_bool("warm_start", warm_start)
+        _check_warm_start(warm_start, strategy, worker_init_fn)
         _check_strategy_args(strategy, prefetch_factor, num_batch_workers, chunk_size, in_order)
         if not reseed_global_rngs and strategy != "classic":
             raise ValueError(
@@ -169,6 +189,7 @@ class MultiProcessingReadingService(PlannedService):
         )
         self.chunk_size = chunk_size
         self.reseed_global_rngs = reseed_global_rngs
+        self.warm_start = warm_start
         if num_workers > 0 and isinstance(worker_context(start_method), ServedContext):
             start_server()  # not waited for: it imports torch while the program goes on
         # The one place the strategy matters: which runner initialize() builds. A plain
@@ -208,9 +229,7 @@ class MultiProcessingReadingService(PlannedService):
 
     def _classic(self, pipeline: IterDataPipe) -> Runner:
         plan = self.plan(pipeline)
-        pool = ProcessPool(
-            plan,
-            seed=workers_seed(block_seed(plan.part("workers").exit), plan.outer),  # type: ignore[arg-type]
+        options = _ClassicOptions(
             count=self.num_workers,
             prefetch=self.prefetch_factor,
             start_method=self.start_method,
@@ -218,16 +237,27 @@ class MultiProcessingReadingService(PlannedService):
             persistent=self.persistent_workers,
             timeout=self.timeout,
             reseed_global_rngs=self.reseed_global_rngs,
-        )
-        return ClassicRunner(
-            pipeline,
-            plan,
-            pool,
             in_order=self.in_order,
-            timeout=self.timeout,
-            start_method=self.start_method,
-            prefetch=self.prefetch_factor,
         )
+        threads = self._warm_threads(pipeline, plan) if self.warm_start else None
+        if threads is None:
+            return _classic_runner(pipeline, plan, options)
+        launch = functools.partial(_started_classic_runner, pipeline, plan, options)
+        return WarmStartRunner(pipeline, plan, threads, launch)
+
+    def _warm_threads(self, pipeline: IterDataPipe, plan: Plan) -> Runner | None:
+        """The threads that run a warm start's first outputs, or None where none helps."""
+        forked = worker_context(self.start_method).get_start_method() == "fork"
+        separate = any(part.role == "separate process" for part in plan.parts)
+        if forked or separate or self.outer != (1, 0):
+            return None
+        threads = ThreadReadingService(
+            self.num_workers, prefetch_factor=self.prefetch_factor, in_order=self.in_order
+        )
+        try:
+            return threads.make_runner(pipeline)
+        except PlanError:
+            return None
 
     def _dispatch(self, pipeline: IterDataPipe) -> Runner:
         plan = self.plan(pipeline)
@@ -246,7 +276,76 @@ class MultiProcessingReadingService(PlannedService):
         return (
             f"MultiProcessingReadingService(num_workers={self.num_workers}, "
             f"prefetch_factor={self.prefetch_factor}, start_method={self.start_method!r}, "
-            f"persistent_workers={self.persistent_workers}, strategy={self.strategy!r})"
+            f"persistent_workers={self.persistent_workers}, strategy={self.strategy!r}"
+            f"{', warm_start=True' if self.warm_start else ''})"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _ClassicOptions:
+    """The service's arguments a classic runner over processes is built from."""
+
+    count: int
+    prefetch: int
+    start_method: str | None
+    worker_init_fn: Callable[[int], None] | None
+    persistent: bool
+    timeout: float | None
+    reseed_global_rngs: bool
+    in_order: bool
+
+
+def _classic_runner(pipeline: IterDataPipe, plan: Plan, options: _ClassicOptions) -> ClassicRunner:
+    pool = ProcessPool(
+        plan,
+        seed=workers_seed(block_seed(plan.part("workers").exit), plan.outer),  # type: ignore[arg-type]
+        count=options.count,
+        prefetch=options.prefetch,
+        start_method=options.start_method,
+        worker_init_fn=options.worker_init_fn,
+        persistent=options.persistent,
+        timeout=options.timeout,
+        reseed_global_rngs=options.reseed_global_rngs,
+    )
+    return ClassicRunner(
+        pipeline,
+        plan,
+        pool,
+        in_order=options.in_order,
+        timeout=options.timeout,
+        start_method=options.start_method,
+        prefetch=options.prefetch,
+    )
+
+
+def _started_classic_runner(
+    pipeline: IterDataPipe, plan: Plan, options: _ClassicOptions
+) -> ClassicRunner:
+    """A classic runner whose worker processes are started (a warm start's background)."""
+    runner = _classic_runner(pipeline, plan, options)
+    try:
+        cast(ProcessPool, runner.pool).start_processes()
+    except BaseException:
+        runner.shutdown()
+        raise
+    return runner
+
+
+def _check_warm_start(warm_start: bool, strategy: str, worker_init_fn: Any) -> None:
+    """Explain a warm start that cannot work."""
+    if not warm_start:
+        return
+    if strategy != "classic":
+        raise ValueError(
+            f"warm_start=True only applies to strategy='classic', got strategy={strategy!r}, "
+            f"whose epochs cannot move between threads and processes; drop warm_start or use "
+            f"strategy='classic'"
+        )
+    if worker_init_fn is not None:
+        raise ValueError(
+            f"warm_start=True runs the first outputs in threads of this process, which cannot "
+            f"run worker_init_fn={worker_init_fn!r} (it would run in the main process); drop "
+            f"one of them"
         )
 
 

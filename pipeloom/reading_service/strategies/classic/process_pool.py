@@ -101,6 +101,11 @@ class ProcessPool:
             raise
         return self._processes.channels
 
+    def start_processes(self) -> None:
+        """Start the worker processes now; they wait for an epoch (``warm_start.py``)."""
+        if self._processes is None:
+            self._processes = _Processes(self)
+
     def finish_epoch(self, *, abandoned: bool) -> None:
         if self._processes is None or (self.persistent and not abandoned):
             return
