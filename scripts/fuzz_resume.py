@@ -8,7 +8,8 @@ Usage::
 ``--modes`` widens what each seed draws (a seed without modes draws what it always
 drew): ``ranks`` runs one rank's share under outer sharding and checks the shares
 of all ranks partition the epoch; ``slow_starts`` sometimes starts worker processes
-by spawn or forkserver (slow). ``--loader compat`` fuzzes the torch drop-in
+by spawn or forkserver (slow); ``warm_starts`` sometimes does so with
+``warm_start=True``. ``--loader compat`` fuzzes the torch drop-in
 (``pipeloom.compat.DataLoader`` over map-style datasets) instead; ``--kinds`` and
 ``--modes`` do not apply there. ``--loader elastic`` stops an epoch on some ranks
 (threads of this process running ``DistributedReadingService``), joins their states

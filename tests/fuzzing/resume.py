@@ -39,8 +39,10 @@ FAILURES = ("WRONG", "error", "hang")
 # that rank's in-process share, and the shares of all ranks against the whole epoch;
 # "slow_starts": worker processes are sometimes started by spawn or forkserver;
 # "stamps": recipes.random_recipe(stamps=True), item_rng() after every fan-out;
-# "snapshots": each in_memory_cache step is a snapshot(allow_random=True) on disk instead.
-MODES = ("ranks", "slow_starts", "stamps", "snapshots")
+# "snapshots": each in_memory_cache step is a snapshot(allow_random=True) on disk instead;
+# "warm_starts": classic processes are sometimes started by spawn or forkserver with
+# warm_start=True (threads of this process make the first outputs).
+MODES = ("ranks", "slow_starts", "stamps", "snapshots", "warm_starts")
 REFUSALS = (StateError, ValueError)
 
 
@@ -85,6 +87,9 @@ def random_service(
     if strategy != "classic":
         extra = rng.choice([None, None, 0, 1, 2] if strategy == "economic" else [None, None, 1, 2])
     workers, prefetch = rng.choice([1, 2, 3]), rng.choice([1, 2])
+    if "warm_starts" in modes and strategy == "classic" and rng.random() < 0.3:
+        start = rng.choice(["spawn", "forkserver"])  # threads first, then the processes
+        return ("processes", workers, strategy, persistent, in_order, prefetch, extra, start, True)
     if "slow_starts" in modes and rng.random() < 0.15:  # slow: a fresh interpreter per worker
         start = rng.choice(["spawn", "forkserver"])
         return ("processes", workers, strategy, persistent, in_order, prefetch, extra, start)
@@ -111,6 +116,7 @@ def _make_service(description: tuple, timeout: float) -> Any:
         workers,
         prefetch_factor=prefetch,
         start_method=start[0] if start else "fork",
+        warm_start=len(start) > 1 and start[1],
         persistent_workers=persistent,
         timeout=timeout,
         in_order=in_order,

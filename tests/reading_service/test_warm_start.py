@@ -161,3 +161,38 @@ def test_warm_start_refuses_what_it_cannot_do(options, message):
 def test_warm_start_must_be_a_bool():
     with pytest.raises(TypeError, match="warm_start"):
         MultiProcessingReadingService(2, warm_start="yes")
+
+
+def test_an_epoch_left_in_the_threads_then_a_whole_epoch():
+    with DataLoader(endless(), warm(persistent_workers=True), seed=7) as loader:
+        first = next(iter(loader))  # the iterator is dropped: that epoch is abandoned
+        taken, _ = until_processes_made(iter(loader))
+        loader.set_epoch(0)
+        again, _ = until_processes_made(iter(loader))
+    assert first[0][2] == MAIN
+    with DataLoader(endless(), seed=7) as in_process:
+        in_process.set_epoch(1)
+        second = plain(itertools.islice(in_process, len(taken)))
+    assert plain(taken) == second
+    assert plain(again) == reference(endless(), len(again))
+
+
+def test_in_arrival_order_an_epoch_stays_where_it_started():
+    # in_order=False cannot checkpoint (arrival order cannot be replayed): no move mid-epoch
+    def pipe():
+        return IterableWrapper(range(200)).sharding_filter().map(made_where).batch(4)
+
+    def items(batches):
+        return sorted(item for batch in plain(batches) for item in batch)
+
+    service = warm(in_order=False, persistent_workers=True)
+    with DataLoader(pipe(), seed=7) as in_process, DataLoader(pipe(), service, seed=7) as loader:
+        for epoch in range(200):
+            batches = list(loader)
+            in_threads = {item[2] == MAIN for batch in batches for item in batch}
+            assert len(in_threads) == 1, f"epoch {epoch} was split between threads and processes"
+            assert items(batches) == items(in_process), f"epoch {epoch}"
+            if in_threads == {False}:
+                break
+        else:
+            raise AssertionError("no epoch ran in the worker processes")
