@@ -52,7 +52,6 @@ class WarmStartRunner(Runner):
         self._threads: Runner | None = threads
         self._launch = _Launch(launch)
         self._active: Runner = threads
-        self.moved_mid_epoch = 0  # epochs moved from the threads to the processes mid-epoch
 
     def start_epoch(self, epoch: int, state: dict[str, Any] | None) -> Iterator[Any]:
         processes = self._launch.ready()
@@ -101,10 +100,10 @@ class WarmStartRunner(Runner):
         close = getattr(items, "close", None)
         if close is not None:
             close()
-        self._retire_threads()
+        self._retire_threads()  # its state (the move's point) stays readable till then
+        moved = processes.start_epoch(epoch, state)
         self._active = processes
-        self.moved_mid_epoch += 1
-        return processes.start_epoch(epoch, state)
+        return moved
 
     def _retire_threads(self) -> None:
         threads, self._threads = self._threads, None
