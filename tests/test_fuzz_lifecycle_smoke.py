@@ -14,7 +14,9 @@ from tests.fuzzing.lifecycle import KINDS, OPS, draw_plan, run_lifecycle_example
 pytestmark = pytest.mark.timeout(120)
 
 SEEDS = tuple(range(30))  # about 5 s
-REGRESSIONS: tuple[int, ...] = ()  # seeds that once found a bug
+# seeds that once found a bug: an in-process item took the draws of an item of another
+# loader in this thread (560)
+REGRESSIONS = (560,)
 
 
 def test_the_seeds_cover_every_service_and_operation():
