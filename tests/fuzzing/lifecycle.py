@@ -42,6 +42,8 @@ OPS = (
     "state_blocked",
     "shutdown_blocked",
     "load_blocked",
+    "iter_blocked",
+    "end_epoch_blocked",
     "load",
     "set_epoch",
     "end_epoch",
@@ -51,7 +53,7 @@ OPS = (
     "stats",
     "drop",
 )
-WEIGHTS = (6, 4, 3, 2, 1, 1, 3, 1, 1, 1, 1, 1, 1, 1)
+WEIGHTS = (6, 4, 3, 2, 1, 1, 1, 1, 3, 1, 1, 1, 1, 1, 1, 1)
 
 
 @dataclasses.dataclass
@@ -143,11 +145,16 @@ def children() -> dict[int, str]:
 class Side:
     """The current loader of one side (the service's, or the reference's) and its states."""
 
-    def __init__(self, plan: Plan, root: str, watchdog: Watchdog, reference: bool) -> None:
+    def __init__(
+        self, plan: Plan, root: str, watchdog: Watchdog, reference: bool, epochs: Any
+    ) -> None:
         self.plan, self.root, self.watchdog, self.reference = plan, root, watchdog, reference
+        self.epochs = epochs  # epoch -> its items uninterrupted (None: not checked)
+        self.off: str | None = None  # where items taken were not the epoch's
         self.states: list[dict] = []
         self.loader: DataLoader | None = None
         self.iterator: Any = None
+        self.started: Any = None  # an iterator another thread started (iter_blocked)
         self.baseline = set(children())  # processes that are not this side's
         self.new_loader(plan.service)
 
@@ -177,14 +184,34 @@ class Side:
         return self._attempt(getattr(self, "_" + op[0]), *op[1:], hint=hint)
 
     def _take(self, partial: list, hint: Any, count: int) -> tuple:
+        iterator = self.iterator
+        epoch, start = getattr(iterator, "epoch", None), getattr(iterator, "delivered", None)
         items: list = []
         partial.append(items)
         for _ in range(count):
             try:
-                items.append(plain(next(self.iterator)))
+                items.append(plain(next(iterator)))
             except StopIteration:
+                self._check(epoch, start, items, ended=True)
                 return (items, "end")
+        self._check(epoch, start, items, ended=False)
         return (items,)
+
+    def _check(self, epoch: int | None, start: int | None, items: list, ended: bool) -> None:
+        """Note where ``items`` (from item ``start`` of ``epoch``) are not that epoch's."""
+        whole = self.epochs(epoch) if epoch is not None and start is not None else None
+        if whole is None or self.off is not None:
+            return
+        assert start is not None
+        if items != whole[start : start + len(items)] or (
+            ended and start + len(items) != len(whole)
+        ):
+            expected = whole[start : start + len(items)]
+            self.off = (
+                f"items {start}..{start + len(items)} of epoch {epoch}{' (its end)' * ended} "
+                f"are {_short(items)}, the uninterrupted epoch's {_short(expected)} "
+                f"(of {len(whole)})"
+            )
 
     def _next(self, partial: list, hint: Any, count: int) -> tuple:
         if self.iterator is None:
@@ -211,8 +238,22 @@ class Side:
     def _load_blocked(self, partial: list, hint: Any) -> tuple:
         return self._blocked(hint, self._load, 0, None)
 
+    def _iter_blocked(self, partial: list, hint: Any) -> tuple:
+        try:
+            return self._blocked(hint, self._start)
+        finally:  # the new epoch's iterator is the one read from now on
+            self.iterator, self.started = self.started or self.iterator, None
+
+    def _end_epoch_blocked(self, partial: list, hint: Any) -> tuple:
+        return self._blocked(hint, self._end_epoch)
+
+    def _start(self, partial: list, hint: Any) -> tuple:
+        self.started = iter(self.loader)
+        return ("started",)
+
     def _blocked(self, hint: Any, action: Any, *args: Any) -> tuple:
-        """``action`` (state_dict, shutdown, load_state_dict) from another thread during ``next()``.
+        """``action`` (state_dict, shutdown, load_state_dict, iter, end_epoch) from another
+        thread during ``next()``.
 
         Which comes first is a race; the reference runs the action on the side of the
         item that the service's did (``hint``: "before" or "after"). Afterwards,
@@ -340,8 +381,9 @@ def run_plan(plan: Plan, seed: int = -1, watchdog_s: float = 60.0) -> Outcome:
 
 
 def _lockstep(plan: Plan, root: str, watchdog: Watchdog) -> tuple[str, str]:
-    service = Side(plan, root, watchdog, reference=False)
-    reference = Side(plan, root, watchdog, reference=True)
+    epochs = Epochs(plan, root)
+    service = Side(plan, root, watchdog, reference=False, epochs=epochs)
+    reference = Side(plan, root, watchdog, reference=True, epochs=epochs)
     ops = [*plan.ops, ("iter", 1000)]  # a last whole epoch: do they still agree?
     for number, op in enumerate(ops):
         got = service.apply(op)
@@ -349,6 +391,9 @@ def _lockstep(plan: Plan, root: str, watchdog: Watchdog) -> tuple[str, str]:
         expected = reference.apply(op, hint)
         if got[:1] == ("LEAK",):
             return "LEAK", f"op {number} {op}: {got[1]}"
+        for side, name in ((service, "the service"), (reference, "in-process")):
+            if side.off is not None:
+                return "WRONG", f"op {number} {op}: under {name}, {side.off}"
         blocked = op[0] == "state_blocked" and len(got) >= 3
         if op[0] == "state" or blocked:  # a state the service cannot save: not remembered
             if _refused(got[0] if blocked else got, expected[0] if blocked else expected):
@@ -360,6 +405,32 @@ def _lockstep(plan: Plan, root: str, watchdog: Watchdog) -> tuple[str, str]:
             return "refused", f"op {number} {op}: {raised[1]}"
         return "WRONG", f"op {number} {op}: got {_short(got)}, expected {_short(expected)}"
     return "ok", f"{len(ops)} operations"
+
+
+class Epochs:
+    """Each epoch's items read uninterrupted in-process by a new loader (the oracle).
+
+    None where that is no oracle: the pipeline fails, or an ``in_memory_cache``
+    replays the first epoch it cached (docs/caching.md), whichever that was.
+    """
+
+    def __init__(self, plan: Plan, root: str) -> None:
+        self.plan, self.root = plan, root
+        self.cached: dict[int, list | None] = {}
+        steps = (*plan.recipe["prefix"], *plan.recipe["per_item"], *plan.recipe["tail"])
+        self.checked = all(step[0] != "in_memory_cache" for step in steps)
+
+    def __call__(self, epoch: int) -> list | None:
+        if not self.checked:
+            return None
+        if epoch not in self.cached:
+            try:
+                with DataLoader(build(self.plan.recipe, self.root), seed=self.plan.seed) as loader:
+                    loader.set_epoch(epoch)
+                    self.cached[epoch] = [plain(x) for x in loader]
+            except Exception:  # noqa: BLE001 - the pipeline itself fails: no oracle
+                self.cached[epoch] = None
+        return self.cached[epoch]
 
 
 def _refused(got: Any, expected: Any) -> bool:
