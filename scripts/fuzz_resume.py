@@ -13,7 +13,11 @@ by spawn or forkserver (slow); ``warm_starts`` sometimes does so with
 (``pipeloom.compat.DataLoader`` over map-style datasets) instead; ``--kinds`` and
 ``--modes`` do not apply there. ``--loader elastic`` stops an epoch on some ranks
 (threads of this process running ``DistributedReadingService``), joins their states
-and resumes on another number of ranks (``tests/fuzzing/elastic.py``).
+and resumes on another number of ranks (``tests/fuzzing/elastic.py``). ``--loader lifecycle``
+runs a random sequence of loader operations (iter, break, state_dict from another
+thread, load_state_dict into a new loader, set_epoch, end_epoch, shutdown, dropping
+the loader under gc.disable(), ...) on a service and in-process in lockstep, and
+compares every result (``tests/fuzzing/lifecycle.py``; ``--kinds`` may add ``auto``).
 
 Prints one line per example (``seed=N kind: detail | plan``) and a summary;
 exits 1 if any example gave wrong data, raised where in-process did not, or
@@ -35,7 +39,11 @@ sys.path.insert(0, str(ROOT))  # the repository: tests is a package there
 
 from tests.fuzzing.compat import run_compat_example  # noqa: E402
 from tests.fuzzing.elastic import run_elastic_example  # noqa: E402
+from tests.fuzzing.lifecycle import KINDS as LIFECYCLE_KINDS  # noqa: E402
+from tests.fuzzing.lifecycle import run_lifecycle_example  # noqa: E402
 from tests.fuzzing.resume import MODES, run_example  # noqa: E402
+
+KINDS_DEFAULT = "in_process,threads,processes"  # lifecycle: and auto
 
 
 def shm_entries() -> set[str]:
@@ -56,15 +64,16 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=200, help="how many examples")
     parser.add_argument(
         "--kinds",
-        default="in_process,threads,processes",
+        default=KINDS_DEFAULT,
         help="the services to draw from, comma separated",
     )
     parser.add_argument("--modes", default="", help=f"comma separated, some of {', '.join(MODES)}")
     parser.add_argument(
         "--loader",
-        choices=["pipeloom", "compat", "elastic"],
+        choices=["pipeloom", "compat", "elastic", "lifecycle"],
         default="pipeloom",
-        help="pipeloom.DataLoader over random pipelines, the torch drop-in, or ranks",
+        help="pipeloom.DataLoader over random pipelines, the torch drop-in, ranks, or "
+        "random sequences of loader operations",
     )
     parser.add_argument("--watchdog", type=float, default=60.0, help="seconds per example")
     parser.add_argument("--quiet", action="store_true", help="print only failures and refusals")
@@ -80,6 +89,9 @@ def main() -> int:
             outcome = run_compat_example(seed, watchdog_s=args.watchdog)
         elif args.loader == "elastic":
             outcome = run_elastic_example(seed, timeout_s=args.watchdog / 2)
+        elif args.loader == "lifecycle":
+            lifecycle_kinds = kinds if args.kinds != KINDS_DEFAULT else LIFECYCLE_KINDS
+            outcome = run_lifecycle_example(seed, lifecycle_kinds, watchdog_s=args.watchdog)
         else:
             outcome = run_example(seed, kinds, watchdog_s=args.watchdog, modes=modes)
         counts[outcome.kind] += 1

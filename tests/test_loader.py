@@ -31,6 +31,22 @@ def test_same_seed_and_epoch_give_the_same_items():
     assert list(a) == list(b)
 
 
+def test_an_epoch_draws_the_same_after_another_epoch_stopped_in_this_thread():
+    # The item stamp is per thread: an in-process epoch left after its first item
+    # (another loader's, or this one's before a restart) gave the next epoch's first
+    # item its draws, so item 0 drew other numbers than it draws alone (or in workers).
+    truth = list(DataLoader(noisy(3), seed=1))
+    other = iter(DataLoader(noisy(3), seed=1))
+    next(other)  # left mid-epoch
+    assert list(DataLoader(noisy(3), seed=1)) == truth
+    zipped = zip(DataLoader(noisy(3), seed=1), DataLoader(noisy(3), seed=1))
+    assert [b for _, b in zipped] == truth  # two loaders read in lockstep
+    loader = DataLoader(noisy(3), seed=1)
+    next(iter(loader))  # a break after the first item, then the same epoch again
+    loader.set_epoch(0)
+    assert list(loader) == truth
+
+
 def test_set_epoch_replays_an_epoch():
     loader = DataLoader(noisy(), seed=1)
     list(loader)

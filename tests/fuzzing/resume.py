@@ -33,7 +33,7 @@ from pipeloom.reading_service import (
 
 from .recipes import ORDER_FREE, build, random_recipe, write_files
 
-FAILURES = ("WRONG", "error", "hang")
+FAILURES = ("WRONG", "error", "hang", "LEAK")  # LEAK: the lifecycle fuzzer's
 # Options that widen what a seed draws; without them a seed draws what it always drew.
 # "ranks": both loaders run one rank's share (``set_outer_sharding``), checked against
 # that rank's in-process share, and the shares of all ranks against the whole epoch;

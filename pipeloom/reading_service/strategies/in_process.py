@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from ...datapipes import (
@@ -19,6 +19,7 @@ from ...datapipes.runtime import (
     iteration_marks,
     key_position,
     load_held,
+    restore_stamp,
 )
 from ...errors import StateError, StateOfAnotherService
 from ...graph import Plan
@@ -69,9 +70,8 @@ class InProcessRunner(Runner):
                 if isinstance(point.rest, RestOfEpoch):
                     self._skipper = _DeliveredOutputs(point.rest, group_size, state["rest_skipped"])
         self._marks = iteration_marks(pipeline)
-        if self._skipper is None:
-            return drain(pipeline)
-        return self._skipper.filter(drain(pipeline))
+        items = drain(pipeline)
+        return _own_stamps(items if self._skipper is None else self._skipper.filter(items), epoch)
 
     def shutdown(self) -> None:
         """Restart the blocks still in the last epoch: a stream it left open closes now.
@@ -103,6 +103,36 @@ class InProcessRunner(Runner):
         if self._skipper is not None:
             state["rest_skipped"] = self._skipper.state()
         return state
+
+
+def _own_stamps(items: Iterator[Any], epoch: int) -> Iterator[Any]:
+    """``items``, each made from a clean item stamp, as a worker starts its epoch.
+
+    The stamp is per thread, and this thread may have made items of another loader
+    (or of this one, before a restart of the epoch) since: a source that does not key
+    its items would take that item's draws as its own when it is at the same place
+    and position, and ``item_rng()`` would draw other numbers than under workers.
+    Closing it closes ``items``, also before its first item (as ``drain``'s).
+    """
+    stamped = _restamped(items, epoch)
+    next(stamped)  # into the try below: from here on, close() closes items
+    return stamped
+
+
+def _restamped(items: Iterator[Any], epoch: int) -> Generator[Any, None, None]:
+    try:
+        yield None  # taken by _own_stamps()
+        while True:
+            restore_stamp((None, epoch, None))
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            yield item
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
 
 
 class _DeliveredOutputs:
