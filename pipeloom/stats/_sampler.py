@@ -278,10 +278,17 @@ class Sampler:
         self._codes.refresh(now)
         threads = {t.ident: t for t in threading.enumerate()}
         found: list[Key] = []
-        for ident, frame in thread_frames().items():
+        frames = thread_frames()
+        while frames:  # each let go once read: a frame held keeps its locals (a loader) alive
+            ident, frame = frames.popitem()
             if ident == skip:
                 continue
-            key = self._classify(frame, threads.get(ident))
+            try:
+                key = self._classify(frame, threads.get(ident))
+            except AttributeError:  # its stack changed under the walk (see _classify)
+                continue
+            finally:
+                del frame
             if key is not None:
                 found.append(key)
         window = int((now - self.started) // WINDOW)
@@ -293,6 +300,9 @@ class Sampler:
                 bucket[key] += 1
 
     def _classify(self, frame: FrameType, thread: threading.Thread | None) -> Key | None:
+        """The key of a thread's sample; raises ``AttributeError`` where its stack changed
+        while it was walked (the walk runs Python, so the thread may run meanwhile, and on
+        3.11 a frame it left can lead to an object that is no frame): that sample is lost."""
         codes = self._codes.codes
         idle = False  # a waiting frame inside the innermost block (or the boundary)
         block: DataPipe | None = None

@@ -92,3 +92,32 @@ def test_a_long_run_keeps_the_last_hour_of_timeline():
     assert len(sampler.timeline) == kept and min(sampler.timeline) > 100
     assert len(counters.windows) == kept and min(counters.windows) == 100
     assert counters.outputs == windows  # the totals still cover the whole run
+
+
+def test_a_stack_that_changes_under_the_walk_does_not_stop_the_sampler(monkeypatch):
+    # On 3.11 the frames of another thread can change while the sampler walks them (the
+    # walk runs Python: isinstance, f_locals), and once a walk met a function where a
+    # frame was: the AttributeError killed the sampler thread, and stats() stopped counting.
+    import threading
+    import time
+
+    import pipeloom
+    from pipeloom.datapipes import IterableWrapper
+
+    real = sys._current_frames
+    torn = threading.Event()
+
+    def with_a_torn_stack():
+        frames = dict(real())
+        frames[-1] = test_a_stack_that_changes_under_the_walk_does_not_stop_the_sampler
+        torn.set()
+        return frames
+
+    monkeypatch.setattr(sys, "_current_frames", with_a_torn_stack)
+    with pipeloom.DataLoader(IterableWrapper(range(10**6)), stats=True) as loader:
+        iterator = iter(loader)
+        assert torn.wait(10)  # the sampler met the torn stack
+        deadline = time.monotonic() + 10
+        while loader.stats().samples < 5 and time.monotonic() < deadline:
+            next(iterator)  # the consumer's work, while the sampler samples
+    assert loader.stats().samples >= 5
