@@ -14,6 +14,7 @@ from tests.fuzzing.recipes import write_files
 pytestmark = pytest.mark.timeout(120)
 
 SEEDS = (*range(40), 49, 81, 98, 133, 144, 192, 195)
+WIDE = frozenset({"stamps", "snapshots"})  # fan-out blocks followed by draws; snapshots
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +24,11 @@ def root(tmp_path_factory):
     return path
 
 
-def test_no_two_items_draw_the_same_numbers(root):
+@pytest.mark.parametrize("modes", [frozenset(), WIDE], ids=["default", "stamps,snapshots"])
+def test_no_two_items_draw_the_same_numbers(root, modes):
     ran, repeated = 0, {}
     for seed in SEEDS:
-        found = duplicated_draws(seed, root)
+        found = duplicated_draws(seed, root, modes)
         if found is None:
             continue
         ran += 1
