@@ -235,8 +235,11 @@ class InMemoryCacheHolder(IterDataPipe):
             return "pass"
         if not self._complete:
             return "fill"
-        if not self._tally.replayable:
-            self.clear()  # several blocks stamped its items, not all known: read live
+        # Read live where no block gives the items' seed back: several blocks stamped them,
+        # not all known; or one unknown (a later round of a cycle) whose seed only a live
+        # item of this epoch tells, but a replay of the fill epoch tells that epoch's
+        if not self._tally.replayable or (self._replays and not self._tally.owned):
+            self.clear()
             self._disabled = True
             return "pass"
         positioned = bool(self._entries) and self._entries[0][0] is not None
