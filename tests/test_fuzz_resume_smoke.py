@@ -18,8 +18,9 @@ pytestmark = pytest.mark.timeout(120)
 KINDS = ("in_process", "threads", "processes")
 SEEDS = (*range(40), 100547)  # about 15 s; 100547: threadpool_map draws under a cache
 # seeds that once found wrong data: in_memory_cache over concat/mux replayed one seed;
-# 751522: draws in a prefetch thread hidden from a cache, the epoch after a resume redrew
-REGRESSIONS = (11703, 60808, 751522)
+# 751522: draws in a prefetch thread hidden from a cache, the epoch after a resume redrew;
+# 752408: a cache resumed into an empty rest took it for a whole (empty) epoch
+REGRESSIONS = (11703, 60808, 751522, 752408)
 # (mode, seed): a rank's share under outer sharding; item_rng() after every fan-out;
 # seed 41 starts workers by spawn and by forkserver (about 5 s)
 MODE_SEEDS = [("ranks", seed) for seed in range(5)] + [("stamps", seed) for seed in range(5)]
