@@ -41,7 +41,9 @@ class InMemoryCacheHolder(IterDataPipe):
     makes its first item of each epoch live to learn where its stream starts
     (this is what keeps a resumed epoch right); one that cached nothing, which
     cannot tell an empty shard from one resumed at its end, fills again in the
-    next epoch. With ``allow_random=True`` over a random upstream (or items that
+    next epoch (as does a pass in the calling process resumed from a state that
+    counted no item here, which cached nothing). With ``allow_random=True`` over
+    a random upstream (or items that
     drew from ``item_rng()`` upstream), a later pass in the calling process that
     must read items of the upstream again (the ones before the cached part, or
     after a resume) restarts the upstream as it ran in the epoch the cache was
@@ -144,6 +146,7 @@ class InMemoryCacheHolder(IterDataPipe):
             self.clear()
         self._phase: str | None = None  # fill, counted, live, cached or pass; chosen at first use
         self._ended = False  # this pass filled up to the end of its stream
+        self._loaded = False  # this pass resumed a state (its stream may start mid-epoch)
         self._emitted = 0  # outputs returned this pass
         self._pulled = 0  # outputs taken from the source this pass
         self._skip = 0  # outputs to take and drop first (after a resume)
@@ -235,8 +238,11 @@ class InMemoryCacheHolder(IterDataPipe):
             return "pass"
         if not self._complete:
             return "fill"
-        if not self._tally.replayable:
-            self.clear()  # several blocks stamped its items, not all known: read live
+        # Read live where no block gives the items' seed back: several blocks stamped them,
+        # not all known; or one unknown (a later round of a cycle) whose seed only a live
+        # item of this epoch tells, but a replay of the fill epoch tells that epoch's
+        if not self._tally.replayable or (self._replays and not self._tally.owned):
+            self.clear()
             self._disabled = True
             return "pass"
         positioned = bool(self._entries) and self._entries[0][0] is not None
@@ -266,9 +272,12 @@ class InMemoryCacheHolder(IterDataPipe):
             self._drew_waiting = self._drew_waiting or thread_draws() != before
             raise
         except StopIteration:
-            # A worker may have started mid-stream (resume_at on its sharding point): with
-            # nothing cached it cannot tell where its stream starts, so it fills again next pass
-            self._complete = bool(self._entries) or not self._in_worker
+            # A worker may have started mid-stream (resume_at on its sharding point), and so
+            # may a resumed pass after the workers' merge (a state translated from batches
+            # built in workers counts nothing here): with nothing cached it cannot tell
+            # where its stream starts, so it fills again next pass
+            unknown_start = self._in_worker or (self._loaded and not self._head)
+            self._complete = bool(self._entries) or not unknown_start
             self._record_seeds()
             self._phase = "pass"
             self._ended = True
@@ -393,6 +402,7 @@ class InMemoryCacheHolder(IterDataPipe):
         """
         self._emitted, self._pulled = int(state["emitted"]), int(state["pulled"])
         self._skip = max(0, self._emitted - self._pulled)
+        self._loaded = True
         self._ended = bool(state.get("ended"))  # kept by a state saved before the next item
         if "filled_in" in state:
             self._complete = False

@@ -12,7 +12,7 @@ from .._validate import check_int
 from ..errors import NotAvailable
 from ..events import ReadinessSource, Signal, Waiter
 from ._base import IterDataPipe
-from ._context import current_stamp, restore_stamp
+from ._context import add_thread_draws, current_stamp, restore_stamp, thread_draws
 from ._held import HeldShare, HoldsItems, held_stamped_items
 from ._state_fields import StateFields
 
@@ -73,6 +73,7 @@ class Prefetcher(IterDataPipe, HoldsItems):
         with worker.lock:
             if worker.items:
                 item, stamp = worker.items.popleft()
+                draws = worker.draws.popleft()
                 worker.space.notify()
             elif worker.error is not None:
                 error, worker.error = worker.error, None
@@ -83,6 +84,9 @@ class Prefetcher(IterDataPipe, HoldsItems):
             else:
                 raise NotAvailable
         restore_stamp(stamp)
+        # the item_rng() draws made for it in the thread count as this thread's (as map's
+        # do): a cache downstream sees that the item drew, and replays its epoch to redo it
+        add_thread_draws(draws)
         return item
 
     def _stop(self) -> None:
@@ -114,6 +118,9 @@ class Prefetcher(IterDataPipe, HoldsItems):
         self.reset()
         worker = self._start_paused()
         worker.items.extend(items)
+        # (their draws are not saved: a cache after this block that drew nothing before
+        # the state holds the whole epoch from its first item, and replays nothing live)
+        worker.draws.extend([0] * len(items))
         worker.ended = ended
 
     def load_held_states(
@@ -148,6 +155,7 @@ class _Worker:
         self.lock = threading.Lock()
         self.space = threading.Condition(self.lock)
         self.items: deque[tuple[Any, Any]] = deque()
+        self.draws: deque[int] = deque()  # item_rng() draws made for each of items, here
         self.ended = False
         self.error: BaseException | None = None
         self.stopping = False
@@ -210,6 +218,7 @@ class _Worker:
 
     def _produce(self) -> None:
         items, space, signal = self.items, self.space, self.signal
+        drawn = 0  # draws for the next item (also those before a pause while it waited)
         while True:
             with space:
                 while (len(items) >= self.buffer_size or self.pausing) and not self.stopping:
@@ -219,6 +228,7 @@ class _Worker:
                     space.wait()
                 if self.stopping:
                     return
+            before = thread_draws()
             try:
                 item = self._pull()
             except StopIteration:
@@ -233,12 +243,15 @@ class _Worker:
                     self.error = error
                 signal.fire()
                 return
+            drawn += thread_draws() - before
             if item is _STOPPED:
                 if self.stopping:
                     return
                 continue  # asked to pause while waiting on the source: park
             with space:
                 items.append((item, current_stamp()))
+                self.draws.append(drawn)
+            drawn = 0
             signal.fire()
 
     def _pull(self) -> Any:

@@ -209,6 +209,11 @@ class SnapshotStore:
         positions = None
         if all(o is not None for o in observed):
             positions = _covered_positions(directory, writers)
+            if positions == 0:  # no position seen proves nothing: an empty epoch, or the
+                # empty rest of a resumed one (a rank's share of positions 2, 5, ...)
+                _LOG.info("snapshot %s not committed: no writer saw a position", self.final)
+                shutil.rmtree(directory, ignore_errors=True)
+                return False
             if positions is None:
                 _LOG.warning(
                     "snapshot %s not committed: the writers of this epoch did not see every "

@@ -237,3 +237,29 @@ def test_length_and_repr():
 def test_item_sizes_count_the_data_of_tensors_arrays_and_bytes():
     assert item_nbytes(torch.zeros(1000, dtype=torch.float64)) >= 8000
     assert item_nbytes({"a": [bytes(500), "x" * 500]}) >= 1000
+
+
+def twice(x):
+    return [x, x]
+
+
+@pytest.mark.timeout(60)
+def test_an_empty_rest_resumed_after_the_merge_does_not_count_as_a_whole_epoch():
+    """Worker processes built the batches (one to many before .batch()), threads resume:
+    the state, translated, says nothing of the cache's items, and the rest of the epoch
+    was empty; the cache took that for a whole epoch of no items and every later epoch
+    was empty (resume fuzzer, seed 752408). Now it fills again in the next epoch."""
+
+    def build():
+        pipe = IterableWrapper(range(2)).sharding_filter().flatmap(twice).batch(4)
+        return pipe.in_memory_cache()
+
+    with pipeloom.DataLoader(build(), MultiProcessingReadingService(1, timeout=30)) as stopped:
+        epoch = iter(stopped)
+        assert next(epoch) == [0, 0, 1, 1]  # the whole epoch
+        state = stopped.state_dict()
+    with pipeloom.DataLoader(build(), ThreadReadingService(1)) as resumed:
+        resumed.load_state_dict(state)
+        assert list(resumed) == []
+        assert list(resumed) == [[0, 0, 1, 1]]
+        assert list(resumed) == [[0, 0, 1, 1]]

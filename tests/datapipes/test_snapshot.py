@@ -237,6 +237,20 @@ def test_each_rank_reads_its_share_and_one_rank_alone_does_not_write(tmp_path, k
         )
 
 
+def test_a_rank_that_saw_no_position_does_not_commit_an_empty_snapshot(tmp_path):
+    """Seeing no position proves nothing (a rank's empty share, or the empty rest of an epoch
+    resumed there): it committed a snapshot of no records, and every reader after it raised
+    'covers positions 0..-1 ... the upstream changed' (fuzzer seed 700563)."""
+
+    def one_item():
+        return IterableWrapper(range(1)).sharding_filter().snapshot(tmp_path)
+
+    assert epochs(one_item(), rank_service("in-process", 1), count=1) == [[]]
+    assert not one_item().is_complete()
+    assert epochs(one_item(), count=2) == [[0], [0]]  # the whole epoch writes it, then reads it
+    assert one_item().is_complete()
+
+
 @pytest.mark.timeout(120)
 def test_an_abandoned_writing_epoch_replayed_commits_only_fresh_shards(tmp_path):
     with pipeloom.DataLoader(build(tmp_path), MultiProcessingReadingService(2), seed=0) as loader:

@@ -31,6 +31,7 @@ from pipeloom.reading_service import (
     ThreadReadingService,
 )
 
+from .model import expected_items
 from .recipes import ORDER_FREE, build, random_recipe, write_files
 
 FAILURES = ("WRONG", "error", "hang", "LEAK")  # LEAK: the lifecycle fuzzer's
@@ -281,6 +282,9 @@ def run_plan(plan: Plan, seed: int = -1, watchdog_s: float = 60.0) -> Outcome:
             truth, following = _ground_truth(plan, root, plan.outer)
         except Exception as error:  # noqa: BLE001 - the pipeline itself is not valid
             return Outcome(seed, "invalid", first_line(error), description)
+        wrong = _against_the_model(plan.recipe, [truth, *following]) if not plan.outer else ""
+        if wrong:
+            return Outcome(seed, "WRONG", wrong, description)
         if plan.outer is not None and _shares_partition(plan.recipe):
             wrong = _union_of_shares(plan, root)
             if wrong:
@@ -319,6 +323,19 @@ def _ground_truth(plan: Plan, root: str, outer: tuple[int, int] | None) -> tuple
         truth = [plain(x) for x in loader]
         following = [[plain(x) for x in loader] for _ in range(2)]
     return truth, following
+
+
+def _against_the_model(recipe: dict[str, Any], epochs: list[list]) -> str:
+    """What is wrong with the in-process epochs against :mod:`.model`, or ''."""
+    expected = expected_items(recipe)
+    if expected is None:
+        return ""
+    for number, got in enumerate(epochs):
+        if collections.Counter(got) != expected:
+            return f"in-process epoch +{number} against the model: " + difference(
+                got, list(expected.elements())
+            )
+    return ""
 
 
 def _order_free_enough(plan: Plan) -> bool:
