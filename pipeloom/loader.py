@@ -33,7 +33,7 @@ from ._validate import check_bool, check_int
 from ._walk import walk_upstream
 from .autotune import as_reading_service, tuned_in
 from .datapipes import IterDataPipe, MapDataPipe, MapToIter, as_datapipe, seed_pipeline
-from .datapipes.runtime import check_declared_inputs
+from .datapipes.runtime import check_declared_inputs, forget_shards
 from .errors import StateError, StateOfAnotherService
 from .graph import Placement
 from .reading_service import ReadingService
@@ -477,6 +477,7 @@ class DataLoader(ShutsDown):
                 self._counters.start()
                 if (tuned := tuned_in(self.reading_service)) is not None:
                     tuned.on_queues_change = WeakMethod(self._counters.count_queues)
+            forget_shards(self.datapipe)  # an earlier loader ran it as one rank's share
             # Sources list their files here, once, so that workers started later share
             # the listing (every epoch, and the one a checkpoint records).
             data_fingerprint(self.datapipe, contents=False)

@@ -10,6 +10,7 @@ import torch
 from pipeloom import DataLoader, InProcessReadingService
 from pipeloom.datapipes import IterableWrapper, SequenceWrapper, item_rng
 from pipeloom.errors import StateError
+from pipeloom.reading_service import ThreadReadingService
 
 
 def noisy(n=8):
@@ -251,3 +252,15 @@ def test_state_survives_torch_save_and_a_weights_only_load(tmp_path):
     resumed = DataLoader(IterableWrapper(range(50)).shuffle(buffer_size=8).batch(4), seed=1)
     resumed.load_state_dict(torch.load(tmp_path / "loader.pt", weights_only=True))
     assert head + list(resumed) == head + expected
+
+
+@pytest.mark.parametrize("first", ["in-process", "threads"])
+def test_a_pipeline_an_earlier_loader_ran_as_one_ranks_share_is_whole_again(first):
+    """The sharding point kept the rank's shard (and its groups of positions) set by the
+    earlier loader's service: a loader of its own read half the epoch, silently."""
+    pipe = IterableWrapper(range(10)).sharding_filter().map(lambda x: x * 10).batch(2)
+    share = InProcessReadingService() if first == "in-process" else ThreadReadingService(2)
+    share.set_outer_sharding(2, 1)
+    assert list(DataLoader(pipe, share, seed=0)) == [[20, 30], [60, 70]]
+    whole = [[0, 10], [20, 30], [40, 50], [60, 70], [80, 90]]
+    assert list(DataLoader(pipe, seed=0)) == whole

@@ -91,6 +91,7 @@ class DataPipe(BlockHooks):
     _pl_epoch_seed: int | None = None
     _pl_numbers_outputs: ClassVar[bool] = False  # see _numbering.py
     _pl_numbering: Numbering | None = None
+    _pl_shard: tuple[int, int] = (1, 0)  # (total, index) a reading service gave it
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -253,6 +254,14 @@ class DataPipe(BlockHooks):
 
     def _drawn_epoch_seed(self) -> int | None:  # without drawing one
         return self._pl_epoch_seed
+
+    def _note_shard(self, total: int, index: int) -> None:
+        """A reading service gave this sharding point shard ``index`` of ``total``."""
+        self._pl_shard = (total, index)
+
+    def _noted_shard(self) -> tuple[int, int]:
+        """The shard a reading service gave this block: ``(1, 0)`` (all) unless sharded."""
+        return self._pl_shard
 
     def _forget_lazy_init(self) -> None:
         """This object now lives in a new process (forked): ``lazy_init`` runs again there."""

@@ -229,10 +229,19 @@ class Snapshot(IterDataPipe):
         if sharded_upstream(self):
             name = "w0000" if info is None else f"w{info.id:04d}"
             expected = 1 if info is None else info.num_workers
+            if not self._writers_see_all(expected):  # a rank's share: a whole epoch writes it
+                return Passthrough(self)
             return Writer(self, store, name, expected, watch=True)
         if info is None:
             return Writer(self, store, "w0000", 1, watch=False)
         return Passthrough(self)  # a replicated copy before the sharding point
+
+    def _writers_see_all(self, writers: int) -> bool:
+        """Whether ``writers`` writers (this process, or each of its workers) together see
+        every position: not when the sharding point keeps a share of a share (one rank's).
+        A rank whose share is the first positions would otherwise commit them as all."""
+        shards = [b._noted_shard()[0] for b in self._upstream() if b.is_shardable()]
+        return all(total <= writers for total in shards)
 
     def _upstream(self) -> list[Any]:
         return upstream_blocks(self)[1:]

@@ -78,6 +78,9 @@ __all__ = [
     "end_iteration",
     "release_pipeline",
     "forget_lazy_init",
+    "forget_shards",
+    "note_shard",
+    "noted_shard",
     "interrupt_waits",
     "iteration_marks",
     "key_position",
@@ -151,6 +154,40 @@ def forget_lazy_init(pipeline: DataPipe) -> None:
     """
     for block in upstream_blocks(pipeline):
         block._forget_lazy_init()
+
+
+def note_shard(block: DataPipe, total: int, index: int) -> None:
+    """Note that a reading service gave the sharding point ``block`` shard ``index`` of
+    ``total`` (``sharding_settings`` is the block's own; this is the framework's record)."""
+    block._note_shard(total, index)
+
+
+def noted_shard(block: DataPipe) -> tuple[int, int]:
+    """``(total, index)`` as :func:`note_shard` noted it; ``(1, 0)`` for a block not sharded.
+
+    Example:
+        >>> from pipeloom.datapipes import IterableWrapper
+        >>> point = IterableWrapper(range(4)).sharding_filter()
+        >>> note_shard(point, 2, 1)
+        >>> noted_shard(point)
+        (2, 1)
+    """
+    return block._noted_shard()
+
+
+def forget_shards(pipeline: DataPipe) -> None:
+    """Give each sharding point a reading service sharded (:func:`note_shard`) its whole
+    stream back: a pipeline that an earlier loader ran as one rank's share, now run by a
+    loader of its own, whose service shards it again where it must.
+
+    A shard set by the user's own ``sharding_settings`` call is not noted, and stays.
+    """
+    for block in upstream_blocks(pipeline):
+        if block._noted_shard() != (1, 0):
+            block.sharding_settings(1, 0)
+            if block.can_shard_in_groups():
+                block.set_shard_group_size(1)
+            block._note_shard(1, 0)
 
 
 def read_only_data(pipeline: DataPipe) -> list[object]:

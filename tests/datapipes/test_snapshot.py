@@ -252,6 +252,23 @@ def test_a_rank_that_saw_no_position_does_not_commit_an_empty_snapshot(tmp_path)
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["in-process", "processes"])
+def test_a_rank_whose_share_is_the_first_positions_does_not_commit(tmp_path, kind):
+    """Rank 0 of 2 over 3 positions in groups of 2 sees positions 0 and 1, "every position
+    from 0 on": it committed them as the whole epoch, and a whole epoch then read 2 of its 3
+    items back, or raised 'covers positions 0..1' (fuzzer seed 761418)."""
+
+    def three_items():
+        point = IterableWrapper(range(3)).sharding_filter()
+        return point.map(lambda x: x * 10).batch(2).snapshot(tmp_path)
+
+    assert epochs(three_items(), rank_service(kind, 0), count=1) == [[[0, 10]]]
+    assert not three_items().is_complete()
+    assert epochs(three_items(), count=2) == [[[0, 10], [20]], [[0, 10], [20]]]
+    assert three_items().is_complete()
+
+
+@pytest.mark.timeout(120)
 def test_an_abandoned_writing_epoch_replayed_commits_only_fresh_shards(tmp_path):
     with pipeloom.DataLoader(build(tmp_path), MultiProcessingReadingService(2), seed=0) as loader:
         iterator = iter(loader)

@@ -9,6 +9,7 @@ number of workers, and positions go out in runs of ``group_size``.
 from __future__ import annotations
 
 from ...datapipes import DataPipe
+from ...datapipes.runtime import note_shard
 from ...graph import upstream
 
 __all__ = ["find_in_copy", "index_in_part", "keep_shard"]
@@ -32,7 +33,9 @@ def keep_shard(
         [6, 7]
     """
     outer_total, outer_index = outer
-    point.sharding_settings(outer_total * workers, index * outer_total + outer_index)
+    total, kept = outer_total * workers, index * outer_total + outer_index
+    point.sharding_settings(total, kept)
+    note_shard(point, total, kept)  # e.g. a snapshot: its writers see all only if total is theirs
     if group_size != 1:
         point.set_shard_group_size(group_size)
 
