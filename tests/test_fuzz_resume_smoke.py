@@ -32,6 +32,10 @@ MODE_SEEDS += [("slow_starts", 41)]
 MODE_SEEDS += [("snapshots", seed) for seed in (187, 350, 402, 773, 871, 1574, 5145)]
 # several modes at once: a rank's empty rest of a resumed epoch committed an empty snapshot
 MODE_SEEDS += [("ranks,stamps,snapshots", 700563)]
+# a rank whose share was the epoch's first positions committed them as the whole epoch
+MODE_SEEDS += [("ranks,slow_starts,stamps,snapshots", 761418)]
+# threads make the first outputs while spawned workers start (warm_start=True)
+MODE_SEEDS += [("warm_starts", seed) for seed in (90027, 90041)]
 
 
 def test_the_seeds_cover_every_kind_of_service():
