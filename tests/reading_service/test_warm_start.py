@@ -60,6 +60,19 @@ def until_processes_made(iterator, extra: int = 5):
     raise AssertionError(f"the epoch ended in the threads after {len(taken)} batches")
 
 
+def epochs_until_one_in_the_processes(loader, in_process, compared) -> None:
+    """Epochs of ``loader`` (each wholly in the threads or in the processes, equal to the
+    in-process one as ``compared`` shows them) until one runs in the worker processes."""
+    for epoch in range(200):
+        batches = list(loader)
+        in_threads = {item[2] == MAIN for batch in batches for item in batch}
+        assert len(in_threads) == 1, f"epoch {epoch} was split between threads and processes"
+        assert compared(batches) == compared(in_process), f"epoch {epoch}"
+        if in_threads == {False}:
+            return
+    raise AssertionError("no epoch ran in the worker processes")
+
+
 def endless(step=None):
     pipe = IterableWrapper(range(ENDLESS)).sharding_filter().map(made_where)
     return (pipe if step is None else step(pipe)).batch(4)
@@ -135,15 +148,7 @@ def test_an_epoch_that_cannot_be_saved_mid_epoch_moves_at_the_next_one():
         return GeneratorSourceNoState(40).sharding_filter().map(made_where).batch(4)
 
     with DataLoader(pipe(), seed=3) as in_process, DataLoader(pipe(), warm(), seed=3) as loader:
-        for epoch in range(200):
-            batches = list(loader)
-            in_threads = {item[2] == MAIN for batch in batches for item in batch}
-            assert len(in_threads) == 1, f"epoch {epoch} was split between threads and processes"
-            assert plain(batches) == plain(in_process), f"epoch {epoch}"
-            if in_threads == {False}:
-                break
-        else:
-            raise AssertionError("no epoch ran in the worker processes")
+        epochs_until_one_in_the_processes(loader, in_process, plain)
 
 
 def test_shutdown_while_the_processes_start_leaves_nothing_behind():
@@ -221,12 +226,4 @@ def test_in_arrival_order_an_epoch_stays_where_it_started():
 
     service = warm(in_order=False, persistent_workers=True)
     with DataLoader(pipe(), seed=7) as in_process, DataLoader(pipe(), service, seed=7) as loader:
-        for epoch in range(200):
-            batches = list(loader)
-            in_threads = {item[2] == MAIN for batch in batches for item in batch}
-            assert len(in_threads) == 1, f"epoch {epoch} was split between threads and processes"
-            assert items(batches) == items(in_process), f"epoch {epoch}"
-            if in_threads == {False}:
-                break
-        else:
-            raise AssertionError("no epoch ran in the worker processes")
+        epochs_until_one_in_the_processes(loader, in_process, items)

@@ -25,7 +25,7 @@ from ...errors import StateError, StateOfAnotherService
 from ...graph import Plan
 from ..planning.cut import PlanError, cut_for_workers
 from ..planning.sharding import keep_shard
-from .runner import Runner, drain
+from .runner import Runner, close_items, drain, primed
 
 __all__ = ["InProcessRunner"]
 
@@ -114,9 +114,7 @@ def _own_stamps(items: Iterator[Any], epoch: int) -> Iterator[Any]:
     and position, and ``item_rng()`` would draw other numbers than under workers.
     Closing it closes ``items``, also before its first item (as ``drain``'s).
     """
-    stamped = _restamped(items, epoch)
-    next(stamped)  # into the try below: from here on, close() closes items
-    return stamped
+    return primed(_restamped(items, epoch))
 
 
 def _restamped(items: Iterator[Any], epoch: int) -> Generator[Any, None, None]:
@@ -130,9 +128,7 @@ def _restamped(items: Iterator[Any], epoch: int) -> Generator[Any, None, None]:
                 return
             yield item
     finally:
-        close = getattr(items, "close", None)
-        if close is not None:
-            close()
+        close_items(items)
 
 
 class _DeliveredOutputs:

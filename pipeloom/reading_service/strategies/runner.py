@@ -20,7 +20,7 @@ from ...datapipes import BlockingReader, IterDataPipe
 from ...errors import LoaderShutDown, WorkerTimeout
 from ...graph import Plan
 
-__all__ = ["Runner", "drain"]
+__all__ = ["Runner", "close_items", "drain", "primed"]
 
 
 class Runner(abc.ABC):
@@ -49,6 +49,20 @@ class Runner(abc.ABC):
     def queues(self) -> Sequence[tuple[str, Any]]:
         """The queues of the running epoch, labelled (see ``ReadingService.queues``)."""
         return ()
+
+
+def primed(items: Generator[Any, None, None]) -> Generator[Any, None, None]:
+    """``items`` started: a generator whose first ``yield`` comes before its ``try``, so
+    that closing it before its first item still runs its ``finally`` (as ``drain``'s)."""
+    next(items)
+    return items
+
+
+def close_items(items: Iterator[Any]) -> None:
+    """Close ``items`` where it can be closed (a generator: its epoch's work stops)."""
+    close = getattr(items, "close", None)
+    if close is not None:
+        close()
 
 
 def drain(

@@ -24,7 +24,7 @@ from ...._shutdown import Steps
 from ....datapipes import IterDataPipe
 from ....errors import StateError
 from ....graph import Plan
-from ..runner import Runner
+from ..runner import Runner, close_items, primed
 from .runner import ClassicRunner
 
 __all__ = ["WarmStartRunner"]
@@ -65,13 +65,13 @@ class WarmStartRunner(Runner):
         # Then the launch: its pickling holds the GIL for long stretches, and a thread
         # started meanwhile waits for the GIL before start() returns.
         self._launch.start()
-        return _primed(self._moving(epoch, items))
+        return primed(self._moving(epoch, items))
 
     def _moving(self, epoch: int, items: Iterator[Any]) -> Generator[Any, None, None]:
         """The threads' ``items``, then (between two outputs) the processes' rest of the epoch."""
         held = False  # the threads' epoch cannot move: its state cannot be saved
         try:
-            yield None  # taken by _primed()
+            yield None  # taken by primed()
             while True:
                 if not held and self._active is self._threads and self._launch.done():
                     moved = self._move(epoch, items)
@@ -84,9 +84,7 @@ class WarmStartRunner(Runner):
                     return
                 yield item
         finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
+            close_items(items)
 
     def _move(self, epoch: int, items: Iterator[Any]) -> Iterator[Any] | None:
         """The processes' rest of ``epoch`` from the threads' checkpoint; None if there is none."""
@@ -97,9 +95,7 @@ class WarmStartRunner(Runner):
         except StateError:  # e.g. a block without state_dict(): the next epoch moves
             return None
         processes = self._launch.result()  # raises what stopped the launch (a pickling error)
-        close = getattr(items, "close", None)
-        if close is not None:
-            close()
+        close_items(items)
         self._retire_threads()  # its state (the move's point) stays readable till then
         moved = processes.start_epoch(epoch, state)
         self._active = processes
@@ -121,11 +117,6 @@ class WarmStartRunner(Runner):
 
     def queues(self) -> Sequence[tuple[str, Any]]:
         return self._active.queues()
-
-
-def _primed(items: Generator[Any, None, None]) -> Generator[Any, None, None]:
-    next(items)  # into the try: from here on, close() runs its finally
-    return items
 
 
 class _Launch:
