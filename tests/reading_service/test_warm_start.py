@@ -13,7 +13,7 @@ import time
 import pytest
 
 from pipeloom import DataLoader
-from pipeloom.datapipes import FileLister, IterableWrapper, item_rng
+from pipeloom.datapipes import FileLister, IterableWrapper, IterDataPipe, item_rng
 from pipeloom.reading_service import MultiProcessingReadingService
 from tests.fuzzing.recipes import GeneratorSourceNoState
 from tests.own_resources import OwnResources
@@ -141,14 +141,33 @@ def test_a_checkpoint_resumes_exactly(when):
         assert plain(taken + rest) == reference(endless(), len(taken) + 6), service
 
 
+class Passing(IterDataPipe):
+    """A user's block with a plain ``__iter__`` and no ``state_dict()``."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        yield from self.source
+
+
 def test_an_epoch_that_cannot_be_saved_mid_epoch_moves_at_the_next_one():
-    # A source without state_dict(): the threads' epoch has no checkpoint to move
-    # from, so it ends in the threads; a later epoch starts in the processes.
+    # A block of the main process's part without state_dict(): the threads' epoch has no
+    # checkpoint to move from, so it ends in the threads; a later epoch starts in the
+    # processes. (A worker's part needs none: a resume replays it from the position.)
     def pipe():
-        return GeneratorSourceNoState(40).sharding_filter().map(made_where).batch(4)
+        return Passing(IterableWrapper(range(40)).sharding_filter().map(made_where).batch(4))
 
     with DataLoader(pipe(), seed=3) as in_process, DataLoader(pipe(), warm(), seed=3) as loader:
         epochs_until_one_in_the_processes(loader, in_process, plain)
+
+
+def test_a_source_without_state_moves_mid_epoch_by_replaying_to_the_position():
+    pipe = GeneratorSourceNoState(ENDLESS).sharding_filter().map(made_where).batch(4)
+    with DataLoader(pipe, warm(), seed=3) as loader:
+        taken, _ = until_processes_made(iter(loader))
+    again = GeneratorSourceNoState(ENDLESS).sharding_filter().map(made_where).batch(4)
+    assert plain(taken) == reference(again, len(taken), seed=3)
 
 
 def test_shutdown_while_the_processes_start_leaves_nothing_behind():

@@ -9,9 +9,9 @@ while the same workers' part runs in threads of the main process (the
 runner ``ThreadReadingService`` would build). Between two outputs once the
 processes are up, the epoch moves to them from the threads' checkpoint, as
 autotune moves a running epoch: no output is repeated or dropped, and the
-order is the in-process one. An epoch whose pipeline cannot save its state
-mid-epoch stays in the threads to its end; the next one starts in the
-processes.
+order is the in-process one. An epoch the threads cannot checkpoint (a block
+of the main process's part without ``state_dict()``, ``in_order=False``)
+stays in the threads to its end; the next one starts in the processes.
 """
 
 from __future__ import annotations
