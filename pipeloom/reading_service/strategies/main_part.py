@@ -62,13 +62,13 @@ class MainPart:
     def start_epoch(self, epoch: int, state: dict[str, Any] | None) -> None:
         """Restart the copy for ``epoch``, restoring ``state`` (a :meth:`state_dict`)."""
         if state is not None:
-            self._check_kind(state)
+            self.check_kind(state)
         set_pipeline_epoch(self.pipeline, epoch)
         reset_pipeline(self.pipeline)
         if state is not None:
             load_pipeline_state_dict(self.pipeline, state.get("tail", {}))
 
-    def _check_kind(self, state: Any) -> None:
+    def check_kind(self, state: Any) -> None:
         """Raise ``StateOfAnotherService`` unless ``state`` is of this main part's shape."""
         kind = state.get("kind") if isinstance(state, dict) else None
         if kind != "workers":

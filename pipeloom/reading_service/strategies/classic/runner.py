@@ -15,7 +15,7 @@ from typing import Any, Protocol, cast
 from ...._shutdown import Steps
 from ....datapipes import IterDataPipe
 from ....datapipes.runtime import RestOfEpoch, block_seed, derive_seed, load_held
-from ....errors import StateError
+from ....errors import StateError, StateOfAnotherService
 from ....graph import Plan
 from ...planning.cut import assembles_batches, single_output
 from ...planning.sharding import keep_shard
@@ -141,6 +141,18 @@ class ClassicRunner(Runner):
 
     def state_dict(self) -> dict[str, Any]:
         return self.main.state_dict()
+
+    def resumes_exactly(self, state: dict[str, Any]) -> bool:
+        """Whether :meth:`start_epoch` resumes ``state`` (a thread or process service's) as
+        it is or translated, rather than refusing it as another shape's: a translation is
+        exact only where the blocks that change sides hold nothing (``translate.py``)."""
+        if state.get("rest") is None:
+            state = translated(state, self.pipeline, self._point, self.main.pipeline, self._group)
+        try:
+            self.main.check_kind(state)
+        except StateOfAnotherService:
+            return False
+        return True
 
     def shutdown(self) -> None:
         self._epoch_open = False

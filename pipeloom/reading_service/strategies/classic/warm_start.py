@@ -74,8 +74,7 @@ class WarmStartRunner(Runner):
             yield None  # taken by primed()
             while True:
                 if not held and self._active is self._threads and self._launch.done():
-                    moved = self._move(epoch, items)
-                    held = moved is None
+                    moved, held = self._move(epoch, items)
                     if moved is not None:
                         items = moved
                 try:
@@ -86,20 +85,28 @@ class WarmStartRunner(Runner):
         finally:
             close_items(items)
 
-    def _move(self, epoch: int, items: Iterator[Any]) -> Iterator[Any] | None:
-        """The processes' rest of ``epoch`` from the threads' checkpoint; None if there is none."""
+    def _move(self, epoch: int, items: Iterator[Any]) -> tuple[Iterator[Any] | None, bool]:
+        """The processes' rest of ``epoch`` from the threads' checkpoint, and whether the
+        epoch must stay in the threads to its end (they cannot checkpoint it).
+
+        No rest where the processes cannot resume this output's checkpoint exactly: a
+        block after the merge read ahead into a batch the processes would build whole
+        (``threadpool_map``, ``prefetch``); the next output may have none begun.
+        """
         threads = self._threads
         assert threads is not None
         try:
             state = threads.state_dict()
         except StateError:  # e.g. a block without state_dict(): the next epoch moves
-            return None
+            return None, True
         processes = self._launch.result()  # raises what stopped the launch (a pickling error)
+        if not processes.resumes_exactly(state):
+            return None, False
         close_items(items)
         self._retire_threads()  # its state (the move's point) stays readable till then
         moved = processes.start_epoch(epoch, state)
         self._active = processes
-        return moved
+        return moved, False
 
     def _retire_threads(self) -> None:
         threads, self._threads = self._threads, None
