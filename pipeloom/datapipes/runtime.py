@@ -80,7 +80,6 @@ __all__ = [
     "forget_lazy_init",
     "forget_shards",
     "note_shard",
-    "noted_shard",
     "interrupt_waits",
     "iteration_marks",
     "key_position",
@@ -158,21 +157,9 @@ def forget_lazy_init(pipeline: DataPipe) -> None:
 
 def note_shard(block: DataPipe, total: int, index: int) -> None:
     """Note that a reading service gave the sharding point ``block`` shard ``index`` of
-    ``total`` (``sharding_settings`` is the block's own; this is the framework's record)."""
+    ``total`` (``sharding_settings`` is the block's own; this is the framework's record,
+    which a snapshot reads and :func:`forget_shards` undoes)."""
     block._note_shard(total, index)
-
-
-def noted_shard(block: DataPipe) -> tuple[int, int]:
-    """``(total, index)`` as :func:`note_shard` noted it; ``(1, 0)`` for a block not sharded.
-
-    Example:
-        >>> from pipeloom.datapipes import IterableWrapper
-        >>> point = IterableWrapper(range(4)).sharding_filter()
-        >>> note_shard(point, 2, 1)
-        >>> noted_shard(point)
-        (2, 1)
-    """
-    return block._noted_shard()
 
 
 def forget_shards(pipeline: DataPipe) -> None:

@@ -23,7 +23,7 @@ from ..main_part import MainPart
 from ..runner import Runner, drain
 from .batch_merge import BatchMerge
 from .merge import WorkerChannel, WorkerMerge
-from .translate import translated
+from .translate import fresh_states, translated
 
 __all__ = ["ClassicRunner", "WorkerPool"]
 
@@ -100,12 +100,13 @@ class ClassicRunner(Runner):
         self._point_seed = block_seed(point)
         self._point, self._group = point, plan.group_size
         self._epoch_open = False
+        self._fresh: list[dict[str, Any]] | None = None  # see _fresh_states
 
     def start_epoch(self, epoch: int, state: dict[str, Any] | None) -> Iterator[Any]:
         self._finish_epoch(abandoned=True)  # an epoch still open is abandoned
         rest = state.get("rest") if state is not None else None
         if state is not None and rest is None:  # saved with batches built on the other side
-            state = translated(state, self.pipeline, self._point, self.main.pipeline, self._group)
+            state = translated(state, self._fresh_states, self.main.pipeline, self._group)
         if isinstance(rest, RestOfEpoch):  # resumed on another number of ranks
             if not isinstance(self.merge, WorkerMerge):
                 raise StateError(
@@ -142,12 +143,19 @@ class ClassicRunner(Runner):
     def state_dict(self) -> dict[str, Any]:
         return self.main.state_dict()
 
+    def _fresh_states(self) -> list[dict[str, Any]]:
+        """The blocks after the sharding point at an epoch's start (``translate.py``), once:
+        a warm start may ask at every output until it can move."""
+        if self._fresh is None:
+            self._fresh = fresh_states(self.pipeline, self._point)
+        return self._fresh
+
     def resumes_exactly(self, state: dict[str, Any]) -> bool:
         """Whether :meth:`start_epoch` resumes ``state`` (a thread or process service's) as
         it is or translated, rather than refusing it as another shape's: a translation is
         exact only where the blocks that change sides hold nothing (``translate.py``)."""
         if state.get("rest") is None:
-            state = translated(state, self.pipeline, self._point, self.main.pipeline, self._group)
+            state = translated(state, self._fresh_states, self.main.pipeline, self._group)
         try:
             self.main.check_kind(state)
         except StateOfAnotherService:

@@ -16,25 +16,29 @@ who changes service) needs no replay.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ....datapipes import IterableWrapper, IterDataPipe, pipeline_state_dict, reset_pipeline
 from ....graph import copy, upstream
 
-__all__ = ["translated"]
+__all__ = ["fresh_states", "translated"]
 
 _ITEMS = "WorkerMerge"
 _BATCHES = "BatchMerge"
 
 
 def translated(
-    state: dict[str, Any], pipeline: IterDataPipe, point: Any, own: IterDataPipe, group_size: int
+    state: dict[str, Any],
+    fresh: Callable[[], list[dict[str, Any]]],
+    own: IterDataPipe,
+    group_size: int,
 ) -> dict[str, Any]:
     """``state`` in the shape of ``own`` (the main process's copy), or ``state`` unchanged.
 
     Args:
         state: a classic main part's checkpoint (``{"kind": "workers", "tail": ...}``).
-        pipeline: the whole pipeline; ``point``: its sharding point.
+        fresh: the pipeline's :func:`fresh_states` (called only where the shapes differ).
         own: the main process's copy this runner reads the workers through.
         group_size: this runner's sharding group size (a ``WorkerMerge`` resumes
             only at a group's first position).
@@ -55,11 +59,10 @@ def translated(
     merge = saved[-1].get("state")
     if not isinstance(merge, dict) or "rest" in merge:  # the rest of an elastic resume stays
         return state
-    fresh = _fresh_states(pipeline, point)
     if saved_types[-1] == _ITEMS and own_types[-1] == _BATCHES:
-        blocks = _to_batches(saved, own_types, fresh, merge)
+        blocks = _to_batches(saved, own_types, fresh(), merge)
     elif saved_types[-1] == _BATCHES and own_types[-1] == _ITEMS:
-        blocks = _to_items(saved, own_types, fresh, merge, group_size)
+        blocks = _to_items(saved, own_types, fresh(), merge, group_size)
     else:
         blocks = None
     if blocks is None:
@@ -67,8 +70,9 @@ def translated(
     return {**state, "tail": {**tail, "blocks": blocks}}
 
 
-def _fresh_states(pipeline: IterDataPipe, point: Any) -> list[dict[str, Any]]:
-    """Each block after the sharding point at an epoch's start, output first."""
+def fresh_states(pipeline: IterDataPipe, point: Any) -> list[dict[str, Any]]:
+    """Each block after the sharding point ``point`` at an epoch's start, output first
+    (a copy of them is made: compute it once per pipeline)."""
     fresh = copy(pipeline, replace={point: IterableWrapper([])})  # not what feeds it
     reset_pipeline(fresh)
     return list(pipeline_state_dict(fresh)["blocks"])
